@@ -1,0 +1,158 @@
+//! A stable 64-bit layout fingerprint, computable in `const` context.
+//!
+//! Algorithm (reproducible in any language): FNV-1a 64 (offset basis `0xcbf29ce484222325`,
+//! prime `0x100000001b3`) over a canonical byte stream; every integer is fed as 8 bytes
+//! little-endian, every string as its length then its UTF-8 bytes.
+//!
+//! - Layout core hash `core(L)`: `"kvlayout.layout/v1"`, arrangement code (1 token_major,
+//!   2 section_major, 3 head_major, 4 planes), for planes the plane count and for each plane
+//!   its length and section indices; the section count; per section the dtype code
+//!   ([`crate::Dtype::code`]), the rank, each dimension, then `0` for a value section or `1`,
+//!   the scaled section's index and `block_elems` for a scale section. Section labels are not
+//!   hashed.
+//! - [`TokenLayout::fingerprint`] (a layout alone, e.g. a built-in format): `core(L)` then
+//!   `page_align_bytes` and `page_stride_bytes` (0 when absent).
+//! - [`PoolGeometry::fingerprint`] (what pairs, storage keys and handshakes use): per buffer
+//!   `h_b = FNV("kvlayout.buffer/v1", name, layers, page stride bytes, core(L))`; then
+//!   `FNV("kvlayout.pool/v1", page_size_tokens, buffer count, sum of h_b wrapping mod 2^64)`.
+//!   The sum makes the buffer set order-free, as the compatibility check is. `name`, `pages`
+//!   and `memory_layout` are not hashed: exactly the compared fields are.
+
+use crate::error::{LayoutError, tri};
+use crate::geometry::PoolGeometry;
+use crate::layout::TokenLayout;
+use crate::section::cow_slice;
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+
+/// FNV-1a over `bytes`, continuing from `h`.
+pub const fn fnv_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    let mut i = 0;
+    while i < bytes.len() {
+        h ^= bytes[i] as u64;
+        h = h.wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    h
+}
+
+/// Feeds `v` as 8 little-endian bytes.
+pub const fn fnv_u64(h: u64, v: u64) -> u64 {
+    fnv_bytes(h, &v.to_le_bytes())
+}
+
+/// Feeds a string as its length then its bytes.
+pub const fn fnv_str(h: u64, s: &str) -> u64 {
+    fnv_bytes(fnv_u64(h, s.len() as u64), s.as_bytes())
+}
+
+/// The layout core hash: arrangement and sections (no labels, no alignment).
+pub const fn layout_core_hash(layout: &TokenLayout) -> u64 {
+    let mut h = fnv_str(FNV_OFFSET, "kvlayout.layout/v1");
+    h = fnv_u64(h, layout.arrangement.code() as u64);
+    let planes = layout.arrangement.planes();
+    if !planes.is_empty() {
+        h = fnv_u64(h, planes.len() as u64);
+        let mut p = 0;
+        while p < planes.len() {
+            let plane = cow_slice(&planes[p]);
+            h = fnv_u64(h, plane.len() as u64);
+            let mut k = 0;
+            while k < plane.len() {
+                h = fnv_u64(h, plane[k] as u64);
+                k += 1;
+            }
+            p += 1;
+        }
+    }
+    let sections = layout.sections();
+    h = fnv_u64(h, sections.len() as u64);
+    let mut i = 0;
+    while i < sections.len() {
+        let s = &sections[i];
+        h = fnv_u64(h, s.dtype.code() as u64);
+        let shape = s.shape();
+        h = fnv_u64(h, shape.len() as u64);
+        let mut d = 0;
+        while d < shape.len() {
+            h = fnv_u64(h, shape[d]);
+            d += 1;
+        }
+        match s.scale {
+            None => h = fnv_u64(h, 0),
+            Some(rel) => {
+                h = fnv_u64(h, 1);
+                h = fnv_u64(h, rel.target as u64);
+                h = fnv_u64(h, rel.block_elems);
+            }
+        }
+        i += 1;
+    }
+    h
+}
+
+impl TokenLayout {
+    /// Fingerprint of this layout alone: core hash, alignment and explicit stride.
+    pub const fn fingerprint(&self) -> u64 {
+        let mut h = layout_core_hash(self);
+        h = fnv_u64(
+            h,
+            match self.page_align_bytes {
+                Some(a) => a,
+                None => 0,
+            },
+        );
+        fnv_u64(
+            h,
+            match self.page_stride_bytes {
+                Some(s) => s,
+                None => 0,
+            },
+        )
+    }
+}
+
+/// Hash of one buffer of a pool: name, layers, page stride and the layout core hash.
+pub const fn buffer_hash(
+    name: &str,
+    layers: u64,
+    layout: &TokenLayout,
+    page_size_tokens: u64,
+) -> Result<u64, LayoutError> {
+    let stride = tri!(layout.page_stride_bytes(page_size_tokens));
+    let mut h = fnv_str(FNV_OFFSET, "kvlayout.buffer/v1");
+    h = fnv_str(h, name);
+    h = fnv_u64(h, layers);
+    h = fnv_u64(h, stride);
+    Ok(fnv_u64(h, layout_core_hash(layout)))
+}
+
+/// Combines a page size and the buffer hashes (in any order) into a pool fingerprint.
+pub const fn pool_hash(page_size_tokens: u64, buffers: u64, buffer_hash_sum: u64) -> u64 {
+    let mut h = fnv_str(FNV_OFFSET, "kvlayout.pool/v1");
+    h = fnv_u64(h, page_size_tokens);
+    h = fnv_u64(h, buffers);
+    fnv_u64(h, buffer_hash_sum)
+}
+
+impl PoolGeometry {
+    /// Fingerprint of exactly the compared fields (see the module docs).
+    pub const fn fingerprint(&self) -> Result<u64, LayoutError> {
+        let buffers = self.buffers.as_slice();
+        let mut sum = 0u64;
+        let mut i = 0;
+        while i < buffers.len() {
+            let b = &buffers[i];
+            let h = tri!(buffer_hash(
+                b.name(),
+                b.layers,
+                &b.layout,
+                self.page_size_tokens
+            ));
+            sum = sum.wrapping_add(h);
+            i += 1;
+        }
+        Ok(pool_hash(self.page_size_tokens, buffers.len() as u64, sum))
+    }
+}

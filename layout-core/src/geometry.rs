@@ -1,0 +1,444 @@
+//! Pool geometry: buffers with their layer counts, page size, page count, memory layout, and
+//! the byte offset of every (buffer, layer, page).
+//!
+//! A pool is one byte space. Memory layouts (SGLang HiCache host layouts; device pools are
+//! `layer_first`), with `L` layers, `P` pages and page stride `S` of buffer `b`:
+//! - `layer_first`: each buffer a region `[layer][page][S]`; page at `base_b + (l * P + p) * S`.
+//! - `page_first`: each buffer a region `[page][layer][S]`; page at `base_b + (p * L + l) * S`.
+//! - `page_first_direct`: one region `[page][buffer][layer][S]`, so every page of the pool (all
+//!   buffers, all layers) is one contiguous run for zero-copy storage I/O.
+//! - `page_head` (MHA): each buffer a region `[page][head][layer][token][head row]`; a page of
+//!   one layer is `heads` runs, and the layout needs every section shaped `[heads, ...]`.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use crate::error::LayoutError;
+use crate::layout::{Arrangement, PageGeometry, TokenLayout};
+use crate::section::cow_str;
+
+/// Where pages of a whole pool sit in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemoryLayout {
+    /// `[layer][page][...]` per buffer.
+    LayerFirst,
+    /// `[page][layer][...]` per buffer.
+    PageFirst,
+    /// `[page][buffer][layer][...]`: one contiguous run per page.
+    PageFirstDirect,
+    /// `[page][head][layer][token][head row]` per buffer (MHA).
+    PageHead,
+}
+
+impl MemoryLayout {
+    /// Every memory layout.
+    pub const ALL: [MemoryLayout; 4] = [
+        MemoryLayout::LayerFirst,
+        MemoryLayout::PageFirst,
+        MemoryLayout::PageFirstDirect,
+        MemoryLayout::PageHead,
+    ];
+
+    /// The geometry-file name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            MemoryLayout::LayerFirst => "layer_first",
+            MemoryLayout::PageFirst => "page_first",
+            MemoryLayout::PageFirstDirect => "page_first_direct",
+            MemoryLayout::PageHead => "page_head",
+        }
+    }
+
+    /// Parses a geometry-file name.
+    pub fn from_name(name: &str) -> Option<MemoryLayout> {
+        MemoryLayout::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+impl fmt::Display for MemoryLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One component buffer of a pool (MLA latent, index-K, K, V, ...).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BufferGeometry {
+    /// Buffer name; compared between geometries (the set of names must match).
+    pub name: Cow<'static, str>,
+    /// Layers holding this buffer (index-K may live in only some layers).
+    pub layers: u64,
+    /// Token layout and page arrangement.
+    pub layout: TokenLayout,
+}
+
+impl BufferGeometry {
+    /// The name as `&str`.
+    pub const fn name(&self) -> &str {
+        cow_str(&self.name)
+    }
+}
+
+/// A pool: page size, page count, memory layout and buffers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolGeometry {
+    /// Free text, never compared.
+    pub name: String,
+    /// Tokens per page.
+    pub page_size_tokens: u64,
+    /// Pages in the pool (capacity; not compared).
+    pub pages: u64,
+    /// Placement of pages in memory (not compared).
+    pub memory_layout: MemoryLayout,
+    /// Component buffers.
+    pub buffers: Vec<BufferGeometry>,
+}
+
+/// A geometry that breaks a rule: the field path (`buffers[1] (index_k).sections[0] (values).dtype`)
+/// and what is wrong with it, with the values involved.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct GeometryError {
+    /// Path of the offending field.
+    pub field: String,
+    /// The rule broken and the values.
+    pub problem: String,
+}
+
+impl GeometryError {
+    /// An error on `field`.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> GeometryError {
+        GeometryError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// One contiguous piece of a page of one layer of one buffer: `len_bytes` bytes at
+/// `page_offset_bytes` in the canonical page (the arrangement's byte order) sit at
+/// `pool_offset_bytes` in the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Segment {
+    /// Offset inside the canonical page of one layer.
+    pub page_offset_bytes: u64,
+    /// Offset in the pool's byte space.
+    pub pool_offset_bytes: u64,
+    /// Length in bytes.
+    pub len_bytes: u64,
+}
+
+fn overflow(field: &str) -> GeometryError {
+    GeometryError::new(field, "overflow computing pool byte offsets")
+}
+
+fn ck_mul(a: u64, b: u64, field: &str) -> Result<u64, GeometryError> {
+    a.checked_mul(b).ok_or_else(|| overflow(field))
+}
+
+fn ck_add(a: u64, b: u64, field: &str) -> Result<u64, GeometryError> {
+    a.checked_add(b).ok_or_else(|| overflow(field))
+}
+
+/// Path of buffer `b` for error messages: `buffers[1] (index_k)`.
+pub fn buffer_path(index: usize, buffer: &BufferGeometry) -> String {
+    format!("buffers[{index}] ({})", buffer.name())
+}
+
+/// Turns a [`LayoutError`] of buffer `b` into a [`GeometryError`] whose path names the section
+/// (and the field inside it) the rule concerns.
+pub fn layout_error(index: usize, buffer: &BufferGeometry, e: LayoutError) -> GeometryError {
+    let b = buffer_path(index, buffer);
+    let sections = buffer.layout.sections();
+    let sec = |i: usize| match sections.get(i) {
+        Some(s) => format!("{b}.sections[{i}] ({})", s.name()),
+        None => format!("{b}.sections[{i}]"),
+    };
+    let field = match e {
+        LayoutError::EmptyShape { section } | LayoutError::ZeroDim { section, .. } => {
+            format!("{}.shape", sec(section))
+        }
+        LayoutError::SubByteCount { section, .. } | LayoutError::HeadRowSubByte { section } => {
+            format!("{}.shape", sec(section))
+        }
+        LayoutError::ScaleTargetMissing { section, .. }
+        | LayoutError::ScaleTargetIsScale { section, .. } => format!("{}.scales", sec(section)),
+        LayoutError::ZeroBlock { section } | LayoutError::BlockDoesNotDivide { section, .. } => {
+            format!("{}.block_elems", sec(section))
+        }
+        LayoutError::ScaleCount { section, .. } => format!("{}.shape", sec(section)),
+        LayoutError::EmptyPlane { .. }
+        | LayoutError::PlaneSectionMissing { .. }
+        | LayoutError::PlaneSectionTwice { .. }
+        | LayoutError::PlaneSectionUnplaced { .. } => format!("{b}.arrangement.planes"),
+        LayoutError::ZeroAlign => format!("{b}.page_align_bytes"),
+        LayoutError::StrideTooSmall { .. } | LayoutError::StrideNotAligned { .. } => {
+            format!("{b}.page_stride_bytes")
+        }
+        LayoutError::NoSections => format!("{b}.sections"),
+        LayoutError::ZeroPageSize => "page_size_tokens".to_string(),
+        LayoutError::Overflow { .. }
+        | LayoutError::SectionIndex { .. }
+        | LayoutError::TokenIndex { .. }
+        | LayoutError::RunIndex { .. } => b,
+    };
+    GeometryError::new(field, e.to_string())
+}
+
+impl PoolGeometry {
+    /// Checks every rule: page size and page count at least 1, at least one buffer, unique
+    /// non-empty buffer names, at least one layer each, each token layout valid, page strides
+    /// and the pool's total bytes computable without overflow, `page_head` only over buffers
+    /// whose sections are all `[heads, ...]` with one head count.
+    pub fn validate(&self) -> Result<(), GeometryError> {
+        if self.page_size_tokens == 0 {
+            return Err(GeometryError::new(
+                "page_size_tokens",
+                "must be at least 1, got 0",
+            ));
+        }
+        if self.pages == 0 {
+            return Err(GeometryError::new("pages", "must be at least 1, got 0"));
+        }
+        if self.buffers.is_empty() {
+            return Err(GeometryError::new("buffers", "a pool needs at least one buffer"));
+        }
+        for (i, b) in self.buffers.iter().enumerate() {
+            if b.name().is_empty() {
+                return Err(GeometryError::new(
+                    format!("buffers[{i}].name"),
+                    "must not be empty",
+                ));
+            }
+            if let Some(j) = self.buffers[..i].iter().position(|o| o.name == b.name) {
+                return Err(GeometryError::new(
+                    format!("{}.name", buffer_path(i, b)),
+                    format!("duplicate buffer name \"{}\" (also buffers[{j}])", b.name()),
+                ));
+            }
+            if b.layers == 0 {
+                return Err(GeometryError::new(
+                    format!("{}.layers", buffer_path(i, b)),
+                    "must be at least 1, got 0",
+                ));
+            }
+            b.layout
+                .page_geometry(self.page_size_tokens)
+                .map_err(|e| layout_error(i, b, e))?;
+            if self.memory_layout == MemoryLayout::PageHead {
+                self.page_head_heads(i)?;
+            }
+        }
+        self.total_bytes()?;
+        Ok(())
+    }
+
+    /// Sizes of a page of buffer `b`.
+    pub fn page_geometry(&self, b: usize) -> Result<PageGeometry, GeometryError> {
+        let buf = self.buffer(b)?;
+        buf.layout
+            .page_geometry(self.page_size_tokens)
+            .map_err(|e| layout_error(b, buf, e))
+    }
+
+    /// Buffer `b`, or an error naming the index.
+    pub fn buffer(&self, b: usize) -> Result<&BufferGeometry, GeometryError> {
+        self.buffers.get(b).ok_or_else(|| {
+            GeometryError::new(
+                "buffers",
+                format!("buffer index {b} out of range ({} buffers)", self.buffers.len()),
+            )
+        })
+    }
+
+    /// Index of the buffer named `name`.
+    pub fn buffer_index(&self, name: &str) -> Option<usize> {
+        self.buffers.iter().position(|b| b.name() == name)
+    }
+
+    /// Bytes per token of one layer, all buffers that have that layer (buffers hold layers
+    /// `0..layers`).
+    pub fn bytes_per_token_all_layers(&self) -> Result<u64, GeometryError> {
+        let mut total = 0u64;
+        for (i, b) in self.buffers.iter().enumerate() {
+            let per = b
+                .layout
+                .bytes_per_token()
+                .map_err(|e| layout_error(i, b, e))?;
+            total = ck_add(total, ck_mul(per, b.layers, "bytes per token")?, "bytes per token")?;
+        }
+        Ok(total)
+    }
+
+    /// Bytes one layer of one page occupies in this pool's memory for buffer `b`: the page
+    /// stride, or the payload under `page_head` (which stores no padding).
+    pub fn stored_page_bytes(&self, b: usize) -> Result<u64, GeometryError> {
+        let g = self.page_geometry(b)?;
+        Ok(match self.memory_layout {
+            MemoryLayout::PageHead => g.page_payload_bytes,
+            _ => g.page_stride_bytes,
+        })
+    }
+
+    /// Bytes of buffer `b` over all its layers and all pages.
+    pub fn buffer_bytes(&self, b: usize) -> Result<u64, GeometryError> {
+        let per = self.stored_page_bytes(b)?;
+        let layers = self.buffer(b)?.layers;
+        ck_mul(ck_mul(per, layers, "buffer bytes")?, self.pages, "buffer bytes")
+    }
+
+    /// Bytes of one page of every buffer and layer (`page_first_direct`'s page run).
+    pub fn page_group_bytes(&self) -> Result<u64, GeometryError> {
+        let mut total = 0u64;
+        for b in 0..self.buffers.len() {
+            let per = ck_mul(self.stored_page_bytes(b)?, self.buffers[b].layers, "page group")?;
+            total = ck_add(total, per, "page group")?;
+        }
+        Ok(total)
+    }
+
+    /// Total bytes of the pool.
+    pub fn total_bytes(&self) -> Result<u64, GeometryError> {
+        let mut total = 0u64;
+        for b in 0..self.buffers.len() {
+            total = ck_add(total, self.buffer_bytes(b)?, "total bytes")?;
+        }
+        Ok(total)
+    }
+
+    /// Start of buffer `b`: its region (`page_first_direct`: its offset inside a page run).
+    fn buffer_base_bytes(&self, b: usize) -> Result<u64, GeometryError> {
+        let mut base = 0u64;
+        for i in 0..b {
+            let size = match self.memory_layout {
+                MemoryLayout::PageFirstDirect => {
+                    ck_mul(self.stored_page_bytes(i)?, self.buffers[i].layers, "base")?
+                }
+                _ => self.buffer_bytes(i)?,
+            };
+            base = ck_add(base, size, "buffer base")?;
+        }
+        Ok(base)
+    }
+
+    fn check_index(&self, b: usize, layer: u64, page: u64) -> Result<&BufferGeometry, GeometryError> {
+        let buf = self.buffer(b)?;
+        if layer >= buf.layers {
+            return Err(GeometryError::new(
+                format!("{}.layers", buffer_path(b, buf)),
+                format!("layer {layer} out of range ({} layers)", buf.layers),
+            ));
+        }
+        if page >= self.pages {
+            return Err(GeometryError::new(
+                "pages",
+                format!("page {page} out of range ({} pages)", self.pages),
+            ));
+        }
+        Ok(buf)
+    }
+
+    /// Byte offset of page `page` of layer `layer` of buffer `b`. Under `page_head` this is
+    /// the start of head 0's run; use [`PoolGeometry::page_segments`] for the whole page.
+    pub fn page_offset_bytes(&self, b: usize, layer: u64, page: u64) -> Result<u64, GeometryError> {
+        let buf = self.check_index(b, layer, page)?;
+        let per = self.stored_page_bytes(b)?;
+        let base = self.buffer_base_bytes(b)?;
+        let f = "page offset";
+        let slot = match self.memory_layout {
+            MemoryLayout::LayerFirst => ck_add(ck_mul(layer, self.pages, f)?, page, f)?,
+            MemoryLayout::PageFirst => ck_add(ck_mul(page, buf.layers, f)?, layer, f)?,
+            MemoryLayout::PageFirstDirect => {
+                let group = ck_mul(page, self.page_group_bytes()?, f)?;
+                return ck_add(ck_add(group, base, f)?, ck_mul(layer, per, f)?, f);
+            }
+            MemoryLayout::PageHead => {
+                let heads = self.page_head_heads(b)?;
+                let chunk = per / heads;
+                let slot = ck_mul(ck_mul(page, heads, f)?, buf.layers, f)?;
+                return ck_add(base, ck_mul(ck_add(slot, layer, f)?, chunk, f)?, f);
+            }
+        };
+        ck_add(base, ck_mul(slot, per, f)?, f)
+    }
+
+    /// Head count shared by every section of buffer `b`, required by `page_head`.
+    pub fn page_head_heads(&self, b: usize) -> Result<u64, GeometryError> {
+        let buf = self.buffer(b)?;
+        let sections = buf.layout.sections();
+        let heads = sections.first().map(|s| s.heads()).unwrap_or(1);
+        for (i, s) in sections.iter().enumerate() {
+            if s.shape().len() < 2 || s.heads() != heads {
+                return Err(GeometryError::new(
+                    "memory_layout",
+                    format!(
+                        "page_head needs every section of {} shaped [heads, ...] with one head count; \
+                         sections[{i}] ({}) has shape {:?}",
+                        buffer_path(b, buf),
+                        s.name(),
+                        s.shape()
+                    ),
+                ));
+            }
+            let bytes = s.bytes(i).map_err(|e| layout_error(b, buf, e))?;
+            if bytes % heads != 0 {
+                return Err(GeometryError::new(
+                    "memory_layout",
+                    format!("page_head: sections[{i}] ({}) splits into partial bytes per head", s.name()),
+                ));
+            }
+        }
+        Ok(heads)
+    }
+
+    /// The contiguous pieces of page `page` of layer `layer` of buffer `b`: one piece of the
+    /// page stride for every memory layout but `page_head`, whose pieces map each (head, token,
+    /// section) run of the canonical page to its place in `[head][layer][token][head row]`.
+    pub fn page_segments(&self, b: usize, layer: u64, page: u64) -> Result<Vec<Segment>, GeometryError> {
+        let start = self.page_offset_bytes(b, layer, page)?;
+        if self.memory_layout != MemoryLayout::PageHead {
+            return Ok(vec![Segment {
+                page_offset_bytes: 0,
+                pool_offset_bytes: start,
+                len_bytes: self.stored_page_bytes(b)?,
+            }]);
+        }
+        let buf = &self.buffers[b];
+        let layout = &buf.layout;
+        let heads = self.page_head_heads(b)?;
+        let t_count = self.page_size_tokens;
+        let chunk = self.stored_page_bytes(b)? / heads; // T * head row, all sections
+        let head_row = chunk / t_count;
+        let err = |e| layout_error(b, buf, e);
+        let mut out: Vec<Segment> = Vec::new();
+        for h in 0..heads {
+            let head_base = start + h * buf.layers * chunk;
+            for t in 0..t_count {
+                let mut prefix = 0u64;
+                for s in 0..layout.sections().len() {
+                    let part = layout.section_bytes(s).map_err(err)? / heads;
+                    let page_off = match layout.arrangement {
+                        Arrangement::HeadMajor => layout.offset_bytes(s, t, h, t_count).map_err(err)?,
+                        _ => layout.offset_bytes(s, t, 0, t_count).map_err(err)? + h * part,
+                    };
+                    let seg = Segment {
+                        page_offset_bytes: page_off,
+                        pool_offset_bytes: head_base + t * head_row + prefix,
+                        len_bytes: part,
+                    };
+                    prefix += part;
+                    match out.last_mut() {
+                        Some(last)
+                            if last.page_offset_bytes + last.len_bytes == seg.page_offset_bytes
+                                && last.pool_offset_bytes + last.len_bytes == seg.pool_offset_bytes =>
+                        {
+                            last.len_bytes += seg.len_bytes
+                        }
+                        _ => out.push(seg),
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}

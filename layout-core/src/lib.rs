@@ -1,0 +1,104 @@
+//! # kvlayout-core
+//!
+//! The KV-cache layout model: [`Dtype`]s, [`Section`]s, [`TokenLayout`] (one token's entry
+//! and the arrangement of a page), [`PageGeometry`], [`PoolGeometry`] (buffers, layer counts,
+//! page size, memory layout, byte offsets), the compatibility [`compare`] with a field-by-field
+//! [`Mismatch`], a stable const [fingerprint](crate::fingerprint), and the geometry file
+//! [`file`] (`kvlayout.geometry/v1`).
+//!
+//! Every size carries its unit in its name (`_bytes`, `_elems`, `_bits`, `_tokens`, `_pages`),
+//! every computation is checked (an overflow is [`LayoutError::Overflow`], never a wrap), and
+//! the token-layout arithmetic is `const fn`, so `#[derive(KvLayout)]` descriptors are
+//! evaluated — and rejected — at compile time.
+//!
+//! ```
+//! use kvlayout_core::{Arrangement, Dtype, Section, TokenLayout};
+//! // DeepSeek-V3.2 indexer cache (SGLang index_buf_accessor.py): 128 e4m3 values, then one f32
+//! // scale per 128 values; a 64-token page is [64 x 128 B][64 x 4 B].
+//! const INDEX_K_FP8: TokenLayout = TokenLayout::new(
+//!     Arrangement::SectionMajor,
+//!     &[
+//!         Section::new("values", Dtype::F8E4M3, &[128]),
+//!         Section::scale_of("scale", Dtype::F32, &[1], 0, 128),
+//!     ],
+//! );
+//! const BYTES: u64 = match INDEX_K_FP8.bytes_per_token() { Ok(b) => b, Err(_) => 0 };
+//! assert_eq!(BYTES, 128 + 4);
+//! assert_eq!(INDEX_K_FP8.page_stride_bytes(64), Ok(64 * 132));
+//! assert_eq!(INDEX_K_FP8.offset_bytes(1, 3, 0, 64), Ok(64 * 128 + 3 * 4));
+//! ```
+
+mod diff;
+mod dtype;
+pub mod elem;
+mod error;
+pub mod file;
+pub mod fingerprint;
+mod geometry;
+mod layout;
+mod section;
+
+pub use diff::{FieldDiff, Mismatch, arrangement_text, compare};
+pub use dtype::Dtype;
+pub use elem::Element;
+pub use error::LayoutError;
+pub use geometry::{
+    BufferGeometry, GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error,
+};
+pub use layout::{Arrangement, PageGeometry, TokenLayout};
+pub use section::{ScaleOf, Section};
+
+pub use std::borrow::Cow;
+
+/// A token-row type with a compile-time layout descriptor. Implemented by
+/// `#[derive(KvLayout)]` only (the supertrait is sealed by convention: it lives in a hidden
+/// module that the derive names).
+pub trait KvLayout: __private::Sealed {
+    /// The type's name.
+    const NAME: &'static str;
+    /// The descriptor: sections, arrangement, alignment.
+    const LAYOUT: TokenLayout;
+    /// Bytes of one token's entry; evaluating it validates the layout at compile time.
+    const BYTES_PER_TOKEN: u64;
+    /// [`TokenLayout::fingerprint`] of [`KvLayout::LAYOUT`].
+    const FINGERPRINT: u64;
+}
+
+/// Compile-time carrier of a byte count, so a failed assertion prints both numbers:
+/// "expected `BytesPerToken<128>`, found `BytesPerToken<132>`".
+pub struct BytesPerToken<const N: u64>;
+
+/// Fails to compile unless `$ty`'s layout has `$bytes` bytes per token; the error shows both.
+///
+/// ```
+/// # use kvlayout_core::{assert_bytes_per_token};
+/// # // (a doc test needs a KvLayout type; see the kvlayout crate for a derive example)
+/// ```
+#[macro_export]
+macro_rules! assert_bytes_per_token {
+    ($ty:ty, $bytes:expr) => {
+        const _: () = {
+            let _: $crate::BytesPerToken<{ $bytes }> =
+                $crate::BytesPerToken::<{ <$ty as $crate::KvLayout>::BYTES_PER_TOKEN }>;
+        };
+    };
+}
+
+#[doc(hidden)]
+pub mod __private {
+    use crate::TokenLayout;
+
+    /// Implemented by the derive next to `KvLayout`.
+    pub trait Sealed {}
+
+    /// Validates at compile time (panicking with the rule broken) and returns bytes per token.
+    pub const fn bytes_per_token_or_panic(layout: &TokenLayout) -> u64 {
+        if let Err(e) = layout.validate() {
+            panic!("{}", e.message());
+        }
+        match layout.bytes_per_token() {
+            Ok(b) => b,
+            Err(e) => panic!("{}", e.message()),
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Sections: the named parts of one token's entry in a buffer.
+
+use std::borrow::Cow;
+
+use crate::Dtype;
+use crate::error::{LayoutError, mul, tri};
+
+/// A scale relation: this section holds one scale per `block_elems` elements of section
+/// `target` (an index into the same layout's sections).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScaleOf {
+    /// Index of the scaled (value) section.
+    pub target: usize,
+    /// Elements of the scaled section covered by one scale.
+    pub block_elems: u64,
+}
+
+/// One named part of a token's entry: a dtype and a per-token shape (e.g. `[heads, head_dim]`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Section {
+    /// Label (`values`, `scale`, `k`, `v`, `rope`); never compared between geometries.
+    pub name: Cow<'static, str>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Per-token shape, outermost first; every dimension at least 1.
+    pub shape: Cow<'static, [u64]>,
+    /// Present on a scale section.
+    pub scale: Option<ScaleOf>,
+}
+
+/// A `Cow` slice as a plain slice, in `const` context.
+pub(crate) const fn cow_slice<'a, T: Clone>(c: &'a Cow<'static, [T]>) -> &'a [T] {
+    match c {
+        Cow::Borrowed(b) => b,
+        Cow::Owned(v) => v.as_slice(),
+    }
+}
+
+/// A `Cow` str as `&str`, in `const` context.
+pub(crate) const fn cow_str<'a>(c: &'a Cow<'static, str>) -> &'a str {
+    match c {
+        Cow::Borrowed(b) => b,
+        Cow::Owned(s) => s.as_str(),
+    }
+}
+
+impl Section {
+    /// A value section from static data (for descriptors and tests).
+    pub const fn new(name: &'static str, dtype: Dtype, shape: &'static [u64]) -> Section {
+        Section {
+            name: Cow::Borrowed(name),
+            dtype,
+            shape: Cow::Borrowed(shape),
+            scale: None,
+        }
+    }
+
+    /// A scale section: one scale per `block_elems` elements of section `target`.
+    pub const fn scale_of(
+        name: &'static str,
+        dtype: Dtype,
+        shape: &'static [u64],
+        target: usize,
+        block_elems: u64,
+    ) -> Section {
+        Section {
+            name: Cow::Borrowed(name),
+            dtype,
+            shape: Cow::Borrowed(shape),
+            scale: Some(ScaleOf {
+                target,
+                block_elems,
+            }),
+        }
+    }
+
+    /// The shape as a slice.
+    pub const fn shape(&self) -> &[u64] {
+        cow_slice(&self.shape)
+    }
+
+    /// The label as `&str`.
+    pub const fn name(&self) -> &str {
+        cow_str(&self.name)
+    }
+
+    /// Elements per token (product of the shape). `index` is this section's position, for errors.
+    pub const fn elems(&self, index: usize) -> Result<u64, LayoutError> {
+        let shape = self.shape();
+        if shape.is_empty() {
+            return Err(LayoutError::EmptyShape { section: index });
+        }
+        let mut elems = 1u64;
+        let mut d = 0;
+        while d < shape.len() {
+            if shape[d] == 0 {
+                return Err(LayoutError::ZeroDim {
+                    section: index,
+                    dim: d,
+                });
+            }
+            elems = tri!(mul(elems, shape[d], "section elements"));
+            d += 1;
+        }
+        Ok(elems)
+    }
+
+    /// Bytes per token; the bits must fill whole bytes.
+    pub const fn bytes(&self, index: usize) -> Result<u64, LayoutError> {
+        let elems = tri!(self.elems(index));
+        bits_to_bytes(elems, self.dtype.bits(), index)
+    }
+
+    /// Heads of this section: the leading dimension when the shape has two or more, else 1.
+    pub const fn heads(&self) -> u64 {
+        let shape = self.shape();
+        if shape.len() >= 2 { shape[0] } else { 1 }
+    }
+}
+
+/// `elems` elements of `bits` bits as whole bytes, or [`LayoutError::SubByteCount`].
+pub(crate) const fn bits_to_bytes(elems: u64, bits: u64, index: usize) -> Result<u64, LayoutError> {
+    let total_bits = tri!(mul(elems, bits, "section bits"));
+    if total_bits % 8 != 0 {
+        return Err(LayoutError::SubByteCount {
+            section: index,
+            elems,
+            bits,
+        });
+    }
+    Ok(total_bits / 8)
+}

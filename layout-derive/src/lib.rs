@@ -1,0 +1,1 @@
+//! `#[derive(KvLayout)]` (being written).

@@ -1,0 +1,1 @@
+//! Pools (being written).
