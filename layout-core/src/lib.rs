@@ -32,6 +32,7 @@ mod diff;
 mod dtype;
 pub mod elem;
 mod error;
+pub mod formats;
 pub mod file;
 pub mod fingerprint;
 mod geometry;

@@ -29,6 +29,7 @@ pub struct Section {
 }
 
 /// A `Cow` slice as a plain slice, in `const` context.
+#[allow(clippy::ptr_arg)] // `Deref` is not const: the match is the point
 pub(crate) const fn cow_slice<'a, T: Clone>(c: &'a Cow<'static, [T]>) -> &'a [T] {
     match c {
         Cow::Borrowed(b) => b,
@@ -37,6 +38,7 @@ pub(crate) const fn cow_slice<'a, T: Clone>(c: &'a Cow<'static, [T]>) -> &'a [T]
 }
 
 /// A `Cow` str as `&str`, in `const` context.
+#[allow(clippy::ptr_arg)] // as above
 pub(crate) const fn cow_str<'a>(c: &'a Cow<'static, str>) -> &'a str {
     match c {
         Cow::Borrowed(b) => b,
