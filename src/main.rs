@@ -1,1 +1,39 @@
-fn main() {}
+//! The `kvlayout` command line: `formats`, `check`, `describe`, `replay`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cli;
+
+/// KV-cache layouts: list formats, check two geometry files, describe a model's pools, replay a
+/// HiCache workload.
+#[derive(Parser)]
+#[command(name = "kvlayout", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List the built-in token layouts.
+    Formats(cli::formats::FormatsArgs),
+    /// Check whether two geometry files can exchange pages (exit 0 yes, 1 no, 2 bad input).
+    Check(cli::check::CheckArgs),
+    /// Print a real model's pool geometry.
+    Describe(cli::describe::DescribeArgs),
+    /// Replay a HiCache workload and report corrupted sessions.
+    Replay(cli::replay::ReplayArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Formats(a) => cli::formats::run(&a),
+        Command::Check(a) => cli::check::run(&a),
+        Command::Describe(a) => cli::describe::run(&a),
+        Command::Replay(a) => cli::replay::run(&a),
+    };
+    ExitCode::from(code)
+}

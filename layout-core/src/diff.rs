@@ -154,7 +154,11 @@ fn compare_buffer(
 ) {
     let n = ba.name();
     let (la, lb) = (&ba.layout, &bb.layout);
-    push(format!("{n}.layers"), ba.layers.to_string(), bb.layers.to_string());
+    push(
+        format!("{n}.layers"),
+        ba.layers.to_string(),
+        bb.layers.to_string(),
+    );
     push(
         format!("{n}.arrangement"),
         arrangement_text(la),
@@ -172,7 +176,11 @@ fn compare_buffer(
             x.dtype.name().into(),
             y.dtype.name().into(),
         );
-        push(format!("{n}.sections[{i}].shape"), shape_text(x), shape_text(y));
+        push(
+            format!("{n}.sections[{i}].shape"),
+            shape_text(x),
+            shape_text(y),
+        );
         let (rx, ry) = (x.scale, y.scale);
         if rx != ry {
             push(
@@ -181,6 +189,21 @@ fn compare_buffer(
                 scale_text(lb, y),
             );
         }
+    }
+    let describe = |s: &Section| format!("{} {} ({})", s.dtype.name(), shape_text(s), s.name());
+    for i in sb.len()..sa.len() {
+        push(
+            format!("{n}.sections[{i}]"),
+            describe(&sa[i]),
+            "missing".into(),
+        );
+    }
+    for i in sa.len()..sb.len() {
+        push(
+            format!("{n}.sections[{i}]"),
+            "missing".into(),
+            describe(&sb[i]),
+        );
     }
     push(
         format!("{n}.page_stride_bytes"),

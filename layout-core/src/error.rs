@@ -18,7 +18,11 @@ pub enum LayoutError {
     /// A zero dimension in a section's shape.
     ZeroDim { section: usize, dim: usize },
     /// A sub-byte section whose bits do not fill whole bytes (fp4 needs an even count).
-    SubByteCount { section: usize, elems: u64, bits: u64 },
+    SubByteCount {
+        section: usize,
+        elems: u64,
+        bits: u64,
+    },
     /// A scale section names a section index that does not exist.
     ScaleTargetMissing { section: usize, target: usize },
     /// A scale section names itself or another scale section.
@@ -26,9 +30,17 @@ pub enum LayoutError {
     /// `block_elems` is zero.
     ZeroBlock { section: usize },
     /// The block length does not divide the scaled section's element count.
-    BlockDoesNotDivide { section: usize, target_elems: u64, block_elems: u64 },
+    BlockDoesNotDivide {
+        section: usize,
+        target_elems: u64,
+        block_elems: u64,
+    },
     /// The scale section's element count is not scaled elements / block.
-    ScaleCount { section: usize, scale_elems: u64, expected_elems: u64 },
+    ScaleCount {
+        section: usize,
+        scale_elems: u64,
+        expected_elems: u64,
+    },
     /// `planes` is empty, or one plane is empty.
     EmptyPlane { plane: usize },
     /// A plane names a section index that does not exist.
@@ -42,7 +54,10 @@ pub enum LayoutError {
     /// `page_align_bytes` is zero.
     ZeroAlign,
     /// An explicit page stride is smaller than the page payload.
-    StrideTooSmall { stride_bytes: u64, payload_bytes: u64 },
+    StrideTooSmall {
+        stride_bytes: u64,
+        payload_bytes: u64,
+    },
     /// An explicit page stride that is not a multiple of `page_align_bytes`.
     StrideNotAligned { stride_bytes: u64, align_bytes: u64 },
     /// A page of zero tokens.
@@ -79,7 +94,9 @@ impl LayoutError {
             }
             LayoutError::EmptyPlane { .. } => "planes must be non-empty groups of sections",
             LayoutError::PlaneSectionMissing { .. } => "a plane names a missing section",
-            LayoutError::PlaneSectionTwice { .. } => "a section appears in more than one plane slot",
+            LayoutError::PlaneSectionTwice { .. } => {
+                "a section appears in more than one plane slot"
+            }
             LayoutError::PlaneSectionUnplaced { .. } => "a section appears in no plane",
             LayoutError::HeadRowSubByte { .. } => {
                 "head_major: a section's per-head row must fill whole bytes"
@@ -108,7 +125,11 @@ impl fmt::Display for LayoutError {
             LayoutError::ZeroDim { section, dim } => {
                 write!(f, " (section {section}, dimension {dim} is 0)")
             }
-            LayoutError::SubByteCount { section, elems, bits } => write!(
+            LayoutError::SubByteCount {
+                section,
+                elems,
+                bits,
+            } => write!(
                 f,
                 " (section {section}: {elems} elems x {bits} bits = {} bits)",
                 elems.saturating_mul(bits)

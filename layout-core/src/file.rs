@@ -122,7 +122,10 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
             let bad = || {
                 GeometryError::new(
                     format!("{path}.arrangement.planes"),
-                    format!("expected an array of arrays of section names, got {}", map["planes"]),
+                    format!(
+                        "expected an array of arrays of section names, got {}",
+                        map["planes"]
+                    ),
                 )
             };
             let groups = map["planes"].as_array().ok_or_else(bad)?;
@@ -227,7 +230,12 @@ pub fn to_json(pool: &PoolGeometry) -> String {
 fn buffer_to_file(b: &BufferGeometry) -> BufferFile {
     let layout = &b.layout;
     let sections = layout.sections();
-    let name_of = |i: usize| sections.get(i).map(|s| s.name().to_string()).unwrap_or_default();
+    let name_of = |i: usize| {
+        sections
+            .get(i)
+            .map(|s| s.name().to_string())
+            .unwrap_or_default()
+    };
     let arrangement = match &layout.arrangement {
         Arrangement::Planes(planes) => {
             let groups: Vec<Value> = planes

@@ -19,7 +19,7 @@ pub struct Format {
 /// 128 + 4 = 132 B/token; a 64-token page is `[64 x 128 = 8192 B][64 x 4 = 256 B]` = 8448 B.
 pub const INDEX_K_FP8: TokenLayout = TokenLayout::new(
     Arrangement::SectionMajor,
-    &[
+    crate::sections![
         Section::new("values", Dtype::F8E4M3, &[128]),
         Section::scale_of("scale", Dtype::F32, &[1], 0, 128),
     ],
@@ -29,14 +29,14 @@ pub const INDEX_K_FP8: TokenLayout = TokenLayout::new(
 /// no scale; a 64-token page is 16384 B.
 pub const INDEX_K_BF16: TokenLayout = TokenLayout::new(
     Arrangement::SectionMajor,
-    &[Section::new("values", Dtype::Bf16, &[128])],
+    crate::sections![Section::new("values", Dtype::Bf16, &[128])],
 );
 
 /// DeepSeek-V4 / nvfp4 indexer (SGLang DSV4 indexer pool): 128 e2m1 packed two per byte (64 B)
 /// + 4 ue8m0 scales, one per 32; values then scales: 68 B/token.
 pub const INDEX_K_FP4: TokenLayout = TokenLayout::new(
     Arrangement::SectionMajor,
-    &[
+    crate::sections![
         Section::new("values", Dtype::F4E2M1, &[128]),
         Section::scale_of("scale", Dtype::Ue8m0, &[4], 0, 32),
     ],
@@ -46,7 +46,7 @@ pub const INDEX_K_FP4: TokenLayout = TokenLayout::new(
 /// qk_rope_head_dim 64, bf16, one row per token: (512 + 64) x 2 = 1152 B/token.
 pub const MLA_BF16: TokenLayout = TokenLayout::new(
     Arrangement::TokenMajor,
-    &[
+    crate::sections![
         Section::new("latent", Dtype::Bf16, &[512]),
         Section::new("rope", Dtype::Bf16, &[64]),
     ],
@@ -55,7 +55,7 @@ pub const MLA_BF16: TokenLayout = TokenLayout::new(
 /// MLA latent in plain fp8 (SGLang/vLLM `fp8` MLA cache): 512 + 64 e4m3 = 576 B/token.
 pub const MLA_FP8: TokenLayout = TokenLayout::new(
     Arrangement::TokenMajor,
-    &[
+    crate::sections![
         Section::new("latent", Dtype::F8E4M3, &[512]),
         Section::new("rope", Dtype::F8E4M3, &[64]),
     ],
@@ -66,7 +66,7 @@ pub const MLA_FP8: TokenLayout = TokenLayout::new(
 /// row per token.
 pub const DSA_MLA_FP8: TokenLayout = TokenLayout::new(
     Arrangement::TokenMajor,
-    &[
+    crate::sections![
         Section::new("nope", Dtype::F8E4M3, &[512]),
         Section::scale_of("nope_scale", Dtype::F32, &[4], 0, 128),
         Section::new("rope", Dtype::Bf16, &[64]),
@@ -81,7 +81,7 @@ pub const DSV4_MLA_FP8: TokenLayout = TokenLayout {
         crate::Cow::Borrowed(&[0, 1]),
         crate::Cow::Borrowed(&[2, 3]),
     ])),
-    sections: crate::Cow::Borrowed(&[
+    sections: crate::Cow::Borrowed(crate::sections![
         Section::new("nope", Dtype::F8E4M3, &[448]),
         Section::new("rope", Dtype::Bf16, &[64]),
         Section::scale_of("scale", Dtype::Ue8m0, &[7], 0, 64),
@@ -95,7 +95,7 @@ pub const DSV4_MLA_FP8: TokenLayout = TokenLayout {
 /// `[blocks, 2, block, heads, dim]`: the K plane then the V plane): 2 x 8 x 128 x 2 = 4096 B.
 pub const MHA_BF16_8X128: TokenLayout = TokenLayout::new(
     Arrangement::SectionMajor,
-    &[
+    crate::sections![
         Section::new("k", Dtype::Bf16, &[8, 128]),
         Section::new("v", Dtype::Bf16, &[8, 128]),
     ],
@@ -104,7 +104,7 @@ pub const MHA_BF16_8X128: TokenLayout = TokenLayout::new(
 /// MHA K and V in fp8 e4m3, 8 x 128, no in-cache scales: 2 x 1024 = 2048 B/token.
 pub const MHA_FP8_8X128: TokenLayout = TokenLayout::new(
     Arrangement::SectionMajor,
-    &[
+    crate::sections![
         Section::new("k", Dtype::F8E4M3, &[8, 128]),
         Section::new("v", Dtype::F8E4M3, &[8, 128]),
     ],
@@ -114,7 +114,7 @@ pub const MHA_FP8_8X128: TokenLayout = TokenLayout::new(
 /// elements for each: 2 x 1024 + 2 x 32 = 2112 B/token.
 pub const MHA_MXFP8_8X128: TokenLayout = TokenLayout::new(
     Arrangement::SectionMajor,
-    &[
+    crate::sections![
         Section::new("k", Dtype::F8E4M3, &[8, 128]),
         Section::new("v", Dtype::F8E4M3, &[8, 128]),
         Section::scale_of("k_scale", Dtype::Ue8m0, &[8, 4], 0, 32),
@@ -130,16 +130,56 @@ pub fn all() -> Vec<Format> {
         layout,
     };
     vec![
-        f("index_k_fp8", "DeepSeek-V3.2 indexer cache: 128 e4m3 + f32 per 128, values then scales (SGLang index_buf_accessor.py, vLLM DeepseekV32IndexerCache)", INDEX_K_FP8),
-        f("index_k_bf16", "DSA index-K in bf16: 128 x 2 B, no scale (downstream SGLang variant)", INDEX_K_BF16),
-        f("index_k_fp4", "DeepSeek-V4 indexer: 128 e2m1 (64 B) + 4 ue8m0 per 32 (SGLang DSV4 indexer pool)", INDEX_K_FP4),
-        f("mla_bf16", "MLA latent 512 + rope 64, bf16 (DeepSeek-V3, Kimi-K2; SGLang/vLLM MLA pools)", MLA_BF16),
-        f("mla_fp8", "MLA latent 512 + rope 64, e4m3 (SGLang/vLLM fp8 MLA cache)", MLA_FP8),
-        f("dsa_mla_fp8", "DeepSeek-V3.2 sparse MLA: 512 e4m3, 4 f32 per 128, 64 bf16 rope, one 656-B row (FlashMLA sparse, vLLM fp8_ds_mla)", DSA_MLA_FP8),
-        f("dsv4_mla_fp8", "DeepSeek-V4 MLA: [448 e4m3 + 64 bf16][7 ue8m0 per 64 + pad] planes, pages aligned to 576 B (SGLang deepseek_v4_memory_pool.py)", DSV4_MLA_FP8),
-        f("mha_bf16_8x128", "MHA K,V bf16 8 heads x 128, K plane then V plane (vLLM FullAttentionSpec, SGLang MHA pool)", MHA_BF16_8X128),
-        f("mha_fp8_8x128", "MHA K,V e4m3 8 heads x 128, no in-cache scales (vLLM/SGLang fp8 KV)", MHA_FP8_8X128),
-        f("mha_mxfp8_8x128", "MHA MXFP8: e4m3 K,V 8 x 128 + ue8m0 per 32 (SGLang pool_host/mha_mxfp8.py)", MHA_MXFP8_8X128),
+        f(
+            "index_k_fp8",
+            "DeepSeek-V3.2 indexer cache: 128 e4m3 + f32 per 128, values then scales (SGLang index_buf_accessor.py, vLLM DeepseekV32IndexerCache)",
+            INDEX_K_FP8,
+        ),
+        f(
+            "index_k_bf16",
+            "DSA index-K in bf16: 128 x 2 B, no scale (downstream SGLang variant)",
+            INDEX_K_BF16,
+        ),
+        f(
+            "index_k_fp4",
+            "DeepSeek-V4 indexer: 128 e2m1 (64 B) + 4 ue8m0 per 32 (SGLang DSV4 indexer pool)",
+            INDEX_K_FP4,
+        ),
+        f(
+            "mla_bf16",
+            "MLA latent 512 + rope 64, bf16 (DeepSeek-V3, Kimi-K2; SGLang/vLLM MLA pools)",
+            MLA_BF16,
+        ),
+        f(
+            "mla_fp8",
+            "MLA latent 512 + rope 64, e4m3 (SGLang/vLLM fp8 MLA cache)",
+            MLA_FP8,
+        ),
+        f(
+            "dsa_mla_fp8",
+            "DeepSeek-V3.2 sparse MLA: 512 e4m3, 4 f32 per 128, 64 bf16 rope, one 656-B row (FlashMLA sparse, vLLM fp8_ds_mla)",
+            DSA_MLA_FP8,
+        ),
+        f(
+            "dsv4_mla_fp8",
+            "DeepSeek-V4 MLA: [448 e4m3 + 64 bf16][7 ue8m0 per 64 + pad] planes, pages aligned to 576 B (SGLang deepseek_v4_memory_pool.py)",
+            DSV4_MLA_FP8,
+        ),
+        f(
+            "mha_bf16_8x128",
+            "MHA K,V bf16 8 heads x 128, K plane then V plane (vLLM FullAttentionSpec, SGLang MHA pool)",
+            MHA_BF16_8X128,
+        ),
+        f(
+            "mha_fp8_8x128",
+            "MHA K,V e4m3 8 heads x 128, no in-cache scales (vLLM/SGLang fp8 KV)",
+            MHA_FP8_8X128,
+        ),
+        f(
+            "mha_mxfp8_8x128",
+            "MHA MXFP8: e4m3 K,V 8 x 128 + ue8m0 per 32 (SGLang pool_host/mha_mxfp8.py)",
+            MHA_MXFP8_8X128,
+        ),
     ]
 }
 

@@ -201,7 +201,10 @@ impl PoolGeometry {
             return Err(GeometryError::new("pages", "must be at least 1, got 0"));
         }
         if self.buffers.is_empty() {
-            return Err(GeometryError::new("buffers", "a pool needs at least one buffer"));
+            return Err(GeometryError::new(
+                "buffers",
+                "a pool needs at least one buffer",
+            ));
         }
         for (i, b) in self.buffers.iter().enumerate() {
             if b.name().is_empty() {
@@ -246,7 +249,10 @@ impl PoolGeometry {
         self.buffers.get(b).ok_or_else(|| {
             GeometryError::new(
                 "buffers",
-                format!("buffer index {b} out of range ({} buffers)", self.buffers.len()),
+                format!(
+                    "buffer index {b} out of range ({} buffers)",
+                    self.buffers.len()
+                ),
             )
         })
     }
@@ -265,7 +271,11 @@ impl PoolGeometry {
                 .layout
                 .bytes_per_token()
                 .map_err(|e| layout_error(i, b, e))?;
-            total = ck_add(total, ck_mul(per, b.layers, "bytes per token")?, "bytes per token")?;
+            total = ck_add(
+                total,
+                ck_mul(per, b.layers, "bytes per token")?,
+                "bytes per token",
+            )?;
         }
         Ok(total)
     }
@@ -284,14 +294,22 @@ impl PoolGeometry {
     pub fn buffer_bytes(&self, b: usize) -> Result<u64, GeometryError> {
         let per = self.stored_page_bytes(b)?;
         let layers = self.buffer(b)?.layers;
-        ck_mul(ck_mul(per, layers, "buffer bytes")?, self.pages, "buffer bytes")
+        ck_mul(
+            ck_mul(per, layers, "buffer bytes")?,
+            self.pages,
+            "buffer bytes",
+        )
     }
 
     /// Bytes of one page of every buffer and layer (`page_first_direct`'s page run).
     pub fn page_group_bytes(&self) -> Result<u64, GeometryError> {
         let mut total = 0u64;
         for b in 0..self.buffers.len() {
-            let per = ck_mul(self.stored_page_bytes(b)?, self.buffers[b].layers, "page group")?;
+            let per = ck_mul(
+                self.stored_page_bytes(b)?,
+                self.buffers[b].layers,
+                "page group",
+            )?;
             total = ck_add(total, per, "page group")?;
         }
         Ok(total)
@@ -321,7 +339,12 @@ impl PoolGeometry {
         Ok(base)
     }
 
-    fn check_index(&self, b: usize, layer: u64, page: u64) -> Result<&BufferGeometry, GeometryError> {
+    fn check_index(
+        &self,
+        b: usize,
+        layer: u64,
+        page: u64,
+    ) -> Result<&BufferGeometry, GeometryError> {
         let buf = self.buffer(b)?;
         if layer >= buf.layers {
             return Err(GeometryError::new(
@@ -384,7 +407,10 @@ impl PoolGeometry {
             if bytes % heads != 0 {
                 return Err(GeometryError::new(
                     "memory_layout",
-                    format!("page_head: sections[{i}] ({}) splits into partial bytes per head", s.name()),
+                    format!(
+                        "page_head: sections[{i}] ({}) splits into partial bytes per head",
+                        s.name()
+                    ),
                 ));
             }
         }
@@ -394,7 +420,12 @@ impl PoolGeometry {
     /// The contiguous pieces of page `page` of layer `layer` of buffer `b`: one piece of the
     /// page stride for every memory layout but `page_head`, whose pieces map each (head, token,
     /// section) run of the canonical page to its place in `[head][layer][token][head row]`.
-    pub fn page_segments(&self, b: usize, layer: u64, page: u64) -> Result<Vec<Segment>, GeometryError> {
+    pub fn page_segments(
+        &self,
+        b: usize,
+        layer: u64,
+        page: u64,
+    ) -> Result<Vec<Segment>, GeometryError> {
         let start = self.page_offset_bytes(b, layer, page)?;
         if self.memory_layout != MemoryLayout::PageHead {
             return Ok(vec![Segment {
@@ -418,7 +449,9 @@ impl PoolGeometry {
                 for s in 0..layout.sections().len() {
                     let part = layout.section_bytes(s).map_err(err)? / heads;
                     let page_off = match layout.arrangement {
-                        Arrangement::HeadMajor => layout.offset_bytes(s, t, h, t_count).map_err(err)?,
+                        Arrangement::HeadMajor => {
+                            layout.offset_bytes(s, t, h, t_count).map_err(err)?
+                        }
                         _ => layout.offset_bytes(s, t, 0, t_count).map_err(err)? + h * part,
                     };
                     let seg = Segment {
@@ -430,7 +463,8 @@ impl PoolGeometry {
                     match out.last_mut() {
                         Some(last)
                             if last.page_offset_bytes + last.len_bytes == seg.page_offset_bytes
-                                && last.pool_offset_bytes + last.len_bytes == seg.pool_offset_bytes =>
+                                && last.pool_offset_bytes + last.len_bytes
+                                    == seg.pool_offset_bytes =>
                         {
                             last.len_bytes += seg.len_bytes
                         }

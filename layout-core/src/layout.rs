@@ -442,7 +442,11 @@ impl TokenLayout {
         let mut total = 0u64;
         let mut i = 0;
         while i < index {
-            total = tri!(add(total, tri!(self.section_bytes(i)), "bytes before section"));
+            total = tri!(add(
+                total,
+                tri!(self.section_bytes(i)),
+                "bytes before section"
+            ));
             i += 1;
         }
         Ok(total)

@@ -17,7 +17,7 @@
 //! // scale per 128 values; a 64-token page is [64 x 128 B][64 x 4 B].
 //! const INDEX_K_FP8: TokenLayout = TokenLayout::new(
 //!     Arrangement::SectionMajor,
-//!     &[
+//!     kvlayout_core::sections![
 //!         Section::new("values", Dtype::F8E4M3, &[128]),
 //!         Section::scale_of("scale", Dtype::F32, &[1], 0, 128),
 //!     ],
@@ -32,9 +32,9 @@ mod diff;
 mod dtype;
 pub mod elem;
 mod error;
-pub mod formats;
 pub mod file;
 pub mod fingerprint;
+pub mod formats;
 mod geometry;
 mod layout;
 mod section;
@@ -83,6 +83,16 @@ macro_rules! assert_bytes_per_token {
                 $crate::BytesPerToken::<{ <$ty as $crate::KvLayout>::BYTES_PER_TOKEN }>;
         };
     };
+}
+
+/// A `&'static [Section]` usable in `const` items (a `Section` owns `Cow`s, so a plain
+/// `&[Section::new(..)]` is not promoted to `'static`).
+#[macro_export]
+macro_rules! sections {
+    ($($s:expr),* $(,)?) => {{
+        const SECTIONS: &[$crate::Section] = &[$($s),*];
+        SECTIONS
+    }};
 }
 
 #[doc(hidden)]
