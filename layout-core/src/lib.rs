@@ -102,6 +102,23 @@ pub mod __private {
     /// Implemented by the derive next to `KvLayout`.
     pub trait Sealed {}
 
+    /// [`bytes_per_token_or_panic`] on a layout taken by value, for associated consts
+    /// (`&Self::LAYOUT` is not promoted in a trait impl, and a `TokenLayout` owns `Cow`s whose
+    /// destructor cannot run in `const`: the value is forgotten instead, which frees nothing
+    /// since a const layout only borrows `'static` data).
+    pub const fn bytes_per_token_of(layout: TokenLayout) -> u64 {
+        let b = bytes_per_token_or_panic(&layout);
+        std::mem::forget(layout);
+        b
+    }
+
+    /// [`TokenLayout::fingerprint`] on a layout taken by value (see [`bytes_per_token_of`]).
+    pub const fn fingerprint_of(layout: TokenLayout) -> u64 {
+        let f = layout.fingerprint();
+        std::mem::forget(layout);
+        f
+    }
+
     /// Validates at compile time (panicking with the rule broken) and returns bytes per token.
     pub const fn bytes_per_token_or_panic(layout: &TokenLayout) -> u64 {
         if let Err(e) = layout.validate() {
