@@ -81,7 +81,10 @@ fn dsv4_planes_and_alignment() {
     // rope of token 2: 2 x 576 + 448; scale of token 2: 64 x 576 + 2 x 8; pad: + 7.
     assert_eq!(DSV4_MLA_FP8.offset_bytes(1, 2, 0, 64), Ok(2 * 576 + 448));
     assert_eq!(DSV4_MLA_FP8.offset_bytes(2, 2, 0, 64), Ok(64 * 576 + 16));
-    assert_eq!(DSV4_MLA_FP8.offset_bytes(3, 2, 0, 64), Ok(64 * 576 + 16 + 7));
+    assert_eq!(
+        DSV4_MLA_FP8.offset_bytes(3, 2, 0, 64),
+        Ok(64 * 576 + 16 + 7)
+    );
 }
 
 #[test]
@@ -194,7 +197,11 @@ fn every_rule_is_enforced() {
         Err(LayoutError::PlaneSectionUnplaced { section: 1 })
     );
     assert_eq!(
-        layout(vec![v(128), s(1, 0, 128)], planes(vec![vec![0, 1], vec![1]])).validate(),
+        layout(
+            vec![v(128), s(1, 0, 128)],
+            planes(vec![vec![0, 1], vec![1]])
+        )
+        .validate(),
         Err(LayoutError::PlaneSectionTwice { section: 1 })
     );
 }

@@ -1,0 +1,289 @@
+//! Pool offsets per memory layout, fingerprint and geometry-file behaviour, with expected
+//! values worked by hand.
+
+use kvlayout_core::fingerprint::{fnv_bytes, fnv_str, fnv_u64};
+use kvlayout_core::formats::{INDEX_K_FP8, MHA_BF16_8X128};
+use kvlayout_core::{
+    Arrangement, BufferGeometry, Cow, Dtype, MemoryLayout, PoolGeometry, Section, TokenLayout,
+    compare, file,
+};
+
+fn small_pool(memory_layout: MemoryLayout) -> PoolGeometry {
+    // Buffer "kv": 2 layers, token_major 8 x u8 = 8 B/token, 4-token page = 32 B.
+    // Buffer "idx": 1 layer, section_major 4 x bf16 = 8 B/token, page 32 B. 3 pages.
+    let kv = TokenLayout {
+        arrangement: Arrangement::TokenMajor,
+        sections: Cow::Owned(vec![Section::new("row", Dtype::U8, &[8])]),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    };
+    let idx = TokenLayout {
+        arrangement: Arrangement::SectionMajor,
+        sections: Cow::Owned(vec![Section::new("values", Dtype::Bf16, &[4])]),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    };
+    PoolGeometry {
+        name: "small".into(),
+        page_size_tokens: 4,
+        pages: 3,
+        memory_layout,
+        buffers: vec![
+            BufferGeometry {
+                name: "kv".into(),
+                layers: 2,
+                layout: kv,
+            },
+            BufferGeometry {
+                name: "idx".into(),
+                layers: 1,
+                layout: idx,
+            },
+        ],
+    }
+}
+
+#[test]
+fn layer_first_offsets() {
+    let g = small_pool(MemoryLayout::LayerFirst);
+    g.validate().unwrap();
+    // kv region: 2 layers x 3 pages x 32 B = 192 B; idx region 1 x 3 x 32 = 96 B.
+    assert_eq!(g.total_bytes(), Ok(288));
+    // kv layer 1 page 1: (1 x 3 + 1) x 32 = 128.
+    assert_eq!(g.page_offset_bytes(0, 1, 1), Ok(128));
+    // idx layer 0 page 2: 192 + 2 x 32 = 256.
+    assert_eq!(g.page_offset_bytes(1, 0, 2), Ok(256));
+}
+
+#[test]
+fn page_first_offsets() {
+    let g = small_pool(MemoryLayout::PageFirst);
+    // kv layer 1 page 1: (1 x 2 + 1) x 32 = 96.
+    assert_eq!(g.page_offset_bytes(0, 1, 1), Ok(96));
+    assert_eq!(g.page_offset_bytes(1, 0, 2), Ok(192 + 64));
+}
+
+#[test]
+fn page_first_direct_offsets() {
+    let g = small_pool(MemoryLayout::PageFirstDirect);
+    // One page of everything: kv 2 x 32 + idx 1 x 32 = 96 B.
+    assert_eq!(g.page_group_bytes(), Ok(96));
+    // kv layer 1 page 1: 96 + 0 + 32 = 128; idx page 2: 2 x 96 + 64 = 256.
+    assert_eq!(g.page_offset_bytes(0, 1, 1), Ok(128));
+    assert_eq!(g.page_offset_bytes(1, 0, 2), Ok(256));
+    assert_eq!(g.total_bytes(), Ok(288));
+}
+
+#[test]
+fn out_of_range_layer_and_page_are_errors() {
+    let g = small_pool(MemoryLayout::LayerFirst);
+    let e = g.page_offset_bytes(1, 1, 0).unwrap_err();
+    assert!(
+        e.to_string().contains("layer 1 out of range (1 layers)"),
+        "{e}"
+    );
+    let e = g.page_offset_bytes(0, 0, 3).unwrap_err();
+    assert!(
+        e.to_string().contains("page 3 out of range (3 pages)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn page_head_segments_transpose_heads() {
+    // MHA bf16 8 x 128, K plane then V plane, page of 2 tokens, 3 layers, 2 pages.
+    // Head row: K 128 x 2 = 256 B + V 256 B = 512 B; head chunk = 2 tokens x 512 = 1024 B.
+    let g = PoolGeometry {
+        name: "mha".into(),
+        page_size_tokens: 2,
+        pages: 2,
+        memory_layout: MemoryLayout::PageHead,
+        buffers: vec![BufferGeometry {
+            name: "kv".into(),
+            layers: 3,
+            layout: MHA_BF16_8X128,
+        }],
+    };
+    g.validate().unwrap();
+    let segs = g.page_segments(0, 1, 1).unwrap();
+    // 8 heads x 2 tokens x 2 sections, none contiguous on both sides: 32 segments of 256 B.
+    assert_eq!(segs.len(), 32);
+    assert!(segs.iter().all(|s| s.len_bytes == 256));
+    // Page 1 layer 1 head 0 starts at ((1 x 8 + 0) x 3 + 1) x 1024 = 25600.
+    // First segment: K head 0 token 0 (page offset 0).
+    assert_eq!(segs[0].page_offset_bytes, 0);
+    assert_eq!(segs[0].pool_offset_bytes, 25600);
+    // Second: V head 0 token 0, page offset = K plane (2 x 2048) = 4096, host + 256.
+    assert_eq!(segs[1].page_offset_bytes, 4096);
+    assert_eq!(segs[1].pool_offset_bytes, 25600 + 256);
+    // Head 1 token 0 K: page offset 256 (NHD inside the K plane), host + 3 layers x 1024.
+    assert_eq!(segs[4].page_offset_bytes, 256);
+    assert_eq!(segs[4].pool_offset_bytes, 25600 + 3 * 1024);
+    // Every byte of the 8192-B page covered exactly once.
+    let mut covered = vec![0u8; 8192];
+    for s in &segs {
+        for b in s.page_offset_bytes..s.page_offset_bytes + s.len_bytes {
+            covered[b as usize] += 1;
+        }
+    }
+    assert!(covered.iter().all(|&c| c == 1));
+}
+
+#[test]
+fn page_head_refuses_mla_shapes() {
+    let mut g = small_pool(MemoryLayout::PageHead);
+    g.buffers.truncate(1);
+    let e = g.validate().unwrap_err();
+    assert_eq!(e.field, "memory_layout");
+    assert!(e.problem.contains("[heads, ...]"), "{e}");
+}
+
+#[test]
+fn fnv_matches_the_published_test_vectors() {
+    // FNV-1a 64 test vectors (Fowler/Noll/Vo reference): "" -> cbf29ce484222325,
+    // "a" -> af63dc4c8601ec8c, "foobar" -> 85944171f73967e8.
+    let basis = 0xcbf2_9ce4_8422_2325;
+    assert_eq!(fnv_bytes(basis, b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(fnv_bytes(basis, b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(fnv_bytes(basis, b"foobar"), 0x8594_4171_f739_67e8);
+    // Integers feed 8 little-endian bytes, strings their length first.
+    assert_eq!(
+        fnv_u64(basis, 0x61),
+        fnv_bytes(basis, &[0x61, 0, 0, 0, 0, 0, 0, 0])
+    );
+    assert_eq!(
+        fnv_str(basis, "a"),
+        fnv_bytes(basis, &[1, 0, 0, 0, 0, 0, 0, 0, b'a'])
+    );
+}
+
+fn case(name: &str, side: &str) -> PoolGeometry {
+    let path = format!(
+        "{}/../../shared/cases/{name}/{side}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    file::from_json(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+#[test]
+fn fingerprint_covers_exactly_the_compared_fields() {
+    let a = case("08-compatible-layer-first-vs-page-first", "a");
+    let b = case("08-compatible-layer-first-vs-page-first", "b");
+    // Different pages (2048 vs 8192) and memory layout: same fingerprint.
+    assert_eq!(a.fingerprint(), b.fingerprint());
+    // Section labels differ: same fingerprint.
+    let a = case("09-compatible-section-names-differ", "a");
+    let b = case("09-compatible-section-names-differ", "b");
+    assert_eq!(a.fingerprint(), b.fingerprint());
+    // Buffer order does not matter (the buffer set is compared).
+    let mut c = case("08-compatible-layer-first-vs-page-first", "a");
+    let fp = c.fingerprint();
+    c.buffers.reverse();
+    assert_eq!(c.fingerprint(), fp);
+    // The seed bug: bf16 device vs fp8-formula host differ.
+    let a = case("00-dsa-index-k-bf16-vs-fp8-host", "a");
+    let b = case("00-dsa-index-k-bf16-vs-fp8-host", "b");
+    assert_ne!(a.fingerprint(), b.fingerprint());
+    // Layer count is compared: 61 vs 60 differ.
+    let mut d = a.clone();
+    d.buffers[1].layers = 60;
+    assert_ne!(d.fingerprint(), a.fingerprint());
+}
+
+#[test]
+fn explicit_stride_equal_to_aligned_stride_is_compatible() {
+    // 64 x 132 = 8448 rounded to 1024: 9 x 1024 = 9216, stated either way.
+    let mut a = case("09-compatible-section-names-differ", "a");
+    let mut b = a.clone();
+    a.buffers[0].layout.page_align_bytes = Some(1024);
+    b.buffers[0].layout.page_stride_bytes = Some(9216);
+    assert_eq!(compare(&a, &b), Ok(()));
+    assert_eq!(a.fingerprint(), b.fingerprint());
+    b.buffers[0].layout.page_stride_bytes = Some(9216 + 1024);
+    let m = compare(&a, &b).unwrap_err();
+    assert_eq!(m.to_string(), "index_k.page_stride_bytes: 9216, 10240");
+}
+
+#[test]
+fn every_shared_case_round_trips_through_the_file_format() {
+    let dir = format!("{}/../../shared/cases", env!("CARGO_MANIFEST_DIR"));
+    let mut read = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        for side in ["a.json", "b.json"] {
+            let text = std::fs::read_to_string(path.join(side)).unwrap();
+            let Ok(g) = file::from_json(&text) else {
+                continue; // the invalid cases: checked by the CLI case tests
+            };
+            let again = file::from_json(&file::to_json(&g)).unwrap();
+            assert_eq!(again, g, "{}", path.display());
+            read += 1;
+        }
+    }
+    // 13 cases x 2 sides, minus the 3 invalid a.json files.
+    assert_eq!(read, 23);
+}
+
+#[test]
+fn file_errors_name_the_field_and_value() {
+    let base = file::to_json(&case("09-compatible-section-names-differ", "a"));
+    let bad = |from: &str, to: &str| {
+        let text = base.replacen(from, to, 1);
+        assert_ne!(text, base, "{from}");
+        file::from_json(&text).unwrap_err().to_string()
+    };
+    let e = bad("\"section_major\"", "\"sectionmajor\"");
+    assert!(
+        e.contains("arrangement") && e.contains("sectionmajor"),
+        "{e}"
+    );
+    let e = bad("\"layer_first\"", "\"layers_first\"");
+    assert!(
+        e.contains("memory_layout") && e.contains("layers_first"),
+        "{e}"
+    );
+    let e = bad("kvlayout.geometry/v1", "kvlayout.geometry/v2");
+    assert!(e.contains("schema") && e.contains("v2"), "{e}");
+    let e = bad("\"scales\": \"values\"", "\"scales\": \"valuez\"");
+    assert!(e.contains("scales") && e.contains("valuez"), "{e}");
+    let e = bad("\"layers\": 61", "\"layers\": 0");
+    assert!(e.contains("layers") && e.contains("got 0"), "{e}");
+    let e = bad("\"pages\": 1024", "\"pages\": 1152921504606846976");
+    // 2^60 pages x 61 layers x 8448 B: an overflow, reported, nothing allocated.
+    assert!(e.contains("overflow"), "{e}");
+    let e = bad("\"layers\": 61", "\"layers\": 61, \"colour\": 1");
+    assert!(e.contains("colour"), "{e}");
+    let odd_fp4 = r#"{"schema": "kvlayout.geometry/v1", "name": "x", "page_size_tokens": 64,
+        "pages": 4, "memory_layout": "layer_first", "buffers": [{"name": "index_k",
+        "layers": 1, "arrangement": "section_major",
+        "sections": [{"name": "values", "dtype": "f4e2m1", "shape": [127]}]}]}"#;
+    let e = file::from_json(odd_fp4).unwrap_err().to_string();
+    // 127 x 4 bits = 508 bits: not whole bytes.
+    assert!(
+        e.contains("sections[0] (values).shape") && e.contains("508 bits"),
+        "{e}"
+    );
+}
+
+#[test]
+fn planes_round_trip_by_section_name() {
+    let g = PoolGeometry {
+        name: "v4".into(),
+        page_size_tokens: 64,
+        pages: 2,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![BufferGeometry {
+            name: "kv".into(),
+            layers: 61,
+            layout: kvlayout_core::formats::DSV4_MLA_FP8,
+        }],
+    };
+    let text = file::to_json(&g);
+    assert!(text.contains("\"planes\""), "{text}");
+    assert!(text.contains("\"page_align_bytes\": 576"), "{text}");
+    let back = file::from_json(&text).unwrap();
+    assert_eq!(back, g);
+    assert_eq!(back.page_geometry(0).unwrap().page_stride_bytes, 37440);
+    let _ = INDEX_K_FP8;
+}
