@@ -12,16 +12,19 @@
 //! evaluated — and rejected — at compile time.
 //!
 //! ```
-//! use kvlayout_core::{Arrangement, Dtype, Section, TokenLayout};
+//! use kvlayout_core::{Arrangement, Cow, Dtype, Section, TokenLayout, sections};
 //! // DeepSeek-V3.2 indexer cache (SGLang index_buf_accessor.py): 128 e4m3 values, then one f32
 //! // scale per 128 values; a 64-token page is [64 x 128 B][64 x 4 B].
-//! const INDEX_K_FP8: TokenLayout = TokenLayout::new(
-//!     Arrangement::SectionMajor,
-//!     kvlayout_core::sections![
+//! const INDEX_K_FP8: TokenLayout = TokenLayout {
+//!     arrangement: Arrangement::SectionMajor,
+//!     sections: Cow::Borrowed(sections![
 //!         Section::new("values", Dtype::F8E4M3, &[128]),
 //!         Section::scale_of("scale", Dtype::F32, &[1], 0, 128),
-//!     ],
-//! );
+//!     ]),
+//!     page_align_bytes: None,
+//!     page_stride_bytes: None,
+//! };
+//! // Evaluated by the compiler:
 //! const BYTES: u64 = match INDEX_K_FP8.bytes_per_token() { Ok(b) => b, Err(_) => 0 };
 //! assert_eq!(BYTES, 128 + 4);
 //! assert_eq!(INDEX_K_FP8.page_stride_bytes(64), Ok(64 * 132));
@@ -69,12 +72,9 @@ pub trait KvLayout: __private::Sealed {
 /// "expected `BytesPerToken<128>`, found `BytesPerToken<132>`".
 pub struct BytesPerToken<const N: u64>;
 
-/// Fails to compile unless `$ty`'s layout has `$bytes` bytes per token; the error shows both.
-///
-/// ```
-/// # use kvlayout_core::{assert_bytes_per_token};
-/// # // (a doc test needs a KvLayout type; see the kvlayout crate for a derive example)
-/// ```
+/// Fails to compile unless `$ty`'s layout has `$bytes` bytes per token; the error shows both
+/// numbers ("expected `BytesPerToken<128>`, found `BytesPerToken<132>`"). See the compile-fail
+/// tests in `tests/ui/`.
 #[macro_export]
 macro_rules! assert_bytes_per_token {
     ($ty:ty, $bytes:expr) => {
