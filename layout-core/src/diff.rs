@@ -159,11 +159,15 @@ fn compare_buffer(
         ba.layers.to_string(),
         bb.layers.to_string(),
     );
-    push(
-        format!("{n}.arrangement"),
-        arrangement_text(la),
-        arrangement_text(lb),
-    );
+    // Planes are compared by section position; their text also shows labels, which are not
+    // compared, so compare structurally and only then print.
+    if la.arrangement != lb.arrangement {
+        push(
+            format!("{n}.arrangement"),
+            arrangement_text(la),
+            arrangement_text(lb),
+        );
+    }
     let (sa, sb) = (la.sections(), lb.sections());
     push(
         format!("{n}.sections.count"),

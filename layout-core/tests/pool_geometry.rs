@@ -287,3 +287,27 @@ fn planes_round_trip_by_section_name() {
     assert_eq!(back.page_geometry(0).unwrap().page_stride_bytes, 37440);
     let _ = INDEX_K_FP8;
 }
+
+/// Regression (found by the property tests): plane arrangements were compared by their text,
+/// which shows section labels, so relabelled sections made two equal DeepSeek-V4 layouts
+/// "incompatible".
+#[test]
+fn planes_with_other_section_labels_are_compatible() {
+    let a = PoolGeometry {
+        name: "a".into(),
+        page_size_tokens: 64,
+        pages: 2,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![BufferGeometry {
+            name: "kv".into(),
+            layers: 61,
+            layout: kvlayout_core::formats::DSV4_MLA_FP8,
+        }],
+    };
+    let mut b = a.clone();
+    let mut sections = b.buffers[0].layout.sections().to_vec();
+    sections[0].name = Cow::Borrowed("k_nope");
+    b.buffers[0].layout.sections = Cow::Owned(sections);
+    assert_eq!(compare(&a, &b), Ok(()));
+    assert_eq!(a.fingerprint(), b.fingerprint());
+}
