@@ -1,0 +1,227 @@
+//! Rules checked at macro time: everything knowable from the syntax when array lengths and
+//! `block` are integer literals. One `syn::Error` per broken rule, spanned at the offending
+//! field or attribute; all of them are reported together. What needs type resolution (lengths
+//! given by constants, the dtype of an element type alias) is checked by the const evaluation
+//! of `TokenLayout::validate` that the expansion forces.
+
+use std::collections::HashMap;
+
+use syn::Error;
+
+use crate::ast::{Errors, Input, literal_u64, unraw};
+
+/// Checks every rule, pushing one error per problem.
+pub fn validate(input: &Input, errors: &mut Errors) {
+    check_fields(input, errors);
+    check_scales(input, errors);
+    check_container(input, errors);
+}
+
+fn check_fields(input: &Input, errors: &mut Errors) {
+    let mut seen = HashMap::new();
+    for field in &input.fields {
+        if let Some(first) = seen.insert(field.name.clone(), field.ident) {
+            errors.push(Error::new_spanned(
+                field.ident,
+                format!(
+                    "section `{}` is declared twice (first at `{first}`)",
+                    field.name
+                ),
+            ));
+        }
+        for dim in &field.dims {
+            if literal_u64(dim) == Some(0) {
+                errors.push(Error::new_spanned(
+                    dim,
+                    format!(
+                        "field `{}` has a zero-length dimension: every dimension of a section is at least 1",
+                        field.name
+                    ),
+                ));
+            }
+        }
+        if field.elem_name().as_deref() == Some("F4E2M1")
+            && let Some(elems) = field.literal_elems()
+            && elems % 2 != 0
+        {
+            errors.push(Error::new_spanned(
+                field.ty,
+                format!(
+                    "field `{}` holds {elems} F4E2M1 elements: fp4 stores two elements per byte, so the count must be even",
+                    field.name
+                ),
+            ));
+        }
+    }
+}
+
+fn check_scales(input: &Input, errors: &mut Errors) {
+    for (index, field) in input.fields.iter().enumerate() {
+        let attrs = &field.attrs;
+        let (target_ident, block) = match (&attrs.scales, &attrs.block) {
+            (None, None) => continue,
+            (Some(target), None) => {
+                errors.push(Error::new_spanned(
+                    target,
+                    format!(
+                        "`scales = {target}` needs `block = N`: how many elements of `{target}` one scale of `{}` covers",
+                        field.name
+                    ),
+                ));
+                continue;
+            }
+            (None, Some(_)) => {
+                errors.push(Error::new_spanned(
+                    attrs.block_key.as_ref(),
+                    format!(
+                        "`block` without `scales`: name the field `{}` scales, `#[kv(scales = values, block = N)]`",
+                        field.name
+                    ),
+                ));
+                continue;
+            }
+            (Some(target), Some(block)) => (target, block),
+        };
+        let Some(target_index) = input.position(target_ident) else {
+            let names: Vec<&str> = input.fields.iter().map(|f| f.name.as_str()).collect();
+            errors.push(Error::new_spanned(
+                target_ident,
+                format!(
+                    "`scales = {}`: `{}` has no field named `{}` (fields: {})",
+                    unraw(target_ident),
+                    input.ident,
+                    unraw(target_ident),
+                    names.join(", ")
+                ),
+            ));
+            continue;
+        };
+        let target = &input.fields[target_index];
+        if target_index == index {
+            errors.push(Error::new_spanned(
+                target_ident,
+                format!(
+                    "field `{}` cannot scale itself: `scales` names the value field it scales",
+                    field.name
+                ),
+            ));
+            continue;
+        }
+        if target.attrs.scales.is_some() {
+            errors.push(Error::new_spanned(
+                target_ident,
+                format!(
+                    "field `{}` scales `{}`, which is itself a scale field: a scale must scale a value field",
+                    field.name, target.name
+                ),
+            ));
+            continue;
+        }
+        let Some(block_elems) = literal_u64(block) else {
+            continue;
+        };
+        if block_elems == 0 {
+            errors.push(Error::new_spanned(
+                block,
+                format!(
+                    "`block = 0` on field `{}`: a block covers at least 1 element",
+                    field.name
+                ),
+            ));
+            continue;
+        }
+        let Some(target_elems) = target.literal_elems() else {
+            continue;
+        };
+        if target_elems % block_elems != 0 {
+            errors.push(Error::new_spanned(
+                block,
+                format!(
+                    "`block = {block_elems}` does not divide the {target_elems} elements of `{}` (field `{}` scales it)",
+                    target.name, field.name
+                ),
+            ));
+            continue;
+        }
+        let expected = target_elems / block_elems;
+        if let Some(scale_elems) = field.literal_elems()
+            && scale_elems != expected
+        {
+            errors.push(Error::new_spanned(
+                field.ty,
+                format!(
+                    "field `{}` holds {scale_elems} scale elements, but `{}` has {target_elems} elements / block {block_elems} = {expected}",
+                    field.name, target.name
+                ),
+            ));
+        }
+    }
+}
+
+fn check_container(input: &Input, errors: &mut Errors) {
+    let attrs = &input.attrs;
+    if let (Some((_, lit)), Some(_)) = (&attrs.arrangement, &attrs.planes) {
+        errors.push(Error::new_spanned(
+            lit,
+            "give either `arrangement` or `planes`, not both (explicit planes are their own arrangement)",
+        ));
+    }
+    if let Some(planes) = &attrs.planes {
+        if planes.groups.is_empty() {
+            errors.push(Error::new_spanned(
+                &planes.key,
+                "`planes` needs at least one plane, e.g. `planes = [[nope, rope], [scale, pad]]`",
+            ));
+        }
+        let mut placed: HashMap<String, &syn::Ident> = HashMap::new();
+        for (span, names) in &planes.groups {
+            if names.is_empty() {
+                errors.push(Error::new(*span, "a plane needs at least one field"));
+            }
+            for name in names {
+                if input.position(name).is_none() {
+                    errors.push(Error::new_spanned(
+                        name,
+                        format!(
+                            "`planes` names `{}`, but `{}` has no such field",
+                            unraw(name),
+                            input.ident
+                        ),
+                    ));
+                } else if placed.insert(unraw(name), name).is_some() {
+                    errors.push(Error::new_spanned(
+                        name,
+                        format!(
+                            "field `{}` is in `planes` twice: each field goes in exactly one plane",
+                            unraw(name)
+                        ),
+                    ));
+                }
+            }
+        }
+        for field in &input.fields {
+            if !placed.contains_key(&field.name) {
+                errors.push(Error::new_spanned(
+                    field.ident,
+                    format!(
+                        "field `{}` is in no plane: `planes` must place every field exactly once",
+                        field.name
+                    ),
+                ));
+            }
+        }
+    }
+    for (key, expr) in [
+        ("page_align_bytes", &attrs.page_align_bytes),
+        ("page_stride_bytes", &attrs.page_stride_bytes),
+    ] {
+        if let Some(expr) = expr
+            && literal_u64(expr) == Some(0)
+        {
+            errors.push(Error::new_spanned(
+                expr,
+                format!("`{key} = 0`: must be at least 1"),
+            ));
+        }
+    }
+}
