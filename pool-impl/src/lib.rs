@@ -1,1 +1,58 @@
-//! Pools (being written).
+//! # kvlayout-pool
+//!
+//! Device and host KV-cache pools built from one [`PoolGeometry`], HiCache backup and load
+//! between them, and the runtime shim that checks every transfer before a byte moves.
+//!
+//! - [`DevicePool`]: `layer_first`, one region per pool (CPU backend: ordinary memory).
+//! - [`HostPool::mirror_of`]: the host pool takes every geometry fact from the device pool
+//!   *instance* — only its page count, memory layout (`layer_first`, `page_first`,
+//!   `page_first_direct`, `page_head`) and name differ. This removes the seed bug's second
+//!   computation (a host index-K pool sized by the fp8 formula, 132 B/token, under a bf16 device
+//!   pool of 256 B/token).
+//! - [`HostPool::from_geometry`] + [`HiCache::pair`]: a foreign host geometry is compared once
+//!   and refused with the full [`kvlayout_core::Mismatch`].
+//! - [`HiCache::backup`] / [`HiCache::load`] (and `_layer`): the [`shim`] checks fingerprint,
+//!   page size, per-buffer layers / arrangement / bytes per token / page stride, page indices on
+//!   both sides, duplicate destinations and byte ranges, then a [`Backend`] executes the
+//!   [`TransferPlan`]. Checks are on in debug builds and with the feature `verify`.
+//! - [`model`]: Hugging Face `config.json` -> pool geometry for the models in `configs/`;
+//!   [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`.
+//!
+//! ```
+//! use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
+//! use kvlayout_pool::{DevicePool, HiCache, HostPool, KvPool, PagePair};
+//!
+//! let device = DevicePool::new(PoolGeometry {
+//!     name: "index-K, bf16".into(),
+//!     page_size_tokens: 64,
+//!     pages: 4,
+//!     memory_layout: MemoryLayout::LayerFirst,
+//!     buffers: vec![BufferGeometry { name: "index_k".into(), layers: 2, layout: formats::INDEX_K_BF16 }],
+//! })?;
+//! let host = HostPool::mirror_of(&device, 8, MemoryLayout::PageFirst)?;
+//! // 128 bf16 = 256 B/token, from the device instance: a 64-token page is 16384 B.
+//! assert_eq!(host.geometry().stored_page_bytes(0)?, 64 * 256);
+//! let mut cache = HiCache::pair(device, host)?;
+//! let plan = cache.backup(&[PagePair::new(3, 5)])?;
+//! assert_eq!(plan.total_bytes(), 2 * 16384); // 2 layers x one page
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`PoolGeometry`]: kvlayout_core::PoolGeometry
+
+pub mod backend;
+pub mod codec;
+mod hicache;
+pub mod model;
+pub mod plan;
+mod pool;
+pub mod replay;
+pub mod shim;
+mod typed;
+
+pub use backend::{Backend, BackendError, CpuBackend, Memory};
+pub use hicache::{HiCache, PairError, TransferMode, TransferStats};
+pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan};
+pub use pool::{DevicePool, HostPool, KvPool, PoolError};
+pub use shim::TransferError;
+pub use typed::{TypedDevicePool, TypedHiCache, TypedHostPool};

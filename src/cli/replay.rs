@@ -1,11 +1,234 @@
-//! `kvlayout replay` (owned by the pools work; being written).
+//! `kvlayout replay`: a HiCache workload on a real model config (see
+//! [`kvlayout_pool::replay`]); prints sessions, corrupted sessions, pages backed up / loaded,
+//! bytes moved and refused transfers (`--json`: one object). Exit 0 when the workload ran,
+//! 1 when the host pool's pairing was refused (the mismatch lines are printed), 2 on bad input.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kvlayout_core::MemoryLayout;
+use kvlayout_pool::model::{Model, PoolOptions};
+use kvlayout_pool::replay::{
+    self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload,
+};
+
+use super::describe::{IndexKArg, KvDtypeArg, thousands};
+
+/// `--host-layout` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum HostLayoutArg {
+    /// [layer][page][...] per buffer.
+    LayerFirst,
+    /// [page][layer][...] per buffer.
+    PageFirst,
+    /// [page][buffer][layer][...]: one contiguous run per page.
+    PageFirstDirect,
+    /// [page][head][layer][token][dim] (MHA models only).
+    PageHead,
+}
+
+impl From<HostLayoutArg> for MemoryLayout {
+    fn from(a: HostLayoutArg) -> MemoryLayout {
+        match a {
+            HostLayoutArg::LayerFirst => MemoryLayout::LayerFirst,
+            HostLayoutArg::PageFirst => MemoryLayout::PageFirst,
+            HostLayoutArg::PageFirstDirect => MemoryLayout::PageFirstDirect,
+            HostLayoutArg::PageHead => MemoryLayout::PageHead,
+        }
+    }
+}
 
 /// Arguments of `kvlayout replay`.
 #[derive(clap::Args)]
-pub struct ReplayArgs {}
+pub struct ReplayArgs {
+    /// Built-in model name or a path to a Hugging Face config.json.
+    #[arg(long, default_value = "deepseek-v3.2-exp")]
+    pub model: String,
+    /// Index-K dtype (bf16: the seed bug's device pool).
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub index_k: IndexKArg,
+    /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
+    #[arg(long, value_enum)]
+    pub kv_dtype: Option<KvDtypeArg>,
+    /// Concurrent multi-turn sessions.
+    #[arg(long, default_value_t = 80)]
+    pub sessions: u64,
+    /// Workload generator seed.
+    #[arg(long, default_value_t = 2026)]
+    pub seed: u64,
+    /// Layers simulated (the first ones of the model; the pairing check covers all of them).
+    #[arg(long, default_value_t = 4)]
+    pub layers: u64,
+    /// Turns per session.
+    #[arg(long, default_value_t = 3)]
+    pub turns: u64,
+    /// Sessions per batch.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u64,
+    /// Device pool pages (smaller than the working set, so pages are backed up and loaded).
+    #[arg(long, default_value_t = 128)]
+    pub device_pages: u64,
+    /// Host pool pages (mirrored host only; a geometry file brings its own).
+    #[arg(long, default_value_t = 512)]
+    pub host_pages: u64,
+    /// Memory layout of the mirrored host pool.
+    #[arg(long, value_enum, default_value = "layer-first")]
+    pub host_layout: HostLayoutArg,
+    /// Indexer top-k.
+    #[arg(long, default_value_t = 16)]
+    pub top_k: usize,
+    /// Use this host geometry file instead of mirroring the device pool.
+    #[arg(long)]
+    pub host_geometry: Option<PathBuf>,
+    /// Skip the shim: no pairing check, no per-transfer check, the host's item size used on
+    /// both sides (what an engine without kvlayout does).
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn print_report(r: &ReplayReport) {
+    println!(
+        "kvlayout replay: {} ({}), layers 0..{} of {} simulated, page_size_tokens {}",
+        r.model,
+        r.formats.join(", "),
+        r.simulated_layers,
+        r.model_layers,
+        r.page_size_tokens
+    );
+    println!(
+        "  device pool {} pages; host pool {} pages, {} ({}); pairing {}",
+        r.device_pages, r.host_pages, r.host_memory_layout, r.host_geometry, r.pairing
+    );
+    if !r.mismatch.is_empty() {
+        println!("  geometry NOT checked; device and host differ:");
+        for m in &r.mismatch {
+            println!("    {m}");
+        }
+    }
+    println!(
+        "  fingerprints: device {}, host {}",
+        r.device_fingerprint, r.host_fingerprint
+    );
+    if r.indexer {
+        println!(
+            "  indexer: top-{} of {} heads per decode step per layer, keys read from the device pool",
+            r.top_k, r.indexer_heads
+        );
+    } else {
+        println!("  no indexer in this model: every past token's kv row is compared");
+    }
+    println!(
+        "sessions {}: corrupted {} ({} decode steps; top-k mismatches {}, latent mismatches {})",
+        r.sessions, r.corrupted_sessions, r.decode_steps, r.topk_mismatches, r.latent_mismatches
+    );
+    println!(
+        "pages: {} device hits, {} backed up ({} B), {} loaded ({} B)",
+        r.device_page_hits,
+        r.pages_backed_up,
+        thousands(r.bytes_backed_up),
+        r.pages_loaded,
+        thousands(r.bytes_loaded)
+    );
+    println!(
+        "transfers: {} backups, {} loads, {} refused ({} pages recomputed)",
+        r.backup_transfers, r.load_transfers, r.refused_transfers, r.recomputed_pages
+    );
+}
 
 /// Runs the subcommand.
-pub fn run(_args: &ReplayArgs) -> u8 {
-    eprintln!("kvlayout replay: not built yet");
-    2
+pub fn run(args: &ReplayArgs) -> u8 {
+    let model = match Model::load(&args.model) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let host = match &args.host_geometry {
+        Some(path) => match replay::read_host_geometry(path) {
+            Ok(geometry) => HostSource::Foreign {
+                geometry,
+                source: path.display().to_string(),
+            },
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 2;
+            }
+        },
+        None => HostSource::Mirror {
+            pages: args.host_pages,
+            memory_layout: args.host_layout.into(),
+        },
+    };
+    let input = ReplayInput {
+        model,
+        pool: PoolOptions {
+            kv_dtype: args.kv_dtype.map(Into::into),
+            index_k: args.index_k.into(),
+            ..PoolOptions::default()
+        },
+        host,
+        verify: !args.no_verify,
+        workload: Workload {
+            sessions: args.sessions,
+            seed: args.seed,
+            layers: args.layers,
+            turns: args.turns,
+            top_k: args.top_k,
+            concurrency: args.concurrency,
+            device_pages: args.device_pages,
+            ..Workload::default()
+        },
+    };
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = ProgressBar::new(args.sessions.saturating_mul(args.turns));
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} session-turns {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let outcome = replay::run(&input, &mut |done, _| {
+        if let Some(b) = &bar {
+            b.set_position(done);
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    match outcome {
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+        Ok(ReplayOutcome::Refused(r)) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                println!(
+                    "refused: the host pool ({}) cannot exchange pages with the {} device pool; {} differing fields (device, host):",
+                    r.host_geometry,
+                    r.model,
+                    r.mismatch.len()
+                );
+                for m in &r.mismatch {
+                    println!("  {m}");
+                }
+                println!("no session ran; mirror the device pool (drop --host-geometry) or fix the host geometry");
+            }
+            1
+        }
+        Ok(ReplayOutcome::Completed(r)) => {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+            } else {
+                print_report(&r);
+            }
+            0
+        }
+    }
 }

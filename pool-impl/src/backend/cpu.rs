@@ -1,0 +1,129 @@
+//! The CPU backend: every pool is one zeroed `Vec<u8>`; copies are `copy_from_slice` per run.
+//! The device pool then lives in ordinary memory and behaves byte for byte like a GPU pool.
+
+use super::{Backend, BackendError, Memory, check_range};
+use crate::plan::CopyRun;
+
+/// Pools in ordinary memory (the embedded default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuBackend;
+
+impl Memory for Vec<u8> {
+    fn len_bytes(&self) -> u64 {
+        self.len() as u64
+    }
+}
+
+fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+    let err = |reason: &str| BackendError::Alloc {
+        side,
+        len_bytes,
+        reason: reason.into(),
+    };
+    let len = usize::try_from(len_bytes).map_err(|_| err("larger than the address space"))?;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| err("layout overflow"))?;
+    // Zeroed allocation (calloc): the OS maps pages lazily, so a large host pool of which a
+    // workload touches a few pages costs only those pages, and a failure is an error, not an
+    // abort.
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return Err(err("allocator returned null"));
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[u8; len]`, is
+    // non-null, and its `len` bytes are initialized (zeroed); capacity equals the allocation.
+    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+fn read(side: &'static str, mem: &[u8], offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+    check_range(side, offset, out.len() as u64, mem.len() as u64)?;
+    let start = offset as usize;
+    out.copy_from_slice(&mem[start..start + out.len()]);
+    Ok(())
+}
+
+fn write(side: &'static str, mem: &mut [u8], offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    check_range(side, offset, data.len() as u64, mem.len() as u64)?;
+    let start = offset as usize;
+    mem[start..start + data.len()].copy_from_slice(data);
+    Ok(())
+}
+
+fn copy_runs(
+    (src_side, src): (&'static str, &[u8]),
+    (dst_side, dst): (&'static str, &mut [u8]),
+    runs: &[CopyRun],
+) -> Result<(), BackendError> {
+    for r in runs {
+        check_range(src_side, r.src_offset_bytes, r.len_bytes, src.len() as u64)?;
+        check_range(dst_side, r.dst_offset_bytes, r.len_bytes, dst.len() as u64)?;
+    }
+    for r in runs {
+        let (s, d, n) = (
+            r.src_offset_bytes as usize,
+            r.dst_offset_bytes as usize,
+            r.len_bytes as usize,
+        );
+        dst[d..d + n].copy_from_slice(&src[s..s + n]);
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type DeviceMem = Vec<u8>;
+    type HostMem = Vec<u8>;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn alloc_device(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+        alloc("device", len_bytes)
+    }
+
+    fn alloc_host(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+        alloc("host", len_bytes)
+    }
+
+    fn read_device(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        read("device", mem, offset, out)
+    }
+
+    fn write_device(
+        &self,
+        mem: &mut Vec<u8>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        write("device", mem, offset, data)
+    }
+
+    fn read_host(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        read("host", mem, offset, out)
+    }
+
+    fn write_host(&self, mem: &mut Vec<u8>, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        write("host", mem, offset, data)
+    }
+
+    fn device_to_host(
+        &self,
+        src: &Vec<u8>,
+        dst: &mut Vec<u8>,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        copy_runs(("device", src), ("host", dst), runs)
+    }
+
+    fn host_to_device(
+        &self,
+        src: &Vec<u8>,
+        dst: &mut Vec<u8>,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        copy_runs(("host", src), ("device", dst), runs)
+    }
+}

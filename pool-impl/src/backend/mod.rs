@@ -1,0 +1,134 @@
+//! Memory backends: where a pool's bytes live and how a checked [`TransferPlan`] is executed.
+//!
+//! The shim ([`crate::shim`]) computes every byte offset from the pools' geometries and checks
+//! the whole plan before a backend sees it; a backend only allocates, reads, writes and copies
+//! runs. The CPU backend ([`CpuBackend`], `Vec<u8>` per pool) is the embedded default; a CUDA
+//! backend (device memory, pinned host memory) fits behind the same trait and executes the same
+//! plans.
+//!
+//! [`TransferPlan`]: crate::plan::TransferPlan
+
+mod cpu;
+
+pub use cpu::CpuBackend;
+
+use crate::plan::CopyRun;
+
+/// A pool's memory region as a backend holds it.
+pub trait Memory {
+    /// Length of the region in bytes.
+    fn len_bytes(&self) -> u64;
+}
+
+/// An error of a memory backend. A backend error on a copy means no byte was moved (the CPU
+/// backend checks every run before copying any).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The region could not be allocated.
+    #[error("cannot allocate {len_bytes} bytes of {side} memory: {reason}")]
+    Alloc {
+        /// `device` or `host`.
+        side: &'static str,
+        /// Requested length in bytes.
+        len_bytes: u64,
+        /// Why (allocator or driver message).
+        reason: String,
+    },
+    /// A read, write or copy run reaches outside a region.
+    #[error(
+        "{side} range [{start_bytes}, {end_bytes}) outside the {len_bytes}-byte {side} region"
+    )]
+    OutOfRange {
+        /// `device` or `host`.
+        side: &'static str,
+        /// First byte of the range.
+        start_bytes: u64,
+        /// One past the last byte (saturated on overflow).
+        end_bytes: u64,
+        /// Length of the region.
+        len_bytes: u64,
+    },
+    /// A driver error (CUDA backends).
+    #[error("{0}")]
+    Driver(String),
+}
+
+/// Allocation, byte access and run copies for device and host pool memory.
+///
+/// Generic rather than object-safe: pools are `DevicePool<B>` / `HostPool<B>` with `B` chosen
+/// at build time (`CpuBackend` by default; a CUDA backend behind the `cuda` feature).
+pub trait Backend: Clone {
+    /// Device pool memory (CPU: `Vec<u8>`; CUDA: device allocation).
+    type DeviceMem: Memory;
+    /// Host pool memory (CPU: `Vec<u8>`; CUDA: pinned host allocation).
+    type HostMem: Memory;
+
+    /// Short name for reports (`cpu`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// A zeroed device region of `len_bytes`.
+    fn alloc_device(&self, len_bytes: u64) -> Result<Self::DeviceMem, BackendError>;
+    /// A zeroed host region of `len_bytes`.
+    fn alloc_host(&self, len_bytes: u64) -> Result<Self::HostMem, BackendError>;
+    /// Copies `out.len()` bytes at `offset_bytes` of a device region into `out`.
+    fn read_device(
+        &self,
+        mem: &Self::DeviceMem,
+        offset_bytes: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError>;
+    /// Writes `data` at `offset_bytes` of a device region.
+    fn write_device(
+        &self,
+        mem: &mut Self::DeviceMem,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError>;
+    /// Copies `out.len()` bytes at `offset_bytes` of a host region into `out`.
+    fn read_host(
+        &self,
+        mem: &Self::HostMem,
+        offset_bytes: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError>;
+    /// Writes `data` at `offset_bytes` of a host region.
+    fn write_host(
+        &self,
+        mem: &mut Self::HostMem,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError>;
+    /// Backup: copies every run from device (`src_offset_bytes`) to host (`dst_offset_bytes`).
+    /// Checks every run first; on error no byte is moved.
+    fn device_to_host(
+        &self,
+        src: &Self::DeviceMem,
+        dst: &mut Self::HostMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError>;
+    /// Load: copies every run from host (`src_offset_bytes`) to device (`dst_offset_bytes`).
+    /// Checks every run first; on error no byte is moved.
+    fn host_to_device(
+        &self,
+        src: &Self::HostMem,
+        dst: &mut Self::DeviceMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError>;
+}
+
+/// `[start, start + len)` inside a region of `region_bytes`, or [`BackendError::OutOfRange`].
+pub fn check_range(
+    side: &'static str,
+    start_bytes: u64,
+    len_bytes: u64,
+    region_bytes: u64,
+) -> Result<(), BackendError> {
+    match start_bytes.checked_add(len_bytes) {
+        Some(end) if end <= region_bytes => Ok(()),
+        end => Err(BackendError::OutOfRange {
+            side,
+            start_bytes,
+            end_bytes: end.unwrap_or(u64::MAX),
+            len_bytes: region_bytes,
+        }),
+    }
+}

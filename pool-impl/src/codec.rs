@@ -1,0 +1,261 @@
+//! Element codecs: f32 values to a token layout's section bytes and back, for the workload
+//! generator and the sparse indexer of [`crate::replay`].
+//!
+//! A value section with a scale section (one scale per `block_elems` elements) is quantized per
+//! block: an `f32` scale is `amax / max` (DeepSeek-V3.2 indexer: `amax / 448` for e4m3), a
+//! `ue8m0` scale the next power of two at or above `amax / max` (OCP MX). The stored element is
+//! `value / scale`, rounded by the element type's conversion (`float8` matches CUDA's
+//! `__nv_fp8_e4m3` bit for bit; `half::bf16::from_f32` matches `__float2bfloat16`). Decoding is
+//! `element * scale`. fp4 e2m1 is packed two per byte, element `2i` in the low nibble.
+//! Byte sections (`u8`, `i8`) are padding: written as zeros, decoded as their byte values.
+
+use float8::{F8E4M3, F8E5M2};
+use half::{bf16, f16};
+use kvlayout_core::{Dtype, LayoutError, TokenLayout};
+
+/// An element type the codec does not handle, or a layout it cannot walk.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    /// No codec for this dtype in this role.
+    #[error("sections[{section}]: no codec for dtype {dtype} as a {role}")]
+    Unsupported {
+        /// Section index.
+        section: usize,
+        /// Its dtype.
+        dtype: Dtype,
+        /// `value` or `scale`.
+        role: &'static str,
+    },
+    /// A section's bytes have the wrong length.
+    #[error("sections[{section}]: expected {expected} bytes, got {got}")]
+    Length {
+        /// Section index.
+        section: usize,
+        /// Bytes per token of the section.
+        expected: u64,
+        /// Bytes given.
+        got: u64,
+    },
+    /// The layout itself is invalid.
+    #[error("layout: {0}")]
+    Layout(#[from] LayoutError),
+}
+
+/// Largest finite magnitude of a quantized element type (the scale divisor).
+fn range_max(dtype: Dtype) -> Option<f32> {
+    match dtype {
+        Dtype::F8E4M3 => Some(448.0),
+        Dtype::F8E5M2 => Some(57344.0),
+        Dtype::F4E2M1 => Some(6.0),
+        _ => None,
+    }
+}
+
+/// e2m1 magnitudes by code 0..8.
+const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+fn e2m1_encode(x: f32) -> u8 {
+    let sign = if x.is_sign_negative() { 8u8 } else { 0 };
+    let a = x.abs();
+    let mut best = 0u8;
+    for (code, &m) in E2M1.iter().enumerate() {
+        if (a - m).abs() < (a - E2M1[best as usize]).abs() {
+            best = code as u8;
+        }
+    }
+    sign | best
+}
+
+fn e2m1_decode(code: u8) -> f32 {
+    let m = E2M1[(code & 7) as usize];
+    if code & 8 != 0 { -m } else { m }
+}
+
+fn ue8m0_encode(scale: f32) -> u8 {
+    // Smallest power of two >= scale, clamped to the representable exponents [-127, 127].
+    let e = scale.log2().ceil().clamp(-127.0, 127.0) as i32;
+    (e + 127) as u8
+}
+
+fn ue8m0_decode(bits: u8) -> f32 {
+    2f32.powi(bits as i32 - 127)
+}
+
+fn put_elems(dtype: Dtype, section: usize, values: &[f32]) -> Result<Vec<u8>, CodecError> {
+    let out = match dtype {
+        Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Dtype::F16 => values
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect(),
+        Dtype::Bf16 => values
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect(),
+        Dtype::F8E4M3 => values
+            .iter()
+            .map(|&v| F8E4M3::from_f32(v).to_bits())
+            .collect(),
+        Dtype::F8E5M2 => values
+            .iter()
+            .map(|&v| F8E5M2::from_f32(v).to_bits())
+            .collect(),
+        Dtype::F4E2M1 => values
+            .chunks(2)
+            .map(|p| e2m1_encode(p[0]) | (e2m1_encode(*p.get(1).unwrap_or(&0.0)) << 4))
+            .collect(),
+        Dtype::U8 | Dtype::I8 => vec![0u8; values.len()],
+        dtype => {
+            return Err(CodecError::Unsupported {
+                section,
+                dtype,
+                role: "value",
+            });
+        }
+    };
+    Ok(out)
+}
+
+fn get_elems(dtype: Dtype, section: usize, bytes: &[u8]) -> Result<Vec<f32>, CodecError> {
+    let out = match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F8E4M3 => bytes
+            .iter()
+            .map(|&b| F8E4M3::from_bits(b).to_f32())
+            .collect(),
+        Dtype::F8E5M2 => bytes
+            .iter()
+            .map(|&b| F8E5M2::from_bits(b).to_f32())
+            .collect(),
+        Dtype::F4E2M1 => bytes
+            .iter()
+            .flat_map(|&b| [e2m1_decode(b & 0xf), e2m1_decode(b >> 4)])
+            .collect(),
+        Dtype::Ue8m0 => bytes.iter().map(|&b| ue8m0_decode(b)).collect(),
+        Dtype::U8 => bytes.iter().map(|&b| b as f32).collect(),
+        Dtype::I8 => bytes.iter().map(|&b| b as i8 as f32).collect(),
+        dtype => {
+            return Err(CodecError::Unsupported {
+                section,
+                dtype,
+                role: "value",
+            });
+        }
+    };
+    Ok(out)
+}
+
+/// The scale section of value section `target`, if any: (scale section index, block elems).
+fn scale_of(layout: &TokenLayout, target: usize) -> Option<(usize, u64)> {
+    layout.sections().iter().enumerate().find_map(|(i, s)| {
+        s.scale
+            .filter(|r| r.target == target)
+            .map(|r| (i, r.block_elems))
+    })
+}
+
+/// Encodes one token: `value(section, elem)` gives each value section's elements (scale and
+/// byte sections are not asked). Returns each section's bytes, in layout order.
+pub fn encode_token(
+    layout: &TokenLayout,
+    mut value: impl FnMut(usize, u64) -> f32,
+) -> Result<Vec<Vec<u8>>, CodecError> {
+    let sections = layout.sections();
+    let mut out: Vec<Vec<u8>> = vec![Vec::new(); sections.len()];
+    for (i, s) in sections.iter().enumerate() {
+        if s.scale.is_some() {
+            continue;
+        }
+        let elems = layout.section_elems(i)?;
+        let values: Vec<f32> = if matches!(s.dtype, Dtype::U8 | Dtype::I8) {
+            vec![0.0; elems as usize]
+        } else {
+            (0..elems).map(|e| value(i, e)).collect()
+        };
+        let Some((si, block)) = scale_of(layout, i) else {
+            out[i] = put_elems(s.dtype, i, &values)?;
+            continue;
+        };
+        let scale_dtype = sections[si].dtype;
+        let max = range_max(s.dtype).ok_or(CodecError::Unsupported {
+            section: i,
+            dtype: s.dtype,
+            role: "scaled value",
+        })?;
+        let mut scales = Vec::new();
+        let mut scaled = Vec::with_capacity(values.len());
+        for block_values in values.chunks(block as usize) {
+            let amax = block_values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let raw = if amax > 0.0 { amax / max } else { 1.0 };
+            let (scale, bytes) = match scale_dtype {
+                Dtype::F32 => (raw, raw.to_le_bytes().to_vec()),
+                Dtype::Ue8m0 => {
+                    let bits = ue8m0_encode(raw);
+                    (ue8m0_decode(bits), vec![bits])
+                }
+                dtype => {
+                    return Err(CodecError::Unsupported {
+                        section: si,
+                        dtype,
+                        role: "scale",
+                    });
+                }
+            };
+            scales.extend(bytes);
+            scaled.extend(block_values.iter().map(|v| v / scale));
+        }
+        out[i] = put_elems(s.dtype, i, &scaled)?;
+        out[si] = scales;
+    }
+    Ok(out)
+}
+
+/// Decodes value section `section` of one token (`sections`: every section's bytes, as
+/// [`crate::KvPool::read_token`] returns them), multiplied by its block scales if it has any.
+pub fn decode_section(
+    layout: &TokenLayout,
+    section: usize,
+    sections: &[&[u8]],
+) -> Result<Vec<f32>, CodecError> {
+    let s = layout.section(section)?;
+    let bytes = sections.get(section).copied().unwrap_or_default();
+    let expected = layout.section_bytes(section)?;
+    if bytes.len() as u64 != expected {
+        return Err(CodecError::Length {
+            section,
+            expected,
+            got: bytes.len() as u64,
+        });
+    }
+    let mut values = get_elems(s.dtype, section, bytes)?;
+    if let Some((si, block)) = scale_of(layout, section) {
+        let sb = sections.get(si).copied().unwrap_or_default();
+        let sexp = layout.section_bytes(si)?;
+        if sb.len() as u64 != sexp {
+            return Err(CodecError::Length {
+                section: si,
+                expected: sexp,
+                got: sb.len() as u64,
+            });
+        }
+        let scales = get_elems(layout.sections()[si].dtype, si, sb)?;
+        for (v, scale) in values
+            .chunks_mut(block as usize)
+            .zip(scales.iter().copied())
+        {
+            v.iter_mut().for_each(|x| *x *= scale);
+        }
+    }
+    Ok(values)
+}

@@ -1,0 +1,920 @@
+//! `kvlayout replay`: a HiCache workload on a real model config, with the DeepSeek sparse
+//! indexer reading index-K keys back from the device pool's bytes.
+//!
+//! Workload (deterministic from `seed`): `sessions` multi-turn sessions in `prefix_groups`
+//! groups sharing a prefix of `prefix_pages` full pages (a system prompt); each turn appends
+//! `user_tokens` prompt tokens and then decodes `decode_tokens` tokens. Sessions run in batches
+//! of `concurrency`; the device pool (`device_pages`) is smaller than the working set, so pages
+//! of idle sessions are backed up to the host pool (one all-layer backup per eviction batch) and
+//! loaded back layer by layer (SGLang's layer-wise load) when their session returns or another
+//! session of the group hits the prefix.
+//!
+//! Every decode step, on every simulated layer, the DSA indexer scores every past token
+//! `s` of the session: `I(t, s) = sum_h w(t, h) * ReLU(q(t, h) . k(s))` (DeepSeek-V3.2 paper),
+//! with `k(s)` decoded from the index-K bytes *in the device pool* (bf16 with `half`, e4m3 with
+//! `float8` times its f32 scale, e2m1 times its ue8m0 scale), keeps the `top_k` best, and reads
+//! their latent rows (`kv` buffer) from the device pool. The same session computed without
+//! HiCache — keys and rows encoded straight from the generator — is the reference; a session is
+//! corrupted when any top-k selection or latent row differs. Models without an indexer (MLA,
+//! GQA) compare every past token's `kv` row (dense attention reads them all).
+//!
+//! Simplifications, said in the report: only the first `layers` layers are simulated (the
+//! geometry — token layouts, page strides, page size — is the model's, and the pairing check
+//! runs on the full-depth geometries), fewer indexer heads than the model's, a small top-k and
+//! short sequences, so the default run takes seconds.
+
+use std::collections::HashMap;
+
+use kvlayout_core::{Mismatch, MemoryLayout, PoolGeometry, compare, file};
+use serde::Serialize;
+
+use crate::codec::{self, CodecError};
+use crate::hicache::{HiCache, PairError, TransferMode};
+use crate::model::{Model, ModelError, PoolOptions};
+use crate::plan::PagePair;
+use crate::pool::{DevicePool, HostPool, KvPool, PoolError};
+
+/// Workload parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    /// Concurrent sessions.
+    pub sessions: u64,
+    /// Generator seed.
+    pub seed: u64,
+    /// Layers simulated (the first ones of the model).
+    pub layers: u64,
+    /// Turns per session.
+    pub turns: u64,
+    /// Groups of sessions sharing a prefix.
+    pub prefix_groups: u64,
+    /// Full pages of shared prefix per group.
+    pub prefix_pages: u64,
+    /// Prompt tokens appended per turn.
+    pub user_tokens: u64,
+    /// Tokens decoded per turn.
+    pub decode_tokens: u64,
+    /// Tokens the indexer selects per query.
+    pub top_k: usize,
+    /// Indexer heads simulated.
+    pub indexer_heads: u64,
+    /// Sessions per batch.
+    pub concurrency: u64,
+    /// Device pool pages.
+    pub device_pages: u64,
+}
+
+impl Default for Workload {
+    /// The `kvlayout replay` defaults: 80 sessions x 3 turns, 8 groups sharing 3 pages
+    /// (192 tokens), 48 prompt + 8 decoded tokens per turn (a session ends at 192 + 3 x 56 =
+    /// 360 tokens, 6 pages), 4 layers, top-16 of 8 indexer heads, batches of 16 sessions, and a
+    /// device pool of 128 pages for a working set of 8 x 3 + 80 x 3 = 264 pages.
+    fn default() -> Self {
+        Workload {
+            sessions: 80,
+            seed: 2026,
+            layers: 4,
+            turns: 3,
+            prefix_groups: 8,
+            prefix_pages: 3,
+            user_tokens: 48,
+            decode_tokens: 8,
+            top_k: 16,
+            indexer_heads: 8,
+            concurrency: 16,
+            device_pages: 128,
+        }
+    }
+}
+
+/// Where the host pool's geometry comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostSource {
+    /// [`HostPool::mirror_of`] the device pool.
+    Mirror {
+        /// Host pages.
+        pages: u64,
+        /// Host memory layout.
+        memory_layout: MemoryLayout,
+    },
+    /// A foreign geometry (a geometry file): its own pages and memory layout.
+    Foreign {
+        /// The geometry.
+        geometry: PoolGeometry,
+        /// Where it came from (path), for the report.
+        source: String,
+    },
+}
+
+/// Everything a replay needs.
+#[derive(Clone, Debug)]
+pub struct ReplayInput {
+    /// The model.
+    pub model: Model,
+    /// KV dtype, index-K dtype, page size (the device `pages` come from the workload).
+    pub pool: PoolOptions,
+    /// Host pool geometry source.
+    pub host: HostSource,
+    /// Check geometry at pairing and before every transfer (false: `--no-verify`).
+    pub verify: bool,
+    /// Workload.
+    pub workload: Workload,
+}
+
+/// An error that stops a replay (bad input, a pool too small); a refused pairing is an
+/// outcome, not an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The model config cannot be mapped.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A pool cannot be built or accessed.
+    #[error("pool: {0}")]
+    Pool(#[from] PoolError),
+    /// Encoding or decoding failed.
+    #[error("codec: {0}")]
+    Codec(#[from] CodecError),
+    /// A workload parameter is out of range.
+    #[error("workload: {field}: {problem}")]
+    Workload {
+        /// Parameter.
+        field: &'static str,
+        /// What is wrong, with the values.
+        problem: String,
+    },
+}
+
+/// Result of a replay.
+#[derive(Clone, Debug)]
+pub enum ReplayOutcome {
+    /// Pairing refused: the host geometry cannot exchange pages with the device's.
+    Refused(Refusal),
+    /// The workload ran.
+    Completed(Box<ReplayReport>),
+}
+
+/// A refused pairing.
+#[derive(Clone, Debug, Serialize)]
+pub struct Refusal {
+    /// Model name.
+    pub model: String,
+    /// Sessions that would have run.
+    pub sessions: u64,
+    /// Host geometry source.
+    pub host_geometry: String,
+    /// `refused`.
+    pub pairing: &'static str,
+    /// `field: device value, host value` lines.
+    pub mismatch: Vec<String>,
+    /// Always 0: nothing ran.
+    pub corrupted_sessions: u64,
+    /// Always 0.
+    pub refused_transfers: u64,
+    /// Always 0.
+    pub bytes_loaded: u64,
+}
+
+/// What a completed replay measured.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Model name.
+    pub model: String,
+    /// The model's layers.
+    pub model_layers: u64,
+    /// Layers simulated (the first ones).
+    pub simulated_layers: u64,
+    /// Format per buffer (`kv: dsa_mla_fp8`, `index_k: index_k_bf16`).
+    pub formats: Vec<String>,
+    /// Tokens per page.
+    pub page_size_tokens: u64,
+    /// Device pages.
+    pub device_pages: u64,
+    /// Host pages.
+    pub host_pages: u64,
+    /// Host memory layout.
+    pub host_memory_layout: String,
+    /// `mirror of the device pool` or the geometry file.
+    pub host_geometry: String,
+    /// `checked` or `unverified (--no-verify)`.
+    pub pairing: String,
+    /// Lines where the full-depth geometries differ (empty when compatible).
+    pub mismatch: Vec<String>,
+    /// Device pool fingerprint.
+    pub device_fingerprint: String,
+    /// Host pool fingerprint.
+    pub host_fingerprint: String,
+    /// Sessions.
+    pub sessions: u64,
+    /// Sessions with any top-k or latent difference from the reference.
+    pub corrupted_sessions: u64,
+    /// Decode steps (all sessions, turns, tokens).
+    pub decode_steps: u64,
+    /// (step, layer) selections that differed.
+    pub topk_mismatches: u64,
+    /// Latent rows read that differed.
+    pub latent_mismatches: u64,
+    /// Whether the model has the DSA indexer (else dense reads are compared).
+    pub indexer: bool,
+    /// Indexer top-k simulated.
+    pub top_k: u64,
+    /// Indexer heads simulated.
+    pub indexer_heads: u64,
+    /// Pages found on the device when their session (or prefix) came back.
+    pub device_page_hits: u64,
+    /// Pages backed up device -> host.
+    pub pages_backed_up: u64,
+    /// Pages loaded host -> device.
+    pub pages_loaded: u64,
+    /// Bytes copied device -> host.
+    pub bytes_backed_up: u64,
+    /// Bytes copied host -> device.
+    pub bytes_loaded: u64,
+    /// Backup transfers.
+    pub backup_transfers: u64,
+    /// Load transfers (one per layer per batch).
+    pub load_transfers: u64,
+    /// Transfers refused (by the shim, or a backend bound); their pages are recomputed.
+    pub refused_transfers: u64,
+    /// Pages rewritten from the generator after a refused transfer.
+    pub recomputed_pages: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Owner {
+    Prefix(u64),
+    Session(u64),
+}
+
+struct Page {
+    owner: Owner,
+    /// Page index inside the owner's sequence (prefix pages come first in a session).
+    index: u64,
+    device: Option<u64>,
+    host: Option<u64>,
+    host_valid: bool,
+    tokens: u64,
+    last_use: u64,
+    pinned: bool,
+}
+
+struct Session {
+    group: u64,
+    len: u64,
+    pages: Vec<usize>,
+    corrupted: bool,
+    /// Reference keys per simulated layer, flat `[len][index_head_dim]`.
+    ref_keys: Vec<Vec<f32>>,
+}
+
+fn mix(mut z: u64) -> u64 {
+    // splitmix64 finalizer.
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn unit(h: u64) -> f32 {
+    // 24 random bits -> [-1, 1).
+    ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+struct Gen {
+    seed: u64,
+}
+
+impl Gen {
+    fn token_key(&self, owner: Owner, pos: u64) -> u64 {
+        let (tag, id) = match owner {
+            Owner::Prefix(g) => (1u64, g),
+            Owner::Session(s) => (2u64, s),
+        };
+        mix(self.seed ^ mix((tag << 60) ^ (id << 32) ^ pos))
+    }
+
+    fn value(&self, key: u64, layer: u64, buffer: usize, section: usize, elem: u64) -> f32 {
+        unit(mix(
+            key ^ mix((layer << 48) ^ ((buffer as u64) << 40) ^ ((section as u64) << 32) ^ elem),
+        ))
+    }
+
+    fn query_key(&self, session: u64, pos: u64) -> u64 {
+        mix(self.seed ^ mix((3u64 << 60) ^ (session << 32) ^ pos))
+    }
+}
+
+struct Sim<'a> {
+    w: &'a Workload,
+    source: Gen,
+    cache: HiCache,
+    page_size: u64,
+    kv: usize,
+    index_k: Option<usize>,
+    pages: Vec<Page>,
+    prefix: HashMap<u64, Vec<usize>>,
+    sessions: Vec<Session>,
+    device_free: Vec<u64>,
+    host_free: Vec<u64>,
+    clock: u64,
+    report: ReplayReport,
+}
+
+fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
+    let mut g = g.clone();
+    for b in &mut g.buffers {
+        b.layers = b.layers.min(layers);
+    }
+    g
+}
+
+fn workload_err(field: &'static str, problem: String) -> ReplayError {
+    ReplayError::Workload { field, problem }
+}
+
+/// Runs the replay; `progress(done, total)` is called after each batch (session-turns).
+pub fn run(
+    input: &ReplayInput,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ReplayOutcome, ReplayError> {
+    let w = &input.workload;
+    for (field, v) in [
+        ("sessions", w.sessions),
+        ("layers", w.layers),
+        ("turns", w.turns),
+        ("prefix_groups", w.prefix_groups),
+        ("concurrency", w.concurrency),
+        ("device_pages", w.device_pages),
+        ("indexer_heads", w.indexer_heads),
+        ("top_k", w.top_k as u64),
+    ] {
+        if v == 0 {
+            return Err(workload_err(field, "must be at least 1, got 0".into()));
+        }
+    }
+    let opts = PoolOptions {
+        pages: w.device_pages,
+        ..input.pool
+    };
+    let model_pool = input.model.pool(&opts)?;
+    let full_device = model_pool.geometry.clone();
+    let (full_host, host_source) = match &input.host {
+        HostSource::Mirror {
+            pages,
+            memory_layout,
+        } => {
+            let mut g = full_device.clone();
+            g.pages = *pages;
+            g.memory_layout = *memory_layout;
+            (g, "mirror of the device pool".to_string())
+        }
+        HostSource::Foreign { geometry, source } => (geometry.clone(), source.clone()),
+    };
+    let mismatch: Vec<String> = match compare(&full_device, &full_host) {
+        Ok(()) => Vec::new(),
+        Err(m) => m.diffs.iter().map(|d| d.to_string()).collect(),
+    };
+    if input.verify && !mismatch.is_empty() {
+        return Ok(ReplayOutcome::Refused(Refusal {
+            model: input.model.name.clone(),
+            sessions: w.sessions,
+            host_geometry: host_source,
+            pairing: "refused",
+            mismatch,
+            corrupted_sessions: 0,
+            refused_transfers: 0,
+            bytes_loaded: 0,
+        }));
+    }
+    let model_layers = input.model.config.num_hidden_layers;
+    let sim_layers = w.layers.min(model_layers);
+    let device = DevicePool::new(truncate_layers(&full_device, sim_layers))?;
+    let host_geom = truncate_layers(&full_host, sim_layers);
+    let host = match &input.host {
+        HostSource::Mirror {
+            pages,
+            memory_layout,
+        } => HostPool::mirror_of(&device, *pages, *memory_layout)?,
+        HostSource::Foreign { .. } => HostPool::from_geometry(host_geom)?,
+    };
+    let (device_fp, host_fp) = (device.fingerprint(), host.fingerprint());
+    let cache = if input.verify {
+        match HiCache::pair(device, host) {
+            Ok(c) => c,
+            Err(PairError::Mismatch(m)) => {
+                return Ok(ReplayOutcome::Refused(refusal(input, host_source, &m)));
+            }
+        }
+    } else {
+        HiCache::pair_unverified(device, host)
+    };
+    let geometry = cache.device().geometry();
+    let kv = geometry.buffer_index("kv").unwrap_or(0);
+    let index_k = geometry.buffer_index("index_k");
+    let host_pages = cache.host().geometry().pages;
+    let report = ReplayReport {
+        model: input.model.name.clone(),
+        model_layers,
+        simulated_layers: sim_layers,
+        formats: geometry
+            .buffers
+            .iter()
+            .zip(&model_pool.formats)
+            .map(|(b, f)| format!("{}: {f}", b.name()))
+            .collect(),
+        page_size_tokens: geometry.page_size_tokens,
+        device_pages: geometry.pages,
+        host_pages,
+        host_memory_layout: cache.host().geometry().memory_layout.to_string(),
+        host_geometry: host_source,
+        pairing: match cache.mode() {
+            TransferMode::Checked => "checked".into(),
+            TransferMode::Unverified => "unverified (--no-verify)".into(),
+        },
+        mismatch,
+        device_fingerprint: format!("{device_fp:#018x}"),
+        host_fingerprint: format!("{host_fp:#018x}"),
+        sessions: w.sessions,
+        corrupted_sessions: 0,
+        decode_steps: 0,
+        topk_mismatches: 0,
+        latent_mismatches: 0,
+        indexer: index_k.is_some(),
+        top_k: w.top_k as u64,
+        indexer_heads: w.indexer_heads,
+        device_page_hits: 0,
+        pages_backed_up: 0,
+        pages_loaded: 0,
+        bytes_backed_up: 0,
+        bytes_loaded: 0,
+        backup_transfers: 0,
+        load_transfers: 0,
+        refused_transfers: 0,
+        recomputed_pages: 0,
+    };
+    let page_size = geometry.page_size_tokens;
+    let max_tokens = w
+        .prefix_pages
+        .checked_mul(page_size)
+        .and_then(|p| p.checked_add(w.turns.checked_mul(w.user_tokens + w.decode_tokens)?))
+        .ok_or_else(|| workload_err("turns", "token count overflows".into()))?;
+    let pages_per_session = max_tokens.div_ceil(page_size);
+    let need = pages_per_session.saturating_mul(w.concurrency.min(w.sessions));
+    if need > w.device_pages {
+        return Err(workload_err(
+            "device_pages",
+            format!(
+                "{} pages cannot hold a batch: {} sessions x {pages_per_session} pages = {need}",
+                w.device_pages,
+                w.concurrency.min(w.sessions)
+            ),
+        ));
+    }
+    let mut sim = Sim {
+        w,
+        source: Gen { seed: w.seed },
+        cache,
+        page_size,
+        kv,
+        index_k,
+        pages: Vec::new(),
+        prefix: HashMap::new(),
+        sessions: (0..w.sessions)
+            .map(|s| Session {
+                group: s % w.prefix_groups,
+                len: 0,
+                pages: Vec::new(),
+                corrupted: false,
+                ref_keys: vec![Vec::new(); sim_layers as usize],
+            })
+            .collect(),
+        device_free: (0..w.device_pages).rev().collect(),
+        host_free: (0..host_pages).rev().collect(),
+        clock: 0,
+        report,
+    };
+    let total = w.sessions * w.turns;
+    let mut done = 0;
+    for turn in 0..w.turns {
+        let mut start = 0;
+        while start < w.sessions {
+            let end = (start + w.concurrency).min(w.sessions);
+            sim.run_batch(turn, start..end)?;
+            done += end - start;
+            progress(done, total);
+            start = end;
+        }
+    }
+    let stats = sim.cache.stats();
+    let r = &mut sim.report;
+    r.corrupted_sessions = sim.sessions.iter().filter(|s| s.corrupted).count() as u64;
+    r.pages_backed_up = stats.pages_backed_up;
+    r.pages_loaded = stats.pages_loaded;
+    r.bytes_backed_up = stats.bytes_backed_up;
+    r.bytes_loaded = stats.bytes_loaded;
+    r.backup_transfers = stats.backups;
+    r.load_transfers = stats.loads;
+    r.refused_transfers = stats.refused;
+    Ok(ReplayOutcome::Completed(Box::new(sim.report)))
+}
+
+fn refusal(input: &ReplayInput, host_geometry: String, m: &Mismatch) -> Refusal {
+    Refusal {
+        model: input.model.name.clone(),
+        sessions: input.workload.sessions,
+        host_geometry,
+        pairing: "refused",
+        mismatch: m.diffs.iter().map(|d| d.to_string()).collect(),
+        corrupted_sessions: 0,
+        refused_transfers: 0,
+        bytes_loaded: 0,
+    }
+}
+
+impl Sim<'_> {
+    fn layers(&self) -> u64 {
+        self.report.simulated_layers
+    }
+
+    fn touch(&mut self, id: usize) {
+        self.clock += 1;
+        self.pages[id].last_use = self.clock;
+    }
+
+    fn owner_of(&self, sid: u64, pos: u64) -> Owner {
+        if pos < self.w.prefix_pages * self.page_size {
+            Owner::Prefix(self.sessions[sid as usize].group)
+        } else {
+            Owner::Session(sid)
+        }
+    }
+
+    /// Frees `n` device slots, backing up dirty victims (least recently used, unpinned) in one
+    /// all-layer transfer.
+    fn make_room(&mut self, n: usize) -> Result<(), ReplayError> {
+        if self.device_free.len() >= n {
+            return Ok(());
+        }
+        let want = n - self.device_free.len();
+        let mut candidates: Vec<usize> = (0..self.pages.len())
+            .filter(|&i| self.pages[i].device.is_some() && !self.pages[i].pinned)
+            .collect();
+        candidates.sort_by_key(|&i| self.pages[i].last_use);
+        if candidates.len() < want {
+            return Err(workload_err(
+                "device_pages",
+                format!(
+                    "{} pages: no unpinned page left to evict",
+                    self.w.device_pages
+                ),
+            ));
+        }
+        let victims = &candidates[..want];
+        let mut pairs = Vec::new();
+        let mut backed = Vec::new();
+        for &v in victims {
+            if self.pages[v].host_valid {
+                continue;
+            }
+            let host = match self.pages[v].host {
+                Some(h) => h,
+                None => self.host_free.pop().ok_or_else(|| {
+                    workload_err(
+                        "host pages",
+                        format!(
+                            "the host pool's {} pages are full",
+                            self.report.host_pages
+                        ),
+                    )
+                })?,
+            };
+            self.pages[v].host = Some(host);
+            pairs.push(PagePair::new(self.pages[v].device.unwrap_or(0), host));
+            backed.push(v);
+        }
+        let ok = pairs.is_empty() || self.cache.backup(&pairs).is_ok();
+        for &v in &backed {
+            // A refused backup leaves no valid host copy: the page is lost and will be
+            // recomputed when needed.
+            self.pages[v].host_valid = ok;
+        }
+        for &v in victims {
+            if let Some(d) = self.pages[v].device.take() {
+                self.device_free.push(d);
+            }
+        }
+        Ok(())
+    }
+
+    fn alloc_device(&mut self, id: usize) -> Result<u64, ReplayError> {
+        self.make_room(1)?;
+        let d = self
+            .device_free
+            .pop()
+            .ok_or_else(|| workload_err("device_pages", "no free page".into()))?;
+        self.pages[id].device = Some(d);
+        Ok(d)
+    }
+
+    fn new_page(&mut self, owner: Owner, index: u64) -> usize {
+        self.pages.push(Page {
+            owner,
+            index,
+            device: None,
+            host: None,
+            host_valid: false,
+            tokens: 0,
+            last_use: 0,
+            pinned: true,
+        });
+        self.pages.len() - 1
+    }
+
+    /// Writes token `pos` (of `owner`) into page `id`, every buffer and simulated layer.
+    fn write_token(&mut self, id: usize, owner: Owner, pos: u64) -> Result<(), ReplayError> {
+        let key = self.source.token_key(owner, pos);
+        let dev = self.pages[id]
+            .device
+            .ok_or_else(|| workload_err("pages", "writing a page not on the device".into()))?;
+        let slot = pos % self.page_size;
+        let buffers = self.cache.device().geometry().buffers.clone();
+        for (b, buf) in buffers.iter().enumerate() {
+            for l in 0..buf.layers {
+                let bytes = codec::encode_token(&buf.layout, |s, e| {
+                    self.source.value(key, l, b, s, e)
+                })?;
+                let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+                self.cache
+                    .device_mut()
+                    .write_token(b, l, dev, slot, &slices)?;
+            }
+        }
+        let p = &mut self.pages[id];
+        p.tokens = p.tokens.max(slot + 1);
+        p.host_valid = false;
+        Ok(())
+    }
+
+    /// Rewrites every token of a page from the generator (after a refused transfer).
+    fn recompute(&mut self, id: usize) -> Result<(), ReplayError> {
+        let (owner, index, tokens) = (
+            self.pages[id].owner,
+            self.pages[id].index,
+            self.pages[id].tokens,
+        );
+        for t in 0..tokens {
+            self.write_token(id, owner, index * self.page_size + t)?;
+        }
+        self.report.recomputed_pages += 1;
+        Ok(())
+    }
+
+    /// The reference (no HiCache) index-K key of a token on a layer.
+    fn reference_key(&self, owner: Owner, pos: u64, layer: u64) -> Result<Vec<f32>, ReplayError> {
+        let Some(ib) = self.index_k else {
+            return Ok(Vec::new());
+        };
+        let layout = &self.cache.device().geometry().buffers[ib].layout;
+        let key = self.source.token_key(owner, pos);
+        let bytes = codec::encode_token(layout, |s, e| self.source.value(key, layer, ib, s, e))?;
+        let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        Ok(codec::decode_section(layout, 0, &slices)?)
+    }
+
+    /// Appends token `len` to session `sid`: a new page at a page boundary.
+    fn append(&mut self, sid: u64) -> Result<(), ReplayError> {
+        let pos = self.sessions[sid as usize].len;
+        let owner = self.owner_of(sid, pos);
+        let page_index = pos / self.page_size;
+        if pos % self.page_size == 0 {
+            let id = self.new_page(owner, page_index);
+            self.alloc_device(id)?;
+            self.sessions[sid as usize].pages.push(id);
+        }
+        let id = self.sessions[sid as usize].pages[page_index as usize];
+        self.write_token(id, owner, pos)?;
+        self.touch(id);
+        for l in 0..self.layers() {
+            let k = self.reference_key(owner, pos, l)?;
+            self.sessions[sid as usize].ref_keys[l as usize].extend(k);
+        }
+        self.sessions[sid as usize].len = pos + 1;
+        Ok(())
+    }
+
+    /// Gives session `sid` (still empty) its group's prefix pages if they exist; the pages
+    /// are pinned with the session's.
+    fn attach_prefix(&mut self, sid: u64) -> Result<bool, ReplayError> {
+        let g = self.sessions[sid as usize].group;
+        let Some(ids) = self.prefix.get(&g).cloned() else {
+            return Ok(false);
+        };
+        if self.sessions[sid as usize].len != 0 {
+            return Ok(false);
+        }
+        let len = self.w.prefix_pages * self.page_size;
+        let mut ref_keys = Vec::with_capacity(self.layers() as usize);
+        for l in 0..self.layers() {
+            let mut keys = Vec::new();
+            for pos in 0..len {
+                keys.extend(self.reference_key(Owner::Prefix(g), pos, l)?);
+            }
+            ref_keys.push(keys);
+        }
+        for &id in &ids {
+            self.touch(id);
+        }
+        let s = &mut self.sessions[sid as usize];
+        s.pages = ids;
+        s.len = len;
+        s.ref_keys = ref_keys;
+        Ok(true)
+    }
+
+    fn run_batch(&mut self, turn: u64, batch: std::ops::Range<u64>) -> Result<(), ReplayError> {
+        // Attach shared prefixes made by earlier batches (first turn).
+        if turn == 0 {
+            for sid in batch.clone() {
+                self.attach_prefix(sid)?;
+            }
+        }
+        // Pin every page of the batch; find those to load back.
+        let mut needed: Vec<usize> = Vec::new();
+        for sid in batch.clone() {
+            for &id in &self.sessions[sid as usize].pages {
+                if !self.pages[id].pinned {
+                    self.pages[id].pinned = true;
+                    needed.push(id);
+                }
+            }
+        }
+        let missing: Vec<usize> = needed
+            .iter()
+            .copied()
+            .filter(|&id| self.pages[id].device.is_none())
+            .collect();
+        self.report.device_page_hits += (needed.len() - missing.len()) as u64;
+        self.make_room(missing.len())?;
+        let mut pairs = Vec::new();
+        let mut loaded = Vec::new();
+        let mut lost = Vec::new();
+        for &id in &missing {
+            let d = self
+                .device_free
+                .pop()
+                .ok_or_else(|| workload_err("device_pages", "no free page".into()))?;
+            self.pages[id].device = Some(d);
+            match (self.pages[id].host, self.pages[id].host_valid) {
+                (Some(h), true) => {
+                    pairs.push(PagePair::new(d, h));
+                    loaded.push(id);
+                }
+                _ => lost.push(id),
+            }
+        }
+        if !pairs.is_empty() {
+            let mut ok = true;
+            for l in 0..self.layers() {
+                ok &= self.cache.load_layer(l, &pairs).is_ok();
+            }
+            if !ok {
+                lost.extend(loaded.iter().copied());
+            }
+        }
+        for id in lost {
+            self.recompute(id)?;
+        }
+        // Prefill: the first session of a group writes its prefix; then the turn's prompt.
+        for sid in batch.clone() {
+            let s = &self.sessions[sid as usize];
+            let g = s.group;
+            if turn == 0 && s.len == 0 && !self.attach_prefix(sid)? {
+                for _ in 0..self.w.prefix_pages * self.page_size {
+                    self.append(sid)?;
+                }
+                let ids = self.sessions[sid as usize].pages.clone();
+                self.prefix.insert(g, ids);
+            }
+            for _ in 0..self.w.user_tokens {
+                self.append(sid)?;
+            }
+        }
+        // Decode, sessions interleaved.
+        for _ in 0..self.w.decode_tokens {
+            for sid in batch.clone() {
+                self.decode_step(sid)?;
+                self.append(sid)?;
+            }
+        }
+        for sid in batch {
+            for i in 0..self.sessions[sid as usize].pages.len() {
+                let id = self.sessions[sid as usize].pages[i];
+                self.pages[id].pinned = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// One decode step of session `sid` on every simulated layer: indexer top-k from the
+    /// device pool vs the reference, then the selected tokens' latent rows.
+    fn decode_step(&mut self, sid: u64) -> Result<(), ReplayError> {
+        self.report.decode_steps += 1;
+        let len = self.sessions[sid as usize].len;
+        let qkey = self.source.query_key(sid, len);
+        let geometry = self.cache.device().geometry().clone();
+        let mut corrupted = false;
+        for l in 0..self.layers() {
+            let selected: Vec<u64> = match self.index_k {
+                Some(ib) => {
+                    let layout = &geometry.buffers[ib].layout;
+                    let dim = layout.section_elems(0).map_err(CodecError::from)? as usize;
+                    let heads = self.w.indexer_heads as usize;
+                    let q: Vec<f32> = (0..heads * dim)
+                        .map(|i| self.source.value(qkey, l, 99, 0, i as u64))
+                        .collect();
+                    let wts: Vec<f32> = (0..heads)
+                        .map(|h| self.source.value(qkey, l, 99, 1, h as u64).abs())
+                        .collect();
+                    let mut pool_keys = Vec::with_capacity(len as usize * dim);
+                    for &id in &self.sessions[sid as usize].pages {
+                        let dev = self.pages[id].device.unwrap_or(0);
+                        let page = self.cache.device().read_page(ib, l, dev)?;
+                        let tokens = self.pages[id].tokens;
+                        for t in 0..tokens {
+                            let mut sections = Vec::new();
+                            for s in 0..layout.sections().len() {
+                                let off = layout
+                                    .offset_bytes(s, t, 0, self.page_size)
+                                    .map_err(CodecError::from)?
+                                    as usize;
+                                let n = layout.section_bytes(s).map_err(CodecError::from)? as usize;
+                                sections.push(&page[off..off + n]);
+                            }
+                            pool_keys.extend(codec::decode_section(layout, 0, &sections)?);
+                        }
+                    }
+                    let ref_keys = &self.sessions[sid as usize].ref_keys[l as usize];
+                    let got = top_k(&q, &wts, &pool_keys, dim, self.w.top_k);
+                    let want = top_k(&q, &wts, ref_keys, dim, self.w.top_k);
+                    if got != want {
+                        self.report.topk_mismatches += 1;
+                        corrupted = true;
+                    }
+                    got
+                }
+                None => (0..len).collect(),
+            };
+            for pos in selected {
+                let page_index = pos / self.page_size;
+                let id = self.sessions[sid as usize].pages[page_index as usize];
+                let dev = self.pages[id].device.unwrap_or(0);
+                let got = self
+                    .cache
+                    .device()
+                    .read_token(self.kv, l, dev, pos % self.page_size)?;
+                let owner = self.owner_of(sid, pos);
+                let key = self.source.token_key(owner, pos);
+                let kv = self.kv;
+                let want = codec::encode_token(&geometry.buffers[kv].layout, |s, e| {
+                    self.source.value(key, l, kv, s, e)
+                })?;
+                if got != want {
+                    self.report.latent_mismatches += 1;
+                    corrupted = true;
+                }
+            }
+        }
+        if corrupted {
+            self.sessions[sid as usize].corrupted = true;
+        }
+        Ok(())
+    }
+}
+
+/// Indexer scores `I(s) = sum_h w[h] * ReLU(q[h] . k[s])` over `keys` (`[tokens][dim]`) and the
+/// indices of the `k` best (ties: lower index first), best first.
+pub fn top_k(q: &[f32], w: &[f32], keys: &[f32], dim: usize, k: usize) -> Vec<u64> {
+    let mut scored: Vec<(f32, u64)> = keys
+        .chunks_exact(dim)
+        .enumerate()
+        .map(|(s, key)| {
+            let score: f32 = w
+                .iter()
+                .zip(q.chunks_exact(dim))
+                .map(|(wh, qh)| {
+                    let dot: f32 = qh.iter().zip(key).map(|(a, b)| a * b).sum();
+                    wh * dot.max(0.0)
+                })
+                .sum();
+            (score, s as u64)
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    scored.truncate(k);
+    scored.into_iter().map(|(_, s)| s).collect()
+}
+
+/// Reads a host geometry file for `--host-geometry`.
+pub fn read_host_geometry(path: &std::path::Path) -> Result<PoolGeometry, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
+    file::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+}

@@ -1,0 +1,410 @@
+//! The runtime shim: before **every** transfer, the checks DESIGN.md "The runtime shim" lists,
+//! then the plan. Checks run in debug builds and, in release, with the cargo feature `verify`
+//! (the `kvlayout` CLI turns it on by default); [`CHECKS_COMPILED`] says which.
+//!
+//! Checked per transfer, all before any byte moves:
+//! - the two pools' fingerprints are equal;
+//! - page size equal; the same buffer names; per buffer equal layer count, arrangement, bytes
+//!   per token and page stride;
+//! - the layer asked for exists;
+//! - every page index in range on both sides; no destination page named twice;
+//! - every run's byte range inside both regions.
+//!
+//! The plan is then built from each side's own geometry ([`PoolGeometry::page_offset_bytes`],
+//! [`PoolGeometry::page_segments`]): the device page's canonical bytes map to the host page's
+//! segments, so a `page_head` host or a padded device stride are placed exactly.
+//!
+//! [`legacy_plan`] is the unverified path SGLang's HiCache kernel took: one item size, the
+//! host's page bytes, used as the length *and* the page stride on both sides, with no geometry
+//! check. With a host sized by the fp8 formula (8448 B/page) and a bf16 device (16384 B/page) it
+//! truncates and misaddresses — the seed bug, reproduced.
+
+use kvlayout_core::{GeometryError, PoolGeometry, arrangement_text};
+
+use crate::backend::{BackendError, check_range};
+use crate::plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan};
+
+/// Whether the per-transfer checks are compiled in (debug builds, or the `verify` feature).
+pub const CHECKS_COMPILED: bool = cfg!(any(debug_assertions, feature = "verify"));
+
+/// Why the shim refused a transfer. Every variant names the field or pages and both values.
+/// A refused transfer moved no byte.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TransferError {
+    /// The pools' fingerprints differ.
+    #[error("fingerprint: device {device:#018x}, host {host:#018x}")]
+    Fingerprint {
+        /// Device pool fingerprint.
+        device: u64,
+        /// Host pool fingerprint.
+        host: u64,
+    },
+    /// A compared geometry field differs (`page_size_tokens`, `index_k.bytes_per_token`, ...).
+    #[error("{field}: device {device}, host {host}")]
+    Field {
+        /// Field path.
+        field: String,
+        /// Device value.
+        device: String,
+        /// Host value.
+        host: String,
+    },
+    /// The layer asked for is past every buffer's layer count.
+    #[error("layer {layer} out of range (the deepest buffer has {layers} layers)")]
+    Layer {
+        /// Requested layer.
+        layer: u64,
+        /// Largest layer count.
+        layers: u64,
+    },
+    /// A page index past the end of one side.
+    #[error("pairs[{pair}]: {side} page {page} out of range ({side} pool has {pages} pages)")]
+    PageOutOfRange {
+        /// Index in the pair list.
+        pair: usize,
+        /// `device` or `host`.
+        side: &'static str,
+        /// The page asked for.
+        page: u64,
+        /// Pages of that pool.
+        pages: u64,
+    },
+    /// Two pairs write the same destination page.
+    #[error("pairs[{pair}]: {side} page {page} is already the destination of pairs[{first}]")]
+    DuplicateDestination {
+        /// Index of the second pair.
+        pair: usize,
+        /// Index of the first pair.
+        first: usize,
+        /// `device` or `host`.
+        side: &'static str,
+        /// The page.
+        page: u64,
+    },
+    /// A run reaches outside one region.
+    #[error("{buffer} run {run}: {source}")]
+    Range {
+        /// Buffer name.
+        buffer: String,
+        /// Index of the run in the buffer's plan.
+        run: usize,
+        /// The range and the region.
+        #[source]
+        source: BackendError,
+    },
+    /// Offsets could not be computed (overflow, index out of range).
+    #[error("geometry: {0}")]
+    Geometry(#[from] GeometryError),
+    /// The backend failed executing a checked plan.
+    #[error("backend: {0}")]
+    Backend(BackendError),
+}
+
+/// One side of a transfer, as the shim sees it.
+#[derive(Clone, Copy)]
+pub struct Side<'a> {
+    /// Its geometry.
+    pub geometry: &'a PoolGeometry,
+    /// Its fingerprint (computed when the pool was built).
+    pub fingerprint: u64,
+    /// Length of its region.
+    pub len_bytes: u64,
+}
+
+fn field(field: String, device: impl ToString, host: impl ToString) -> TransferError {
+    TransferError::Field {
+        field,
+        device: device.to_string(),
+        host: host.to_string(),
+    }
+}
+
+/// The geometry checks of every transfer: fingerprint, page size, buffer set, and per buffer
+/// layers, arrangement, bytes per token and page stride.
+pub fn check_geometry(device: Side<'_>, host: Side<'_>) -> Result<(), TransferError> {
+    if device.fingerprint != host.fingerprint {
+        return Err(TransferError::Fingerprint {
+            device: device.fingerprint,
+            host: host.fingerprint,
+        });
+    }
+    let (d, h) = (device.geometry, host.geometry);
+    if d.page_size_tokens != h.page_size_tokens {
+        return Err(field(
+            "page_size_tokens".into(),
+            d.page_size_tokens,
+            h.page_size_tokens,
+        ));
+    }
+    if d.buffers.len() != h.buffers.len() {
+        return Err(field(
+            "buffers.count".into(),
+            d.buffers.len(),
+            h.buffers.len(),
+        ));
+    }
+    for (bi, db) in d.buffers.iter().enumerate() {
+        let n = db.name();
+        let Some(hi) = h.buffer_index(n) else {
+            return Err(field(n.to_string(), "present", "missing"));
+        };
+        let hb = &h.buffers[hi];
+        if db.layers != hb.layers {
+            return Err(field(format!("{n}.layers"), db.layers, hb.layers));
+        }
+        if db.layout.arrangement != hb.layout.arrangement {
+            return Err(field(
+                format!("{n}.arrangement"),
+                arrangement_text(&db.layout),
+                arrangement_text(&hb.layout),
+            ));
+        }
+        let (dg, hg) = (d.page_geometry(bi)?, h.page_geometry(hi)?);
+        if dg.bytes_per_token != hg.bytes_per_token {
+            return Err(field(
+                format!("{n}.bytes_per_token"),
+                dg.bytes_per_token,
+                hg.bytes_per_token,
+            ));
+        }
+        if dg.page_stride_bytes != hg.page_stride_bytes {
+            return Err(field(
+                format!("{n}.page_stride_bytes"),
+                dg.page_stride_bytes,
+                hg.page_stride_bytes,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Page indices in range on both sides, no destination page twice, the layer present.
+pub fn check_pages(
+    direction: Direction,
+    device: &PoolGeometry,
+    host: &PoolGeometry,
+    layers: Layers,
+    pairs: &[PagePair],
+) -> Result<(), TransferError> {
+    if let Layers::One(layer) = layers {
+        let deepest = device.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
+        if layer >= deepest {
+            return Err(TransferError::Layer {
+                layer,
+                layers: deepest,
+            });
+        }
+    }
+    let mut seen = std::collections::HashMap::with_capacity(pairs.len());
+    for (i, p) in pairs.iter().enumerate() {
+        if p.device_page >= device.pages {
+            return Err(TransferError::PageOutOfRange {
+                pair: i,
+                side: "device",
+                page: p.device_page,
+                pages: device.pages,
+            });
+        }
+        if p.host_page >= host.pages {
+            return Err(TransferError::PageOutOfRange {
+                pair: i,
+                side: "host",
+                page: p.host_page,
+                pages: host.pages,
+            });
+        }
+        let dst = match direction {
+            Direction::Backup => p.host_page,
+            Direction::Load => p.device_page,
+        };
+        if let Some(&first) = seen.get(&dst) {
+            return Err(TransferError::DuplicateDestination {
+                pair: i,
+                first,
+                side: direction.destination(),
+                page: dst,
+            });
+        }
+        seen.insert(dst, i);
+    }
+    Ok(())
+}
+
+/// Every run inside both regions.
+pub fn check_ranges(
+    plan: &TransferPlan,
+    device_len_bytes: u64,
+    host_len_bytes: u64,
+) -> Result<(), TransferError> {
+    let (src_len, dst_len) = match plan.direction {
+        Direction::Backup => (device_len_bytes, host_len_bytes),
+        Direction::Load => (host_len_bytes, device_len_bytes),
+    };
+    for b in &plan.buffers {
+        for (i, r) in b.runs.iter().enumerate() {
+            let wrap = |source| TransferError::Range {
+                buffer: b.buffer.clone(),
+                run: i,
+                source,
+            };
+            check_range(
+                plan.direction.source(),
+                r.src_offset_bytes,
+                r.len_bytes,
+                src_len,
+            )
+            .map_err(wrap)?;
+            check_range(
+                plan.direction.destination(),
+                r.dst_offset_bytes,
+                r.len_bytes,
+                dst_len,
+            )
+            .map_err(wrap)?;
+        }
+    }
+    Ok(())
+}
+
+fn layer_list(layers: Layers, buffer_layers: u64) -> Vec<u64> {
+    match layers {
+        Layers::All => (0..buffer_layers).collect(),
+        Layers::One(l) if l < buffer_layers => vec![l],
+        Layers::One(_) => Vec::new(),
+    }
+}
+
+fn run(direction: Direction, device_off: u64, host_off: u64, len_bytes: u64) -> CopyRun {
+    let (src, dst) = match direction {
+        Direction::Backup => (device_off, host_off),
+        Direction::Load => (host_off, device_off),
+    };
+    CopyRun {
+        src_offset_bytes: src,
+        dst_offset_bytes: dst,
+        len_bytes,
+    }
+}
+
+fn ck_add(a: u64, b: u64) -> Result<u64, GeometryError> {
+    a.checked_add(b)
+        .ok_or_else(|| GeometryError::new("transfer plan", "overflow computing a run offset"))
+}
+
+/// The checked plan: for each buffer, layer and pair, the device page's canonical bytes
+/// (`layer_first`: one run at [`PoolGeometry::page_offset_bytes`]) mapped onto the host page's
+/// segments. Each side's offsets come from its own geometry.
+pub fn plan(
+    direction: Direction,
+    device: &PoolGeometry,
+    host: &PoolGeometry,
+    layers: Layers,
+    pairs: &[PagePair],
+) -> Result<TransferPlan, TransferError> {
+    let mut buffers = Vec::with_capacity(device.buffers.len());
+    for (bi, db) in device.buffers.iter().enumerate() {
+        let Some(hi) = host.buffer_index(db.name()) else {
+            return Err(field(db.name().to_string(), "present", "missing"));
+        };
+        let item_bytes = host.stored_page_bytes(hi)?;
+        let layer_ids = layer_list(layers, db.layers);
+        let mut runs = Vec::with_capacity(layer_ids.len() * pairs.len());
+        for &l in &layer_ids {
+            for p in pairs {
+                let dev_page = device.page_offset_bytes(bi, l, p.device_page)?;
+                for seg in host.page_segments(hi, l, p.host_page)? {
+                    let dev_off = ck_add(dev_page, seg.page_offset_bytes)?;
+                    runs.push(run(direction, dev_off, seg.pool_offset_bytes, seg.len_bytes));
+                }
+            }
+        }
+        buffers.push(BufferPlan {
+            buffer: db.name().to_string(),
+            item_bytes,
+            layers: layer_ids,
+            runs,
+        });
+    }
+    Ok(TransferPlan {
+        direction,
+        layers,
+        pairs: pairs.to_vec(),
+        buffers,
+        verified: false,
+    })
+}
+
+/// The unverified plan SGLang's HiCache transfer kernel executes: per buffer one item size —
+/// the *host's* page bytes — used as the copy length and as the page stride on both sides
+/// (device page `p` of a layer at `layer base + p * item`), with no geometry comparison.
+/// Buffers present on one side only are skipped; layers past the host's count are skipped.
+/// Equal geometries give the same runs as [`plan`]; a host sized by another formula truncates
+/// and misaddresses.
+pub fn legacy_plan(
+    direction: Direction,
+    device: &PoolGeometry,
+    host: &PoolGeometry,
+    layers: Layers,
+    pairs: &[PagePair],
+) -> Result<TransferPlan, TransferError> {
+    let mut buffers = Vec::with_capacity(device.buffers.len());
+    for (bi, db) in device.buffers.iter().enumerate() {
+        let Some(hi) = host.buffer_index(db.name()) else {
+            continue;
+        };
+        let item_bytes = host.stored_page_bytes(hi)?;
+        let layer_ids: Vec<u64> = layer_list(layers, db.layers)
+            .into_iter()
+            .filter(|&l| l < host.buffers[hi].layers)
+            .collect();
+        let mut runs = Vec::new();
+        for &l in &layer_ids {
+            let layer_base = device.page_offset_bytes(bi, l, 0)?;
+            for p in pairs {
+                let item_off = p.device_page.checked_mul(item_bytes).ok_or_else(|| {
+                    GeometryError::new("transfer plan", "overflow computing a run offset")
+                })?;
+                let dev_page = ck_add(layer_base, item_off)?;
+                for seg in host.page_segments(hi, l, p.host_page)? {
+                    let dev_off = ck_add(dev_page, seg.page_offset_bytes)?;
+                    runs.push(run(direction, dev_off, seg.pool_offset_bytes, seg.len_bytes));
+                }
+            }
+        }
+        buffers.push(BufferPlan {
+            buffer: db.name().to_string(),
+            item_bytes,
+            layers: layer_ids,
+            runs,
+        });
+    }
+    Ok(TransferPlan {
+        direction,
+        layers,
+        pairs: pairs.to_vec(),
+        buffers,
+        verified: false,
+    })
+}
+
+/// Checks and plans one transfer (the verified path): geometry, pages, then the plan, then its
+/// byte ranges. With the checks compiled out ([`CHECKS_COMPILED`] false) only the plan is built
+/// (its offsets still come from the geometry, and the backend still bounds every run).
+pub fn checked_plan(
+    direction: Direction,
+    device: Side<'_>,
+    host: Side<'_>,
+    layers: Layers,
+    pairs: &[PagePair],
+) -> Result<TransferPlan, TransferError> {
+    if CHECKS_COMPILED {
+        check_geometry(device, host)?;
+        check_pages(direction, device.geometry, host.geometry, layers, pairs)?;
+    }
+    let mut p = plan(direction, device.geometry, host.geometry, layers, pairs)?;
+    if CHECKS_COMPILED {
+        check_ranges(&p, device.len_bytes, host.len_bytes)?;
+        p.verified = true;
+    }
+    Ok(p)
+}
