@@ -54,6 +54,9 @@ pub struct FieldAttrs {
     pub block: Option<Expr>,
     /// The `block` key, for errors about a `block` without `scales`.
     pub block_key: Option<Path>,
+    /// An attribute of this field failed to parse (its error is reported; the scale rules are
+    /// not checked on a half-parsed relation, to avoid a cascade).
+    pub failed: bool,
 }
 
 /// An error for a key given twice.
@@ -164,6 +167,7 @@ pub fn field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttrs {
         });
         if let Err(e) = result {
             errors.push(e);
+            out.failed = true;
         }
     }
     out

@@ -58,6 +58,9 @@ fn check_fields(input: &Input, errors: &mut Errors) {
 fn check_scales(input: &Input, errors: &mut Errors) {
     for (index, field) in input.fields.iter().enumerate() {
         let attrs = &field.attrs;
+        if attrs.failed {
+            continue;
+        }
         let (target_ident, block) = match (&attrs.scales, &attrs.block) {
             (None, None) => continue,
             (Some(target), None) => {
@@ -210,6 +213,19 @@ fn check_container(input: &Input, errors: &mut Errors) {
                 ));
             }
         }
+    }
+    if let (Some(align_expr), Some(stride_expr)) =
+        (&attrs.page_align_bytes, &attrs.page_stride_bytes)
+        && let (Some(align), Some(stride)) = (literal_u64(align_expr), literal_u64(stride_expr))
+        && align != 0
+        && stride % align != 0
+    {
+        errors.push(Error::new_spanned(
+            stride_expr,
+            format!(
+                "`page_stride_bytes = {stride}` is not a multiple of `page_align_bytes = {align}`"
+            ),
+        ));
     }
     for (key, expr) in [
         ("page_align_bytes", &attrs.page_align_bytes),

@@ -1,0 +1,13 @@
+use kvlayout::KvLayout;
+use kvlayout::elem::F8E4M3;
+
+#[derive(KvLayout)]
+#[kv(arrangement = "section_major")]
+#[kv(arrangement = "token_major")]
+struct IndexK {
+    values: [F8E4M3; 128],
+    #[kv(scales = values, block = 128, block = 64)]
+    scale: [f32; 1],
+}
+
+fn main() {}

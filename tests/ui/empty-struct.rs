@@ -1,0 +1,6 @@
+use kvlayout::KvLayout;
+
+#[derive(KvLayout)]
+struct Nothing {}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use kvlayout::KvLayout;
+
+#[derive(KvLayout)]
+enum Row {
+    Fp8,
+    Bf16,
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use kvlayout::KvLayout;
+use kvlayout::elem::{F8E4M3, Ue8m0, bf16};
+
+#[derive(KvLayout)]
+#[kv(planes = [[nope, rope], [scale]], page_align_bytes = 576)]
+struct Dsv4Mla {
+    nope: [F8E4M3; 448],
+    rope: [bf16; 64],
+    #[kv(scales = nope, block = 64)]
+    scale: [Ue8m0; 7],
+    pad: [u8; 1],
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+use kvlayout::KvLayout;
+use kvlayout::elem::F8E4M3;
+
+// 512 / 128 = 4 scales, but the field holds 2.
+#[derive(KvLayout)]
+struct DsaMla {
+    nope: [F8E4M3; 512],
+    #[kv(scales = nope, block = 128)]
+    nope_scale: [f32; 2],
+    rope: [kvlayout::elem::bf16; 64],
+}
+
+fn main() {}
