@@ -1,1 +1,49 @@
-//! Kernels (being written).
+//! # kvlayout-kernels
+//!
+//! CUDA kernels for KV-cache pools, each with a CPU reference in Rust that implements the same
+//! contract with the same checks: the HiCache transfer between pinned host memory and the
+//! device pool (token- or page-granular items, one layer or many, index lists on the device),
+//! and DeepSeek-V3.2's fp8 index-K quantizer with its dequantizing reader.
+//!
+//! Kernels are CUDA C strings ([`cuda_source`]) compiled at first use with NVRTC for the
+//! device's architecture (`sm_90` on an H200) and cached per [`Gpu`]. cudarc loads libcuda and
+//! libnvrtc at run time; nothing CUDA is linked at build time, and a machine without a driver
+//! gets [`KernelError::NoDriver`] from [`Gpu::new`], never a panic.
+//!
+//! A copy is described by a [`CopySpec`] (item size and, per side, base and strides, checked
+//! once), best planned from two pool geometries with [`CopySpec::for_pool_buffer`]. Both
+//! backends validate every index before moving a byte: a refused copy leaves both sides as they
+//! were.
+//!
+//! ```
+//! use kvlayout_kernels::{CopySpec, SideSpec, copy_items_cpu};
+//! // Two pages of 2 tokens of 4 bytes, one layer: move token 3 (page 1, token 1) to token 0.
+//! let side = SideSpec {
+//!     base_bytes: 0, layer_stride_bytes: 16, page_stride_bytes: 8, item_stride_bytes: 4,
+//!     layers: 1, pages: 2, total_bytes: 16,
+//! };
+//! let spec = CopySpec { item_bytes: 4, items_per_page: 2, layers: 0..1, src: side, dst: side };
+//! let src: Vec<u8> = (0..16).collect();
+//! let mut dst = vec![0xEEu8; 16];
+//! copy_items_cpu(&spec, &src, &mut dst, &[3], &[0]).unwrap();
+//! assert_eq!(&dst[0..4], &[12, 13, 14, 15]); // token 3 sits at 1 * 8 + 1 * 4 = 12
+//! // An index past 2 pages x 2 tokens is refused and nothing is written.
+//! assert!(copy_items_cpu(&spec, &src, &mut dst, &[0, 4], &[1, 2]).is_err());
+//! assert_eq!(&dst[4..8], &[0xEE; 4]);
+//! ```
+
+pub mod copy_cpu;
+pub mod copy_spec;
+pub mod cuda_source;
+pub mod device;
+pub mod device_memory;
+pub mod error;
+pub mod index_k;
+pub mod test_data;
+
+pub use copy_cpu::{copy_items_cpu, validate_index_lists};
+pub use copy_spec::{CopySpec, Granularity, SideSpec};
+pub use device::{Gpu, LaunchShape, driver_present, nvrtc_present};
+pub use device_memory::{DeviceBytes, DeviceIndices, GpuBytes, PinnedBytes};
+pub use error::{KernelError, Side};
+pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};

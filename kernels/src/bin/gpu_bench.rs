@@ -1,0 +1,429 @@
+//! GPU benchmark of the kernels crate, all figures from one run on one device:
+//! (a) pinned `cuMemcpyAsync` of the same bytes (the ceiling); (b) the checked transfer
+//! (validation kernel + copy kernel), token- and page-granular, host->device and
+//! device->host, DeepSeek-V3.2 geometry (61 layers, 64-token pages, MLA 656 B + index-K fp8
+//! 132 B per token) and index-K bf16 (256 B), for 1, 64 and 4096 pages; (c) one
+//! `cuMemcpyAsync` per item (a naive host pool); the fp8 index-K quantizer against the
+//! device-to-device copy rate. Times are CUDA-event medians after warm-up.
+//!
+//! `gpu_bench [--dump DIR]`: with `--dump`, also writes quantizer inputs and outputs to DIR for
+//! `kernels/scripts/torch_check.py` (PyTorch's float8_e4m3fn conversion of the same input).
+
+use std::time::Instant;
+
+use cudarc::driver::sys::CUevent_flags;
+use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
+use kvlayout_kernels::index_k::quantize_index_k_cpu;
+use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{
+    CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
+    LaunchShape, PinnedBytes, ScaleFormat, Side,
+};
+
+const LAYERS: u64 = 61;
+const PAGE_TOKENS: u64 = 64;
+const POOL_PAGES: u64 = 4096;
+
+fn pool(memory_layout: MemoryLayout) -> PoolGeometry {
+    PoolGeometry {
+        name: format!("DeepSeek-V3.2 {memory_layout}"),
+        page_size_tokens: PAGE_TOKENS,
+        pages: POOL_PAGES,
+        memory_layout,
+        buffers: vec![
+            BufferGeometry {
+                name: "kv".into(),
+                layers: LAYERS,
+                layout: formats::DSA_MLA_FP8,
+            },
+            BufferGeometry {
+                name: "index_k".into(),
+                layers: LAYERS,
+                layout: formats::INDEX_K_FP8,
+            },
+            BufferGeometry {
+                name: "index_k_bf16".into(),
+                layers: LAYERS,
+                layout: formats::INDEX_K_BF16,
+            },
+        ],
+    }
+}
+
+/// Times `reps` runs of `f` with CUDA events (one pair per run) after `warmup` runs; returns
+/// the median in seconds.
+fn time_median(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), KernelError>,
+) -> Result<f64, KernelError> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    gpu.finish()?;
+    let ctx = gpu.context();
+    let drv = |e| KernelError::Driver {
+        call: "event",
+        message: format!("{e:?}"),
+    };
+    let events: Vec<_> = (0..=reps)
+        .map(|_| ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT)))
+        .collect::<Result<_, _>>()
+        .map_err(drv)?;
+    for e in events.iter().take(reps) {
+        e.record(gpu.stream()).map_err(drv)?;
+        f()?;
+    }
+    events[reps].record(gpu.stream()).map_err(drv)?;
+    gpu.finish()?;
+    let mut ms: Vec<f64> = events
+        .windows(2)
+        .map(|w| w[0].elapsed_ms(&w[1]).map(f64::from))
+        .collect::<Result<_, _>>()
+        .map_err(drv)?;
+    ms.sort_by(|a, b| a.total_cmp(b));
+    Ok(ms[ms.len() / 2] / 1e3)
+}
+
+fn reps_for(bytes: u64) -> (usize, usize) {
+    match bytes {
+        0..=10_000_000 => (20, 101),
+        10_000_001..=1_000_000_000 => (3, 21),
+        _ => (1, 5),
+    }
+}
+
+struct Row {
+    what: String,
+    bytes: u64,
+    secs: f64,
+    ceiling_secs: f64,
+}
+
+fn gbps(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e9
+}
+
+fn main() -> Result<(), KernelError> {
+    let dump = std::env::args()
+        .skip_while(|a| a != "--dump")
+        .nth(1);
+    let t0 = Instant::now();
+    let gpu = Gpu::new(0)?;
+    gpu.compile()?;
+    let name = gpu.context().name().unwrap_or_default();
+    println!(
+        "device: {name}, {} SMs, {}; kernels compiled in {:.0} ms",
+        gpu.sm_count(),
+        gpu.arch(),
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+
+    let device_pool = pool(MemoryLayout::LayerFirst);
+    let host_pool = pool(MemoryLayout::PageFirst);
+    let total = device_pool.total_bytes()? as usize;
+    println!(
+        "pools: {POOL_PAGES} pages x {LAYERS} layers x (656 + 132 + 256) B/token x {PAGE_TOKENS} tokens = {:.2} GB each side",
+        total as f64 / 1e9
+    );
+    let t = Instant::now();
+    let mut host = gpu.alloc_pinned(total)?;
+    // Non-zero pattern (a multiplicative hash of the word index), fast to write.
+    for (i, w) in host.as_mut_slice().chunks_exact_mut(8).enumerate() {
+        w.copy_from_slice(&((i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)).to_le_bytes());
+    }
+    let mut dev = gpu.alloc_device(total)?;
+    // SAFETY: both buffers are live and `total` bytes long; finish() waits.
+    unsafe { gpu.enqueue_memcpy(dev.device_address(), host.device_address(), total as u64)? };
+    gpu.finish()?;
+    println!("allocated and filled in {:.1} s", t.elapsed().as_secs_f64());
+
+    let mut rng = SplitMix64::new(42);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut naive_rows: Vec<(String, u64, f64, f64)> = Vec::new();
+    let shape = LaunchShape::default();
+
+    for (buffer, label) in [(0usize, "MLA fp8 656 B"), (1, "index-K fp8 132 B"), (2, "index-K bf16 256 B")] {
+        for granularity in [Granularity::Token, Granularity::Page] {
+            for pages in [1u64, 64, 4096] {
+                for h2d in [true, false] {
+                    let (sp, dp) = if h2d {
+                        (&host_pool, &device_pool)
+                    } else {
+                        (&device_pool, &host_pool)
+                    };
+                    let specs =
+                        CopySpec::for_pool_buffer(sp, dp, buffer, granularity, 0..LAYERS)?;
+                    // Random distinct pages on each side; token lists cover every token of them.
+                    let src_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+                    let dst_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+                    let expand = |ps: &[u64]| -> Vec<u64> {
+                        match granularity {
+                            Granularity::Page => ps.to_vec(),
+                            Granularity::Token => ps
+                                .iter()
+                                .flat_map(|p| (0..PAGE_TOKENS).map(move |t| p * PAGE_TOKENS + t))
+                                .collect(),
+                        }
+                    };
+                    let (si, di) = (expand(&src_pages), expand(&dst_pages));
+                    let gsi = gpu.upload_indices(&si)?;
+                    let gdi = gpu.upload_indices(&di)?;
+                    let bytes: u64 = specs
+                        .iter()
+                        .map(|s| s.bytes_moved(si.len() as u64))
+                        .sum::<Result<u64, _>>()?;
+                    let (warm, reps) = reps_for(bytes);
+                    let dir = if h2d { "H2D" } else { "D2H" };
+                    let secs = if h2d {
+                        time_median(&gpu, warm, reps, || run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, shape))?
+                    } else {
+                        time_median(&gpu, warm, reps, || run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, shape))?
+                    };
+                    let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
+                    let what = format!("{label} {granularity:?} {dir} {pages} pages");
+                    println!(
+                        "{what:<44} {:>10.3} MB {:>8.2} GB/s  memcpy {:>6.2} GB/s  ratio {:.3}",
+                        bytes as f64 / 1e6,
+                        gbps(bytes, secs),
+                        gbps(bytes, ceiling_secs),
+                        ceiling_secs / secs
+                    );
+                    rows.push(Row { what, bytes, secs, ceiling_secs });
+
+                    // (c) one cuMemcpyAsync per item, for 1 and 64 pages.
+                    if pages <= 64 {
+                        let naive = naive_secs(&gpu, &specs, &host, &dev, &si, &di, h2d)?;
+                        naive_rows.push((
+                            format!("{label} {granularity:?} {dir} {pages} pages"),
+                            bytes,
+                            naive,
+                            secs,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    // A launch capped at 16 SMs (leaving the rest to the model), 4096 pages of the MLA buffer.
+    for h2d in [true, false] {
+        let (sp, dp) = if h2d { (&host_pool, &device_pool) } else { (&device_pool, &host_pool) };
+        let specs = CopySpec::for_pool_buffer(sp, dp, 0, Granularity::Page, 0..LAYERS)?;
+        let si = rng.distinct_below(POOL_PAGES, 4096);
+        let di = rng.distinct_below(POOL_PAGES, 4096);
+        let (gsi, gdi) = (gpu.upload_indices(&si)?, gpu.upload_indices(&di)?);
+        let bytes = specs[0].bytes_moved(4096)?;
+        for sms in [8u32, 16, 32] {
+            let capped = LaunchShape { max_sms: Some(sms), blocks_per_sm: 8 };
+            let secs = if h2d {
+                time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, capped))?
+            } else {
+                time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, capped))?
+            };
+            let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
+            let what = format!("MLA fp8 656 B Page {} 4096 pages, {sms} SMs", if h2d { "H2D" } else { "D2H" });
+            println!("{what:<44} {:>8.2} GB/s ratio {:.3}", gbps(bytes, secs), ceiling_secs / secs);
+            rows.push(Row { what, bytes, secs, ceiling_secs });
+        }
+    }
+    drop(host);
+    drop(dev);
+
+    let quant = quantizer_bench(&gpu, dump.as_deref())?;
+
+    println!("\n## GPU benchmark ({name}, {} SMs, {})\n", gpu.sm_count(), gpu.arch());
+    println!("| transfer (61 layers, host page_first <-> device layer_first) | bytes | kernel GB/s | memcpy GB/s | ratio to memcpy |");
+    println!("|---|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.3} |",
+            r.what,
+            r.bytes,
+            gbps(r.bytes, r.secs),
+            gbps(r.bytes, r.ceiling_secs),
+            r.ceiling_secs / r.secs
+        );
+    }
+    println!("\n| naive: one cuMemcpyAsync per item | bytes | naive GB/s | kernel GB/s | kernel / naive |");
+    println!("|---|---:|---:|---:|---:|");
+    for (what, bytes, naive, kernel) in &naive_rows {
+        println!(
+            "| {what} | {bytes} | {:.3} | {:.2} | {:.1}x |",
+            gbps(*bytes, *naive),
+            gbps(*bytes, *kernel),
+            naive / kernel
+        );
+    }
+    println!("\n{quant}");
+    println!("total wall time {:.1} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn run_specs(
+    gpu: &Gpu,
+    specs: &[CopySpec],
+    src: &dyn GpuBytes,
+    dst: &mut dyn GpuBytes,
+    si: &DeviceIndices,
+    di: &DeviceIndices,
+    shape: LaunchShape,
+) -> Result<(), KernelError> {
+    for spec in specs {
+        // SAFETY: the buffers outlive the timing loop, which ends in gpu.finish().
+        unsafe { gpu.enqueue_copy_items(spec, src, dst, si, di, shape)? };
+    }
+    Ok(())
+}
+
+fn memcpy_secs(
+    gpu: &Gpu,
+    host: &PinnedBytes,
+    dev: &DeviceBytes,
+    bytes: u64,
+    h2d: bool,
+) -> Result<f64, KernelError> {
+    let (warm, reps) = reps_for(bytes);
+    let (h, d) = (host.device_address(), dev.device_address());
+    time_median(gpu, warm, reps, || {
+        // SAFETY: both buffers hold at least `bytes` bytes (the same bytes the kernel moved).
+        unsafe {
+            if h2d {
+                gpu.enqueue_memcpy(d, h, bytes)
+            } else {
+                gpu.enqueue_memcpy(h, d, bytes)
+            }
+        }
+    })
+}
+
+/// One cuMemcpyAsync per item per layer (per part for section_major tokens).
+fn naive_secs(
+    gpu: &Gpu,
+    specs: &[CopySpec],
+    host: &PinnedBytes,
+    dev: &DeviceBytes,
+    si: &[u64],
+    di: &[u64],
+    h2d: bool,
+) -> Result<f64, KernelError> {
+    let (h, d) = (host.device_address(), dev.device_address());
+    let (src_base, dst_base) = if h2d { (h, d) } else { (d, h) };
+    let mut plan: Vec<(u64, u64, u64)> = Vec::new();
+    for spec in specs {
+        for layer in spec.layers.clone() {
+            for (&s, &t) in si.iter().zip(di) {
+                plan.push((
+                    dst_base + spec.offset_bytes(Side::Dst, layer, t)?,
+                    src_base + spec.offset_bytes(Side::Src, layer, s)?,
+                    spec.item_bytes,
+                ));
+            }
+        }
+    }
+    let reps = if plan.len() > 10_000 { 3 } else { 11 };
+    time_median(gpu, 1, reps, || {
+        for &(dst, src, n) in &plan {
+            // SAFETY: every range was computed by the checked spec inside both pools.
+            unsafe { gpu.enqueue_memcpy(dst, src, n)? };
+        }
+        Ok(())
+    })
+}
+
+fn quantizer_bench(gpu: &Gpu, dump: Option<&str>) -> Result<String, KernelError> {
+    // 1M tokens: 256 MiB of bf16 keys in, 132 MiB of index-K out (several times the 60 MB L2).
+    let pages: u64 = 16384;
+    let tokens = (pages * PAGE_TOKENS) as usize;
+    let spec = IndexKPages {
+        page_size_tokens: PAGE_TOKENS,
+        pages,
+        page_stride_bytes: PAGE_TOKENS * 132,
+        base_bytes: 0,
+        total_bytes: pages * PAGE_TOKENS * 132,
+    };
+    let mut rng = SplitMix64::new(7);
+    let keys = rng.keys(tokens);
+    // Pages in random order, tokens of a page consecutive (a paged allocator's slots).
+    let page_order = rng.distinct_below(pages, pages as usize);
+    let slots: Vec<u64> = page_order
+        .iter()
+        .flat_map(|p| (0..PAGE_TOKENS).map(move |t| p * PAGE_TOKENS + t))
+        .collect();
+    let gkeys = gpu.upload_bf16(&keys)?;
+    let gslots = gpu.upload_indices(&slots)?;
+    let mut cache = gpu.alloc_device(spec.total_bytes as usize)?;
+    let shape = LaunchShape::default();
+    let mut out = String::from("| quantizer / copy (device memory) | bytes read + written | GB/s | ratio to D2D copy |\n|---|---:|---:|---:|\n");
+    // D2D copy rate of a 1 GiB buffer, read + written bytes.
+    let copy_bytes: u64 = 1 << 30;
+    let a = gpu.alloc_device(copy_bytes as usize)?;
+    let b = gpu.alloc_device(copy_bytes as usize)?;
+    let d2d = time_median(gpu, 2, 11, || {
+        // SAFETY: both buffers are 1 GiB and live.
+        unsafe { gpu.enqueue_memcpy(b.device_address(), a.device_address(), copy_bytes) }
+    })?;
+    let d2d_rate = gbps(2 * copy_bytes, d2d);
+    out += &format!("| cuMemcpyAsync D2D 1 GiB | {} | {:.1} | 1.000 |\n", 2 * copy_bytes, d2d_rate);
+    drop(a);
+    drop(b);
+    let moved = tokens as u64 * (256 + 132);
+    for format in [ScaleFormat::F32, ScaleFormat::Ue8m0] {
+        let secs = time_median(gpu, 3, 21, || {
+            // SAFETY: buffers live until finish() inside time_median.
+            unsafe { gpu.enqueue_quantize_index_k(&spec, &gkeys, &gslots, &mut cache, format, shape) }
+        })?;
+        out += &format!(
+            "| quantize_index_k {format:?}, {tokens} tokens (256 B in, 132 B out each) | {moved} | {:.1} | {:.3} |\n",
+            gbps(moved, secs),
+            gbps(moved, secs) / d2d_rate
+        );
+        // Check this very run against the CPU reference.
+        let got = gpu.read(&cache)?;
+        let mut expect = vec![0u8; spec.total_bytes as usize];
+        quantize_index_k_cpu(&spec, &keys, &slots, &mut expect, format)?;
+        let same = got == expect;
+        out += &format!("|  (bit-exact against the CPU reference: {same}) | | | |\n");
+        if !same {
+            return Err(KernelError::Unsupported(format!("{format:?}: GPU quantizer differs from the CPU reference")));
+        }
+    }
+    if let Some(dir) = dump {
+        dump_for_torch(gpu, dir)?;
+        out += &format!("\nquantizer inputs/outputs written to {dir} for torch_check.py\n");
+    }
+    Ok(out)
+}
+
+/// 8192 keys quantized into slots 0..8192 (128 pages of 64), both scale formats, as raw files.
+fn dump_for_torch(gpu: &Gpu, dir: &str) -> Result<(), KernelError> {
+    let io = |e: std::io::Error| KernelError::Unsupported(format!("writing {dir}: {e}"));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let pages = 128u64;
+    let tokens = (pages * PAGE_TOKENS) as usize;
+    let spec = IndexKPages {
+        page_size_tokens: PAGE_TOKENS,
+        pages,
+        page_stride_bytes: PAGE_TOKENS * 132,
+        base_bytes: 0,
+        total_bytes: pages * PAGE_TOKENS * 132,
+    };
+    let mut rng = SplitMix64::new(2026);
+    let mut keys = rng.keys(tokens);
+    // Include the edge cases: an all-zero key, and a key whose values hit e4m3's saturation.
+    for k in &mut keys[0..128] {
+        *k = half::bf16::ZERO;
+    }
+    let keys_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_bits().to_le_bytes()).collect();
+    std::fs::write(format!("{dir}/keys_bf16.bin"), &keys_bytes).map_err(io)?;
+    let slots: Vec<u64> = (0..tokens as u64).collect();
+    let gkeys = gpu.upload(&keys_bytes)?;
+    let gslots = gpu.upload_indices(&slots)?;
+    for (format, name) in [(ScaleFormat::F32, "f32"), (ScaleFormat::Ue8m0, "ue8m0")] {
+        let mut cache = gpu.alloc_device(spec.total_bytes as usize)?;
+        gpu.quantize_index_k(&spec, &gkeys, &gslots, &mut cache, format, LaunchShape::default())?;
+        std::fs::write(format!("{dir}/cache_{name}.bin"), gpu.read(&cache)?).map_err(io)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! The CUDA C source of every kernel, compiled at first use with NVRTC for the device's
+//! architecture (see [`crate::device`]). No header is included (NVRTC 13.0 ships without
+//! `cuda_fp8.h`): bf16 is widened by a shift, e4m3 is produced by the `cvt.rn.satfinite.e4m3x2.f32`
+//! PTX instruction (compute capability 8.9 and later) and decoded by hand.
+//!
+//! Kernels:
+//! - `validate_index_lists`: the validation pass. Counts positions whose index is out of range on
+//!   either list and records the first such position; writes only the two-word error record.
+//! - `copy_items_v{16,8,4,2,1}_{u32,u64}`: the transfer. Every launch first reads the error
+//!   record and returns without writing if any validation on the stream has failed, so a bad
+//!   list moves no byte. Item addresses follow [`crate::CopySpec`]'s formula; the vector width
+//!   and the 32/64-bit index arithmetic are chosen on the host.
+//! - `quantize_index_k`, `dequantize_index_k`: the fp8 index-K quantizer and its reader
+//!   ([`crate::index_k`] has the arithmetic and the CPU reference).
+
+/// Threads per block of every kernel (the copy kernels declare it in `__launch_bounds__`).
+pub const THREADS_PER_BLOCK: u32 = 256;
+
+/// Independent vectors each copy thread loads before it stores (bytes in flight per thread =
+/// `COPY_UNROLL * vector bytes`).
+pub const COPY_UNROLL: u64 = 4;
+
+/// Tokens each warp of the quantizer loads before it converts (bytes in flight per warp =
+/// `QUANT_TOKENS_PER_WARP * 256`).
+pub const QUANT_TOKENS_PER_WARP: u64 = 4;
+
+/// Kernel names, by vector width (bytes) and index width.
+pub const COPY_KERNELS: [(u64, &str, &str); 5] = [
+    (16, "copy_items_v16_u32", "copy_items_v16_u64"),
+    (8, "copy_items_v8_u32", "copy_items_v8_u64"),
+    (4, "copy_items_v4_u32", "copy_items_v4_u64"),
+    (2, "copy_items_v2_u32", "copy_items_v2_u64"),
+    (1, "copy_items_v1_u32", "copy_items_v1_u64"),
+];
+
+/// The source. `INV448_BITS` and `AMAX_FLOOR_BITS` are the f32 bit patterns also used by the CPU
+/// reference ([`crate::index_k::INV_E4M3_MAX`], [`crate::index_k::AMAX_FLOOR`]).
+pub const SOURCE: &str = r#"
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define COPY_UNROLL 4
+#define QUANT_TPW 4
+#define INV448_BITS 0x3b124925u
+#define AMAX_FLOOR_BITS 0x38d1b717u
+
+struct SideParams {
+    u64 base;
+    u64 layer_stride;
+    u64 page_stride;
+    u64 item_stride;
+    u64 index_limit;
+};
+
+struct CopyParams {
+    SideParams src;
+    SideParams dst;
+    u64 item_bytes;
+    u64 items_per_page;
+    u64 layer_begin;
+    u64 layer_count;
+    u64 n_items;
+    u64 total_vectors;
+};
+
+struct IndexKParams {
+    u64 base;
+    u64 page_stride;
+    u64 page_size_tokens;
+    u64 slot_limit;
+    u64 ue8m0;
+};
+
+extern "C" __global__ void validate_index_lists(
+    const u64* __restrict__ a, const u64* __restrict__ b, u64 n,
+    u64 a_limit, u64 b_limit, unsigned long long* err)
+{
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (a[i] >= a_limit || b[i] >= b_limit) {
+            atomicAdd(&err[0], 1ull);
+            atomicMax(&err[1], ~(unsigned long long)i);
+        }
+    }
+}
+
+template <typename V, typename I>
+__device__ __forceinline__ void copy_items_body(
+    const CopyParams& p, const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
+    const u64* __restrict__ src_idx, const u64* __restrict__ dst_idx, const u64* err)
+{
+    if (*((volatile const u64*)err) != 0) return;
+    const I vpi = (I)(p.item_bytes / sizeof(V));
+    const I n_items = (I)p.n_items;
+    const I ipp = (I)p.items_per_page;
+    const I total = (I)p.total_vectors;
+    const I stride = (I)gridDim.x * (I)blockDim.x;
+    for (I first = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; first < total;
+         first += stride * (I)COPY_UNROLL) {
+        V buf[COPY_UNROLL];
+        u64 doff[COPY_UNROLL];
+#pragma unroll
+        for (int k = 0; k < COPY_UNROLL; ++k) {
+            const I g = first + (I)k * stride;
+            if (g < total) {
+                const I v = g % vpi;
+                const I rest = g / vpi;
+                const I item = rest % n_items;
+                const u64 layer = p.layer_begin + (u64)(rest / n_items);
+                const I si = (I)src_idx[item];
+                const I di = (I)dst_idx[item];
+                const u64 so = p.src.base + layer * p.src.layer_stride
+                    + (u64)(si / ipp) * p.src.page_stride + (u64)(si % ipp) * p.src.item_stride
+                    + (u64)v * sizeof(V);
+                doff[k] = p.dst.base + layer * p.dst.layer_stride
+                    + (u64)(di / ipp) * p.dst.page_stride + (u64)(di % ipp) * p.dst.item_stride
+                    + (u64)v * sizeof(V);
+                buf[k] = *reinterpret_cast<const V*>(src + so);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < COPY_UNROLL; ++k) {
+            if (first + (I)k * stride < total) {
+                *reinterpret_cast<V*>(dst + doff[k]) = buf[k];
+            }
+        }
+    }
+}
+
+#define COPY_KERNEL(NAME, V, I)                                                              \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                  \
+        const CopyParams p, const unsigned char* src, unsigned char* dst,                    \
+        const u64* src_idx, const u64* dst_idx, const u64* err)                              \
+    {                                                                                        \
+        copy_items_body<V, I>(p, src, dst, src_idx, dst_idx, err);                           \
+    }
+
+COPY_KERNEL(copy_items_v16_u32, uint4, u32)
+COPY_KERNEL(copy_items_v16_u64, uint4, u64)
+COPY_KERNEL(copy_items_v8_u32, uint2, u32)
+COPY_KERNEL(copy_items_v8_u64, uint2, u64)
+COPY_KERNEL(copy_items_v4_u32, unsigned int, u32)
+COPY_KERNEL(copy_items_v4_u64, unsigned int, u64)
+COPY_KERNEL(copy_items_v2_u32, unsigned short, u32)
+COPY_KERNEL(copy_items_v2_u64, unsigned short, u64)
+COPY_KERNEL(copy_items_v1_u32, unsigned char, u32)
+COPY_KERNEL(copy_items_v1_u64, unsigned char, u64)
+
+// Two f32 -> two e4m3 (round to nearest even, saturating to +-448); `lo` lands in the low byte.
+__device__ __forceinline__ u32 e4m3x2(float hi, float lo)
+{
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return (u32)r;
+}
+
+// DeepSeek-V3.2 `fast_round_scale`: 2^ceil(log2(x)) by exponent arithmetic.
+__device__ __forceinline__ float round_scale_ue8m0(float x)
+{
+    const u32 bits = __float_as_uint(x);
+    const int e = (int)((bits >> 23) & 0xFFu) - 127 + ((bits & 0x7FFFFFu) != 0 ? 1 : 0);
+    return __uint_as_float((u32)(e + 127) << 23);
+}
+
+__device__ __forceinline__ float quant_one(float x, float s)
+{
+    return fminf(fmaxf(__fdiv_rn(x, s), -448.0f), 448.0f);
+}
+
+extern "C" __global__ void __launch_bounds__(256) quantize_index_k(
+    const IndexKParams p, const unsigned short* __restrict__ keys, u64 tokens,
+    const u64* __restrict__ slots, unsigned char* __restrict__ cache, const u64* err)
+{
+    if (*((volatile const u64*)err) != 0) return;
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    const float inv448 = __uint_as_float(INV448_BITS);
+    const float floor_amax = __uint_as_float(AMAX_FLOOR_BITS);
+    for (u64 t0 = warp * QUANT_TPW; t0 < tokens; t0 += warps * QUANT_TPW) {
+        uint2 raw[QUANT_TPW];
+        u64 slot[QUANT_TPW];
+#pragma unroll
+        for (int k = 0; k < QUANT_TPW; ++k) {
+            const u64 t = t0 + k;
+            if (t < tokens) {
+                raw[k] = reinterpret_cast<const uint2*>(keys + t * 128)[lane];
+                slot[k] = slots[t];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < QUANT_TPW; ++k) {
+            const u64 t = t0 + k;
+            if (t < tokens) {
+                const float x0 = __uint_as_float(raw[k].x << 16);
+                const float x1 = __uint_as_float(raw[k].x & 0xFFFF0000u);
+                const float x2 = __uint_as_float(raw[k].y << 16);
+                const float x3 = __uint_as_float(raw[k].y & 0xFFFF0000u);
+                float a = fmaxf(fmaxf(fabsf(x0), fabsf(x1)), fmaxf(fabsf(x2), fabsf(x3)));
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) {
+                    a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
+                }
+                a = fmaxf(a, floor_amax);
+                float s = __fmul_rn(a, inv448);
+                if (p.ue8m0) s = round_scale_ue8m0(s);
+                const u32 packed = e4m3x2(quant_one(x1, s), quant_one(x0, s))
+                    | (e4m3x2(quant_one(x3, s), quant_one(x2, s)) << 16);
+                const u64 page = slot[k] / p.page_size_tokens;
+                const u64 tok = slot[k] % p.page_size_tokens;
+                unsigned char* pg = cache + p.base + page * p.page_stride;
+                reinterpret_cast<u32*>(pg + tok * 128)[lane] = packed;
+                if (lane == 0) {
+                    *reinterpret_cast<float*>(pg + p.page_size_tokens * 128 + tok * 4) = s;
+                }
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float e4m3_to_f32(u32 b)
+{
+    const u32 e = (b >> 3) & 0xFu;
+    const u32 m = b & 7u;
+    float v;
+    if (e == 0xFu && m == 7u) {
+        v = __uint_as_float(0x7FC00000u);
+    } else if (e == 0u) {
+        v = (float)m * 0.001953125f; // m * 2^-9
+    } else {
+        v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    }
+    return (b & 0x80u) ? -v : v;
+}
+
+extern "C" __global__ void __launch_bounds__(256) dequantize_index_k(
+    const IndexKParams p, const unsigned char* __restrict__ cache, u64 tokens,
+    const u64* __restrict__ slots, float* __restrict__ out, const u64* err)
+{
+    if (*((volatile const u64*)err) != 0) return;
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 t = warp; t < tokens; t += warps) {
+        const u64 s_ = slots[t];
+        const u64 page = s_ / p.page_size_tokens;
+        const u64 tok = s_ % p.page_size_tokens;
+        const unsigned char* pg = cache + p.base + page * p.page_stride;
+        const u32 q = reinterpret_cast<const u32*>(pg + tok * 128)[lane];
+        const float s = *reinterpret_cast<const float*>(pg + p.page_size_tokens * 128 + tok * 4);
+        float4 r;
+        r.x = __fmul_rn(e4m3_to_f32(q & 0xFFu), s);
+        r.y = __fmul_rn(e4m3_to_f32((q >> 8) & 0xFFu), s);
+        r.z = __fmul_rn(e4m3_to_f32((q >> 16) & 0xFFu), s);
+        r.w = __fmul_rn(e4m3_to_f32(q >> 24), s);
+        reinterpret_cast<float4*>(out + t * 128)[lane] = r;
+    }
+}
+"#;

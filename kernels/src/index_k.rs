@@ -1,0 +1,328 @@
+//! The fp8 index-K quantizer of DeepSeek-V3.2's sparse indexer, and its dequantizing reader:
+//! CPU reference (this module) of the `quantize_index_k` / `dequantize_index_k` kernels.
+//!
+//! A key is 128 bf16 values. Quantized it is 128 e4m3 values and one f32 scale, stored
+//! `section_major` in pages of `P` tokens (SGLang `index_buf_accessor.py`, vLLM
+//! `DeepseekV32IndexerCache`): a page is `[P x 128 B values][P x 4 B scales]`; token slot `s`
+//! lives in page `s / P` at token `t = s % P`, its values at `page * page_stride + 128 t`, its
+//! scale at `page * page_stride + 128 P + 4 t`.
+//!
+//! The arithmetic is DeepSeek-V3.2-Exp's `act_quant` (`inference/kernel.py`), in f32:
+//! 1. `amax = max(|x|)` over the 128 values, then `amax = max(amax, 1e-4)`. So an all-zero key
+//!    gets scale `1e-4 * (1/448)` (not 0) and 128 zero bytes: DeepSeek's choice, kept here.
+//! 2. `scale = amax * (1/448)` with `1/448` rounded to f32 ([`INV_E4M3_MAX`]); under
+//!    [`ScaleFormat::Ue8m0`] (`scale_fmt: ue8m0`) the scale is then rounded up to a power of two,
+//!    `2^ceil(log2(scale))`, by exponent arithmetic (`fast_round_scale`).
+//! 3. each value: `clamp(x / scale, -448, 448)` (IEEE f32 division), converted to e4m3 (the
+//!    `fn` variant) rounding to nearest even, saturating. `float8`'s conversion is bit-identical
+//!    with CUDA's `cvt.rn.satfinite.e4m3x2.f32` on every non-NaN f32, so this reference and the
+//!    kernel agree bit for bit.
+//!
+//! Dequantized value: `e4m3_value * scale`, one f32 multiplication.
+
+use float8::F8E4M3;
+use half::bf16;
+use kvlayout_core::{Arrangement, Dtype, PoolGeometry};
+
+use crate::copy_cpu::{check_len, check_lists};
+use crate::error::KernelError;
+
+/// Elements of one index key (`index_head_dim` of DeepSeek-V3.2).
+pub const HEAD_DIM_ELEMS: u64 = 128;
+/// Bytes of one quantized key's values (128 e4m3).
+pub const VALUE_BYTES: u64 = 128;
+/// Bytes of one key's scale (one f32).
+pub const SCALE_BYTES: u64 = 4;
+/// Largest finite e4m3 (`fn`) magnitude.
+pub const E4M3_MAX: f32 = 448.0;
+/// `1/448` rounded to f32: bits `0x3b12_4925` (the CUDA source uses the same bits).
+pub const INV_E4M3_MAX: f32 = f32::from_bits(0x3b12_4925);
+/// The floor DeepSeek's `act_quant` puts under `amax`: `1e-4` as f32, bits `0x38d1_b717`.
+pub const AMAX_FLOOR: f32 = f32::from_bits(0x38d1_b717);
+
+/// How the per-key scale is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleFormat {
+    /// `amax / 448` as computed (`amax * f32(1/448)`).
+    F32,
+    /// Rounded up to a power of two (DeepSeek-V3.2 `scale_fmt: ue8m0`), still stored as f32.
+    Ue8m0,
+}
+
+/// Where the pages of an index-K cache sit: page `p` at `base_bytes + p * page_stride_bytes`,
+/// `page_size_tokens` tokens each, `[P x 128][P x 4]` inside the page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct IndexKPages {
+    /// Tokens per page (`P`).
+    pub page_size_tokens: u64,
+    /// Pages: slots run over `0..pages * page_size_tokens`.
+    pub pages: u64,
+    /// Distance between pages (at least `P * 132`).
+    pub page_stride_bytes: u64,
+    /// Offset of page 0 in the buffer.
+    pub base_bytes: u64,
+    /// Bytes of the buffer the description may touch.
+    pub total_bytes: u64,
+}
+
+fn mul(a: u64, b: u64, field: &str) -> Result<u64, KernelError> {
+    a.checked_mul(b)
+        .ok_or_else(|| KernelError::spec(field, format!("overflow: {a} * {b}")))
+}
+
+fn add(a: u64, b: u64, field: &str) -> Result<u64, KernelError> {
+    a.checked_add(b)
+        .ok_or_else(|| KernelError::spec(field, format!("overflow: {a} + {b}")))
+}
+
+impl IndexKPages {
+    /// Checks: page size and pages at least 1; page stride at least `P * 132`; base and page
+    /// stride multiples of 4 (the kernel stores values and scales as 4-byte words); every page
+    /// inside `total_bytes`, computed without overflow.
+    pub fn validate(&self) -> Result<(), KernelError> {
+        if self.page_size_tokens == 0 {
+            return Err(KernelError::spec(
+                "page_size_tokens",
+                "must be at least 1, got 0",
+            ));
+        }
+        if self.pages == 0 {
+            return Err(KernelError::spec("pages", "must be at least 1, got 0"));
+        }
+        let payload = mul(
+            self.page_size_tokens,
+            VALUE_BYTES + SCALE_BYTES,
+            "page_size_tokens",
+        )?;
+        if self.page_stride_bytes < payload {
+            return Err(KernelError::spec(
+                "page_stride_bytes",
+                format!(
+                    "{} is smaller than the page payload {} x 132 = {payload}",
+                    self.page_stride_bytes, self.page_size_tokens
+                ),
+            ));
+        }
+        for (field, v) in [
+            ("base_bytes", self.base_bytes),
+            ("page_stride_bytes", self.page_stride_bytes),
+        ] {
+            if v % 4 != 0 {
+                return Err(KernelError::spec(
+                    field,
+                    format!("{v} is not a multiple of 4"),
+                ));
+            }
+        }
+        let f = "end of the last page";
+        let end = add(
+            add(
+                self.base_bytes,
+                mul(self.pages - 1, self.page_stride_bytes, f)?,
+                f,
+            )?,
+            payload,
+            f,
+        )?;
+        if end > self.total_bytes {
+            return Err(KernelError::spec(
+                "total_bytes",
+                format!(
+                    "the last page ends at byte {end}, past total_bytes {}",
+                    self.total_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Slots available: `pages * page_size_tokens`.
+    pub fn slot_limit(&self) -> Result<u64, KernelError> {
+        mul(self.pages, self.page_size_tokens, "pages")
+    }
+
+    /// Byte offset of slot `slot`'s 128 values.
+    pub fn values_offset_bytes(&self, slot: u64) -> Result<u64, KernelError> {
+        let (page, t) = self.locate(slot)?;
+        let f = "values offset";
+        add(
+            add(self.base_bytes, mul(page, self.page_stride_bytes, f)?, f)?,
+            mul(t, VALUE_BYTES, f)?,
+            f,
+        )
+    }
+
+    /// Byte offset of slot `slot`'s f32 scale.
+    pub fn scale_offset_bytes(&self, slot: u64) -> Result<u64, KernelError> {
+        let (page, t) = self.locate(slot)?;
+        let f = "scale offset";
+        let page_start = add(self.base_bytes, mul(page, self.page_stride_bytes, f)?, f)?;
+        let scales = add(page_start, mul(self.page_size_tokens, VALUE_BYTES, f)?, f)?;
+        add(scales, mul(t, SCALE_BYTES, f)?, f)
+    }
+
+    fn locate(&self, slot: u64) -> Result<(u64, u64), KernelError> {
+        let limit = self.slot_limit()?;
+        if slot >= limit {
+            return Err(KernelError::spec(
+                "slot",
+                format!("slot {slot} out of range ({limit} slots)"),
+            ));
+        }
+        Ok((slot / self.page_size_tokens, slot % self.page_size_tokens))
+    }
+
+    /// The pages of layer `layer` of buffer `buffer` of `pool`, which must hold DeepSeek-V3.2's
+    /// fp8 index-K layout (`section_major`: `values` e4m3 `[128]`, then `scale` f32 `[1]`
+    /// scaling `values` per 128). Base and page stride are read off
+    /// [`PoolGeometry::page_offset_bytes`] (any memory layout but `page_head`).
+    pub fn for_pool_layer(
+        pool: &PoolGeometry,
+        buffer: usize,
+        layer: u64,
+    ) -> Result<IndexKPages, KernelError> {
+        pool.validate()?;
+        let buf = pool.buffer(buffer)?;
+        let s = buf.layout.sections();
+        let is_fp8_index_k = buf.layout.arrangement == Arrangement::SectionMajor
+            && s.len() == 2
+            && s[0].dtype == Dtype::F8E4M3
+            && s[0].shape() == [HEAD_DIM_ELEMS]
+            && s[1].dtype == Dtype::F32
+            && s[1].shape() == [1];
+        if !is_fp8_index_k {
+            return Err(KernelError::Unsupported(format!(
+                "buffer {} is not the fp8 index-K layout (section_major: values f8e4m3 [128], \
+                 scale f32 [1])",
+                buf.name()
+            )));
+        }
+        if pool.memory_layout == kvlayout_core::MemoryLayout::PageHead {
+            return Err(KernelError::Unsupported(
+                "page_head memory layout for index-K".to_string(),
+            ));
+        }
+        let base_bytes = pool.page_offset_bytes(buffer, layer, 0)?;
+        let page_stride_bytes = if pool.pages > 1 {
+            pool.page_offset_bytes(buffer, layer, 1)? - base_bytes
+        } else {
+            pool.stored_page_bytes(buffer)?
+        };
+        let spec = IndexKPages {
+            page_size_tokens: pool.page_size_tokens,
+            pages: pool.pages,
+            page_stride_bytes,
+            base_bytes,
+            total_bytes: pool.total_bytes()?,
+        };
+        let last = pool.page_offset_bytes(buffer, layer, pool.pages - 1)?;
+        if last != base_bytes + (pool.pages - 1) * page_stride_bytes {
+            return Err(KernelError::Unsupported(format!(
+                "pages of layer {layer} are not evenly spaced in {}",
+                pool.memory_layout
+            )));
+        }
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// The scale of one key whose largest magnitude is `amax` (step 1 and 2 of the module docs).
+pub fn scale_for_amax(amax: f32, format: ScaleFormat) -> f32 {
+    let s = amax.max(AMAX_FLOOR) * INV_E4M3_MAX;
+    match format {
+        ScaleFormat::F32 => s,
+        ScaleFormat::Ue8m0 => round_scale_ue8m0(s),
+    }
+}
+
+/// `2^ceil(log2(x))` for a positive normal `x`, by exponent arithmetic (DeepSeek-V3.2
+/// `fast_log2_ceil` + `fast_pow2`).
+pub fn round_scale_ue8m0(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let exp = ((bits >> 23) & 0xFF) as i32 - 127 + i32::from(bits & 0x7F_FFFF != 0);
+    f32::from_bits(((exp + 127) as u32) << 23)
+}
+
+/// Quantizes one key: 128 e4m3 bytes and the scale.
+pub fn quantize_key(key: &[bf16; 128], format: ScaleFormat) -> ([u8; 128], f32) {
+    let amax = key.iter().fold(0.0f32, |m, x| m.max(x.to_f32().abs()));
+    let scale = scale_for_amax(amax, format);
+    let mut out = [0u8; 128];
+    for (o, x) in out.iter_mut().zip(key) {
+        let y = (x.to_f32() / scale).clamp(-E4M3_MAX, E4M3_MAX);
+        *o = F8E4M3::from_f32(y).to_bits();
+    }
+    (out, scale)
+}
+
+/// Quantizes `keys` (`[tokens, 128]` bf16, row-major) into `cache` at `slots[i]` for row `i`.
+/// Checked first (spec, buffer lengths, one slot per row, every slot below
+/// `pages * page_size_tokens`); on any error nothing is written. Slots should be distinct.
+pub fn quantize_index_k_cpu(
+    spec: &IndexKPages,
+    keys: &[bf16],
+    slots: &[u64],
+    cache: &mut [u8],
+    format: ScaleFormat,
+) -> Result<(), KernelError> {
+    spec.validate()?;
+    check_len("index-K cache", spec.total_bytes, cache.len() as u64)?;
+    let tokens = check_rows("keys", keys.len(), slots)?;
+    check_slots(spec, slots)?;
+    for (row, &slot) in keys.chunks_exact(128).zip(slots) {
+        let key: &[bf16; 128] = row.try_into().expect("chunks_exact(128)");
+        let (values, scale) = quantize_key(key, format);
+        let v = spec.values_offset_bytes(slot)? as usize;
+        cache[v..v + 128].copy_from_slice(&values);
+        let s = spec.scale_offset_bytes(slot)? as usize;
+        cache[s..s + 4].copy_from_slice(&scale.to_le_bytes());
+    }
+    debug_assert_eq!(tokens, slots.len());
+    Ok(())
+}
+
+/// Reads `slots` back out of `cache` as f32 keys (`[tokens, 128]` into `out`): each value is
+/// its e4m3 value times the token's scale. Checked like [`quantize_index_k_cpu`].
+pub fn dequantize_index_k_cpu(
+    spec: &IndexKPages,
+    cache: &[u8],
+    slots: &[u64],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    spec.validate()?;
+    check_len("index-K cache", spec.total_bytes, cache.len() as u64)?;
+    check_rows("output", out.len(), slots)?;
+    check_slots(spec, slots)?;
+    for (row, &slot) in out.chunks_exact_mut(128).zip(slots) {
+        let v = spec.values_offset_bytes(slot)? as usize;
+        let s = spec.scale_offset_bytes(slot)? as usize;
+        let scale = f32::from_le_bytes(cache[s..s + 4].try_into().expect("4 bytes"));
+        for (o, &b) in row.iter_mut().zip(&cache[v..v + 128]) {
+            *o = F8E4M3::from_bits(b).to_f32() * scale;
+        }
+    }
+    Ok(())
+}
+
+/// Rows of a `[tokens, 128]` array of `len` elements, which must equal the slot count.
+pub(crate) fn check_rows(what: &str, len: usize, slots: &[u64]) -> Result<usize, KernelError> {
+    let expected = (slots.len() as u64)
+        .checked_mul(HEAD_DIM_ELEMS)
+        .ok_or_else(|| KernelError::spec("slots", "overflow: slots * 128"))?;
+    if len as u64 != expected {
+        return Err(KernelError::Length {
+            what: format!("{what} ([tokens, 128] for {} slots)", slots.len()),
+            expected,
+            actual: len as u64,
+            unit: "elements",
+        });
+    }
+    Ok(slots.len())
+}
+
+/// Every slot below the limit; the error reports the row as the src index.
+pub(crate) fn check_slots(spec: &IndexKPages, slots: &[u64]) -> Result<(), KernelError> {
+    let rows: Vec<u64> = (0..slots.len() as u64).collect();
+    check_lists(&rows, slots.len() as u64, slots, spec.slot_limit()?)
+}

@@ -1,0 +1,310 @@
+//! GPU tests: the kernels against their CPU references on a real device. Ignored by default (CI
+//! has no GPU); run on the device machine with `--ignored --test-threads 1`.
+//!
+//! Every test poisons its outputs with random bytes first, draws random inputs (never zeros),
+//! compares whole buffers (so a stray write anywhere fails), and checks that out-of-range
+//! indices are refused with both sides unchanged.
+
+use std::ops::Range;
+
+use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
+use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
+use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{
+    CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError, LaunchShape,
+    PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
+};
+
+const LAYERS: u64 = 3;
+const HOST_PAGES: u64 = 24;
+const DEVICE_PAGES: u64 = 16;
+
+/// DeepSeek-V3.2's pool at page size 64: `kv` (656 B/token, token_major) and `index_k` (fp8,
+/// 132 B/token, section_major), three layers.
+fn pool(memory_layout: MemoryLayout, pages: u64) -> PoolGeometry {
+    PoolGeometry {
+        name: format!("test {memory_layout}"),
+        page_size_tokens: 64,
+        pages,
+        memory_layout,
+        buffers: vec![
+            BufferGeometry {
+                name: "kv".into(),
+                layers: LAYERS,
+                layout: formats::DSA_MLA_FP8,
+            },
+            BufferGeometry {
+                name: "index_k".into(),
+                layers: LAYERS,
+                layout: formats::INDEX_K_FP8,
+            },
+        ],
+    }
+}
+
+fn gpu() -> Gpu {
+    Gpu::new(0).expect("a GPU (these tests run with --ignored on the device machine)")
+}
+
+enum Buf {
+    Dev(DeviceBytes),
+    Pin(PinnedBytes),
+}
+
+impl Buf {
+    fn new(gpu: &Gpu, pinned: bool, bytes: &[u8]) -> Buf {
+        if pinned {
+            let mut p = gpu.alloc_pinned(bytes.len()).unwrap();
+            p.as_mut_slice().copy_from_slice(bytes);
+            Buf::Pin(p)
+        } else {
+            Buf::Dev(gpu.upload(bytes).unwrap())
+        }
+    }
+    fn read(&self, gpu: &Gpu) -> Vec<u8> {
+        match self {
+            Buf::Dev(d) => gpu.read(d).unwrap(),
+            Buf::Pin(p) => p.as_slice().to_vec(),
+        }
+    }
+    fn bytes(&self) -> &dyn GpuBytes {
+        match self {
+            Buf::Dev(d) => d,
+            Buf::Pin(p) => p,
+        }
+    }
+    fn bytes_mut(&mut self) -> &mut dyn GpuBytes {
+        match self {
+            Buf::Dev(d) => d,
+            Buf::Pin(p) => p,
+        }
+    }
+}
+
+/// One transfer case: host pool in `host_layout` (pinned), device pool layer_first; `h2d` picks
+/// the direction. Compares the whole destination with the CPU reference, then checks that a
+/// list with one index past the end is refused with both sides unchanged.
+fn transfer_case(
+    gpu: &Gpu,
+    host_layout: MemoryLayout,
+    buffer: usize,
+    granularity: Granularity,
+    layers: Range<u64>,
+    h2d: bool,
+    seed: u64,
+) {
+    let host = pool(host_layout, HOST_PAGES);
+    let device = pool(MemoryLayout::LayerFirst, DEVICE_PAGES);
+    let (src_pool, dst_pool) = if h2d { (&host, &device) } else { (&device, &host) };
+    let specs =
+        CopySpec::for_pool_buffer(src_pool, dst_pool, buffer, granularity, layers.clone())
+            .unwrap();
+    let mut rng = SplitMix64::new(seed);
+    let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
+    let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
+    let count = match granularity {
+        Granularity::Token => 150,
+        Granularity::Page => 7,
+    };
+    let src_limit = specs[0].index_limit(kvlayout_kernels::Side::Src).unwrap();
+    let dst_limit = specs[0].index_limit(kvlayout_kernels::Side::Dst).unwrap();
+    let src_idx = rng.distinct_below(src_limit, count);
+    let dst_idx = rng.distinct_below(dst_limit, count);
+
+    let src = Buf::new(gpu, h2d, &src_bytes);
+    let mut dst = Buf::new(gpu, !h2d, &poison);
+    let (gs, gd) = (
+        gpu.upload_indices(&src_idx).unwrap(),
+        gpu.upload_indices(&dst_idx).unwrap(),
+    );
+    let mut expect = poison.clone();
+    for spec in &specs {
+        gpu.copy_items(spec, src.bytes(), dst.bytes_mut(), &gs, &gd, LaunchShape::default())
+            .unwrap();
+        copy_items_cpu(spec, &src_bytes, &mut expect, &src_idx, &dst_idx).unwrap();
+    }
+    let got = dst.read(gpu);
+    let case = format!(
+        "{host_layout} buffer {buffer} {granularity:?} layers {layers:?} h2d={h2d}"
+    );
+    assert!(got == expect, "{case}: GPU result differs from the CPU reference");
+    assert!(got != poison, "{case}: nothing was copied");
+
+    // One bad index at the end of the src list: refused, nothing moves on either side.
+    let mut bad_src = src_idx.clone();
+    *bad_src.last_mut().unwrap() = src_limit;
+    let gbad = gpu.upload_indices(&bad_src).unwrap();
+    let err = gpu
+        .copy_items(&specs[0], src.bytes(), dst.bytes_mut(), &gbad, &gd, LaunchShape::default())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::IndexOutOfRange {
+            position: count as u64 - 1,
+            src_index: src_limit,
+            src_limit,
+            dst_index: dst_idx[count - 1],
+            dst_limit,
+            bad_count: 1,
+        },
+        "{case}"
+    );
+    assert!(dst.read(gpu) == expect, "{case}: a refused copy changed dst");
+    assert!(src.read(gpu) == src_bytes, "{case}: a refused copy changed src");
+    // The error was collected: the next good copy runs again.
+    gpu.copy_items(&specs[0], src.bytes(), dst.bytes_mut(), &gs, &gd, LaunchShape::default())
+        .unwrap();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn transfers_match_cpu_reference_every_layout_and_direction() {
+    let gpu = gpu();
+    let mut seed = 1;
+    for host_layout in [
+        MemoryLayout::LayerFirst,
+        MemoryLayout::PageFirst,
+        MemoryLayout::PageFirstDirect,
+    ] {
+        for buffer in [0usize, 1] {
+            for granularity in [Granularity::Token, Granularity::Page] {
+                for layers in [0..LAYERS, 1..2] {
+                    for h2d in [true, false] {
+                        seed += 1;
+                        transfer_case(
+                            &gpu,
+                            host_layout,
+                            buffer,
+                            granularity,
+                            layers.clone(),
+                            h2d,
+                            seed,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Item sizes that force each vector width (16, 8, 4, 2, 1 bytes), device to device and on a
+/// capped launch shape (2 SMs, 1 block each).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn odd_item_sizes_use_narrower_vectors_and_stay_exact() {
+    let gpu = gpu();
+    for (i, item) in [48u64, 24, 12, 6, 7].into_iter().enumerate() {
+        let mut rng = SplitMix64::new(100 + i as u64);
+        let items_per_page = 5;
+        let side = |pages: u64, base: u64| SideSpec {
+            base_bytes: base,
+            layer_stride_bytes: pages * items_per_page * item,
+            page_stride_bytes: items_per_page * item,
+            item_stride_bytes: item,
+            layers: 2,
+            pages,
+            total_bytes: base + 2 * pages * items_per_page * item,
+        };
+        let spec = CopySpec {
+            item_bytes: item,
+            items_per_page,
+            layers: 0..2,
+            src: side(9, item),
+            dst: side(7, 0),
+        };
+        let src_bytes = rng.bytes(spec.src.total_bytes as usize);
+        let poison = rng.bytes(spec.dst.total_bytes as usize);
+        let si = rng.distinct_below(45, 20);
+        let di = rng.distinct_below(35, 20);
+        let src = gpu.upload(&src_bytes).unwrap();
+        let mut dst = gpu.upload(&poison).unwrap();
+        let shape = LaunchShape {
+            max_sms: Some(2),
+            blocks_per_sm: 1,
+        };
+        gpu.copy_items(
+            &spec,
+            &src,
+            &mut dst,
+            &gpu.upload_indices(&si).unwrap(),
+            &gpu.upload_indices(&di).unwrap(),
+            shape,
+        )
+        .unwrap();
+        let mut expect = poison.clone();
+        copy_items_cpu(&spec, &src_bytes, &mut expect, &si, &di).unwrap();
+        assert!(gpu.read(&dst).unwrap() == expect, "item {item} B");
+        assert_eq!(spec.vector_bytes(0, 0), [16, 8, 4, 2, 1][i]);
+    }
+}
+
+fn quant_case(gpu: &Gpu, format: ScaleFormat, seed: u64) {
+    let device = pool(MemoryLayout::LayerFirst, DEVICE_PAGES);
+    let spec = IndexKPages::for_pool_layer(&device, 1, 2).unwrap();
+    let mut rng = SplitMix64::new(seed);
+    let tokens = 700;
+    let mut keys = rng.keys(tokens);
+    // One all-zero key: DeepSeek's floor gives scale 1e-4 / 448 and 128 zero bytes.
+    for k in &mut keys[5 * 128..6 * 128] {
+        *k = half::bf16::ZERO;
+    }
+    let slots = rng.distinct_below(spec.slot_limit().unwrap(), tokens);
+    let poison = rng.bytes(device.total_bytes().unwrap() as usize);
+    let gkeys = gpu.upload_bf16(&keys).unwrap();
+    let gslots = gpu.upload_indices(&slots).unwrap();
+    let mut cache = gpu.upload(&poison).unwrap();
+    gpu.quantize_index_k(&spec, &gkeys, &gslots, &mut cache, format, LaunchShape::default())
+        .unwrap();
+    let mut expect = poison.clone();
+    quantize_index_k_cpu(&spec, &keys, &slots, &mut expect, format).unwrap();
+    let got = gpu.read(&cache).unwrap();
+    let diff = got.iter().zip(&expect).filter(|(a, b)| a != b).count();
+    assert_eq!(diff, 0, "{format:?}: {diff} bytes differ from the CPU reference");
+    assert!(got != poison);
+
+    // Dequantize: GPU and CPU bit for bit.
+    let mut out = gpu.alloc_device(tokens * 128 * 4).unwrap();
+    gpu.write(&mut out, &rng.bytes(tokens * 512)).unwrap();
+    gpu.dequantize_index_k(&spec, &cache, &gslots, &mut out, LaunchShape::default())
+        .unwrap();
+    let mut cpu_out = vec![0f32; tokens * 128];
+    dequantize_index_k_cpu(&spec, &expect, &slots, &mut cpu_out).unwrap();
+    let gpu_out = gpu.read(&out).unwrap();
+    let cpu_bytes: Vec<u8> = cpu_out.iter().flat_map(|f| f.to_le_bytes()).collect();
+    assert!(gpu_out == cpu_bytes, "{format:?}: dequantized values differ");
+
+    // A slot past the end: refused, cache unchanged.
+    let mut bad = slots.clone();
+    bad[17] = spec.slot_limit().unwrap() + 3;
+    let gbad = gpu.upload_indices(&bad).unwrap();
+    let err = gpu
+        .quantize_index_k(&spec, &gkeys, &gbad, &mut cache, format, LaunchShape::default())
+        .unwrap_err();
+    assert!(
+        matches!(err, KernelError::IndexOutOfRange { position: 17, bad_count: 1, .. }),
+        "{err:?}"
+    );
+    assert!(gpu.read(&cache).unwrap() == expect, "a refused quantize changed the cache");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn quantizer_is_bit_exact_with_cpu_reference() {
+    let gpu = gpu();
+    quant_case(&gpu, ScaleFormat::F32, 7);
+    quant_case(&gpu, ScaleFormat::Ue8m0, 8);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_reports_arch_and_compiles() {
+    let gpu = gpu();
+    gpu.compile().unwrap();
+    println!(
+        "device: {} SMs, {} ({})",
+        gpu.sm_count(),
+        gpu.arch(),
+        gpu.context().name().unwrap()
+    );
+    assert!(gpu.sm_count() > 0);
+}
