@@ -103,6 +103,14 @@ fn impl_layout(input: &Input, krate: &Path) -> TokenStream {
             let _: u64 = <#ident as #krate::KvLayout>::BYTES_PER_TOKEN;
         };
     };
+    // A descriptor struct is never built: its fields exist to be read by the macro. Reading
+    // them here keeps `dead_code` quiet about "fields never read".
+    let field_idents = input.fields.iter().map(|f| f.ident);
+    let read_fields = quote! {
+        const _: fn(&#ident) = |row| {
+            let _ = (#(&row.#field_idents,)*);
+        };
+    };
     let span = Span::call_site();
     quote_spanned! {span=>
         #[doc(hidden)]
@@ -129,6 +137,8 @@ fn impl_layout(input: &Input, krate: &Path) -> TokenStream {
             }
 
             #force
+
+            #read_fields
         };
     }
 }

@@ -94,5 +94,8 @@ fn reviewed_figures() {
     // 64 x 1024 = 65536 B; v_scale after 64 x (1024 + 1024 + 32) = 133120 B, token 1 at + 32.
     let mx = v("mha_mxfp8_8x128");
     assert_eq!(mx["offsets_in_page"][1]["token_0_bytes"], 65536);
-    assert_eq!(mx["offsets_in_page"][3]["token_1_bytes"], 64 * (1024 + 1024 + 32) + 32);
+    assert_eq!(
+        mx["offsets_in_page"][3]["token_1_bytes"],
+        64 * (1024 + 1024 + 32) + 32
+    );
 }

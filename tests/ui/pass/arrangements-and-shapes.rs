@@ -1,5 +1,8 @@
 //! Every arrangement, nested shapes, aliases, constant lengths, raw identifiers and an explicit
-//! stride, with offsets worked by hand.
+//! stride, with offsets worked by hand. No warnings either: a descriptor struct is never
+//! built, and the derive keeps `dead_code` from flagging its fields.
+
+#![deny(warnings)]
 
 use kvlayout::elem::{F8E4M3, Ue8m0, bf16};
 use kvlayout::{Arrangement, Dtype, KvLayout, ScaleOf};
@@ -47,7 +50,13 @@ fn main() {
     assert_eq!(l.sections()[0].shape(), &[8, 128]);
     assert_eq!(l.sections()[0].dtype, Dtype::F8E4M3);
     assert_eq!(l.sections()[1].shape(), &[8, 4]);
-    assert_eq!(l.sections()[1].scale, Some(ScaleOf { target: 0, block_elems: 32 }));
+    assert_eq!(
+        l.sections()[1].scale,
+        Some(ScaleOf {
+            target: 0,
+            block_elems: 32
+        })
+    );
     // Head 2 of token 5 in a 64-token page: (2 x 64 + 5) x 128 = 17024.
     assert_eq!(l.offset_bytes(0, 5, 2, 64), Ok(17024));
     // Its scales: after 64 x 1024 = 65536 value bytes, (2 x 64 + 5) x 4 = 532 -> 66068.
@@ -63,5 +72,8 @@ fn main() {
     assert_eq!(Dsv4::LAYOUT.offset_bytes(2, 1, 0, 64), Ok(36872));
     assert_eq!(Dsv4::LAYOUT.page_stride_bytes(64), Ok(37440));
     assert_eq!(Dsv4::NAME, "Dsv4");
-    assert_eq!(Dsv4::FINGERPRINT, kvlayout::formats::DSV4_MLA_FP8.fingerprint());
+    assert_eq!(
+        Dsv4::FINGERPRINT,
+        kvlayout::formats::DSV4_MLA_FP8.fingerprint()
+    );
 }
