@@ -1,0 +1,15 @@
+use kvlayout::KvLayout;
+use kvlayout::elem::{F8E4M3, Ue8m0, bf16};
+
+// `rope` in both planes, and a plane naming a field that does not exist.
+#[derive(KvLayout)]
+#[kv(planes = [[nope, rope], [scale, rope, pad, padding]])]
+struct Dsv4Mla {
+    nope: [F8E4M3; 448],
+    rope: [bf16; 64],
+    #[kv(scales = nope, block = 64)]
+    scale: [Ue8m0; 7],
+    pad: [u8; 1],
+}
+
+fn main() {}

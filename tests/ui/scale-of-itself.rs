@@ -1,0 +1,11 @@
+use kvlayout::KvLayout;
+use kvlayout::elem::F8E4M3;
+
+#[derive(KvLayout)]
+struct IndexK {
+    values: [F8E4M3; 128],
+    #[kv(scales = scale, block = 128)]
+    scale: [f32; 1],
+}
+
+fn main() {}
