@@ -114,7 +114,7 @@ fn impl_layout(input: &Input, krate: &Path) -> TokenStream {
     let span = Span::call_site();
     quote_spanned! {span=>
         #[doc(hidden)]
-        #[allow(non_upper_case_globals, clippy::all)]
+        #[allow(non_upper_case_globals, unused_qualifications, clippy::all)]
         const _: () = {
             const __SECTIONS: &[#krate::Section] = &[#(#sections),*];
             #planes_item

@@ -241,3 +241,94 @@ fn check_container(input: &Input, errors: &mut Errors) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use syn::{DeriveInput, parse_quote};
+
+    use crate::ast::{Errors, Input};
+
+    /// Every message, in the order reported.
+    fn messages(input: &DeriveInput) -> Vec<String> {
+        let mut errors = Errors::default();
+        let parsed = Input::from_syn(input, &mut errors);
+        super::validate(&parsed, &mut errors);
+        errors
+            .finish()
+            .map(|e| e.into_iter().map(|e| e.to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_valid_row_has_no_error_and_nested_shapes_are_outermost_first() {
+        let input: DeriveInput = parse_quote! {
+            #[kv(arrangement = "section_major")]
+            struct Mxfp8 {
+                k: [[F8E4M3; 128]; 8],
+                #[kv(scales = k, block = 32)]
+                k_scale: [[Ue8m0; 4]; 8],
+            }
+        };
+        assert_eq!(messages(&input), Vec::<String>::new());
+        let mut errors = Errors::default();
+        let parsed = Input::from_syn(&input, &mut errors);
+        assert_eq!(parsed.fields[0].literal_dims(), Some(vec![8, 128]));
+        // 8 x 4 = 32 scales = 8 x 128 / 32.
+        assert_eq!(parsed.fields[1].literal_elems(), Some(32));
+        assert_eq!(parsed.position(&parse_quote!(k_scale)), Some(1));
+    }
+
+    #[test]
+    fn every_problem_is_reported_once() {
+        let input: DeriveInput = parse_quote! {
+            struct Broken {
+                values: [F8E4M3; 128],
+                #[kv(scales = values, block = 100)]
+                scale: [f32; 1],
+                #[kv(scales = values, block = 64)]
+                scale2: [f32; 3],
+                packed: [kvlayout::F4E2M1; 3],
+                #[kv(scales = scale, block = 1)]
+                scale_of_scale: [f32; 1],
+            }
+        };
+        assert_eq!(
+            messages(&input),
+            vec![
+                "field `packed` holds 3 F4E2M1 elements: fp4 stores two elements per byte, so the count must be even",
+                "`block = 100` does not divide the 128 elements of `values` (field `scale` scales it)",
+                // 128 / 64 = 2 scales expected.
+                "field `scale2` holds 3 scale elements, but `values` has 128 elements / block 64 = 2",
+                "field `scale_of_scale` scales `scale`, which is itself a scale field: a scale must scale a value field",
+            ]
+        );
+    }
+
+    #[test]
+    fn constant_lengths_are_left_to_const_evaluation() {
+        // N is only known after type resolution: no macro-time error, the const eval decides.
+        let input: DeriveInput = parse_quote! {
+            struct IndexK {
+                values: [F8E4M3; N],
+                #[kv(scales = values, block = 100)]
+                scale: [f32; 1],
+            }
+        };
+        assert_eq!(messages(&input), Vec::<String>::new());
+    }
+
+    #[test]
+    fn planes_must_place_every_field_once() {
+        let input: DeriveInput = parse_quote! {
+            #[kv(planes = [[a, b], [b]])]
+            struct P { a: [u8; 1], b: [u8; 1], c: [u8; 1] }
+        };
+        assert_eq!(
+            messages(&input),
+            vec![
+                "field `b` is in `planes` twice: each field goes in exactly one plane",
+                "field `c` is in no plane: `planes` must place every field exactly once",
+            ]
+        );
+    }
+}
