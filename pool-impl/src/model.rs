@@ -250,8 +250,8 @@ impl Model {
         if let Some(m) = Model::builtin(name_or_path) {
             return m;
         }
-        let text = std::fs::read_to_string(Path::new(name_or_path)).map_err(|e| {
-            ModelError::NotFound {
+        let text =
+            std::fs::read_to_string(Path::new(name_or_path)).map_err(|e| ModelError::NotFound {
                 name: name_or_path.to_string(),
                 known: BUILTIN
                     .iter()
@@ -259,8 +259,7 @@ impl Model {
                     .collect::<Vec<_>>()
                     .join(", "),
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         Model::parse(name_or_path, name_or_path, &text)
     }
 
@@ -432,15 +431,28 @@ impl Model {
         let sections = match index_k {
             IndexK::Fp8 => vec![
                 values(Dtype::F8E4M3),
-                section("scale", Dtype::F32, Cow::Owned(vec![dim / 128]), Some((0, 128))),
+                section(
+                    "scale",
+                    Dtype::F32,
+                    Cow::Owned(vec![dim / 128]),
+                    Some((0, 128)),
+                ),
             ],
             IndexK::Bf16 => vec![values(Dtype::Bf16)],
             IndexK::Fp4 => vec![
                 values(Dtype::F4E2M1),
-                section("scale", Dtype::Ue8m0, Cow::Owned(vec![dim / 32]), Some((0, 32))),
+                section(
+                    "scale",
+                    Dtype::Ue8m0,
+                    Cow::Owned(vec![dim / 32]),
+                    Some((0, 32)),
+                ),
             ],
         };
-        Ok((name.into(), owned_layout(Arrangement::SectionMajor, sections)))
+        Ok((
+            name.into(),
+            owned_layout(Arrangement::SectionMajor, sections),
+        ))
     }
 
     /// The device pool geometry (`layer_first`) for `opts`.
@@ -498,9 +510,9 @@ impl ModelPool {
                     layers,
                     bytes_per_token: pg.bytes_per_token,
                     page_stride_bytes: pg.page_stride_bytes,
-                    bytes_per_token_all_layers: layers.checked_mul(pg.bytes_per_token).ok_or_else(
-                        || GeometryError::new("bytes per token", "overflow"),
-                    )?,
+                    bytes_per_token_all_layers: layers
+                        .checked_mul(pg.bytes_per_token)
+                        .ok_or_else(|| GeometryError::new("bytes per token", "overflow"))?,
                 })
             })
             .collect()

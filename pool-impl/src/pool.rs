@@ -279,7 +279,11 @@ fn page_ranges(
         })?;
     if geom.memory_layout != MemoryLayout::PageHead {
         let start = geom.page_offset_bytes(buffer, layer, page)?;
-        return Ok(vec![(page_offset_bytes, start + page_offset_bytes, len_bytes)]);
+        return Ok(vec![(
+            page_offset_bytes,
+            start + page_offset_bytes,
+            len_bytes,
+        )]);
     }
     let mut out = Vec::new();
     for seg in geom.page_segments(buffer, layer, page)? {
@@ -289,7 +293,11 @@ fn page_ranges(
         }
         let a = page_offset_bytes.max(seg.page_offset_bytes);
         let e = end.min(seg_end);
-        out.push((a, seg.pool_offset_bytes + (a - seg.page_offset_bytes), e - a));
+        out.push((
+            a,
+            seg.pool_offset_bytes + (a - seg.page_offset_bytes),
+            e - a,
+        ));
     }
     out.sort_unstable();
     Ok(out)
@@ -369,7 +377,9 @@ impl<B: Backend> KvPool for DevicePool<B> {
     }
 
     fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError> {
-        Ok(self.backend.write_device(&mut self.mem, offset_bytes, data)?)
+        Ok(self
+            .backend
+            .write_device(&mut self.mem, offset_bytes, data)?)
     }
 }
 

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use kvlayout_core::{Mismatch, MemoryLayout, PoolGeometry, compare, file};
+use kvlayout_core::{MemoryLayout, Mismatch, PoolGeometry, compare, file};
 use serde::Serialize;
 
 use crate::codec::{self, CodecError};
@@ -292,9 +292,11 @@ impl Gen {
     }
 
     fn value(&self, key: u64, layer: u64, buffer: usize, section: usize, elem: u64) -> f32 {
-        unit(mix(
-            key ^ mix((layer << 48) ^ ((buffer as u64) << 40) ^ ((section as u64) << 32) ^ elem),
-        ))
+        unit(mix(key
+            ^ mix((layer << 48)
+                ^ ((buffer as u64) << 40)
+                ^ ((section as u64) << 32)
+                ^ elem)))
     }
 
     fn query_key(&self, session: u64, pos: u64) -> u64 {
@@ -579,10 +581,7 @@ impl Sim<'_> {
                 None => self.host_free.pop().ok_or_else(|| {
                     workload_err(
                         "host pages",
-                        format!(
-                            "the host pool's {} pages are full",
-                            self.report.host_pages
-                        ),
+                        format!("the host pool's {} pages are full", self.report.host_pages),
                     )
                 })?,
             };
@@ -638,9 +637,8 @@ impl Sim<'_> {
         let buffers = self.cache.device().geometry().buffers.clone();
         for (b, buf) in buffers.iter().enumerate() {
             for l in 0..buf.layers {
-                let bytes = codec::encode_token(&buf.layout, |s, e| {
-                    self.source.value(key, l, b, s, e)
-                })?;
+                let bytes =
+                    codec::encode_token(&buf.layout, |s, e| self.source.value(key, l, b, s, e))?;
                 let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
                 self.cache
                     .device_mut()
@@ -684,7 +682,7 @@ impl Sim<'_> {
         let pos = self.sessions[sid as usize].len;
         let owner = self.owner_of(sid, pos);
         let page_index = pos / self.page_size;
-        if pos % self.page_size == 0 {
+        if pos.is_multiple_of(self.page_size) {
             let id = self.new_page(owner, page_index);
             self.alloc_device(id)?;
             self.sessions[sid as usize].pages.push(id);

@@ -314,7 +314,12 @@ pub fn plan(
                 let dev_page = device.page_offset_bytes(bi, l, p.device_page)?;
                 for seg in host.page_segments(hi, l, p.host_page)? {
                     let dev_off = ck_add(dev_page, seg.page_offset_bytes)?;
-                    runs.push(run(direction, dev_off, seg.pool_offset_bytes, seg.len_bytes));
+                    runs.push(run(
+                        direction,
+                        dev_off,
+                        seg.pool_offset_bytes,
+                        seg.len_bytes,
+                    ));
                 }
             }
         }
@@ -367,7 +372,12 @@ pub fn legacy_plan(
                 let dev_page = ck_add(layer_base, item_off)?;
                 for seg in host.page_segments(hi, l, p.host_page)? {
                     let dev_off = ck_add(dev_page, seg.page_offset_bytes)?;
-                    runs.push(run(direction, dev_off, seg.pool_offset_bytes, seg.len_bytes));
+                    runs.push(run(
+                        direction,
+                        dev_off,
+                        seg.pool_offset_bytes,
+                        seg.len_bytes,
+                    ));
                 }
             }
         }

@@ -9,9 +9,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlayout_core::MemoryLayout;
 use kvlayout_pool::model::{Model, PoolOptions};
-use kvlayout_pool::replay::{
-    self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload,
-};
+use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
 
 use super::describe::{IndexKArg, KvDtypeArg, thousands};
 
@@ -218,7 +216,9 @@ pub fn run(args: &ReplayArgs) -> u8 {
                 for m in &r.mismatch {
                     println!("  {m}");
                 }
-                println!("no session ran; mirror the device pool (drop --host-geometry) or fix the host geometry");
+                println!(
+                    "no session ran; mirror the device pool (drop --host-geometry) or fix the host geometry"
+                );
             }
             1
         }

@@ -35,9 +35,7 @@ pub enum BackendError {
         reason: String,
     },
     /// A read, write or copy run reaches outside a region.
-    #[error(
-        "{side} range [{start_bytes}, {end_bytes}) outside the {len_bytes}-byte {side} region"
-    )]
+    #[error("{side} range [{start_bytes}, {end_bytes}) outside the {len_bytes}-byte {side} region")]
     OutOfRange {
         /// `device` or `host`.
         side: &'static str,
