@@ -34,7 +34,9 @@
 //! - `planes = [[nope, rope], [scale, pad]]`: explicit planes (groups of fields, token-major
 //!   inside a group, group after group; DeepSeek-V4), each field in exactly one plane;
 //! - `page_align_bytes = N`: page stride rounded up to a multiple of `N` bytes;
-//! - `page_stride_bytes = N`: explicit page stride, at least the page payload;
+//! - `page_stride_bytes = N`: explicit page stride, at least the page payload (checked against
+//!   the payload when a page size is given, since the payload depends on it) and a multiple of
+//!   `page_align_bytes` when both are given;
 //! - `crate = path`: where the layout model lives (default `::kvlayout`, the facade; inside
 //!   `kvlayout-core`, `crate`).
 //!
