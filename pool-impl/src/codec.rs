@@ -259,3 +259,66 @@ pub fn decode_section(
     }
     Ok(values)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvlayout_core::formats;
+
+    #[test]
+    fn bf16_index_k_is_128_little_endian_bf16() {
+        // 1.0 in bf16 is 0x3f80, stored little-endian: [0x80, 0x3f]; -2.0 is 0xc000.
+        let bytes = encode_token(
+            &formats::INDEX_K_BF16,
+            |_, e| if e == 0 { 1.0 } else { -2.0 },
+        )
+        .unwrap();
+        assert_eq!(bytes.len(), 1);
+        assert_eq!(bytes[0].len(), 256);
+        assert_eq!(&bytes[0][..4], &[0x80, 0x3f, 0x00, 0xc0]);
+        let back = decode_section(&formats::INDEX_K_BF16, 0, &[&bytes[0]]).unwrap();
+        assert_eq!(back[0], 1.0);
+        assert_eq!(back[127], -2.0);
+    }
+
+    #[test]
+    fn fp8_index_k_scale_is_amax_over_448() {
+        // amax 224 -> scale 224 / 448 = 0.5 (f32 0x3f000000); 224 / 0.5 = 448 = e4m3 0x7e;
+        // 1 / 0.5 = 2.0 = e4m3 0x40.
+        let bytes = encode_token(
+            &formats::INDEX_K_FP8,
+            |_, e| if e == 0 { 224.0 } else { 1.0 },
+        )
+        .unwrap();
+        assert_eq!(bytes[1], 0.5f32.to_le_bytes());
+        assert_eq!(bytes[0][0], 0x7e);
+        assert_eq!(bytes[0][1], 0x40);
+        let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let back = decode_section(&formats::INDEX_K_FP8, 0, &slices).unwrap();
+        assert_eq!((back[0], back[1]), (224.0, 1.0));
+    }
+
+    #[test]
+    fn fp4_index_k_packs_two_per_byte_with_ue8m0_scales() {
+        // Block amax 6 -> scale 6 / 6 = 1 = 2^0 -> ue8m0 127. 3.0 is e2m1 code 5, -0.5 is
+        // 8 | 1 = 9: byte = 5 | 9 << 4 = 0x95.
+        let bytes = encode_token(&formats::INDEX_K_FP4, |_, e| match e {
+            0 => 3.0,
+            1 => -0.5,
+            _ => 6.0,
+        })
+        .unwrap();
+        assert_eq!(bytes[0].len(), 64);
+        assert_eq!(bytes[0][0], 0x95);
+        assert_eq!(bytes[1], [127, 127, 127, 127]);
+        let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let back = decode_section(&formats::INDEX_K_FP4, 0, &slices).unwrap();
+        assert_eq!(&back[..3], &[3.0, -0.5, 6.0]);
+    }
+
+    #[test]
+    fn wrong_length_is_an_error() {
+        let err = decode_section(&formats::INDEX_K_BF16, 0, &[&[0u8; 132]]).unwrap_err();
+        assert_eq!(err.to_string(), "sections[0]: expected 256 bytes, got 132");
+    }
+}

@@ -277,27 +277,28 @@ fn page_ranges(
             end_bytes: page_offset_bytes.saturating_add(len_bytes),
             page_bytes: payload,
         })?;
+    let overflow = || GeometryError::new("page offset", "overflow computing a pool offset");
     if geom.memory_layout != MemoryLayout::PageHead {
         let start = geom.page_offset_bytes(buffer, layer, page)?;
-        return Ok(vec![(
-            page_offset_bytes,
-            start + page_offset_bytes,
-            len_bytes,
-        )]);
+        let at = start.checked_add(page_offset_bytes).ok_or_else(overflow)?;
+        return Ok(vec![(page_offset_bytes, at, len_bytes)]);
     }
     let mut out = Vec::new();
     for seg in geom.page_segments(buffer, layer, page)? {
-        let seg_end = seg.page_offset_bytes + seg.len_bytes;
+        let seg_end = seg
+            .page_offset_bytes
+            .checked_add(seg.len_bytes)
+            .ok_or_else(overflow)?;
         if seg_end <= page_offset_bytes || seg.page_offset_bytes >= end {
             continue;
         }
         let a = page_offset_bytes.max(seg.page_offset_bytes);
         let e = end.min(seg_end);
-        out.push((
-            a,
-            seg.pool_offset_bytes + (a - seg.page_offset_bytes),
-            e - a,
-        ));
+        let at = seg
+            .pool_offset_bytes
+            .checked_add(a - seg.page_offset_bytes)
+            .ok_or_else(overflow)?;
+        out.push((a, at, e - a));
     }
     out.sort_unstable();
     Ok(out)

@@ -418,3 +418,41 @@ pub fn checked_plan(
     }
     Ok(p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_past_either_region_is_refused_naming_the_range() {
+        let plan = TransferPlan {
+            direction: Direction::Load,
+            layers: Layers::All,
+            pairs: vec![PagePair::new(0, 0)],
+            buffers: vec![BufferPlan {
+                buffer: "index_k".into(),
+                item_bytes: 16_384,
+                layers: vec![0],
+                runs: vec![
+                    CopyRun {
+                        src_offset_bytes: 0,
+                        dst_offset_bytes: 0,
+                        len_bytes: 16_384,
+                    },
+                    // Host region of 4 x 8448 = 33,792 B: [25,344, 41,728) does not fit.
+                    CopyRun {
+                        src_offset_bytes: 25_344,
+                        dst_offset_bytes: 16_384,
+                        len_bytes: 16_384,
+                    },
+                ],
+            }],
+            verified: false,
+        };
+        let err = check_ranges(&plan, 1 << 20, 33_792).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "index_k run 1: host range [25344, 41728) outside the 33792-byte host region"
+        );
+    }
+}

@@ -117,7 +117,10 @@ fn print_report(r: &ReplayReport) {
             r.top_k, r.indexer_heads
         );
     } else {
-        println!("  no indexer in this model: every past token's kv row is compared");
+        println!(
+            "  no indexer in this model: kv rows of {} sampled past tokens compared per step per layer",
+            r.top_k
+        );
     }
     println!(
         "sessions {}: corrupted {} ({} decode steps; top-k mismatches {}, latent mismatches {})",

@@ -127,3 +127,38 @@ impl Backend for CpuBackend {
         copy_runs(("host", src), ("device", dst), runs)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_with_one_bad_run_moves_no_byte() {
+        let b = CpuBackend;
+        let src = vec![7u8; 64];
+        let mut dst = b.alloc_host(32).unwrap();
+        let runs = [
+            CopyRun {
+                src_offset_bytes: 0,
+                dst_offset_bytes: 0,
+                len_bytes: 16,
+            },
+            CopyRun {
+                src_offset_bytes: 0,
+                dst_offset_bytes: 24,
+                len_bytes: 16,
+            },
+        ];
+        let err = b.device_to_host(&src, &mut dst, &runs).unwrap_err();
+        assert_eq!(
+            err,
+            BackendError::OutOfRange {
+                side: "host",
+                start_bytes: 24,
+                end_bytes: 40,
+                len_bytes: 32
+            }
+        );
+        assert_eq!(dst, vec![0u8; 32]);
+    }
+}
