@@ -8,7 +8,8 @@
 //!   either list and records the first such position; writes only the two-word error record.
 //! - `copy_items_v{16,8,4,2,1}_{u32,u64}`: the transfer. Every launch first reads the error
 //!   record and returns without writing if any validation on the stream has failed, so a bad
-//!   list moves no byte. Item addresses follow [`crate::CopySpec`]'s formula; the vector width
+//!   list moves no byte. For short lists (`self_check`) every block checks every index itself
+//!   before it writes, and no validation launch is needed. Item addresses follow [`crate::CopySpec`]'s formula; the vector width
 //!   and the 32/64-bit index arithmetic are chosen on the host.
 //! - `quantize_index_k`, `dequantize_index_k`: the fp8 index-K quantizer and its reader
 //!   ([`crate::index_k`] has the arithmetic and the CPU reference).
@@ -20,9 +21,9 @@ pub const THREADS_PER_BLOCK: u32 = 256;
 /// `COPY_UNROLL * vector bytes`).
 pub const COPY_UNROLL: u64 = 4;
 
-/// Tokens each warp of the quantizer loads before it converts (bytes in flight per warp =
-/// `QUANT_TOKENS_PER_WARP * 256`).
-pub const QUANT_TOKENS_PER_WARP: u64 = 4;
+/// Tokens each warp of the quantizer loads before it converts (a half-warp per token; bytes in
+/// flight per warp = `QUANT_TOKENS_PER_WARP * 256`).
+pub const QUANT_TOKENS_PER_WARP: u64 = 8;
 
 /// Kernel names, by vector width (bytes) and index width.
 pub const COPY_KERNELS: [(u64, &str, &str); 5] = [
@@ -40,7 +41,7 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 
 #define COPY_UNROLL 4
-#define QUANT_TPW 4
+#define QUANT_TPW 8
 #define INV448_BITS 0x3b124925u
 #define AMAX_FLOOR_BITS 0x38d1b717u
 
@@ -61,6 +62,8 @@ struct CopyParams {
     u64 layer_count;
     u64 n_items;
     u64 total_vectors;
+    u64 group_items;
+    u64 self_check;
 };
 
 struct IndexKParams {
@@ -87,13 +90,33 @@ extern "C" __global__ void validate_index_lists(
 template <typename V, typename I>
 __device__ __forceinline__ void copy_items_body(
     const CopyParams& p, const unsigned char* __restrict__ src, unsigned char* __restrict__ dst,
-    const u64* __restrict__ src_idx, const u64* __restrict__ dst_idx, const u64* err)
+    const u64* __restrict__ src_idx, const u64* __restrict__ dst_idx, unsigned long long* err)
 {
     if (*((volatile const u64*)err) != 0) return;
+    if (p.self_check) {
+        // Short lists: every block checks every index itself before writing anything, so no
+        // separate validation launch is needed; block 0 records the error.
+        int bad = 0;
+        for (u64 i = threadIdx.x; i < p.n_items; i += blockDim.x) {
+            bad |= (src_idx[i] >= p.src.index_limit) | (dst_idx[i] >= p.dst.index_limit);
+        }
+        if (__syncthreads_or(bad)) {
+            if (blockIdx.x == 0) {
+                for (u64 i = threadIdx.x; i < p.n_items; i += blockDim.x) {
+                    if (src_idx[i] >= p.src.index_limit || dst_idx[i] >= p.dst.index_limit) {
+                        atomicAdd(&err[0], 1ull);
+                        atomicMax(&err[1], ~(unsigned long long)i);
+                    }
+                }
+            }
+            return;
+        }
+    }
     const I vpi = (I)(p.item_bytes / sizeof(V));
-    const I n_items = (I)p.n_items;
     const I ipp = (I)p.items_per_page;
     const I total = (I)p.total_vectors;
+    const I group = (I)p.group_items;
+    const I layers = (I)p.layer_count;
     const I stride = (I)gridDim.x * (I)blockDim.x;
     for (I first = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; first < total;
          first += stride * (I)COPY_UNROLL) {
@@ -105,8 +128,12 @@ __device__ __forceinline__ void copy_items_body(
             if (g < total) {
                 const I v = g % vpi;
                 const I rest = g / vpi;
-                const I item = rest % n_items;
-                const u64 layer = p.layer_begin + (u64)(rest / n_items);
+                // Work order: chunks of `group` list positions; inside a chunk, layer by
+                // layer. group == n_items: layer-outer; group == 1: layer-inner.
+                const I chunk = rest / (layers * group);
+                const I in_chunk = rest % (layers * group);
+                const I item = chunk * group + in_chunk % group;
+                const u64 layer = p.layer_begin + (u64)(in_chunk / group);
                 const I si = (I)src_idx[item];
                 const I di = (I)dst_idx[item];
                 const u64 so = p.src.base + layer * p.src.layer_stride
@@ -130,7 +157,7 @@ __device__ __forceinline__ void copy_items_body(
 #define COPY_KERNEL(NAME, V, I)                                                              \
     extern "C" __global__ void __launch_bounds__(256) NAME(                                  \
         const CopyParams p, const unsigned char* src, unsigned char* dst,                    \
-        const u64* src_idx, const u64* dst_idx, const u64* err)                              \
+        const u64* src_idx, const u64* dst_idx, unsigned long long* err)                     \
     {                                                                                        \
         copy_items_body<V, I>(p, src, dst, src_idx, dst_idx, err);                           \
     }
@@ -162,55 +189,85 @@ __device__ __forceinline__ float round_scale_ue8m0(float x)
     return __uint_as_float((u32)(e + 127) << 23);
 }
 
-__device__ __forceinline__ float quant_one(float x, float s)
+// clamp(x / s, -448, 448) with x / s correctly rounded: q = RN(x r), rem = x - s q (exact by
+// FMA), q' = RN(q + rem r), with r = RN(1 / s). By Markstein's theorem q' = RN(x / s) (r within
+// half an ulp of 1/s, q within one ulp of x/s; no overflow or underflow for these operands).
+__device__ __forceinline__ float quant_one(float x, float s, float r)
 {
-    return fminf(fmaxf(__fdiv_rn(x, s), -448.0f), 448.0f);
+    const float q = __fmul_rn(x, r);
+    const float rem = __fmaf_rn(-q, s, x);
+    const float y = __fmaf_rn(rem, r, q);
+    return fminf(fmaxf(y, -448.0f), 448.0f);
 }
 
 extern "C" __global__ void __launch_bounds__(256) quantize_index_k(
     const IndexKParams p, const unsigned short* __restrict__ keys, u64 tokens,
     const u64* __restrict__ slots, unsigned char* __restrict__ cache, const u64* err)
 {
+    // A half-warp per token: lane `hl` of the half holds elements 8 hl .. 8 hl + 8 (one 16-byte
+    // load) and stores their 8 e4m3 bytes; each warp loads QUANT_TPW tokens before converting.
     if (*((volatile const u64*)err) != 0) return;
     const u32 lane = threadIdx.x & 31u;
+    const u32 half = lane >> 4;
+    const u32 hl = lane & 15u;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     const float inv448 = __uint_as_float(INV448_BITS);
     const float floor_amax = __uint_as_float(AMAX_FLOOR_BITS);
     for (u64 t0 = warp * QUANT_TPW; t0 < tokens; t0 += warps * QUANT_TPW) {
-        uint2 raw[QUANT_TPW];
-        u64 slot[QUANT_TPW];
+        uint4 raw[QUANT_TPW / 2];
+        u64 slot[QUANT_TPW / 2];
 #pragma unroll
-        for (int k = 0; k < QUANT_TPW; ++k) {
-            const u64 t = t0 + k;
+        for (int k = 0; k < QUANT_TPW / 2; ++k) {
+            const u64 t = t0 + 2 * k + half;
             if (t < tokens) {
-                raw[k] = reinterpret_cast<const uint2*>(keys + t * 128)[lane];
+                raw[k] = reinterpret_cast<const uint4*>(keys + t * 128)[hl];
                 slot[k] = slots[t];
+            } else {
+                raw[k] = make_uint4(0u, 0u, 0u, 0u);
+                slot[k] = 0;
             }
         }
 #pragma unroll
-        for (int k = 0; k < QUANT_TPW; ++k) {
-            const u64 t = t0 + k;
-            if (t < tokens) {
-                const float x0 = __uint_as_float(raw[k].x << 16);
-                const float x1 = __uint_as_float(raw[k].x & 0xFFFF0000u);
-                const float x2 = __uint_as_float(raw[k].y << 16);
-                const float x3 = __uint_as_float(raw[k].y & 0xFFFF0000u);
-                float a = fmaxf(fmaxf(fabsf(x0), fabsf(x1)), fmaxf(fabsf(x2), fabsf(x3)));
+        for (int k = 0; k < QUANT_TPW / 2; ++k) {
+            const u64 t = t0 + 2 * k + half;
+            const u32 w[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+            float x[8];
 #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) {
-                    a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
+            for (int j = 0; j < 4; ++j) {
+                x[2 * j] = __uint_as_float(w[j] << 16);
+                x[2 * j + 1] = __uint_as_float(w[j] & 0xFFFF0000u);
+            }
+            float a = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) a = fmaxf(a, fabsf(x[j]));
+#pragma unroll
+            for (int off = 8; off > 0; off >>= 1) {
+                a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, off));
+            }
+            a = fmaxf(a, floor_amax);
+            float s = __fmul_rn(a, inv448);
+            if (p.ue8m0) s = round_scale_ue8m0(s);
+            const float r = __frcp_rn(s);
+            if (t < tokens) {
+                u32 q[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    q[j] = e4m3x2(quant_one(x[2 * j + 1], s, r), quant_one(x[2 * j], s, r));
                 }
-                a = fmaxf(a, floor_amax);
-                float s = __fmul_rn(a, inv448);
-                if (p.ue8m0) s = round_scale_ue8m0(s);
-                const u32 packed = e4m3x2(quant_one(x1, s), quant_one(x0, s))
-                    | (e4m3x2(quant_one(x3, s), quant_one(x2, s)) << 16);
+                const u32 lo = q[0] | (q[1] << 16);
+                const u32 hi = q[2] | (q[3] << 16);
                 const u64 page = slot[k] / p.page_size_tokens;
                 const u64 tok = slot[k] % p.page_size_tokens;
                 unsigned char* pg = cache + p.base + page * p.page_stride;
-                reinterpret_cast<u32*>(pg + tok * 128)[lane] = packed;
-                if (lane == 0) {
+                unsigned char* v = pg + tok * 128 + hl * 8;
+                if ((reinterpret_cast<u64>(v) & 7u) == 0) {
+                    *reinterpret_cast<uint2*>(v) = make_uint2(lo, hi);
+                } else {
+                    reinterpret_cast<u32*>(v)[0] = lo;
+                    reinterpret_cast<u32*>(v)[1] = hi;
+                }
+                if (hl == 0) {
                     *reinterpret_cast<float*>(pg + p.page_size_tokens * 128 + tok * 4) = s;
                 }
             }

@@ -48,6 +48,8 @@ pub struct LaunchShape {
     pub max_sms: Option<u32>,
     /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM).
     pub blocks_per_sm: u32,
+    /// Order in which a copy walks (layer, item) pairs.
+    pub order: CopyOrder,
 }
 
 impl Default for LaunchShape {
@@ -55,8 +57,23 @@ impl Default for LaunchShape {
         LaunchShape {
             max_sms: None,
             blocks_per_sm: 8,
+            order: CopyOrder::Auto,
         }
     }
+}
+
+/// The order a copy walks its (layer, item) pairs in; every order moves the same bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyOrder {
+    /// [`CopyOrder::PageThenLayer`] when either side is page-major (its layer stride is
+    /// smaller than its page stride: `page_first`, `page_first_direct`), else
+    /// [`CopyOrder::LayerThenItem`].
+    Auto,
+    /// All items of layer 0, then of layer 1, ... (suits two `layer_first` sides).
+    LayerThenItem,
+    /// Items in chunks of one page's worth of list positions (`items_per_page`), each chunk
+    /// layer by layer: the bytes of one page of a page-major side are visited in address order.
+    PageThenLayer,
 }
 
 #[repr(C)]
@@ -80,6 +97,8 @@ struct CopyParams {
     layer_count: u64,
     n_items: u64,
     total_vectors: u64,
+    group_items: u64,
+    self_check: u64,
 }
 
 #[repr(C)]
@@ -107,6 +126,38 @@ struct Kernels {
     copy: Vec<(u64, CudaFunction, CudaFunction)>,
     quantize: CudaFunction,
     dequantize: CudaFunction,
+}
+
+/// Longest index lists checked inside the copy launch itself (no separate validation launch).
+pub const SELF_CHECK_MAX_ITEMS: u64 = 4096;
+
+/// List positions per chunk of the copy's work order (see the copy kernel).
+fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
+    let page_major =
+        |s: &crate::copy_spec::SideSpec| s.layer_stride_bytes < s.page_stride_bytes;
+    let order = match order {
+        CopyOrder::Auto if page_major(&spec.src) || page_major(&spec.dst) => {
+            CopyOrder::PageThenLayer
+        }
+        CopyOrder::Auto => CopyOrder::LayerThenItem,
+        o => o,
+    };
+    match order {
+        CopyOrder::PageThenLayer if n % spec.items_per_page == 0 => spec.items_per_page,
+        CopyOrder::PageThenLayer => 1,
+        _ => n,
+    }
+}
+
+/// Registers and residency of one compiled kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelReport {
+    /// Kernel name.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: i32,
+    /// Blocks of 256 threads resident per multiprocessor.
+    pub blocks_per_sm: u32,
 }
 
 /// One GPU: context, stream, compiled kernels, error record.
@@ -242,6 +293,31 @@ impl Gpu {
         })
     }
 
+    /// Registers and residency of every kernel (compiles them first).
+    pub fn kernel_report(&self) -> Result<Vec<KernelReport>, KernelError> {
+        let k = self.kernels()?;
+        let mut fs: Vec<(String, &CudaFunction)> = vec![
+            ("validate_index_lists".to_string(), &k.validate),
+            ("quantize_index_k".to_string(), &k.quantize),
+            ("dequantize_index_k".to_string(), &k.dequantize),
+        ];
+        for (w, f32_, f64_) in &k.copy {
+            fs.push((format!("copy_items_v{w}_u32"), f32_));
+            fs.push((format!("copy_items_v{w}_u64"), f64_));
+        }
+        fs.into_iter()
+            .map(|(name, f)| {
+                Ok(KernelReport {
+                    name,
+                    registers: f.num_regs().map_err(driver_err("cuFuncGetAttribute"))?,
+                    blocks_per_sm: f
+                        .occupancy_max_active_blocks_per_multiprocessor(THREADS_PER_BLOCK, 0, None)
+                        .map_err(driver_err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?,
+                })
+            })
+            .collect()
+    }
+
     /// Device memory of `len_bytes` bytes, zeroed.
     pub fn alloc_device(&self, len_bytes: usize) -> Result<DeviceBytes, KernelError> {
         if len_bytes == 0 {
@@ -360,10 +436,28 @@ impl Gpu {
                 .launch(cfg)
         }
         .map_err(driver_err("cuLaunchKernel(validate_index_lists)"))?;
-        self.pending_lists
+        self.note_lists(a, a_limit, b, b_limit)
+    }
+
+    /// Remembers lists being validated, to name the bad index if one is reported.
+    fn note_lists(
+        &self,
+        a: &DeviceIndices,
+        a_limit: u64,
+        b: &DeviceIndices,
+        b_limit: u64,
+    ) -> Result<(), KernelError> {
+        let mut lists = self
+            .pending_lists
             .lock()
-            .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?
-            .push((a.host.clone(), a_limit, b.host.clone(), b_limit));
+            .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?;
+        // Bounded memory in long batches: identical lists are remembered once.
+        let same = |(x, xl, y, yl): &(Arc<[u64]>, u64, Arc<[u64]>, u64)| {
+            Arc::ptr_eq(x, &a.host) && *xl == a_limit && Arc::ptr_eq(y, &b.host) && *yl == b_limit
+        };
+        if !lists.iter().any(same) {
+            lists.push((a.host.clone(), a_limit, b.host.clone(), b_limit));
+        }
         Ok(())
     }
 
@@ -419,9 +513,8 @@ impl Gpu {
 
     /// Copies item `src_idx[i]` of `src` to item `dst_idx[i]` of `dst` for every position `i`
     /// and every layer of `spec.layers` (the contract of [`crate::copy_items_cpu`]): checks the
-    /// spec and both buffers' lengths on the host, runs the validation kernel over the lists,
-    /// then the copy kernel, and waits. Out-of-range indices: [`KernelError::IndexOutOfRange`],
-    /// nothing copied.
+    /// spec and both buffers' lengths on the host, validates the lists on the GPU, copies, and
+    /// waits. Out-of-range indices: [`KernelError::IndexOutOfRange`], nothing copied.
     pub fn copy_items(
         &self,
         spec: &CopySpec,
@@ -431,9 +524,26 @@ impl Gpu {
         dst_idx: &DeviceIndices,
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
-        // SAFETY: finish() waits for the launch before the borrows end.
-        unsafe { self.enqueue_copy_items(spec, src, dst, src_idx, dst_idx, shape)? };
-        self.finish()
+        self.copy_items_multi(std::slice::from_ref(spec), src, dst, src_idx, dst_idx, shape)
+    }
+
+    /// [`Gpu::copy_items`] for several specs driven by the same index lists (the parts of a
+    /// token of a `section_major` page, as [`CopySpec::for_pool_buffer`] plans them): the lists
+    /// are validated once, then each part is copied. Every spec must have the same index limits
+    /// on each side.
+    pub fn copy_items_multi(
+        &self,
+        specs: &[CopySpec],
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        src_idx: &DeviceIndices,
+        dst_idx: &DeviceIndices,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        // SAFETY: finish() waits for the launches before the borrows end.
+        let queued = unsafe { self.enqueue_copy_items_multi(specs, src, dst, src_idx, dst_idx, shape) };
+        let finished = self.finish();
+        queued.and(finished)
     }
 
     /// [`Gpu::copy_items`] without the wait: enqueues validation and copy and returns.
@@ -450,9 +560,50 @@ impl Gpu {
         dst_idx: &DeviceIndices,
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
-        spec.validate()?;
-        crate::copy_cpu::check_len("src buffer", spec.src.total_bytes, src.len_bytes())?;
-        crate::copy_cpu::check_len("dst buffer", spec.dst.total_bytes, dst.len_bytes())?;
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            self.enqueue_copy_items_multi(std::slice::from_ref(spec), src, dst, src_idx, dst_idx, shape)
+        }
+    }
+
+    /// [`Gpu::copy_items_multi`] without the wait.
+    ///
+    /// Lists of at most [`SELF_CHECK_MAX_ITEMS`] positions are checked inside the first copy
+    /// launch (every block checks every index before it writes); longer lists get a separate
+    /// validation launch first. Either way no byte moves unless every index is in range.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_copy_items`].
+    pub unsafe fn enqueue_copy_items_multi(
+        &self,
+        specs: &[CopySpec],
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        src_idx: &DeviceIndices,
+        dst_idx: &DeviceIndices,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        let Some(first) = specs.first() else {
+            return Ok(());
+        };
+        let src_limit = first.index_limit(Side::Src)?;
+        let dst_limit = first.index_limit(Side::Dst)?;
+        for (i, spec) in specs.iter().enumerate() {
+            spec.validate()?;
+            crate::copy_cpu::check_len("src buffer", spec.src.total_bytes, src.len_bytes())?;
+            crate::copy_cpu::check_len("dst buffer", spec.dst.total_bytes, dst.len_bytes())?;
+            let limits = (spec.index_limit(Side::Src)?, spec.index_limit(Side::Dst)?);
+            if limits != (src_limit, dst_limit) {
+                return Err(KernelError::spec(
+                    format!("specs[{i}]"),
+                    format!(
+                        "index limits (src {}, dst {}) differ from specs[0]'s (src {src_limit}, \
+                         dst {dst_limit}); parts sharing index lists must share page counts",
+                        limits.0, limits.1
+                    ),
+                ));
+            }
+        }
         if src_idx.len() != dst_idx.len() {
             return Err(KernelError::Length {
                 what: "dst index list (must match the src index list)".to_string(),
@@ -465,9 +616,33 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
+        let self_check = n <= SELF_CHECK_MAX_ITEMS;
+        if self_check {
+            self.note_lists(src_idx, src_limit, dst_idx, dst_limit)?;
+        } else {
+            self.enqueue_validate(src_idx, src_limit, dst_idx, dst_limit, shape)?;
+        }
+        for (i, spec) in specs.iter().enumerate() {
+            // Only the first part checks; later parts see its error record and return.
+            self.launch_copy(spec, src, dst, src_idx, dst_idx, shape, self_check && i == 0)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_copy(
+        &self,
+        spec: &CopySpec,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        src_idx: &DeviceIndices,
+        dst_idx: &DeviceIndices,
+        shape: LaunchShape,
+        self_check: bool,
+    ) -> Result<(), KernelError> {
+        let n = src_idx.len() as u64;
         let src_limit = spec.index_limit(Side::Src)?;
         let dst_limit = spec.index_limit(Side::Dst)?;
-        self.enqueue_validate(src_idx, src_limit, dst_idx, dst_limit, shape)?;
         let (src_addr, dst_addr) = (src.device_address(), dst.device_address());
         let width = spec.vector_bytes(src_addr, dst_addr);
         let vectors_per_item = spec.item_bytes / width;
@@ -504,6 +679,8 @@ impl Gpu {
             layer_count: spec.layer_count(),
             n_items: n,
             total_vectors,
+            group_items: group_items(spec, n, shape.order),
+            self_check: u64::from(self_check),
         };
         let (si, di) = (src_idx.address(), dst_idx.address());
         let (err_ptr, _s) = self.err.device_ptr(&self.stream);
@@ -514,7 +691,7 @@ impl Gpu {
         };
         // SAFETY: arguments match the copy kernels' signature; spec.validate() and check_len
         // bound every address of every in-range index by both buffers' lengths, and the kernel
-        // only runs when the validation pass found every index in range.
+        // only copies when every index was found in range (validation launch or self-check).
         unsafe {
             self.stream
                 .launch_builder(f)

@@ -43,7 +43,9 @@ pub mod test_data;
 
 pub use copy_cpu::{copy_items_cpu, validate_index_lists};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
-pub use device::{Gpu, LaunchShape, driver_present, nvrtc_present};
+pub use device::{
+    CopyOrder, Gpu, KernelReport, LaunchShape, SELF_CHECK_MAX_ITEMS, driver_present, nvrtc_present,
+};
 pub use device_memory::{DeviceBytes, DeviceIndices, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};

@@ -11,7 +11,7 @@ use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError, LaunchShape,
+    CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError, LaunchShape,
     PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
 };
 
@@ -118,9 +118,9 @@ fn transfer_case(
         gpu.upload_indices(&dst_idx).unwrap(),
     );
     let mut expect = poison.clone();
+    gpu.copy_items_multi(&specs, src.bytes(), dst.bytes_mut(), &gs, &gd, LaunchShape::default())
+        .unwrap();
     for spec in &specs {
-        gpu.copy_items(spec, src.bytes(), dst.bytes_mut(), &gs, &gd, LaunchShape::default())
-            .unwrap();
         copy_items_cpu(spec, &src_bytes, &mut expect, &src_idx, &dst_idx).unwrap();
     }
     let got = dst.read(gpu);
@@ -135,7 +135,7 @@ fn transfer_case(
     *bad_src.last_mut().unwrap() = src_limit;
     let gbad = gpu.upload_indices(&bad_src).unwrap();
     let err = gpu
-        .copy_items(&specs[0], src.bytes(), dst.bytes_mut(), &gbad, &gd, LaunchShape::default())
+        .copy_items_multi(&specs, src.bytes(), dst.bytes_mut(), &gbad, &gd, LaunchShape::default())
         .unwrap_err();
     assert_eq!(
         err,
@@ -193,49 +193,114 @@ fn transfers_match_cpu_reference_every_layout_and_direction() {
 #[ignore = "needs a CUDA GPU"]
 fn odd_item_sizes_use_narrower_vectors_and_stay_exact() {
     let gpu = gpu();
+    let orders = [
+        (CopyOrder::LayerThenItem, 20),
+        (CopyOrder::PageThenLayer, 20),
+        (CopyOrder::PageThenLayer, 18),
+        (CopyOrder::Auto, 19),
+    ];
     for (i, item) in [48u64, 24, 12, 6, 7].into_iter().enumerate() {
-        let mut rng = SplitMix64::new(100 + i as u64);
-        let items_per_page = 5;
-        let side = |pages: u64, base: u64| SideSpec {
-            base_bytes: base,
-            layer_stride_bytes: pages * items_per_page * item,
-            page_stride_bytes: items_per_page * item,
-            item_stride_bytes: item,
-            layers: 2,
-            pages,
-            total_bytes: base + 2 * pages * items_per_page * item,
-        };
-        let spec = CopySpec {
-            item_bytes: item,
-            items_per_page,
-            layers: 0..2,
-            src: side(9, item),
-            dst: side(7, 0),
-        };
-        let src_bytes = rng.bytes(spec.src.total_bytes as usize);
-        let poison = rng.bytes(spec.dst.total_bytes as usize);
-        let si = rng.distinct_below(45, 20);
-        let di = rng.distinct_below(35, 20);
-        let src = gpu.upload(&src_bytes).unwrap();
-        let mut dst = gpu.upload(&poison).unwrap();
-        let shape = LaunchShape {
-            max_sms: Some(2),
-            blocks_per_sm: 1,
-        };
-        gpu.copy_items(
-            &spec,
-            &src,
-            &mut dst,
-            &gpu.upload_indices(&si).unwrap(),
-            &gpu.upload_indices(&di).unwrap(),
-            shape,
-        )
-        .unwrap();
-        let mut expect = poison.clone();
-        copy_items_cpu(&spec, &src_bytes, &mut expect, &si, &di).unwrap();
-        assert!(gpu.read(&dst).unwrap() == expect, "item {item} B");
-        assert_eq!(spec.vector_bytes(0, 0), [16, 8, 4, 2, 1][i]);
+        for (j, (order, count)) in orders.into_iter().enumerate() {
+            let mut rng = SplitMix64::new(100 + 10 * i as u64 + j as u64);
+            let items_per_page = 5;
+            let side = |pages: u64, base: u64| SideSpec {
+                base_bytes: base,
+                layer_stride_bytes: pages * items_per_page * item,
+                page_stride_bytes: items_per_page * item,
+                item_stride_bytes: item,
+                layers: 2,
+                pages,
+                total_bytes: base + 2 * pages * items_per_page * item,
+            };
+            let spec = CopySpec {
+                item_bytes: item,
+                items_per_page,
+                layers: 0..2,
+                src: side(9, item),
+                dst: side(7, 0),
+            };
+            let src_bytes = rng.bytes(spec.src.total_bytes as usize);
+            let poison = rng.bytes(spec.dst.total_bytes as usize);
+            let si = rng.distinct_below(45, count);
+            let di = rng.distinct_below(35, count);
+            let src = gpu.upload(&src_bytes).unwrap();
+            let mut dst = gpu.upload(&poison).unwrap();
+            let shape = LaunchShape {
+                max_sms: Some(2),
+                blocks_per_sm: 1,
+                order,
+            };
+            gpu.copy_items(
+                &spec,
+                &src,
+                &mut dst,
+                &gpu.upload_indices(&si).unwrap(),
+                &gpu.upload_indices(&di).unwrap(),
+                shape,
+            )
+            .unwrap();
+            let mut expect = poison.clone();
+            copy_items_cpu(&spec, &src_bytes, &mut expect, &si, &di).unwrap();
+            assert!(
+                gpu.read(&dst).unwrap() == expect,
+                "item {item} B, {order:?}, {count} items"
+            );
+            assert_eq!(spec.vector_bytes(0, 0), [16, 8, 4, 2, 1][i]);
+        }
     }
+}
+
+/// Lists longer than SELF_CHECK_MAX_ITEMS go through the separate validation launch: still
+/// exact, and a bad index (here the second-to-last and the last) still moves nothing.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn long_lists_are_validated_by_their_own_launch() {
+    let gpu = gpu();
+    let mut rng = SplitMix64::new(77);
+    let (item, items_per_page, pages) = (96u64, 8u64, 1200u64);
+    let side = SideSpec {
+        base_bytes: 0,
+        layer_stride_bytes: pages * items_per_page * item,
+        page_stride_bytes: items_per_page * item,
+        item_stride_bytes: item,
+        layers: 2,
+        pages,
+        total_bytes: 2 * pages * items_per_page * item,
+    };
+    let spec = CopySpec { item_bytes: item, items_per_page, layers: 0..2, src: side, dst: side };
+    let count = 6000usize; // > SELF_CHECK_MAX_ITEMS (4096)
+    assert!(count as u64 > kvlayout_kernels::SELF_CHECK_MAX_ITEMS);
+    let src_bytes = rng.bytes(side.total_bytes as usize);
+    let poison = rng.bytes(side.total_bytes as usize);
+    let si = rng.distinct_below(pages * items_per_page, count);
+    let di = rng.distinct_below(pages * items_per_page, count);
+    let src = gpu.upload(&src_bytes).unwrap();
+    let mut dst = gpu.upload(&poison).unwrap();
+    let (gs, gd) = (gpu.upload_indices(&si).unwrap(), gpu.upload_indices(&di).unwrap());
+    gpu.copy_items(&spec, &src, &mut dst, &gs, &gd, LaunchShape::default()).unwrap();
+    let mut expect = poison.clone();
+    copy_items_cpu(&spec, &src_bytes, &mut expect, &si, &di).unwrap();
+    assert!(gpu.read(&dst).unwrap() == expect);
+
+    let mut bad = di.clone();
+    bad[count - 2] = 9600; // = pages * items_per_page: one past the end
+    bad[count - 1] = u64::MAX;
+    let gbad = gpu.upload_indices(&bad).unwrap();
+    let err = gpu
+        .copy_items(&spec, &src, &mut dst, &gs, &gbad, LaunchShape::default())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::IndexOutOfRange {
+            position: count as u64 - 2,
+            src_index: si[count - 2],
+            src_limit: 9600,
+            dst_index: 9600,
+            dst_limit: 9600,
+            bad_count: 2,
+        }
+    );
+    assert!(gpu.read(&dst).unwrap() == expect, "a refused copy changed dst");
 }
 
 fn quant_case(gpu: &Gpu, format: ScaleFormat, seed: u64) {

@@ -16,7 +16,7 @@ use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::quantize_index_k_cpu;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
+    CopyOrder, CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
     LaunchShape, PinnedBytes, ScaleFormat, Side,
 };
 
@@ -120,6 +120,9 @@ fn main() -> Result<(), KernelError> {
         t0.elapsed().as_secs_f64() * 1e3
     );
 
+    for r in gpu.kernel_report()? {
+        println!("kernel {:<22} {:>3} registers, {:>2} blocks of 256 per SM", r.name, r.registers, r.blocks_per_sm);
+    }
     let device_pool = pool(MemoryLayout::LayerFirst);
     let host_pool = pool(MemoryLayout::PageFirst);
     let total = device_pool.total_bytes()? as usize;
@@ -207,25 +210,46 @@ fn main() -> Result<(), KernelError> {
         }
     }
 
-    // A launch capped at 16 SMs (leaving the rest to the model), 4096 pages of the MLA buffer.
-    for h2d in [true, false] {
-        let (sp, dp) = if h2d { (&host_pool, &device_pool) } else { (&device_pool, &host_pool) };
-        let specs = CopySpec::for_pool_buffer(sp, dp, 0, Granularity::Page, 0..LAYERS)?;
-        let si = rng.distinct_below(POOL_PAGES, 4096);
-        let di = rng.distinct_below(POOL_PAGES, 4096);
-        let (gsi, gdi) = (gpu.upload_indices(&si)?, gpu.upload_indices(&di)?);
-        let bytes = specs[0].bytes_moved(4096)?;
-        for sms in [8u32, 16, 32] {
-            let capped = LaunchShape { max_sms: Some(sms), blocks_per_sm: 8 };
-            let secs = if h2d {
-                time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, capped))?
-            } else {
-                time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, capped))?
+    // Work order and SM cap, 4096 pages of the MLA buffer, both granularities.
+    for granularity in [Granularity::Page, Granularity::Token] {
+        for h2d in [true, false] {
+            let (sp, dp) = if h2d { (&host_pool, &device_pool) } else { (&device_pool, &host_pool) };
+            let specs = CopySpec::for_pool_buffer(sp, dp, 0, granularity, 0..LAYERS)?;
+            let pages = rng.distinct_below(POOL_PAGES, 4096);
+            let pages2 = rng.distinct_below(POOL_PAGES, 4096);
+            let expand = |ps: &[u64]| -> Vec<u64> {
+                match granularity {
+                    Granularity::Page => ps.to_vec(),
+                    Granularity::Token => ps
+                        .iter()
+                        .flat_map(|p| (0..PAGE_TOKENS).map(move |t| p * PAGE_TOKENS + t))
+                        .collect(),
+                }
             };
-            let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
-            let what = format!("MLA fp8 656 B Page {} 4096 pages, {sms} SMs", if h2d { "H2D" } else { "D2H" });
-            println!("{what:<44} {:>8.2} GB/s ratio {:.3}", gbps(bytes, secs), ceiling_secs / secs);
-            rows.push(Row { what, bytes, secs, ceiling_secs });
+            let (si, di) = (expand(&pages), expand(&pages2));
+            let (gsi, gdi) = (gpu.upload_indices(&si)?, gpu.upload_indices(&di)?);
+            let bytes = specs[0].bytes_moved(si.len() as u64)?;
+            for (sms, order) in [
+                (None, CopyOrder::LayerThenItem),
+                (None, CopyOrder::PageThenLayer),
+                (Some(16), CopyOrder::Auto),
+                (Some(32), CopyOrder::Auto),
+            ] {
+                let capped = LaunchShape { max_sms: sms, blocks_per_sm: 8, order };
+                let secs = if h2d {
+                    time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, capped))?
+                } else {
+                    time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, capped))?
+                };
+                let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
+                let sm_text = sms.map_or("all SMs".to_string(), |n| format!("{n} SMs"));
+                let what = format!(
+                    "MLA fp8 656 B {granularity:?} {} 4096 pages, {sm_text}, {order:?}",
+                    if h2d { "H2D" } else { "D2H" }
+                );
+                println!("{what:<70} {:>8.2} GB/s ratio {:.3}", gbps(bytes, secs), ceiling_secs / secs);
+                rows.push(Row { what, bytes, secs, ceiling_secs });
+            }
         }
     }
     drop(host);
@@ -270,11 +294,8 @@ fn run_specs(
     di: &DeviceIndices,
     shape: LaunchShape,
 ) -> Result<(), KernelError> {
-    for spec in specs {
-        // SAFETY: the buffers outlive the timing loop, which ends in gpu.finish().
-        unsafe { gpu.enqueue_copy_items(spec, src, dst, si, di, shape)? };
-    }
-    Ok(())
+    // SAFETY: the buffers outlive the timing loop, which ends in gpu.finish().
+    unsafe { gpu.enqueue_copy_items_multi(specs, src, dst, si, di, shape) }
 }
 
 fn memcpy_secs(
@@ -369,6 +390,18 @@ fn quantizer_bench(gpu: &Gpu, dump: Option<&str>) -> Result<String, KernelError>
     drop(a);
     drop(b);
     let moved = tokens as u64 * (256 + 132);
+    for blocks_per_sm in [4u32, 16] {
+        let shape = LaunchShape { blocks_per_sm, ..LaunchShape::default() };
+        let secs = time_median(gpu, 3, 21, || {
+            // SAFETY: buffers live until finish() inside time_median.
+            unsafe { gpu.enqueue_quantize_index_k(&spec, &gkeys, &gslots, &mut cache, ScaleFormat::F32, shape) }
+        })?;
+        out += &format!(
+            "| quantize_index_k F32, {blocks_per_sm} blocks/SM | {moved} | {:.1} | {:.3} |\n",
+            gbps(moved, secs),
+            gbps(moved, secs) / d2d_rate
+        );
+    }
     for format in [ScaleFormat::F32, ScaleFormat::Ue8m0] {
         let secs = time_median(gpu, 3, 21, || {
             // SAFETY: buffers live until finish() inside time_median.
