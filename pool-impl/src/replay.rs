@@ -206,6 +206,8 @@ pub struct ReplayReport {
     pub sessions: u64,
     /// Sessions with any top-k or latent difference from the reference.
     pub corrupted_sessions: u64,
+    /// Sessions that had pages loaded back from the host pool at least once.
+    pub sessions_with_loaded_pages: u64,
     /// Decode steps (all sessions, turns, tokens).
     pub decode_steps: u64,
     /// (step, layer) selections that differed.
@@ -261,6 +263,7 @@ struct Session {
     len: u64,
     pages: Vec<usize>,
     corrupted: bool,
+    loaded: bool,
     /// Reference keys per simulated layer, flat `[len][index_head_dim]`.
     ref_keys: Vec<Vec<f32>>,
 }
@@ -436,6 +439,7 @@ pub fn run(
         host_fingerprint: format!("{host_fp:#018x}"),
         sessions: w.sessions,
         corrupted_sessions: 0,
+        sessions_with_loaded_pages: 0,
         decode_steps: 0,
         topk_mismatches: 0,
         latent_mismatches: 0,
@@ -485,6 +489,7 @@ pub fn run(
                 len: 0,
                 pages: Vec::new(),
                 corrupted: false,
+                loaded: false,
                 ref_keys: vec![Vec::new(); sim_layers as usize],
             })
             .collect(),
@@ -508,6 +513,7 @@ pub fn run(
     let stats = sim.cache.stats();
     let r = &mut sim.report;
     r.corrupted_sessions = sim.sessions.iter().filter(|s| s.corrupted).count() as u64;
+    r.sessions_with_loaded_pages = sim.sessions.iter().filter(|s| s.loaded).count() as u64;
     r.pages_backed_up = stats.pages_backed_up;
     r.pages_loaded = stats.pages_loaded;
     r.bytes_backed_up = stats.bytes_backed_up;
@@ -750,7 +756,22 @@ impl Sim<'_> {
             .filter(|&id| self.pages[id].device.is_none())
             .collect();
         self.report.device_page_hits += (needed.len() - missing.len()) as u64;
-        self.make_room(missing.len())?;
+        // Room for the pages to load and, as far as unpinned pages allow, for the pages this
+        // turn will append, so that evictions are backed up in one transfer per batch.
+        let mut new_pages = 0u64;
+        for sid in batch.clone() {
+            let len = self.sessions[sid as usize].len;
+            let mut add = self.w.user_tokens + self.w.decode_tokens;
+            if turn == 0 && len == 0 {
+                add += self.w.prefix_pages * self.page_size;
+            }
+            new_pages += (len + add).div_ceil(self.page_size) - len.div_ceil(self.page_size);
+        }
+        let evictable = (0..self.pages.len())
+            .filter(|&i| self.pages[i].device.is_some() && !self.pages[i].pinned)
+            .count();
+        let room = (missing.len() + new_pages as usize).min(self.device_free.len() + evictable);
+        self.make_room(room.max(missing.len()))?;
         let mut pairs = Vec::new();
         let mut loaded = Vec::new();
         let mut lost = Vec::new();
@@ -779,6 +800,12 @@ impl Sim<'_> {
         }
         for id in lost {
             self.recompute(id)?;
+        }
+        for sid in batch.clone() {
+            let s = &self.sessions[sid as usize];
+            if s.pages.iter().any(|id| loaded.contains(id)) {
+                self.sessions[sid as usize].loaded = true;
+            }
         }
         // Prefill: the first session of a group writes its prefix; then the turn's prompt.
         for sid in batch.clone() {

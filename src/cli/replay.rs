@@ -123,8 +123,13 @@ fn print_report(r: &ReplayReport) {
         );
     }
     println!(
-        "sessions {}: corrupted {} ({} decode steps; top-k mismatches {}, latent mismatches {})",
-        r.sessions, r.corrupted_sessions, r.decode_steps, r.topk_mismatches, r.latent_mismatches
+        "sessions {}: corrupted {} ({} had pages loaded from the host; {} decode steps, top-k mismatches {}, latent mismatches {})",
+        r.sessions,
+        r.corrupted_sessions,
+        r.sessions_with_loaded_pages,
+        r.decode_steps,
+        r.topk_mismatches,
+        r.latent_mismatches
     );
     println!(
         "pages: {} device hits, {} backed up ({} B), {} loaded ({} B)",

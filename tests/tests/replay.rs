@@ -121,6 +121,10 @@ fn bf16_index_k_fp8_formula_host_without_verify_corrupts_sessions() {
     let r = completed(run(IndexK::Bf16, fp8_formula_host(), false));
     assert!(r.corrupted_sessions > 0, "{r:?}");
     assert!(r.topk_mismatches > 0);
+    // Only sessions that loaded pages from the host are hit (the seed: HiCache on only).
+    assert!(r.corrupted_sessions <= r.sessions_with_loaded_pages, "{r:?}");
+    // The kv buffer (656 B on both sides) is copied right: only the indexer is misled.
+    assert_eq!(r.latent_mismatches, 0);
     assert_eq!(r.pairing, "unverified (--no-verify)");
     assert!(
         r.mismatch
