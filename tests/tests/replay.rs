@@ -122,7 +122,10 @@ fn bf16_index_k_fp8_formula_host_without_verify_corrupts_sessions() {
     assert!(r.corrupted_sessions > 0, "{r:?}");
     assert!(r.topk_mismatches > 0);
     // Only sessions that loaded pages from the host are hit (the seed: HiCache on only).
-    assert!(r.corrupted_sessions <= r.sessions_with_loaded_pages, "{r:?}");
+    assert!(
+        r.corrupted_sessions <= r.sessions_with_loaded_pages,
+        "{r:?}"
+    );
     // The kv buffer (656 B on both sides) is copied right: only the indexer is misled.
     assert_eq!(r.latent_mismatches, 0);
     assert_eq!(r.pairing, "unverified (--no-verify)");
