@@ -89,9 +89,21 @@ impl SideSpec {
     pub fn end_bytes(&self, item_bytes: u64, items_per_page: u64) -> Result<u64, KernelError> {
         let f = "end of the last item";
         let mut end = self.base_bytes;
-        end = add(end, mul(self.layers.saturating_sub(1), self.layer_stride_bytes, f)?, f)?;
-        end = add(end, mul(self.pages.saturating_sub(1), self.page_stride_bytes, f)?, f)?;
-        end = add(end, mul(items_per_page.saturating_sub(1), self.item_stride_bytes, f)?, f)?;
+        end = add(
+            end,
+            mul(self.layers.saturating_sub(1), self.layer_stride_bytes, f)?,
+            f,
+        )?;
+        end = add(
+            end,
+            mul(self.pages.saturating_sub(1), self.page_stride_bytes, f)?,
+            f,
+        )?;
+        end = add(
+            end,
+            mul(items_per_page.saturating_sub(1), self.item_stride_bytes, f)?,
+            f,
+        )?;
         add(end, item_bytes, f)
     }
 }
@@ -114,7 +126,10 @@ impl CopySpec {
             return Err(KernelError::spec("item_bytes", "must be at least 1, got 0"));
         }
         if self.items_per_page == 0 {
-            return Err(KernelError::spec("items_per_page", "must be at least 1, got 0"));
+            return Err(KernelError::spec(
+                "items_per_page",
+                "must be at least 1, got 0",
+            ));
         }
         if self.layers.start >= self.layers.end {
             return Err(KernelError::spec(
@@ -238,7 +253,7 @@ impl CopySpec {
         }
         [16u64, 8, 4, 2, 1]
             .into_iter()
-            .find(|w| all % w == 0)
+            .find(|w| all.is_multiple_of(*w))
             .unwrap_or(1)
     }
 
@@ -286,9 +301,7 @@ impl CopySpec {
                         bytes
                     };
                     match parts.last_mut() {
-                        Some(last) if last.0 + last.1 == off && last.2 == stride => {
-                            last.1 += bytes
-                        }
+                        Some(last) if last.0 + last.1 == off && last.2 == stride => last.1 += bytes,
                         _ => parts.push((off, bytes, stride)),
                     }
                 }
@@ -347,11 +360,7 @@ fn side_of_pool(
     // The far corner must sit where the strides put it (the layout is affine).
     let f = "pool corner";
     let predicted = add(
-        add(
-            origin,
-            mul(layers - 1, layer_stride_bytes, f)?,
-            f,
-        )?,
+        add(origin, mul(layers - 1, layer_stride_bytes, f)?, f)?,
         mul(pages - 1, page_stride_bytes, f)?,
         f,
     )?;

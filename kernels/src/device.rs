@@ -133,8 +133,7 @@ pub const SELF_CHECK_MAX_ITEMS: u64 = 4096;
 
 /// List positions per chunk of the copy's work order (see the copy kernel).
 fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
-    let page_major =
-        |s: &crate::copy_spec::SideSpec| s.layer_stride_bytes < s.page_stride_bytes;
+    let page_major = |s: &crate::copy_spec::SideSpec| s.layer_stride_bytes < s.page_stride_bytes;
     let order = match order {
         CopyOrder::Auto if page_major(&spec.src) || page_major(&spec.dst) => {
             CopyOrder::PageThenLayer
@@ -143,7 +142,7 @@ fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
         o => o,
     };
     match order {
-        CopyOrder::PageThenLayer if n % spec.items_per_page == 0 => spec.items_per_page,
+        CopyOrder::PageThenLayer if n.is_multiple_of(spec.items_per_page) => spec.items_per_page,
         CopyOrder::PageThenLayer => 1,
         _ => n,
     }
@@ -181,7 +180,8 @@ impl Gpu {
         if !driver_present() {
             return Err(KernelError::NoDriver);
         }
-        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuInit / cuDevicePrimaryCtxRetain"))?;
+        let ctx =
+            CudaContext::new(ordinal).map_err(driver_err("cuInit / cuDevicePrimaryCtxRetain"))?;
         // One stream, ordered by us: cudarc's per-buffer event tracking is not needed.
         // SAFETY: every launch and copy of this Gpu goes through `stream`.
         unsafe { ctx.disable_event_tracking() };
@@ -195,7 +195,9 @@ impl Gpu {
         let err = stream
             .alloc_zeros::<u64>(2)
             .map_err(driver_err("cuMemAlloc"))?;
-        stream.synchronize().map_err(driver_err("cuStreamSynchronize"))?;
+        stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
         Ok(Gpu {
             ctx,
             stream,
@@ -263,7 +265,10 @@ impl Gpu {
             prec_div: Some(true),
             prec_sqrt: Some(true),
             fmad: Some(false),
-            options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()],
+            options: vec![
+                format!("--gpu-architecture={arch}"),
+                "--std=c++17".to_string(),
+            ],
             name: Some("kvlayout_kernels.cu".to_string()),
             ..Default::default()
         };
@@ -321,7 +326,10 @@ impl Gpu {
     /// Device memory of `len_bytes` bytes, zeroed.
     pub fn alloc_device(&self, len_bytes: usize) -> Result<DeviceBytes, KernelError> {
         if len_bytes == 0 {
-            return Err(KernelError::spec("len_bytes", "a device buffer needs at least 1 byte"));
+            return Err(KernelError::spec(
+                "len_bytes",
+                "a device buffer needs at least 1 byte",
+            ));
         }
         let slice = self
             .stream
@@ -399,7 +407,9 @@ impl Gpu {
     }
 
     fn grid(&self, shape: LaunchShape, work_threads: u64) -> u32 {
-        let sms = shape.max_sms.map_or(self.sm_count, |m| m.clamp(1, self.sm_count));
+        let sms = shape
+            .max_sms
+            .map_or(self.sm_count, |m| m.clamp(1, self.sm_count));
         let most = u64::from(sms) * u64::from(shape.blocks_per_sm.max(1));
         let needed = work_threads.div_ceil(u64::from(THREADS_PER_BLOCK)).max(1);
         most.min(needed) as u32
@@ -524,7 +534,14 @@ impl Gpu {
         dst_idx: &DeviceIndices,
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
-        self.copy_items_multi(std::slice::from_ref(spec), src, dst, src_idx, dst_idx, shape)
+        self.copy_items_multi(
+            std::slice::from_ref(spec),
+            src,
+            dst,
+            src_idx,
+            dst_idx,
+            shape,
+        )
     }
 
     /// [`Gpu::copy_items`] for several specs driven by the same index lists (the parts of a
@@ -541,7 +558,8 @@ impl Gpu {
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
         // SAFETY: finish() waits for the launches before the borrows end.
-        let queued = unsafe { self.enqueue_copy_items_multi(specs, src, dst, src_idx, dst_idx, shape) };
+        let queued =
+            unsafe { self.enqueue_copy_items_multi(specs, src, dst, src_idx, dst_idx, shape) };
         let finished = self.finish();
         queued.and(finished)
     }
@@ -562,7 +580,14 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         // SAFETY: forwarded to the caller.
         unsafe {
-            self.enqueue_copy_items_multi(std::slice::from_ref(spec), src, dst, src_idx, dst_idx, shape)
+            self.enqueue_copy_items_multi(
+                std::slice::from_ref(spec),
+                src,
+                dst,
+                src_idx,
+                dst_idx,
+                shape,
+            )
         }
     }
 
@@ -624,7 +649,15 @@ impl Gpu {
         }
         for (i, spec) in specs.iter().enumerate() {
             // Only the first part checks; later parts see its error record and return.
-            self.launch_copy(spec, src, dst, src_idx, dst_idx, shape, self_check && i == 0)?;
+            self.launch_copy(
+                spec,
+                src,
+                dst,
+                src_idx,
+                dst_idx,
+                shape,
+                self_check && i == 0,
+            )?;
         }
         Ok(())
     }
@@ -715,10 +748,13 @@ impl Gpu {
     ) -> Result<IndexKParams, KernelError> {
         spec.validate()?;
         crate::copy_cpu::check_len("index-K cache", spec.total_bytes, cache.len_bytes())?;
-        if cache.device_address() % 4 != 0 {
+        if !cache.device_address().is_multiple_of(4) {
             return Err(KernelError::spec(
                 "cache",
-                format!("address {:#x} is not 4-byte aligned", cache.device_address()),
+                format!(
+                    "address {:#x} is not 4-byte aligned",
+                    cache.device_address()
+                ),
             ));
         }
         Ok(IndexKParams {
@@ -763,7 +799,7 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         let params = self.index_k_params(spec, &*cache, format)?;
         let key_bytes = keys.len_bytes();
-        if key_bytes % 2 != 0 || keys.device_address() % 8 != 0 {
+        if !key_bytes.is_multiple_of(2) || !keys.device_address().is_multiple_of(8) {
             return Err(KernelError::spec(
                 "keys",
                 "bf16 keys need an even byte length and an 8-byte aligned address",
@@ -781,8 +817,11 @@ impl Gpu {
             block_dim: (THREADS_PER_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (keys_addr, cache_addr, slots_addr) =
-            (keys.device_address(), cache.device_address(), slots.address());
+        let (keys_addr, cache_addr, slots_addr) = (
+            keys.device_address(),
+            cache.device_address(),
+            slots.address(),
+        );
         let (err_ptr, _s) = self.err.device_ptr(&self.stream);
         // SAFETY: arguments match quantize_index_k; keys hold tokens * 128 bf16; the cache
         // length bounds every page (validate + check_len); slots are validated first.
@@ -814,7 +853,7 @@ impl Gpu {
         let params = self.index_k_params(spec, cache, ScaleFormat::F32)?;
         let tokens = slots.len() as u64;
         let out_bytes = tokens * HEAD_DIM_ELEMS * 4;
-        if out.len_bytes() != out_bytes || out.device_address() % 16 != 0 {
+        if out.len_bytes() != out_bytes || !out.device_address().is_multiple_of(16) {
             return Err(KernelError::Length {
                 what: "dequantized output (f32 [tokens, 128], 16-byte aligned)".to_string(),
                 expected: out_bytes,
@@ -832,8 +871,11 @@ impl Gpu {
             block_dim: (THREADS_PER_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (cache_addr, out_addr, slots_addr) =
-            (cache.device_address(), out.device_address(), slots.address());
+        let (cache_addr, out_addr, slots_addr) = (
+            cache.device_address(),
+            out.device_address(),
+            slots.address(),
+        );
         let (err_ptr, _s) = self.err.device_ptr(&self.stream);
         // SAFETY: arguments match dequantize_index_k; out holds tokens * 128 f32.
         unsafe {
@@ -865,7 +907,10 @@ impl Gpu {
 
     /// Uploads bf16 keys (`[tokens, 128]`) as device bytes.
     pub fn upload_bf16(&self, keys: &[bf16]) -> Result<DeviceBytes, KernelError> {
-        let bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_bits().to_le_bytes()).collect();
+        let bytes: Vec<u8> = keys
+            .iter()
+            .flat_map(|k| k.to_bits().to_le_bytes())
+            .collect();
         self.upload(&bytes)
     }
 }

@@ -61,11 +61,18 @@ unsafe impl Send for PinnedBytes {}
 unsafe impl Sync for PinnedBytes {}
 
 impl PinnedBytes {
-    pub(crate) fn new(ctx: &Arc<CudaContext>, len_bytes: usize) -> Result<PinnedBytes, KernelError> {
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        len_bytes: usize,
+    ) -> Result<PinnedBytes, KernelError> {
         if len_bytes == 0 {
-            return Err(KernelError::spec("len_bytes", "a pinned buffer needs at least 1 byte"));
+            return Err(KernelError::spec(
+                "len_bytes",
+                "a pinned buffer needs at least 1 byte",
+            ));
         }
-        ctx.bind_to_thread().map_err(driver_err("cuCtxSetCurrent"))?;
+        ctx.bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))?;
         let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: a fresh allocation of len_bytes; freed once in Drop.
         let ptr = unsafe { result::malloc_host(len_bytes, flags) }

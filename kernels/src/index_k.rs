@@ -107,7 +107,7 @@ impl IndexKPages {
             ("base_bytes", self.base_bytes),
             ("page_stride_bytes", self.page_stride_bytes),
         ] {
-            if v % 4 != 0 {
+            if !v.is_multiple_of(4) {
                 return Err(KernelError::spec(
                     field,
                     format!("{v} is not a multiple of 4"),

@@ -46,7 +46,10 @@ impl SplitMix64 {
 
     /// `count` distinct values from `0..limit`, in random order (partial Fisher-Yates).
     pub fn distinct_below(&mut self, limit: u64, count: usize) -> Vec<u64> {
-        assert!(count as u64 <= limit, "cannot draw {count} distinct values below {limit}");
+        assert!(
+            count as u64 <= limit,
+            "cannot draw {count} distinct values below {limit}"
+        );
         let mut all: Vec<u64> = (0..limit).collect();
         for i in 0..count {
             let j = i + self.below((all.len() - i) as u64) as usize;

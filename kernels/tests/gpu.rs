@@ -11,8 +11,8 @@ use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError, LaunchShape,
-    PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
+    CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
+    LaunchShape, PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
 };
 
 const LAYERS: u64 = 3;
@@ -95,10 +95,13 @@ fn transfer_case(
 ) {
     let host = pool(host_layout, HOST_PAGES);
     let device = pool(MemoryLayout::LayerFirst, DEVICE_PAGES);
-    let (src_pool, dst_pool) = if h2d { (&host, &device) } else { (&device, &host) };
+    let (src_pool, dst_pool) = if h2d {
+        (&host, &device)
+    } else {
+        (&device, &host)
+    };
     let specs =
-        CopySpec::for_pool_buffer(src_pool, dst_pool, buffer, granularity, layers.clone())
-            .unwrap();
+        CopySpec::for_pool_buffer(src_pool, dst_pool, buffer, granularity, layers.clone()).unwrap();
     let mut rng = SplitMix64::new(seed);
     let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
     let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
@@ -118,16 +121,24 @@ fn transfer_case(
         gpu.upload_indices(&dst_idx).unwrap(),
     );
     let mut expect = poison.clone();
-    gpu.copy_items_multi(&specs, src.bytes(), dst.bytes_mut(), &gs, &gd, LaunchShape::default())
-        .unwrap();
+    gpu.copy_items_multi(
+        &specs,
+        src.bytes(),
+        dst.bytes_mut(),
+        &gs,
+        &gd,
+        LaunchShape::default(),
+    )
+    .unwrap();
     for spec in &specs {
         copy_items_cpu(spec, &src_bytes, &mut expect, &src_idx, &dst_idx).unwrap();
     }
     let got = dst.read(gpu);
-    let case = format!(
-        "{host_layout} buffer {buffer} {granularity:?} layers {layers:?} h2d={h2d}"
+    let case = format!("{host_layout} buffer {buffer} {granularity:?} layers {layers:?} h2d={h2d}");
+    assert!(
+        got == expect,
+        "{case}: GPU result differs from the CPU reference"
     );
-    assert!(got == expect, "{case}: GPU result differs from the CPU reference");
     assert!(got != poison, "{case}: nothing was copied");
 
     // One bad index at the end of the src list: refused, nothing moves on either side.
@@ -135,7 +146,14 @@ fn transfer_case(
     *bad_src.last_mut().unwrap() = src_limit;
     let gbad = gpu.upload_indices(&bad_src).unwrap();
     let err = gpu
-        .copy_items_multi(&specs, src.bytes(), dst.bytes_mut(), &gbad, &gd, LaunchShape::default())
+        .copy_items_multi(
+            &specs,
+            src.bytes(),
+            dst.bytes_mut(),
+            &gbad,
+            &gd,
+            LaunchShape::default(),
+        )
         .unwrap_err();
     assert_eq!(
         err,
@@ -149,11 +167,24 @@ fn transfer_case(
         },
         "{case}"
     );
-    assert!(dst.read(gpu) == expect, "{case}: a refused copy changed dst");
-    assert!(src.read(gpu) == src_bytes, "{case}: a refused copy changed src");
+    assert!(
+        dst.read(gpu) == expect,
+        "{case}: a refused copy changed dst"
+    );
+    assert!(
+        src.read(gpu) == src_bytes,
+        "{case}: a refused copy changed src"
+    );
     // The error was collected: the next good copy runs again.
-    gpu.copy_items(&specs[0], src.bytes(), dst.bytes_mut(), &gs, &gd, LaunchShape::default())
-        .unwrap();
+    gpu.copy_items(
+        &specs[0],
+        src.bytes(),
+        dst.bytes_mut(),
+        &gs,
+        &gd,
+        LaunchShape::default(),
+    )
+    .unwrap();
 }
 
 #[test]
@@ -267,7 +298,13 @@ fn long_lists_are_validated_by_their_own_launch() {
         pages,
         total_bytes: 2 * pages * items_per_page * item,
     };
-    let spec = CopySpec { item_bytes: item, items_per_page, layers: 0..2, src: side, dst: side };
+    let spec = CopySpec {
+        item_bytes: item,
+        items_per_page,
+        layers: 0..2,
+        src: side,
+        dst: side,
+    };
     let count = 6000usize; // > SELF_CHECK_MAX_ITEMS (4096)
     assert!(count as u64 > kvlayout_kernels::SELF_CHECK_MAX_ITEMS);
     let src_bytes = rng.bytes(side.total_bytes as usize);
@@ -276,8 +313,12 @@ fn long_lists_are_validated_by_their_own_launch() {
     let di = rng.distinct_below(pages * items_per_page, count);
     let src = gpu.upload(&src_bytes).unwrap();
     let mut dst = gpu.upload(&poison).unwrap();
-    let (gs, gd) = (gpu.upload_indices(&si).unwrap(), gpu.upload_indices(&di).unwrap());
-    gpu.copy_items(&spec, &src, &mut dst, &gs, &gd, LaunchShape::default()).unwrap();
+    let (gs, gd) = (
+        gpu.upload_indices(&si).unwrap(),
+        gpu.upload_indices(&di).unwrap(),
+    );
+    gpu.copy_items(&spec, &src, &mut dst, &gs, &gd, LaunchShape::default())
+        .unwrap();
     let mut expect = poison.clone();
     copy_items_cpu(&spec, &src_bytes, &mut expect, &si, &di).unwrap();
     assert!(gpu.read(&dst).unwrap() == expect);
@@ -300,7 +341,10 @@ fn long_lists_are_validated_by_their_own_launch() {
             bad_count: 2,
         }
     );
-    assert!(gpu.read(&dst).unwrap() == expect, "a refused copy changed dst");
+    assert!(
+        gpu.read(&dst).unwrap() == expect,
+        "a refused copy changed dst"
+    );
 }
 
 fn quant_case(gpu: &Gpu, format: ScaleFormat, seed: u64) {
@@ -318,13 +362,23 @@ fn quant_case(gpu: &Gpu, format: ScaleFormat, seed: u64) {
     let gkeys = gpu.upload_bf16(&keys).unwrap();
     let gslots = gpu.upload_indices(&slots).unwrap();
     let mut cache = gpu.upload(&poison).unwrap();
-    gpu.quantize_index_k(&spec, &gkeys, &gslots, &mut cache, format, LaunchShape::default())
-        .unwrap();
+    gpu.quantize_index_k(
+        &spec,
+        &gkeys,
+        &gslots,
+        &mut cache,
+        format,
+        LaunchShape::default(),
+    )
+    .unwrap();
     let mut expect = poison.clone();
     quantize_index_k_cpu(&spec, &keys, &slots, &mut expect, format).unwrap();
     let got = gpu.read(&cache).unwrap();
     let diff = got.iter().zip(&expect).filter(|(a, b)| a != b).count();
-    assert_eq!(diff, 0, "{format:?}: {diff} bytes differ from the CPU reference");
+    assert_eq!(
+        diff, 0,
+        "{format:?}: {diff} bytes differ from the CPU reference"
+    );
     assert!(got != poison);
 
     // Dequantize: GPU and CPU bit for bit.
@@ -336,20 +390,40 @@ fn quant_case(gpu: &Gpu, format: ScaleFormat, seed: u64) {
     dequantize_index_k_cpu(&spec, &expect, &slots, &mut cpu_out).unwrap();
     let gpu_out = gpu.read(&out).unwrap();
     let cpu_bytes: Vec<u8> = cpu_out.iter().flat_map(|f| f.to_le_bytes()).collect();
-    assert!(gpu_out == cpu_bytes, "{format:?}: dequantized values differ");
+    assert!(
+        gpu_out == cpu_bytes,
+        "{format:?}: dequantized values differ"
+    );
 
     // A slot past the end: refused, cache unchanged.
     let mut bad = slots.clone();
     bad[17] = spec.slot_limit().unwrap() + 3;
     let gbad = gpu.upload_indices(&bad).unwrap();
     let err = gpu
-        .quantize_index_k(&spec, &gkeys, &gbad, &mut cache, format, LaunchShape::default())
+        .quantize_index_k(
+            &spec,
+            &gkeys,
+            &gbad,
+            &mut cache,
+            format,
+            LaunchShape::default(),
+        )
         .unwrap_err();
     assert!(
-        matches!(err, KernelError::IndexOutOfRange { position: 17, bad_count: 1, .. }),
+        matches!(
+            err,
+            KernelError::IndexOutOfRange {
+                position: 17,
+                bad_count: 1,
+                ..
+            }
+        ),
         "{err:?}"
     );
-    assert!(gpu.read(&cache).unwrap() == expect, "a refused quantize changed the cache");
+    assert!(
+        gpu.read(&cache).unwrap() == expect,
+        "a refused quantize changed the cache"
+    );
 }
 
 #[test]

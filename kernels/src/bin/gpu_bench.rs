@@ -16,8 +16,8 @@ use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::quantize_index_k_cpu;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    CopyOrder, CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
-    LaunchShape, PinnedBytes, ScaleFormat, Side,
+    CopyOrder, CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity, IndexKPages,
+    KernelError, LaunchShape, PinnedBytes, ScaleFormat, Side,
 };
 
 const LAYERS: u64 = 61;
@@ -106,9 +106,7 @@ fn gbps(bytes: u64, secs: f64) -> f64 {
 }
 
 fn main() -> Result<(), KernelError> {
-    let dump = std::env::args()
-        .skip_while(|a| a != "--dump")
-        .nth(1);
+    let dump = std::env::args().skip_while(|a| a != "--dump").nth(1);
     let t0 = Instant::now();
     let gpu = Gpu::new(0)?;
     gpu.compile()?;
@@ -121,7 +119,10 @@ fn main() -> Result<(), KernelError> {
     );
 
     for r in gpu.kernel_report()? {
-        println!("kernel {:<22} {:>3} registers, {:>2} blocks of 256 per SM", r.name, r.registers, r.blocks_per_sm);
+        println!(
+            "kernel {:<22} {:>3} registers, {:>2} blocks of 256 per SM",
+            r.name, r.registers, r.blocks_per_sm
+        );
     }
     let device_pool = pool(MemoryLayout::LayerFirst);
     let host_pool = pool(MemoryLayout::PageFirst);
@@ -147,7 +148,11 @@ fn main() -> Result<(), KernelError> {
     let mut naive_rows: Vec<(String, u64, f64, f64)> = Vec::new();
     let shape = LaunchShape::default();
 
-    for (buffer, label) in [(0usize, "MLA fp8 656 B"), (1, "index-K fp8 132 B"), (2, "index-K bf16 256 B")] {
+    for (buffer, label) in [
+        (0usize, "MLA fp8 656 B"),
+        (1, "index-K fp8 132 B"),
+        (2, "index-K bf16 256 B"),
+    ] {
         for granularity in [Granularity::Token, Granularity::Page] {
             for pages in [1u64, 64, 4096] {
                 for h2d in [true, false] {
@@ -156,8 +161,7 @@ fn main() -> Result<(), KernelError> {
                     } else {
                         (&device_pool, &host_pool)
                     };
-                    let specs =
-                        CopySpec::for_pool_buffer(sp, dp, buffer, granularity, 0..LAYERS)?;
+                    let specs = CopySpec::for_pool_buffer(sp, dp, buffer, granularity, 0..LAYERS)?;
                     // Random distinct pages on each side; token lists cover every token of them.
                     let src_pages = rng.distinct_below(POOL_PAGES, pages as usize);
                     let dst_pages = rng.distinct_below(POOL_PAGES, pages as usize);
@@ -180,9 +184,13 @@ fn main() -> Result<(), KernelError> {
                     let (warm, reps) = reps_for(bytes);
                     let dir = if h2d { "H2D" } else { "D2H" };
                     let secs = if h2d {
-                        time_median(&gpu, warm, reps, || run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, shape))?
+                        time_median(&gpu, warm, reps, || {
+                            run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, shape)
+                        })?
                     } else {
-                        time_median(&gpu, warm, reps, || run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, shape))?
+                        time_median(&gpu, warm, reps, || {
+                            run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, shape)
+                        })?
                     };
                     let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
                     let what = format!("{label} {granularity:?} {dir} {pages} pages");
@@ -193,7 +201,12 @@ fn main() -> Result<(), KernelError> {
                         gbps(bytes, ceiling_secs),
                         ceiling_secs / secs
                     );
-                    rows.push(Row { what, bytes, secs, ceiling_secs });
+                    rows.push(Row {
+                        what,
+                        bytes,
+                        secs,
+                        ceiling_secs,
+                    });
 
                     // (c) one cuMemcpyAsync per item, for 1 and 64 pages.
                     if pages <= 64 {
@@ -213,7 +226,11 @@ fn main() -> Result<(), KernelError> {
     // Work order and SM cap, 4096 pages of the MLA buffer, both granularities.
     for granularity in [Granularity::Page, Granularity::Token] {
         for h2d in [true, false] {
-            let (sp, dp) = if h2d { (&host_pool, &device_pool) } else { (&device_pool, &host_pool) };
+            let (sp, dp) = if h2d {
+                (&host_pool, &device_pool)
+            } else {
+                (&device_pool, &host_pool)
+            };
             let specs = CopySpec::for_pool_buffer(sp, dp, 0, granularity, 0..LAYERS)?;
             let pages = rng.distinct_below(POOL_PAGES, 4096);
             let pages2 = rng.distinct_below(POOL_PAGES, 4096);
@@ -235,11 +252,19 @@ fn main() -> Result<(), KernelError> {
                 (Some(16), CopyOrder::Auto),
                 (Some(32), CopyOrder::Auto),
             ] {
-                let capped = LaunchShape { max_sms: sms, blocks_per_sm: 8, order };
+                let capped = LaunchShape {
+                    max_sms: sms,
+                    blocks_per_sm: 8,
+                    order,
+                };
                 let secs = if h2d {
-                    time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, capped))?
+                    time_median(&gpu, 1, 5, || {
+                        run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, capped)
+                    })?
                 } else {
-                    time_median(&gpu, 1, 5, || run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, capped))?
+                    time_median(&gpu, 1, 5, || {
+                        run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, capped)
+                    })?
                 };
                 let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
                 let sm_text = sms.map_or("all SMs".to_string(), |n| format!("{n} SMs"));
@@ -247,8 +272,17 @@ fn main() -> Result<(), KernelError> {
                     "MLA fp8 656 B {granularity:?} {} 4096 pages, {sm_text}, {order:?}",
                     if h2d { "H2D" } else { "D2H" }
                 );
-                println!("{what:<70} {:>8.2} GB/s ratio {:.3}", gbps(bytes, secs), ceiling_secs / secs);
-                rows.push(Row { what, bytes, secs, ceiling_secs });
+                println!(
+                    "{what:<70} {:>8.2} GB/s ratio {:.3}",
+                    gbps(bytes, secs),
+                    ceiling_secs / secs
+                );
+                rows.push(Row {
+                    what,
+                    bytes,
+                    secs,
+                    ceiling_secs,
+                });
             }
         }
     }
@@ -257,8 +291,14 @@ fn main() -> Result<(), KernelError> {
 
     let quant = quantizer_bench(&gpu, dump.as_deref())?;
 
-    println!("\n## GPU benchmark ({name}, {} SMs, {})\n", gpu.sm_count(), gpu.arch());
-    println!("| transfer (61 layers, host page_first <-> device layer_first) | bytes | kernel GB/s | memcpy GB/s | ratio to memcpy |");
+    println!(
+        "\n## GPU benchmark ({name}, {} SMs, {})\n",
+        gpu.sm_count(),
+        gpu.arch()
+    );
+    println!(
+        "| transfer (61 layers, host page_first <-> device layer_first) | bytes | kernel GB/s | memcpy GB/s | ratio to memcpy |"
+    );
     println!("|---|---:|---:|---:|---:|");
     for r in &rows {
         println!(
@@ -270,7 +310,9 @@ fn main() -> Result<(), KernelError> {
             r.ceiling_secs / r.secs
         );
     }
-    println!("\n| naive: one cuMemcpyAsync per item | bytes | naive GB/s | kernel GB/s | kernel / naive |");
+    println!(
+        "\n| naive: one cuMemcpyAsync per item | bytes | naive GB/s | kernel GB/s | kernel / naive |"
+    );
     println!("|---|---:|---:|---:|---:|");
     for (what, bytes, naive, kernel) in &naive_rows {
         println!(
@@ -376,7 +418,9 @@ fn quantizer_bench(gpu: &Gpu, dump: Option<&str>) -> Result<String, KernelError>
     let gslots = gpu.upload_indices(&slots)?;
     let mut cache = gpu.alloc_device(spec.total_bytes as usize)?;
     let shape = LaunchShape::default();
-    let mut out = String::from("| quantizer / copy (device memory) | bytes read + written | GB/s | ratio to D2D copy |\n|---|---:|---:|---:|\n");
+    let mut out = String::from(
+        "| quantizer / copy (device memory) | bytes read + written | GB/s | ratio to D2D copy |\n|---|---:|---:|---:|\n",
+    );
     // D2D copy rate of a 1 GiB buffer, read + written bytes.
     let copy_bytes: u64 = 1 << 30;
     let a = gpu.alloc_device(copy_bytes as usize)?;
@@ -386,15 +430,31 @@ fn quantizer_bench(gpu: &Gpu, dump: Option<&str>) -> Result<String, KernelError>
         unsafe { gpu.enqueue_memcpy(b.device_address(), a.device_address(), copy_bytes) }
     })?;
     let d2d_rate = gbps(2 * copy_bytes, d2d);
-    out += &format!("| cuMemcpyAsync D2D 1 GiB | {} | {:.1} | 1.000 |\n", 2 * copy_bytes, d2d_rate);
+    out += &format!(
+        "| cuMemcpyAsync D2D 1 GiB | {} | {:.1} | 1.000 |\n",
+        2 * copy_bytes,
+        d2d_rate
+    );
     drop(a);
     drop(b);
     let moved = tokens as u64 * (256 + 132);
     for blocks_per_sm in [4u32, 16] {
-        let shape = LaunchShape { blocks_per_sm, ..LaunchShape::default() };
+        let shape = LaunchShape {
+            blocks_per_sm,
+            ..LaunchShape::default()
+        };
         let secs = time_median(gpu, 3, 21, || {
             // SAFETY: buffers live until finish() inside time_median.
-            unsafe { gpu.enqueue_quantize_index_k(&spec, &gkeys, &gslots, &mut cache, ScaleFormat::F32, shape) }
+            unsafe {
+                gpu.enqueue_quantize_index_k(
+                    &spec,
+                    &gkeys,
+                    &gslots,
+                    &mut cache,
+                    ScaleFormat::F32,
+                    shape,
+                )
+            }
         })?;
         out += &format!(
             "| quantize_index_k F32, {blocks_per_sm} blocks/SM | {moved} | {:.1} | {:.3} |\n",
@@ -405,7 +465,9 @@ fn quantizer_bench(gpu: &Gpu, dump: Option<&str>) -> Result<String, KernelError>
     for format in [ScaleFormat::F32, ScaleFormat::Ue8m0] {
         let secs = time_median(gpu, 3, 21, || {
             // SAFETY: buffers live until finish() inside time_median.
-            unsafe { gpu.enqueue_quantize_index_k(&spec, &gkeys, &gslots, &mut cache, format, shape) }
+            unsafe {
+                gpu.enqueue_quantize_index_k(&spec, &gkeys, &gslots, &mut cache, format, shape)
+            }
         })?;
         out += &format!(
             "| quantize_index_k {format:?}, {tokens} tokens (256 B in, 132 B out each) | {moved} | {:.1} | {:.3} |\n",
@@ -419,7 +481,9 @@ fn quantizer_bench(gpu: &Gpu, dump: Option<&str>) -> Result<String, KernelError>
         let same = got == expect;
         out += &format!("|  (bit-exact against the CPU reference: {same}) | | | |\n");
         if !same {
-            return Err(KernelError::Unsupported(format!("{format:?}: GPU quantizer differs from the CPU reference")));
+            return Err(KernelError::Unsupported(format!(
+                "{format:?}: GPU quantizer differs from the CPU reference"
+            )));
         }
     }
     if let Some(dir) = dump {
@@ -448,14 +512,24 @@ fn dump_for_torch(gpu: &Gpu, dir: &str) -> Result<(), KernelError> {
     for k in &mut keys[0..128] {
         *k = half::bf16::ZERO;
     }
-    let keys_bytes: Vec<u8> = keys.iter().flat_map(|k| k.to_bits().to_le_bytes()).collect();
+    let keys_bytes: Vec<u8> = keys
+        .iter()
+        .flat_map(|k| k.to_bits().to_le_bytes())
+        .collect();
     std::fs::write(format!("{dir}/keys_bf16.bin"), &keys_bytes).map_err(io)?;
     let slots: Vec<u64> = (0..tokens as u64).collect();
     let gkeys = gpu.upload(&keys_bytes)?;
     let gslots = gpu.upload_indices(&slots)?;
     for (format, name) in [(ScaleFormat::F32, "f32"), (ScaleFormat::Ue8m0, "ue8m0")] {
         let mut cache = gpu.alloc_device(spec.total_bytes as usize)?;
-        gpu.quantize_index_k(&spec, &gkeys, &gslots, &mut cache, format, LaunchShape::default())?;
+        gpu.quantize_index_k(
+            &spec,
+            &gkeys,
+            &gslots,
+            &mut cache,
+            format,
+            LaunchShape::default(),
+        )?;
         std::fs::write(format!("{dir}/cache_{name}.bin"), gpu.read(&cache)?).map_err(io)?;
     }
     Ok(())

@@ -1,0 +1,491 @@
+//! CPU tests: the copy plan, the CPU references and the no-driver path. Every expected number is
+//! worked by hand in a comment from the layouts (DeepSeek-V3.2: MLA fp8 656 B/token, index-K fp8
+//! 128 + 4 B/token, 64-token pages) and the formulas in the module docs.
+
+use half::bf16;
+use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
+use kvlayout_kernels::index_k::{
+    AMAX_FLOOR, INV_E4M3_MAX, quantize_key, round_scale_ue8m0, scale_for_amax,
+};
+use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{
+    CopySpec, Gpu, Granularity, IndexKPages, KernelError, ScaleFormat, SideSpec, copy_items_cpu,
+    dequantize_index_k_cpu, driver_present, quantize_index_k_cpu,
+};
+
+fn pool(memory_layout: MemoryLayout, pages: u64) -> PoolGeometry {
+    PoolGeometry {
+        name: "test".into(),
+        page_size_tokens: 64,
+        pages,
+        memory_layout,
+        buffers: vec![
+            BufferGeometry {
+                name: "kv".into(),
+                layers: 3,
+                layout: formats::DSA_MLA_FP8,
+            },
+            BufferGeometry {
+                name: "index_k".into(),
+                layers: 3,
+                layout: formats::INDEX_K_FP8,
+            },
+        ],
+    }
+}
+
+// Page of one layer: kv 64 x 656 = 41984 B, index_k 64 x 132 = 8448 B; both 3 layers.
+// Device: layer_first, 16 pages: kv region 3 x 16 x 41984 = 2_015_232 B, index_k region
+// 3 x 16 x 8448 = 405_504 B, total 2_420_736 B.
+// Host: page_first, 24 pages: kv region 3 x 24 x 41984 = 3_022_848 B, index_k region
+// 3 x 24 x 8448 = 608_256 B, total 3_631_104 B.
+
+#[test]
+fn token_plan_of_mla_buffer_page_first_host_to_layer_first_device() {
+    let host = pool(MemoryLayout::PageFirst, 24);
+    let device = pool(MemoryLayout::LayerFirst, 16);
+    let specs = CopySpec::for_pool_buffer(&host, &device, 0, Granularity::Token, 0..3).unwrap();
+    // token_major: nope + scales + rope are one contiguous 656-B row: one part.
+    assert_eq!(
+        specs,
+        vec![CopySpec {
+            item_bytes: 656,
+            items_per_page: 64,
+            layers: 0..3,
+            src: SideSpec {
+                base_bytes: 0,
+                layer_stride_bytes: 41_984,
+                page_stride_bytes: 3 * 41_984, // [page][layer]
+                item_stride_bytes: 656,
+                layers: 3,
+                pages: 24,
+                total_bytes: 3_631_104,
+            },
+            dst: SideSpec {
+                base_bytes: 0,
+                layer_stride_bytes: 16 * 41_984, // [layer][page]
+                page_stride_bytes: 41_984,
+                item_stride_bytes: 656,
+                layers: 3,
+                pages: 16,
+                total_bytes: 2_420_736,
+            },
+        }]
+    );
+    // Token 70 of layer 2 = page 1, token 6: host 2 x 41984 + 1 x 125952 + 6 x 656 = 213_856.
+    assert_eq!(
+        specs[0].offset_bytes(kvlayout_kernels::Side::Src, 2, 70),
+        Ok(213_856)
+    );
+    // Device: 2 x 671744 + 1 x 41984 + 6 x 656 = 1_389_408.
+    assert_eq!(
+        specs[0].offset_bytes(kvlayout_kernels::Side::Dst, 2, 70),
+        Ok(1_389_408)
+    );
+}
+
+#[test]
+fn token_plan_of_section_major_index_k_has_a_values_part_and_a_scales_part() {
+    let host = pool(MemoryLayout::PageFirst, 24);
+    let device = pool(MemoryLayout::LayerFirst, 16);
+    let specs = CopySpec::for_pool_buffer(&device, &host, 1, Granularity::Token, 1..2).unwrap();
+    assert_eq!(specs.len(), 2);
+    // Values: 128 B per token at 128 t; scales: 4 B per token at 64 x 128 + 4 t = 8192 + 4 t.
+    assert_eq!((specs[0].item_bytes, specs[1].item_bytes), (128, 4));
+    assert_eq!(
+        (
+            specs[0].src.item_stride_bytes,
+            specs[1].src.item_stride_bytes
+        ),
+        (128, 4)
+    );
+    // Device index_k region starts after the kv region (2_015_232); host's after 3_022_848.
+    assert_eq!(specs[0].src.base_bytes, 2_015_232);
+    assert_eq!(specs[1].src.base_bytes, 2_015_232 + 8192);
+    assert_eq!(specs[0].dst.base_bytes, 3_022_848);
+    assert_eq!(specs[1].dst.base_bytes, 3_022_848 + 8192);
+    // Device layer stride 16 x 8448 = 135_168; host page stride 3 x 8448 = 25_344.
+    assert_eq!(specs[0].src.layer_stride_bytes, 135_168);
+    assert_eq!(specs[1].dst.page_stride_bytes, 25_344);
+    assert_eq!(specs[1].dst.layer_stride_bytes, 8448);
+}
+
+#[test]
+fn page_plan_of_page_first_direct_host() {
+    // page_first_direct: [page][buffer][layer]; a page group is 3 x 41984 + 3 x 8448 = 151_296 B
+    // and index_k sits 3 x 41984 = 125_952 B into each group.
+    let host = pool(MemoryLayout::PageFirstDirect, 24);
+    let device = pool(MemoryLayout::LayerFirst, 16);
+    let specs = CopySpec::for_pool_buffer(&host, &device, 1, Granularity::Page, 0..3).unwrap();
+    assert_eq!(specs.len(), 1);
+    let s = &specs[0];
+    assert_eq!((s.item_bytes, s.items_per_page), (8448, 1));
+    assert_eq!(
+        (
+            s.src.base_bytes,
+            s.src.layer_stride_bytes,
+            s.src.page_stride_bytes
+        ),
+        (125_952, 8448, 151_296)
+    );
+    assert_eq!(s.src.total_bytes, 24 * 151_296);
+    assert_eq!(s.vector_bytes(0, 0), 16); // 8448 = 16 x 528
+}
+
+#[test]
+fn the_seed_bug_is_refused_before_any_plan() {
+    // Host index-K sized by the fp8 formula (132 B/token) against a bf16 device (256 B/token).
+    let mut device = pool(MemoryLayout::LayerFirst, 16);
+    device.buffers[1].layout = formats::INDEX_K_BF16;
+    let host = pool(MemoryLayout::PageFirst, 24);
+    let err = CopySpec::for_pool_buffer(&device, &host, 1, Granularity::Page, 0..3).unwrap_err();
+    assert!(matches!(err, KernelError::Incompatible(_)), "{err:?}");
+    assert!(err.to_string().contains("index_k"), "{err}");
+}
+
+#[test]
+fn page_head_and_head_major_tokens_are_refused() {
+    let mha = |memory_layout| PoolGeometry {
+        name: "mha".into(),
+        page_size_tokens: 16,
+        pages: 4,
+        memory_layout,
+        buffers: vec![BufferGeometry {
+            name: "kv".into(),
+            layers: 2,
+            layout: formats::MHA_BF16_8X128,
+        }],
+    };
+    let err = CopySpec::for_pool_buffer(
+        &mha(MemoryLayout::PageHead),
+        &mha(MemoryLayout::LayerFirst),
+        0,
+        Granularity::Page,
+        0..2,
+    )
+    .unwrap_err();
+    assert!(matches!(err, KernelError::Unsupported(_)), "{err:?}");
+}
+
+fn small_side(pages: u64) -> SideSpec {
+    // 1 layer, `pages` pages of 2 items of 4 bytes.
+    SideSpec {
+        base_bytes: 0,
+        layer_stride_bytes: pages * 8,
+        page_stride_bytes: 8,
+        item_stride_bytes: 4,
+        layers: 1,
+        pages,
+        total_bytes: pages * 8,
+    }
+}
+
+#[test]
+fn validate_names_the_field_and_both_values() {
+    let mut spec = CopySpec {
+        item_bytes: 4,
+        items_per_page: 2,
+        layers: 0..1,
+        src: small_side(3),
+        dst: small_side(2),
+    };
+    assert_eq!(spec.validate(), Ok(()));
+    spec.dst.total_bytes = 15; // the last item ends at 1 x 8 + 1 x 4 + 4 = 16
+    assert_eq!(
+        spec.validate(),
+        Err(KernelError::spec(
+            "dst.total_bytes",
+            "the last item ends at byte 16, past total_bytes 15"
+        ))
+    );
+    spec.dst.total_bytes = 16;
+    spec.src.item_stride_bytes = 3;
+    assert_eq!(
+        spec.validate(),
+        Err(KernelError::spec(
+            "src.item_stride_bytes",
+            "3 is smaller than item_bytes 4: items of one page would overlap"
+        ))
+    );
+    spec.src.item_stride_bytes = 4;
+    spec.layers = 0..2;
+    assert_eq!(
+        spec.validate(),
+        Err(KernelError::spec(
+            "layers",
+            "layer range 0..2 exceeds src.layers 1"
+        ))
+    );
+    spec.layers = 0..1;
+    spec.src.page_stride_bytes = u64::MAX;
+    assert!(matches!(spec.validate(), Err(KernelError::Spec { .. })));
+}
+
+#[test]
+fn cpu_copy_moves_exactly_the_listed_items() {
+    let spec = CopySpec {
+        item_bytes: 4,
+        items_per_page: 2,
+        layers: 0..1,
+        src: small_side(3),
+        dst: small_side(2),
+    };
+    let src: Vec<u8> = (100..124).collect(); // 3 pages x 8 B
+    let mut dst = vec![0xEE; 16];
+    // src item 5 (page 2, item 1: bytes 20..24) -> dst item 0; src item 0 -> dst item 3
+    // (page 1, item 1: bytes 12..16).
+    copy_items_cpu(&spec, &src, &mut dst, &[5, 0], &[0, 3]).unwrap();
+    let mut expect = vec![0xEE; 16];
+    expect[0..4].copy_from_slice(&[120, 121, 122, 123]);
+    expect[12..16].copy_from_slice(&[100, 101, 102, 103]);
+    assert_eq!(dst, expect);
+}
+
+#[test]
+fn cpu_copy_refuses_bad_lists_and_short_buffers_without_writing() {
+    let spec = CopySpec {
+        item_bytes: 4,
+        items_per_page: 2,
+        layers: 0..1,
+        src: small_side(3),
+        dst: small_side(2),
+    };
+    let src: Vec<u8> = (100..124).collect();
+    let mut dst = vec![0xEE; 16];
+    // Position 1 is bad on src (6 >= 3 x 2), position 2 on dst (4 >= 2 x 2).
+    let err = copy_items_cpu(&spec, &src, &mut dst, &[0, 6, 1], &[0, 1, 4]).unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::IndexOutOfRange {
+            position: 1,
+            src_index: 6,
+            src_limit: 6,
+            dst_index: 1,
+            dst_limit: 4,
+            bad_count: 2,
+        }
+    );
+    assert_eq!(dst, vec![0xEE; 16]);
+    let err = copy_items_cpu(&spec, &src, &mut dst, &[0], &[0, 1]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Length {
+                expected: 1,
+                actual: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    let err = copy_items_cpu(&spec, &src, &mut dst[..15], &[0], &[0]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::Length {
+                expected: 16,
+                actual: 15,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(dst, vec![0xEE; 16]);
+}
+
+#[test]
+fn cpu_copy_agrees_with_per_byte_formula_on_random_lists() {
+    // Page-first host -> layer-first device, token granularity, every byte checked against
+    // the address formula computed here independently.
+    let host = pool(MemoryLayout::PageFirst, 24);
+    let device = pool(MemoryLayout::LayerFirst, 16);
+    let spec = &CopySpec::for_pool_buffer(&host, &device, 0, Granularity::Token, 0..3).unwrap()[0];
+    let mut rng = SplitMix64::new(3);
+    let src = rng.bytes(3_631_104);
+    let poison = rng.bytes(2_420_736);
+    let si = rng.distinct_below(24 * 64, 100);
+    let di = rng.distinct_below(16 * 64, 100);
+    let mut dst = poison.clone();
+    copy_items_cpu(spec, &src, &mut dst, &si, &di).unwrap();
+    let mut expect = poison;
+    for layer in 0..3u64 {
+        for (&s, &d) in si.iter().zip(&di) {
+            let so = (s / 64 * 3 + layer) * 41_984 + s % 64 * 656;
+            let dof = (layer * 16 + d / 64) * 41_984 + d % 64 * 656;
+            for b in 0..656 {
+                expect[(dof + b) as usize] = src[(so + b) as usize];
+            }
+        }
+    }
+    assert!(dst == expect);
+}
+
+#[test]
+fn vector_width_follows_sizes_and_addresses() {
+    let mut spec = CopySpec {
+        item_bytes: 656, // 16 x 41
+        items_per_page: 64,
+        layers: 0..1,
+        src: small_side(1),
+        dst: small_side(1),
+    };
+    for s in [&mut spec.src, &mut spec.dst] {
+        s.page_stride_bytes = 41_984;
+        s.item_stride_bytes = 656;
+        s.layer_stride_bytes = 41_984;
+    }
+    assert_eq!(spec.vector_bytes(0, 0), 16);
+    assert_eq!(spec.vector_bytes(8, 0), 8); // a buffer only 8-byte aligned
+    spec.item_bytes = 4;
+    spec.src.item_stride_bytes = 4;
+    spec.dst.item_stride_bytes = 4;
+    assert_eq!(spec.vector_bytes(0, 0), 4); // the 4-B scale part of a section_major token
+}
+
+#[test]
+fn quantizer_constants_are_deepseeks() {
+    assert_eq!(INV_E4M3_MAX, (1.0f64 / 448.0) as f32);
+    assert_eq!(INV_E4M3_MAX, 1.0f32 / 448.0);
+    assert_eq!(AMAX_FLOOR, 1e-4f32);
+    // 2^ceil(log2 x): 0.75 -> 1, 1 -> 1, 0.004464 (2 x 1/448) -> 2^-7 = 0.0078125.
+    assert_eq!(round_scale_ue8m0(0.75), 1.0);
+    assert_eq!(round_scale_ue8m0(1.0), 1.0);
+    assert_eq!(round_scale_ue8m0(2.0 * INV_E4M3_MAX), 0.007_812_5);
+}
+
+fn key(values: &[(usize, f32)], fill: f32) -> [bf16; 128] {
+    let mut k = [bf16::from_f32(fill); 128];
+    for &(i, v) in values {
+        k[i] = bf16::from_f32(v);
+    }
+    k
+}
+
+#[test]
+fn quantize_key_by_hand_f32_scale() {
+    // amax 2.0: scale = 2 x f32(1/448) = 0.0044642859; x / scale:
+    // 2.0 -> 447.99998 -> e4m3 448 = 0 1111 110 = 0x7E; 1.0 -> 223.99999 -> 224 = 1.75 x 2^7 =
+    // 0 1110 110 = 0x76; -0.5 -> -112 = -1.75 x 2^6 = 1 1101 110 = 0xEE; 0.30078125 (bf16 of 0.3)
+    // -> 67.375 -> nearest of 64, 72 is 64 = 0 1101 000 = 0x68; fill 0.0 -> 0x00.
+    let k = key(&[(0, 2.0), (1, 1.0), (2, -0.5), (3, 0.3)], 0.0);
+    let (q, s) = quantize_key(&k, ScaleFormat::F32);
+    assert_eq!(s, 2.0 * INV_E4M3_MAX);
+    assert_eq!(&q[..5], &[0x7E, 0x76, 0xEE, 0x68, 0x00]);
+    assert!(q[5..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn quantize_key_by_hand_ue8m0_scale_and_ties_to_even() {
+    // amax 2.0: scale 2^-7; 2.0 -> 256 = 2^8 = 0 1111 000 = 0x78; 1.0 -> 128 = 0x70;
+    // 1.0625 -> 136, the midpoint of 128 (mantissa 000) and 144 (001): even -> 128 = 0x70;
+    // 1.1875 -> 152, midpoint of 144 (001) and 160 (010): even -> 160 = 0 1110 010 = 0x72;
+    // -0.0078125 -> -1 = 1 0111 000 = 0xB8.
+    let k = key(
+        &[
+            (0, 2.0),
+            (1, 1.0),
+            (2, 1.0625),
+            (3, 1.1875),
+            (4, -0.0078125),
+        ],
+        0.0,
+    );
+    let (q, s) = quantize_key(&k, ScaleFormat::Ue8m0);
+    assert_eq!(s, 0.007_812_5);
+    assert_eq!(&q[..5], &[0x78, 0x70, 0x70, 0x72, 0xB8]);
+}
+
+#[test]
+fn all_zero_key_gets_deepseeks_floor_scale_and_zero_values() {
+    let (q, s) = quantize_key(&[bf16::ZERO; 128], ScaleFormat::F32);
+    assert_eq!(s, 1e-4f32 * INV_E4M3_MAX);
+    assert_eq!(q, [0u8; 128]);
+    assert_eq!(
+        scale_for_amax(0.0, ScaleFormat::F32),
+        1e-4f32 * INV_E4M3_MAX
+    );
+}
+
+#[test]
+fn quantize_writes_values_then_scales_at_hand_computed_offsets() {
+    // P = 4 tokens, 3 pages, stride 4 x 132 = 528. Slot 5 = page 1, token 1: values at
+    // 528 + 1 x 128 = 656, scale at 528 + 4 x 128 + 1 x 4 = 1044.
+    let spec = IndexKPages {
+        page_size_tokens: 4,
+        pages: 3,
+        page_stride_bytes: 528,
+        base_bytes: 0,
+        total_bytes: 3 * 528,
+    };
+    assert_eq!(spec.values_offset_bytes(5), Ok(656));
+    assert_eq!(spec.scale_offset_bytes(5), Ok(1044));
+    let k = key(&[(0, 2.0), (1, 1.0)], 0.5);
+    let mut cache = vec![0xAAu8; 3 * 528];
+    quantize_index_k_cpu(&spec, &k, &[5], &mut cache, ScaleFormat::F32).unwrap();
+    // 0.5 -> 112 = 0x6E.
+    assert_eq!(&cache[656..660], &[0x7E, 0x76, 0x6E, 0x6E]);
+    assert_eq!(cache[656 + 127], 0x6E);
+    assert_eq!(&cache[1044..1048], &(2.0 * INV_E4M3_MAX).to_le_bytes());
+    let written = 656..784;
+    let scale = 1044..1048;
+    for (i, &b) in cache.iter().enumerate() {
+        if !written.contains(&i) && !scale.contains(&i) {
+            assert_eq!(b, 0xAA, "byte {i} was written");
+        }
+    }
+    // Out of range (12 slots): refused, cache unchanged.
+    let before = cache.clone();
+    let err = quantize_index_k_cpu(&spec, &k, &[12], &mut cache, ScaleFormat::F32).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::IndexOutOfRange {
+                position: 0,
+                dst_index: 12,
+                dst_limit: 12,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(cache, before);
+}
+
+#[test]
+fn dequantize_round_trips_within_e4m3_precision() {
+    let spec = IndexKPages {
+        page_size_tokens: 64,
+        pages: 4,
+        page_stride_bytes: 8448,
+        base_bytes: 0,
+        total_bytes: 4 * 8448,
+    };
+    let mut rng = SplitMix64::new(11);
+    let keys = rng.keys(200);
+    let slots = rng.distinct_below(256, 200);
+    let mut cache = rng.bytes(4 * 8448);
+    for format in [ScaleFormat::F32, ScaleFormat::Ue8m0] {
+        quantize_index_k_cpu(&spec, &keys, &slots, &mut cache, format).unwrap();
+        let mut out = vec![0f32; 200 * 128];
+        dequantize_index_k_cpu(&spec, &cache, &slots, &mut out).unwrap();
+        for (row, back) in keys.chunks(128).zip(out.chunks(128)) {
+            let amax = row.iter().fold(0f32, |m, x| m.max(x.to_f32().abs()));
+            for (x, y) in row.iter().zip(back) {
+                // e4m3 keeps 3 mantissa bits: error at most 2^-4 relative to the value, and
+                // subnormals (below 2^-6 x 448-scale) at most 2^-9 x scale; bound both by amax.
+                let err = (x.to_f32() - y).abs();
+                assert!(err <= amax / 16.0 + 1e-30, "{format:?}: {x} -> {y}");
+            }
+        }
+    }
+}
+
+#[test]
+fn no_driver_is_a_typed_error_never_a_panic() {
+    match Gpu::new(0) {
+        Err(KernelError::NoDriver) => assert!(!driver_present()),
+        Err(KernelError::Driver { .. }) => assert!(driver_present()),
+        Ok(_) => assert!(driver_present()),
+        Err(e) => panic!("unexpected error {e}"),
+    }
+}
