@@ -19,7 +19,7 @@
 //! check. With a host sized by the fp8 formula (8448 B/page) and a bf16 device (16384 B/page) it
 //! truncates and misaddresses — the seed bug, reproduced.
 
-use kvlayout_core::{GeometryError, PoolGeometry, arrangement_text};
+use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, arrangement_text};
 
 use crate::backend::{BackendError, check_range};
 use crate::plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan};
@@ -291,6 +291,35 @@ fn ck_add(a: u64, b: u64) -> Result<u64, GeometryError> {
         .ok_or_else(|| GeometryError::new("transfer plan", "overflow computing a run offset"))
 }
 
+/// Appends the runs of one page of one layer: the device page's canonical bytes starting at
+/// `dev_page` onto host page `host_page`'s segments (one contiguous run unless `page_head`).
+fn push_page_runs(
+    runs: &mut Vec<CopyRun>,
+    direction: Direction,
+    dev_page: u64,
+    host: &PoolGeometry,
+    hi: usize,
+    layer: u64,
+    host_page: u64,
+) -> Result<(), TransferError> {
+    if host.memory_layout != MemoryLayout::PageHead {
+        let host_off = host.page_offset_bytes(hi, layer, host_page)?;
+        let len = host.stored_page_bytes(hi)?;
+        runs.push(run(direction, dev_page, host_off, len));
+        return Ok(());
+    }
+    for seg in host.page_segments(hi, layer, host_page)? {
+        let dev_off = ck_add(dev_page, seg.page_offset_bytes)?;
+        runs.push(run(
+            direction,
+            dev_off,
+            seg.pool_offset_bytes,
+            seg.len_bytes,
+        ));
+    }
+    Ok(())
+}
+
 /// The checked plan: for each buffer, layer and pair, the device page's canonical bytes
 /// (`layer_first`: one run at [`PoolGeometry::page_offset_bytes`]) mapped onto the host page's
 /// segments. Each side's offsets come from its own geometry.
@@ -312,15 +341,7 @@ pub fn plan(
         for &l in &layer_ids {
             for p in pairs {
                 let dev_page = device.page_offset_bytes(bi, l, p.device_page)?;
-                for seg in host.page_segments(hi, l, p.host_page)? {
-                    let dev_off = ck_add(dev_page, seg.page_offset_bytes)?;
-                    runs.push(run(
-                        direction,
-                        dev_off,
-                        seg.pool_offset_bytes,
-                        seg.len_bytes,
-                    ));
-                }
+                push_page_runs(&mut runs, direction, dev_page, host, hi, l, p.host_page)?;
             }
         }
         buffers.push(BufferPlan {
@@ -370,15 +391,7 @@ pub fn legacy_plan(
                     GeometryError::new("transfer plan", "overflow computing a run offset")
                 })?;
                 let dev_page = ck_add(layer_base, item_off)?;
-                for seg in host.page_segments(hi, l, p.host_page)? {
-                    let dev_off = ck_add(dev_page, seg.page_offset_bytes)?;
-                    runs.push(run(
-                        direction,
-                        dev_off,
-                        seg.pool_offset_bytes,
-                        seg.len_bytes,
-                    ));
-                }
+                push_page_runs(&mut runs, direction, dev_page, host, hi, l, p.host_page)?;
             }
         }
         buffers.push(BufferPlan {
