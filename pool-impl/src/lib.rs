@@ -40,6 +40,8 @@
 //!
 //! [`PoolGeometry`]: kvlayout_core::PoolGeometry
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod codec;
 mod hicache;

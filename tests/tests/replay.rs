@@ -152,11 +152,15 @@ fn fp8_index_k_zero_corrupted_with_either_host() {
 }
 
 #[test]
-fn fp8_index_k_without_verify_still_zero_corrupted() {
+fn matching_hosts_without_verify_still_zero_corrupted() {
     // The fp8 formula matches the fp8 device: the unchecked kernel copies the right bytes.
     let r = completed(run(IndexK::Fp8, fp8_formula_host(), false));
     assert_eq!(r.corrupted_sessions, 0, "{r:?}");
     assert!(r.mismatch.is_empty());
+    // A bf16 mirror copied without checks is right too: the host's item is the device's.
+    let r = completed(run(IndexK::Bf16, mirror(MemoryLayout::PageFirst), false));
+    assert_eq!(r.corrupted_sessions, 0, "{r:?}");
+    assert_moved(&r, 116_736);
 }
 
 #[test]
