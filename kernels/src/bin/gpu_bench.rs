@@ -223,6 +223,64 @@ fn main() -> Result<(), KernelError> {
         }
     }
 
+    // One page of one layer (41984 B of MLA, 8448 B of index-K fp8): the smallest transfer a
+    // HiCache layer-by-layer load makes, against which a per-transfer check is weighed.
+    for (buffer, label) in [(0usize, "MLA fp8 656 B"), (1, "index-K fp8 132 B")] {
+        for granularity in [Granularity::Page, Granularity::Token] {
+            for h2d in [true, false] {
+                let (sp, dp) = if h2d {
+                    (&host_pool, &device_pool)
+                } else {
+                    (&device_pool, &host_pool)
+                };
+                let specs = CopySpec::for_pool_buffer(sp, dp, buffer, granularity, 5..6)?;
+                let (sp_page, dp_page) = (rng.below(POOL_PAGES), rng.below(POOL_PAGES));
+                let (si, di): (Vec<u64>, Vec<u64>) = match granularity {
+                    Granularity::Page => (vec![sp_page], vec![dp_page]),
+                    Granularity::Token => (
+                        (0..PAGE_TOKENS)
+                            .map(|t| sp_page * PAGE_TOKENS + t)
+                            .collect(),
+                        (0..PAGE_TOKENS)
+                            .map(|t| dp_page * PAGE_TOKENS + t)
+                            .collect(),
+                    ),
+                };
+                let (gsi, gdi) = (gpu.upload_indices(&si)?, gpu.upload_indices(&di)?);
+                let bytes: u64 = specs
+                    .iter()
+                    .map(|s| s.bytes_moved(si.len() as u64))
+                    .sum::<Result<u64, _>>()?;
+                let secs = if h2d {
+                    time_median(&gpu, 20, 201, || {
+                        run_specs(&gpu, &specs, &host, &mut dev, &gsi, &gdi, shape)
+                    })?
+                } else {
+                    time_median(&gpu, 20, 201, || {
+                        run_specs(&gpu, &specs, &dev, &mut host, &gsi, &gdi, shape)
+                    })?
+                };
+                let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
+                let what = format!(
+                    "{label} {granularity:?} {} 1 page of 1 layer ({:.1} us)",
+                    if h2d { "H2D" } else { "D2H" },
+                    secs * 1e6
+                );
+                println!(
+                    "{what:<70} {:>8.2} GB/s ratio {:.3}",
+                    gbps(bytes, secs),
+                    ceiling_secs / secs
+                );
+                rows.push(Row {
+                    what,
+                    bytes,
+                    secs,
+                    ceiling_secs,
+                });
+            }
+        }
+    }
+
     // Work order and SM cap, 4096 pages of the MLA buffer, both granularities.
     for granularity in [Granularity::Page, Granularity::Token] {
         for h2d in [true, false] {
