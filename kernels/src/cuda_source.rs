@@ -11,6 +11,8 @@
 //!   list moves no byte. For short lists (`self_check`) every block checks every index itself
 //!   before it writes, and no validation launch is needed. Item addresses follow [`crate::CopySpec`]'s formula; the vector width
 //!   and the 32/64-bit index arithmetic are chosen on the host.
+//! - `validate_runs`, `copy_runs`: the same for explicit `(src, dst, len)` run lists
+//!   ([`crate::copy_runs`]), a warp per run, 16-byte accesses when the run allows.
 //! - `quantize_index_k`, `dequantize_index_k`: the fp8 index-K quantizer and its reader
 //!   ([`crate::index_k`] has the arithmetic and the CPU reference).
 
@@ -172,6 +174,92 @@ COPY_KERNEL(copy_items_v2_u32, unsigned short, u32)
 COPY_KERNEL(copy_items_v2_u64, unsigned short, u64)
 COPY_KERNEL(copy_items_v1_u32, unsigned char, u32)
 COPY_KERNEL(copy_items_v1_u64, unsigned char, u64)
+
+struct Run {
+    u64 src;
+    u64 dst;
+    u64 len;
+};
+
+__device__ __forceinline__ bool run_fits(const Run& r, u64 src_len, u64 dst_len)
+{
+    return r.src <= src_len && r.len <= src_len - r.src && r.dst <= dst_len && r.len <= dst_len - r.dst;
+}
+
+extern "C" __global__ void validate_runs(
+    const Run* __restrict__ runs, u64 n, u64 src_len, u64 dst_len, unsigned long long* err)
+{
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (!run_fits(runs[i], src_len, dst_len)) {
+            atomicAdd(&err[0], 1ull);
+            atomicMax(&err[1], ~(unsigned long long)i);
+        }
+    }
+}
+
+// One warp copies `len` bytes with V-sized accesses, COPY_UNROLL loads in flight per lane.
+template <typename V>
+__device__ __forceinline__ void warp_copy(const unsigned char* s, unsigned char* d, u64 len, u32 lane)
+{
+    const V* sv = reinterpret_cast<const V*>(s);
+    V* dv = reinterpret_cast<V*>(d);
+    const u64 nv = len / sizeof(V);
+    for (u64 first = lane; first < nv; first += 32 * COPY_UNROLL) {
+        V buf[COPY_UNROLL];
+#pragma unroll
+        for (int k = 0; k < COPY_UNROLL; ++k) {
+            const u64 v = first + 32 * k;
+            if (v < nv) buf[k] = sv[v];
+        }
+#pragma unroll
+        for (int k = 0; k < COPY_UNROLL; ++k) {
+            const u64 v = first + 32 * k;
+            if (v < nv) dv[v] = buf[k];
+        }
+    }
+}
+
+// A warp per run. Short lists (self_check) are checked by every block before it writes.
+extern "C" __global__ void __launch_bounds__(256) copy_runs(
+    const Run* __restrict__ runs, u64 n, const unsigned char* src, unsigned char* dst,
+    u64 src_len, u64 dst_len, u64 self_check, unsigned long long* err)
+{
+    if (*((volatile const u64*)err) != 0) return;
+    if (self_check) {
+        int bad = 0;
+        for (u64 i = threadIdx.x; i < n; i += blockDim.x) bad |= !run_fits(runs[i], src_len, dst_len);
+        if (__syncthreads_or(bad)) {
+            if (blockIdx.x == 0) {
+                for (u64 i = threadIdx.x; i < n; i += blockDim.x) {
+                    if (!run_fits(runs[i], src_len, dst_len)) {
+                        atomicAdd(&err[0], 1ull);
+                        atomicMax(&err[1], ~(unsigned long long)i);
+                    }
+                }
+            }
+            return;
+        }
+    }
+    const u32 lane = threadIdx.x & 31u;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 i = warp; i < n; i += warps) {
+        const Run r = runs[i];
+        const unsigned char* s = src + r.src;
+        unsigned char* d = dst + r.dst;
+        const u64 align = reinterpret_cast<u64>(s) | reinterpret_cast<u64>(d) | r.len;
+        if ((align & 15u) == 0) {
+            warp_copy<uint4>(s, d, r.len, lane);
+        } else if ((align & 7u) == 0) {
+            warp_copy<uint2>(s, d, r.len, lane);
+        } else if ((align & 3u) == 0) {
+            warp_copy<unsigned int>(s, d, r.len, lane);
+        } else {
+            warp_copy<unsigned char>(s, d, r.len, lane);
+        }
+    }
+}
 
 // Two f32 -> two e4m3 (round to nearest even, saturating to +-448); `lo` lands in the low byte.
 __device__ __forceinline__ u32 e4m3x2(float hi, float lo)

@@ -19,11 +19,14 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use half::bf16;
 
+use crate::copy_runs::ByteRun;
 use crate::copy_spec::CopySpec;
 use crate::cuda_source::{
     COPY_KERNELS, COPY_UNROLL, QUANT_TOKENS_PER_WARP, SOURCE, THREADS_PER_BLOCK,
 };
-use crate::device_memory::{DeviceBytes, DeviceIndices, GpuBytes, PinnedBytes, driver_err};
+use crate::device_memory::{
+    DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes, driver_err,
+};
 use crate::error::{KernelError, Side};
 use crate::index_k::{HEAD_DIM_ELEMS, IndexKPages, ScaleFormat, check_rows};
 
@@ -116,8 +119,15 @@ unsafe impl DeviceRepr for CopyParams {}
 // SAFETY: as above.
 unsafe impl DeviceRepr for IndexKParams {}
 
-/// Index lists validated since the last `finish`, with their limits.
-type PendingLists = Vec<(Arc<[u64]>, u64, Arc<[u64]>, u64)>;
+/// A check enqueued since the last `finish`, kept to name the bad entry if one is reported.
+enum PendingCheck {
+    /// Two index lists and their limits.
+    Lists(Arc<[u64]>, u64, Arc<[u64]>, u64),
+    /// A run list and the two region lengths.
+    Runs(Arc<[ByteRun]>, u64, u64),
+}
+
+type PendingLists = Vec<PendingCheck>;
 
 struct Kernels {
     _module: Arc<CudaModule>,
@@ -126,6 +136,8 @@ struct Kernels {
     copy: Vec<(u64, CudaFunction, CudaFunction)>,
     quantize: CudaFunction,
     dequantize: CudaFunction,
+    validate_runs: CudaFunction,
+    copy_runs: CudaFunction,
 }
 
 /// Longest index lists checked inside the copy launch itself (no separate validation launch).
@@ -294,6 +306,8 @@ impl Gpu {
             copy,
             quantize: f("quantize_index_k")?,
             dequantize: f("dequantize_index_k")?,
+            validate_runs: f("validate_runs")?,
+            copy_runs: f("copy_runs")?,
             _module: module,
         })
     }
@@ -305,6 +319,8 @@ impl Gpu {
             ("validate_index_lists".to_string(), &k.validate),
             ("quantize_index_k".to_string(), &k.quantize),
             ("dequantize_index_k".to_string(), &k.dequantize),
+            ("validate_runs".to_string(), &k.validate_runs),
+            ("copy_runs".to_string(), &k.copy_runs),
         ];
         for (w, f32_, f64_) in &k.copy {
             fs.push((format!("copy_items_v{w}_u32"), f32_));
@@ -462,11 +478,22 @@ impl Gpu {
             .lock()
             .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?;
         // Bounded memory in long batches: identical lists are remembered once.
-        let same = |(x, xl, y, yl): &(Arc<[u64]>, u64, Arc<[u64]>, u64)| {
-            Arc::ptr_eq(x, &a.host) && *xl == a_limit && Arc::ptr_eq(y, &b.host) && *yl == b_limit
+        let same = |c: &PendingCheck| match c {
+            PendingCheck::Lists(x, xl, y, yl) => {
+                Arc::ptr_eq(x, &a.host)
+                    && *xl == a_limit
+                    && Arc::ptr_eq(y, &b.host)
+                    && *yl == b_limit
+            }
+            PendingCheck::Runs(..) => false,
         };
         if !lists.iter().any(same) {
-            lists.push((a.host.clone(), a_limit, b.host.clone(), b_limit));
+            lists.push(PendingCheck::Lists(
+                a.host.clone(),
+                a_limit,
+                b.host.clone(),
+                b_limit,
+            ));
         }
         Ok(())
     }
@@ -501,24 +528,171 @@ impl Gpu {
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;
         let position = !rec[1];
-        // Name the first bad list's entry (the lists are checked in launch order; the
-        // first list with a bad entry at or before `position` is the one recorded).
-        let bad = lists.iter().find_map(|(a, al, b, bl)| {
-            let p = position as usize;
-            match (a.get(p), b.get(p)) {
-                (Some(&x), Some(&y)) if x >= *al || y >= *bl => Some((x, *al, y, *bl)),
-                _ => None,
+        let p = position as usize;
+        // Name the entry: the first enqueued check whose entry at `position` is bad.
+        for check in &lists {
+            match check {
+                PendingCheck::Lists(a, al, b, bl) => {
+                    if let (Some(&x), Some(&y)) = (a.get(p), b.get(p))
+                        && (x >= *al || y >= *bl)
+                    {
+                        return Err(KernelError::IndexOutOfRange {
+                            position,
+                            src_index: x,
+                            src_limit: *al,
+                            dst_index: y,
+                            dst_limit: *bl,
+                            bad_count: rec[0],
+                        });
+                    }
+                }
+                PendingCheck::Runs(runs, sl, dl) => {
+                    if let Some(r) = runs.get(p)
+                        && !r.fits(*sl, *dl)
+                    {
+                        return Err(KernelError::RunOutOfRange {
+                            position,
+                            run: *r,
+                            src_len_bytes: *sl,
+                            dst_len_bytes: *dl,
+                            bad_count: rec[0],
+                        });
+                    }
+                }
             }
-        });
-        let (src_index, src_limit, dst_index, dst_limit) = bad.unwrap_or((0, 0, 0, 0));
+        }
         Err(KernelError::IndexOutOfRange {
             position,
-            src_index,
-            src_limit,
-            dst_index,
-            dst_limit,
+            src_index: 0,
+            src_limit: 0,
+            dst_index: 0,
+            dst_limit: 0,
             bad_count: rec[0],
         })
+    }
+
+    /// A run list on the device.
+    pub fn upload_runs(&self, runs: &[ByteRun]) -> Result<DeviceRuns, KernelError> {
+        let words: Vec<u64> = runs
+            .iter()
+            .flat_map(|r| [r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes])
+            .collect();
+        let mut slice = self
+            .stream
+            .alloc_zeros::<u64>(words.len().max(3))
+            .map_err(driver_err("cuMemAlloc"))?;
+        if !words.is_empty() {
+            let mut view = slice.slice_mut(0..words.len());
+            self.stream
+                .memcpy_htod(&words, &mut view)
+                .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        }
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(DeviceRuns {
+            slice,
+            stream: self.stream.clone(),
+            host: Arc::from(runs),
+        })
+    }
+
+    /// Copies every run of `runs` from `src` to `dst` (the contract of
+    /// [`crate::copy_runs_cpu`]): every run is checked against both buffers' lengths on the
+    /// GPU before any byte moves (inside the copy launch for at most [`SELF_CHECK_MAX_ITEMS`]
+    /// runs, else by a validation launch), then a warp copies each run; waits.
+    /// A bad run: [`KernelError::RunOutOfRange`], nothing copied.
+    pub fn copy_runs(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &DeviceRuns,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        // SAFETY: finish() waits before the borrows end.
+        let queued = unsafe { self.enqueue_copy_runs(src, dst, runs, shape) };
+        let finished = self.finish();
+        queued.and(finished)
+    }
+
+    /// [`Gpu::copy_runs`] without the wait.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_copy_items`].
+    pub unsafe fn enqueue_copy_runs(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &DeviceRuns,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        let n = runs.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let (src_len, dst_len) = (src.len_bytes(), dst.len_bytes());
+        let k = self.kernels()?;
+        let runs_addr = runs.address();
+        let (err_ptr, _s) = self.err.device_ptr(&self.stream);
+        let self_check = n <= SELF_CHECK_MAX_ITEMS;
+        if !self_check {
+            let cfg = LaunchConfig {
+                grid_dim: (self.grid(shape, n), 1, 1),
+                block_dim: (THREADS_PER_BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: arguments match validate_runs; the list holds n runs of 3 words.
+            unsafe {
+                self.stream
+                    .launch_builder(&k.validate_runs)
+                    .arg(&runs_addr)
+                    .arg(&n)
+                    .arg(&src_len)
+                    .arg(&dst_len)
+                    .arg(&err_ptr)
+                    .launch(cfg)
+            }
+            .map_err(driver_err("cuLaunchKernel(validate_runs)"))?;
+        }
+        {
+            let mut lists = self
+                .pending_lists
+                .lock()
+                .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?;
+            let same = |c: &PendingCheck| match c {
+                PendingCheck::Runs(r, sl, dl) => {
+                    Arc::ptr_eq(r, &runs.host) && *sl == src_len && *dl == dst_len
+                }
+                PendingCheck::Lists(..) => false,
+            };
+            if !lists.iter().any(same) {
+                lists.push(PendingCheck::Runs(runs.host.clone(), src_len, dst_len));
+            }
+        }
+        let (src_addr, dst_addr) = (src.device_address(), dst.device_address());
+        let check = u64::from(self_check);
+        let cfg = LaunchConfig {
+            grid_dim: (self.grid(shape, n * 32), 1, 1),
+            block_dim: (THREADS_PER_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: arguments match copy_runs; every run is checked against both lengths on the
+        // GPU before the kernel writes (validation launch or in-launch check).
+        unsafe {
+            self.stream
+                .launch_builder(&k.copy_runs)
+                .arg(&runs_addr)
+                .arg(&n)
+                .arg(&src_addr)
+                .arg(&dst_addr)
+                .arg(&src_len)
+                .arg(&dst_len)
+                .arg(&check)
+                .arg(&err_ptr)
+                .launch(cfg)
+        }
+        .map_err(driver_err("cuLaunchKernel(copy_runs)"))?;
+        Ok(())
     }
 
     /// Copies item `src_idx[i]` of `src` to item `dst_idx[i]` of `dst` for every position `i`

@@ -154,3 +154,32 @@ impl DeviceIndices {
         ptr
     }
 }
+
+/// A run list in device memory (see [`crate::copy_runs`]).
+pub struct DeviceRuns {
+    pub(crate) slice: CudaSlice<u64>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) host: Arc<[crate::ByteRun]>,
+}
+
+impl DeviceRuns {
+    /// Number of runs.
+    pub fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    /// True for an empty list.
+    pub fn is_empty(&self) -> bool {
+        self.host.is_empty()
+    }
+
+    /// The runs as uploaded.
+    pub fn as_host(&self) -> &[crate::ByteRun] {
+        &self.host
+    }
+
+    pub(crate) fn address(&self) -> u64 {
+        let (ptr, _sync) = self.slice.device_ptr(&self.stream);
+        ptr
+    }
+}

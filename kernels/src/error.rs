@@ -93,6 +93,26 @@ pub enum KernelError {
         /// Number of bad positions found.
         bad_count: u64,
     },
+    /// A copy run reaches outside the source or destination region. Found before any byte is
+    /// moved (by the validation pass on the GPU): the whole call moved nothing.
+    #[error(
+        "run {position} ({} bytes from src offset {} to dst offset {}) reaches outside the \
+         {src_len_bytes}-byte src or the {dst_len_bytes}-byte dst; {bad_count} bad run(s); \
+         nothing was copied",
+        run.len_bytes, run.src_offset_bytes, run.dst_offset_bytes
+    )]
+    RunOutOfRange {
+        /// First bad position in the run list.
+        position: u64,
+        /// The run at that position.
+        run: crate::copy_runs::ByteRun,
+        /// Source region length.
+        src_len_bytes: u64,
+        /// Destination region length.
+        dst_len_bytes: u64,
+        /// Number of bad runs found.
+        bad_count: u64,
+    },
     /// Two pool geometries cannot exchange pages (the field-by-field diff).
     #[error("pools are not compatible: {0}")]
     Incompatible(String),

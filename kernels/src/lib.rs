@@ -33,6 +33,7 @@
 //! ```
 
 pub mod copy_cpu;
+pub mod copy_runs;
 pub mod copy_spec;
 pub mod cuda_source;
 pub mod device;
@@ -42,10 +43,11 @@ pub mod index_k;
 pub mod test_data;
 
 pub use copy_cpu::{copy_items_cpu, validate_index_lists};
+pub use copy_runs::{ByteRun, copy_runs_cpu, validate_runs};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
     CopyOrder, Gpu, KernelReport, LaunchShape, SELF_CHECK_MAX_ITEMS, driver_present, nvrtc_present,
 };
-pub use device_memory::{DeviceBytes, DeviceIndices, GpuBytes, PinnedBytes};
+pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};

@@ -8,6 +8,7 @@ use kvlayout_kernels::index_k::{
     AMAX_FLOOR, INV_E4M3_MAX, quantize_key, round_scale_ue8m0, scale_for_amax,
 };
 use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{ByteRun, copy_runs_cpu};
 use kvlayout_kernels::{
     CopySpec, Gpu, Granularity, IndexKPages, KernelError, ScaleFormat, SideSpec, copy_items_cpu,
     dequantize_index_k_cpu, driver_present, quantize_index_k_cpu,
@@ -488,4 +489,39 @@ fn no_driver_is_a_typed_error_never_a_panic() {
         Ok(_) => assert!(driver_present()),
         Err(e) => panic!("unexpected error {e}"),
     }
+}
+
+#[test]
+fn run_copies_check_every_run_first() {
+    let src: Vec<u8> = (0..32).collect();
+    let mut dst = vec![0xEE; 16];
+    // Bytes 10..14 -> 0..4, 30..32 -> 14..16.
+    copy_runs_cpu(
+        &src,
+        &mut dst,
+        &[ByteRun::new(10, 0, 4), ByteRun::new(30, 14, 2)],
+    )
+    .unwrap();
+    let mut expect = vec![0xEE; 16];
+    expect[0..4].copy_from_slice(&[10, 11, 12, 13]);
+    expect[14..16].copy_from_slice(&[30, 31]);
+    assert_eq!(dst, expect);
+    // Run 1 ends at byte 17 of a 16-byte dst; run 2's offset + len overflows u64. Nothing moves.
+    let runs = [
+        ByteRun::new(0, 4, 4),
+        ByteRun::new(0, 13, 4),
+        ByteRun::new(u64::MAX, 0, 2),
+    ];
+    let err = copy_runs_cpu(&src, &mut dst, &runs).unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::RunOutOfRange {
+            position: 1,
+            run: runs[1],
+            src_len_bytes: 32,
+            dst_len_bytes: 16,
+            bad_count: 2,
+        }
+    );
+    assert_eq!(dst, expect);
 }

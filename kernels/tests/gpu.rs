@@ -10,6 +10,7 @@ use std::ops::Range;
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{ByteRun, copy_runs_cpu};
 use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
     LaunchShape, PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
@@ -446,4 +447,129 @@ fn device_reports_arch_and_compiles() {
         gpu.context().name().unwrap()
     );
     assert!(gpu.sm_count() > 0);
+}
+
+/// Runs as the pool shim plans them (one per page of one layer of one buffer, offsets from
+/// `PoolGeometry::page_offset_bytes`), plus unaligned runs that force 8-, 4- and 1-byte accesses;
+/// both directions; a run past the end refused with both sides unchanged; and a list longer than
+/// SELF_CHECK_MAX_ITEMS (validation launch).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn run_lists_match_cpu_reference() {
+    let gpu = gpu();
+    let host = pool(MemoryLayout::PageFirst, HOST_PAGES);
+    let device = pool(MemoryLayout::LayerFirst, DEVICE_PAGES);
+    let mut rng = SplitMix64::new(500);
+    for h2d in [true, false] {
+        let (src_pool, dst_pool) = if h2d {
+            (&host, &device)
+        } else {
+            (&device, &host)
+        };
+        let src_pages = rng.distinct_below(src_pool.pages, 9);
+        let dst_pages = rng.distinct_below(dst_pool.pages, 9);
+        let mut runs = Vec::new();
+        for b in 0..2usize {
+            let len = src_pool.stored_page_bytes(b).unwrap();
+            for layer in 0..LAYERS {
+                for (&sp, &dp) in src_pages.iter().zip(&dst_pages) {
+                    runs.push(ByteRun::new(
+                        src_pool.page_offset_bytes(b, layer, sp).unwrap(),
+                        dst_pool.page_offset_bytes(b, layer, dp).unwrap(),
+                        len,
+                    ));
+                }
+            }
+        }
+        // Unaligned runs: 8-, 4-, 1-byte paths, and a zero-length run.
+        runs.push(ByteRun::new(8, 24, 1000));
+        runs.push(ByteRun::new(4, 100_004, 12));
+        runs.push(ByteRun::new(3, 200_001, 333));
+        runs.push(ByteRun::new(77, 300_000, 0));
+        let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
+        let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
+        let src = Buf::new(&gpu, h2d, &src_bytes);
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        let gruns = gpu.upload_runs(&runs).unwrap();
+        gpu.copy_runs(src.bytes(), dst.bytes_mut(), &gruns, LaunchShape::default())
+            .unwrap();
+        let mut expect = poison.clone();
+        copy_runs_cpu(&src_bytes, &mut expect, &runs).unwrap();
+        assert!(
+            dst.read(&gpu) == expect,
+            "h2d={h2d}: runs differ from the CPU reference"
+        );
+
+        // One byte too far on the destination: refused, nothing moves.
+        let dst_len = dst_pool.total_bytes().unwrap();
+        let mut bad = runs.clone();
+        bad[5] = ByteRun::new(0, dst_len - 10, 11);
+        let gbad = gpu.upload_runs(&bad).unwrap();
+        let before = dst.read(&gpu);
+        let err = gpu
+            .copy_runs(src.bytes(), dst.bytes_mut(), &gbad, LaunchShape::default())
+            .unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::RunOutOfRange {
+                position: 5,
+                run: bad[5],
+                src_len_bytes: src_pool.total_bytes().unwrap(),
+                dst_len_bytes: dst_len,
+                bad_count: 1,
+            }
+        );
+        assert!(
+            dst.read(&gpu) == before,
+            "h2d={h2d}: a refused run list changed dst"
+        );
+        assert!(
+            src.read(&gpu) == src_bytes,
+            "h2d={h2d}: a refused run list changed src"
+        );
+    }
+
+    // 5000 runs of 40 bytes (validation launch), then one overflowing run among them.
+    let src_bytes = rng.bytes(400_000);
+    let poison = rng.bytes(400_000);
+    let runs: Vec<ByteRun> = rng
+        .distinct_below(10_000, 5000)
+        .into_iter()
+        .zip(rng.distinct_below(10_000, 5000))
+        .map(|(s, d)| ByteRun::new(s * 40, d * 40, 40))
+        .collect();
+    let src = gpu.upload(&src_bytes).unwrap();
+    let mut dst = gpu.upload(&poison).unwrap();
+    gpu.copy_runs(
+        &src,
+        &mut dst,
+        &gpu.upload_runs(&runs).unwrap(),
+        LaunchShape::default(),
+    )
+    .unwrap();
+    let mut expect = poison.clone();
+    copy_runs_cpu(&src_bytes, &mut expect, &runs).unwrap();
+    assert!(gpu.read(&dst).unwrap() == expect);
+    let mut bad = runs.clone();
+    bad[4321] = ByteRun::new(u64::MAX - 8, 0, 40); // offset + len overflows u64
+    let err = gpu
+        .copy_runs(
+            &src,
+            &mut dst,
+            &gpu.upload_runs(&bad).unwrap(),
+            LaunchShape::default(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::RunOutOfRange {
+                position: 4321,
+                bad_count: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(gpu.read(&dst).unwrap() == expect);
 }

@@ -16,8 +16,8 @@ use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::quantize_index_k_cpu;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    CopyOrder, CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity, IndexKPages,
-    KernelError, LaunchShape, PinnedBytes, ScaleFormat, Side,
+    ByteRun, CopyOrder, CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity,
+    IndexKPages, KernelError, LaunchShape, PinnedBytes, ScaleFormat, Side,
 };
 
 const LAYERS: u64 = 61;
@@ -220,6 +220,64 @@ fn main() -> Result<(), KernelError> {
                     }
                 }
             }
+        }
+    }
+
+    // Run lists as the pool shim plans them: one (src, dst, len) run per page of one layer of
+    // one buffer, offsets from PoolGeometry::page_offset_bytes; MLA and index-K fp8 together.
+    for pages in [1u64, 64, 4096] {
+        for h2d in [true, false] {
+            let (sp, dp) = if h2d {
+                (&host_pool, &device_pool)
+            } else {
+                (&device_pool, &host_pool)
+            };
+            let src_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+            let dst_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+            let mut runs = Vec::new();
+            for b in [0usize, 1] {
+                let len = sp.stored_page_bytes(b)?;
+                for layer in 0..LAYERS {
+                    for (&s, &d) in src_pages.iter().zip(&dst_pages) {
+                        runs.push(ByteRun::new(
+                            sp.page_offset_bytes(b, layer, s)?,
+                            dp.page_offset_bytes(b, layer, d)?,
+                            len,
+                        ));
+                    }
+                }
+            }
+            let bytes: u64 = runs.iter().map(|r| r.len_bytes).sum();
+            let gruns = gpu.upload_runs(&runs)?;
+            let (warm, reps) = reps_for(bytes);
+            let secs = if h2d {
+                time_median(&gpu, warm, reps, || unsafe {
+                    // SAFETY: buffers live until finish() inside time_median.
+                    gpu.enqueue_copy_runs(&host, &mut dev, &gruns, shape)
+                })?
+            } else {
+                time_median(&gpu, warm, reps, || unsafe {
+                    // SAFETY: as above.
+                    gpu.enqueue_copy_runs(&dev, &mut host, &gruns, shape)
+                })?
+            };
+            let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
+            let what = format!(
+                "run list (MLA + index-K fp8 pages) {} {pages} pages, {} runs",
+                if h2d { "H2D" } else { "D2H" },
+                runs.len()
+            );
+            println!(
+                "{what:<70} {:>8.2} GB/s ratio {:.3}",
+                gbps(bytes, secs),
+                ceiling_secs / secs
+            );
+            rows.push(Row {
+                what,
+                bytes,
+                secs,
+                ceiling_secs,
+            });
         }
     }
 
