@@ -195,19 +195,11 @@ fn compare_buffer(
         }
     }
     let describe = |s: &Section| format!("{} {} ({})", s.dtype.name(), shape_text(s), s.name());
-    for i in sb.len()..sa.len() {
-        push(
-            format!("{n}.sections[{i}]"),
-            describe(&sa[i]),
-            "missing".into(),
-        );
+    for (i, s) in sa.iter().enumerate().skip(sb.len()) {
+        push(format!("{n}.sections[{i}]"), describe(s), "missing".into());
     }
-    for i in sa.len()..sb.len() {
-        push(
-            format!("{n}.sections[{i}]"),
-            "missing".into(),
-            describe(&sb[i]),
-        );
+    for (i, s) in sb.iter().enumerate().skip(sa.len()) {
+        push(format!("{n}.sections[{i}]"), "missing".into(), describe(s));
     }
     push(
         format!("{n}.page_stride_bytes"),
