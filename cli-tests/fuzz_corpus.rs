@@ -10,7 +10,10 @@ use std::path::Path;
 fn replay(target: &str, entry: fn(&[u8])) -> usize {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
     let mut count = 0;
-    for dir in [root.join("corpus").join(target), root.join("regressions").join(target)] {
+    for dir in [
+        root.join("corpus").join(target),
+        root.join("regressions").join(target),
+    ] {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -37,4 +40,11 @@ fn geometry_file_corpus() {
 fn check_pair_corpus() {
     let n = replay("check_pair", fuzz_entry::check_pair);
     assert!(n >= 34, "{n} inputs");
+}
+
+#[test]
+fn model_config_corpus() {
+    // Seeded with the 8 real configs in configs/.
+    let n = replay("model_config", fuzz_entry::model_config);
+    assert!(n >= 8, "{n} inputs");
 }
