@@ -28,6 +28,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Formats(a) => cli::formats::run(&a),
@@ -36,4 +37,14 @@ fn main() -> ExitCode {
         Command::Replay(a) => cli::replay::run(&a),
     };
     ExitCode::from(code)
+}
+
+/// `kvlayout describe ... | head` should end quietly like any Unix tool: Rust ignores SIGPIPE,
+/// which turns a closed pipe into a `println!` panic; restore the default action.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first thing in main, before any thread exists; SIG_DFL is a valid action.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
