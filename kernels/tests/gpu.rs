@@ -10,7 +10,7 @@ use std::ops::Range;
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
-use kvlayout_kernels::{ByteRun, copy_runs_cpu};
+use kvlayout_kernels::{ByteRun, RunOrder, copy_runs_cpu};
 use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
     LaunchShape, PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
@@ -481,30 +481,45 @@ fn run_lists_match_cpu_reference() {
                 }
             }
         }
-        // Unaligned runs: 8-, 4-, 1-byte paths, and a zero-length run.
-        runs.push(ByteRun::new(8, 24, 1000));
-        runs.push(ByteRun::new(4, 100_004, 12));
-        runs.push(ByteRun::new(3, 200_001, 333));
-        runs.push(ByteRun::new(77, 300_000, 0));
+        // Unaligned runs (8-, 4-, 1-byte paths, and a zero-length run) into layer 0 of a kv
+        // page no page run writes (destination ranges must not overlap).
+        let free = (0..dst_pool.pages)
+            .find(|p| !dst_pages.contains(p))
+            .unwrap();
+        let base = dst_pool.page_offset_bytes(0, 0, free).unwrap();
+        runs.push(ByteRun::new(8, base + 24, 1000));
+        runs.push(ByteRun::new(4, base + 2004, 12));
+        runs.push(ByteRun::new(3, base + 3001, 333));
+        runs.push(ByteRun::new(77, base + 5000, 0));
         let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
         let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
         let src = Buf::new(&gpu, h2d, &src_bytes);
         let mut dst = Buf::new(&gpu, !h2d, &poison);
-        let gruns = gpu.upload_runs(&runs).unwrap();
-        gpu.copy_runs(src.bytes(), dst.bytes_mut(), &gruns, LaunchShape::default())
-            .unwrap();
         let mut expect = poison.clone();
         copy_runs_cpu(&src_bytes, &mut expect, &runs).unwrap();
-        assert!(
-            dst.read(&gpu) == expect,
-            "h2d={h2d}: runs differ from the CPU reference"
-        );
+        for order in [
+            RunOrder::DstAscending,
+            RunOrder::SrcAscending,
+            RunOrder::AsGiven,
+        ] {
+            dst = Buf::new(&gpu, !h2d, &poison);
+            let gruns = gpu.upload_runs(&runs, order).unwrap();
+            gpu.copy_runs(src.bytes(), dst.bytes_mut(), &gruns, LaunchShape::default())
+                .unwrap();
+            let got = dst.read(&gpu);
+            let first_diff = got.iter().zip(&expect).position(|(a, b)| a != b);
+            assert!(
+                first_diff.is_none(),
+                "h2d={h2d} {order:?}: first differing byte at {first_diff:?}"
+            );
+        }
 
         // One byte too far on the destination: refused, nothing moves.
         let dst_len = dst_pool.total_bytes().unwrap();
         let mut bad = runs.clone();
         bad[5] = ByteRun::new(0, dst_len - 10, 11);
-        let gbad = gpu.upload_runs(&bad).unwrap();
+        // Sorted on the device, the error still names the position in the list as given.
+        let gbad = gpu.upload_runs(&bad, RunOrder::DstAscending).unwrap();
         let before = dst.read(&gpu);
         let err = gpu
             .copy_runs(src.bytes(), dst.bytes_mut(), &gbad, LaunchShape::default())
@@ -543,7 +558,7 @@ fn run_lists_match_cpu_reference() {
     gpu.copy_runs(
         &src,
         &mut dst,
-        &gpu.upload_runs(&runs).unwrap(),
+        &gpu.upload_runs(&runs, RunOrder::AsGiven).unwrap(),
         LaunchShape::default(),
     )
     .unwrap();
@@ -556,7 +571,7 @@ fn run_lists_match_cpu_reference() {
         .copy_runs(
             &src,
             &mut dst,
-            &gpu.upload_runs(&bad).unwrap(),
+            &gpu.upload_runs(&bad, RunOrder::SrcAscending).unwrap(),
             LaunchShape::default(),
         )
         .unwrap_err();

@@ -17,7 +17,7 @@ use kvlayout_kernels::index_k::quantize_index_k_cpu;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
     ByteRun, CopyOrder, CopySpec, DeviceBytes, DeviceIndices, Gpu, GpuBytes, Granularity,
-    IndexKPages, KernelError, LaunchShape, PinnedBytes, ScaleFormat, Side,
+    IndexKPages, KernelError, LaunchShape, PinnedBytes, RunOrder, ScaleFormat, Side,
 };
 
 const LAYERS: u64 = 61;
@@ -248,36 +248,45 @@ fn main() -> Result<(), KernelError> {
                 }
             }
             let bytes: u64 = runs.iter().map(|r| r.len_bytes).sum();
-            let gruns = gpu.upload_runs(&runs)?;
             let (warm, reps) = reps_for(bytes);
-            let secs = if h2d {
-                time_median(&gpu, warm, reps, || unsafe {
-                    // SAFETY: buffers live until finish() inside time_median.
-                    gpu.enqueue_copy_runs(&host, &mut dev, &gruns, shape)
-                })?
-            } else {
-                time_median(&gpu, warm, reps, || unsafe {
-                    // SAFETY: as above.
-                    gpu.enqueue_copy_runs(&dev, &mut host, &gruns, shape)
-                })?
-            };
-            let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
-            let what = format!(
-                "run list (MLA + index-K fp8 pages) {} {pages} pages, {} runs",
-                if h2d { "H2D" } else { "D2H" },
-                runs.len()
-            );
-            println!(
-                "{what:<70} {:>8.2} GB/s ratio {:.3}",
-                gbps(bytes, secs),
-                ceiling_secs / secs
-            );
-            rows.push(Row {
-                what,
-                bytes,
-                secs,
-                ceiling_secs,
-            });
+            for order in [
+                RunOrder::AsGiven,
+                if h2d {
+                    RunOrder::SrcAscending
+                } else {
+                    RunOrder::DstAscending
+                },
+            ] {
+                let gruns = gpu.upload_runs(&runs, order)?;
+                let secs = if h2d {
+                    time_median(&gpu, warm, reps, || unsafe {
+                        // SAFETY: buffers live until finish() inside time_median.
+                        gpu.enqueue_copy_runs(&host, &mut dev, &gruns, shape)
+                    })?
+                } else {
+                    time_median(&gpu, warm, reps, || unsafe {
+                        // SAFETY: as above.
+                        gpu.enqueue_copy_runs(&dev, &mut host, &gruns, shape)
+                    })?
+                };
+                let ceiling_secs = memcpy_secs(&gpu, &host, &dev, bytes, h2d)?;
+                let what = format!(
+                    "run list (MLA + index-K fp8 pages) {} {pages} pages, {} runs, {order:?}",
+                    if h2d { "H2D" } else { "D2H" },
+                    runs.len()
+                );
+                println!(
+                    "{what:<70} {:>8.2} GB/s ratio {:.3}",
+                    gbps(bytes, secs),
+                    ceiling_secs / secs
+                );
+                rows.push(Row {
+                    what,
+                    bytes,
+                    secs,
+                    ceiling_secs,
+                });
+            }
         }
     }
 
