@@ -3,10 +3,11 @@
 
 use kvlayout_core::{Mismatch, compare};
 
-use crate::backend::{Backend, CpuBackend};
-use crate::plan::{Direction, Layers, PagePair, TransferPlan};
+use crate::backend::{Backend, BackendError, CpuBackend, check_range};
+use crate::plan::{CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
 use crate::pool::{DevicePool, HostPool, KvPool};
-use crate::shim::{self, Side, TransferError};
+use crate::route::Routes;
+use crate::shim::{self, CHECKS_COMPILED, Side, TransferError};
 
 /// Why a pairing was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -15,6 +16,10 @@ pub enum PairError {
     /// field, `field: device value, host value`.
     #[error("host pool does not match the device pool:\n{0}")]
     Mismatch(Mismatch),
+    /// The geometries compare equal but a page route could not be laid (a page past a
+    /// region, an offset overflow); names the buffer and the values.
+    #[error("page route: {0}")]
+    Route(TransferError),
 }
 
 /// How transfers are made.
@@ -45,27 +50,141 @@ pub struct TransferStats {
     pub bytes_loaded: u64,
     /// Transfers the shim refused (no byte moved).
     pub refused: u64,
+    /// Transfers the backend failed part way ([`TransferError::Interrupted`]); their bytes
+    /// are not counted above.
+    pub interrupted: u64,
 }
 
 /// A device pool and its host pool.
+///
+/// Transfers take `&mut self`: one transfer at a time per cache. For transfers from several
+/// threads at once (HiCache's write-back and load threads beside the model), see
+/// [`crate::ConcurrentHiCache`].
 pub struct HiCache<B: Backend = CpuBackend> {
     device: DevicePool<B>,
     host: HostPool<B>,
     mode: TransferMode,
     stats: TransferStats,
+    /// Checked mode: laid once at pairing.
+    routes: Option<Routes>,
+    /// Runs of the transfer in progress, reused (no allocation per transfer once warm).
+    scratch: Vec<CopyRun>,
+}
+
+/// Runs handed to the backend at once, at most (whole pairs; at least one pair). Bounds the
+/// scratch list however long the pair list (64 Ki runs = 1.5 MiB).
+pub(crate) const CHUNK_RUNS: u64 = 1 << 16;
+
+/// The routes of a checked pairing of `device` and `host`.
+pub(crate) fn routes_of<B: Backend>(
+    device: &DevicePool<B>,
+    host: &HostPool<B>,
+) -> Result<Routes, TransferError> {
+    Routes::new(
+        (device.geometry(), device.fingerprint(), device.len_bytes()),
+        (host.geometry(), host.fingerprint(), host.len_bytes()),
+    )
+}
+
+/// The per-transfer checks of a checked pairing, all before any byte moves: the pools'
+/// fingerprints re-checked against the pairing's (with the checks compiled in), the layer,
+/// the list's length against the destination's pages, every page index on both sides, and
+/// (checks compiled in) no destination page twice.
+pub(crate) fn check_transfer(
+    routes: &Routes,
+    fingerprints: (u64, u64),
+    direction: Direction,
+    layers: Layers,
+    pairs: &[PagePair],
+) -> Result<(), TransferError> {
+    if CHECKS_COMPILED
+        && (fingerprints.0 != routes.device_fingerprint
+            || fingerprints.1 != routes.host_fingerprint
+            || fingerprints.0 != fingerprints.1)
+    {
+        return Err(TransferError::Fingerprint {
+            device: fingerprints.0,
+            host: fingerprints.1,
+        });
+    }
+    shim::check_layer(layers, routes.deepest_layers)?;
+    shim::check_pair_pages(
+        direction,
+        routes.device_pages,
+        routes.host_pages,
+        pairs,
+        CHECKS_COMPILED,
+    )
+}
+
+/// With the checks compiled in: every run inside both regions (implied by the routes; kept
+/// as the `verify` belt).
+pub(crate) fn check_run_ranges(
+    direction: Direction,
+    routes: &Routes,
+    runs: &[CopyRun],
+) -> Result<(), TransferError> {
+    if !CHECKS_COMPILED {
+        return Ok(());
+    }
+    let (src_len, dst_len) = match direction {
+        Direction::Backup => (routes.device_len_bytes, routes.host_len_bytes),
+        Direction::Load => (routes.host_len_bytes, routes.device_len_bytes),
+    };
+    for (i, r) in runs.iter().enumerate() {
+        let wrap = |source| TransferError::Range {
+            buffer: "(transfer)".into(),
+            run: i,
+            source,
+        };
+        check_range(direction.source(), r.src_offset_bytes, r.len_bytes, src_len).map_err(wrap)?;
+        check_range(
+            direction.destination(),
+            r.dst_offset_bytes,
+            r.len_bytes,
+            dst_len,
+        )
+        .map_err(wrap)?;
+    }
+    Ok(())
+}
+
+/// The error of a transfer that failed after `moved_runs` runs (pair-major order,
+/// `runs_per_pair` each) with `source`; nothing moved gives [`TransferError::Backend`].
+pub(crate) fn interrupted(
+    pairs: &[PagePair],
+    runs_per_pair: u64,
+    moved_runs: u64,
+    source: BackendError,
+) -> TransferError {
+    if moved_runs == 0 && !matches!(source, BackendError::Interrupted { .. }) {
+        return TransferError::Backend(source);
+    }
+    let moved = (moved_runs / runs_per_pair) as usize;
+    let torn = (moved_runs % runs_per_pair != 0).then(|| pairs[moved]);
+    TransferError::Interrupted {
+        moved_pairs: pairs[..moved].to_vec(),
+        torn_pair: torn,
+        moved_runs,
+        source,
+    }
 }
 
 impl<B: Backend> HiCache<B> {
     /// Pairs `host` with `device` after comparing their geometries once
     /// ([`kvlayout_core::compare`]); refuses with the full mismatch. A host made by
-    /// [`HostPool::mirror_of`] always pairs with its device pool.
+    /// [`HostPool::mirror_of`] always pairs with its device pool. The page routes every
+    /// transfer uses are laid here, from both geometries, once.
     pub fn pair(device: DevicePool<B>, host: HostPool<B>) -> Result<Self, PairError> {
         compare(device.geometry(), host.geometry()).map_err(PairError::Mismatch)?;
+        let routes = routes_of(&device, &host).map_err(PairError::Route)?;
         Ok(HiCache {
             device,
             host,
             mode: TransferMode::Checked,
             stats: TransferStats::default(),
+            routes: Some(routes),
+            scratch: Vec::new(),
         })
     }
 
@@ -79,6 +198,8 @@ impl<B: Backend> HiCache<B> {
             host,
             mode: TransferMode::Unverified,
             stats: TransferStats::default(),
+            routes: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -133,7 +254,8 @@ impl<B: Backend> HiCache<B> {
     }
 
     /// The plan a transfer would execute, checked (in [`TransferMode::Checked`]) — nothing is
-    /// copied.
+    /// copied. Runs are listed per buffer in (layer, pair, segment) order; a transfer executes
+    /// the same runs pair by pair (every buffer and layer of a pair, then the next pair).
     pub fn plan(
         &self,
         direction: Direction,
@@ -149,57 +271,156 @@ impl<B: Backend> HiCache<B> {
         }
     }
 
-    /// Plans, checks, then executes a transfer. On any error nothing was copied and the refusal
-    /// is counted.
+    /// Checks, then executes a transfer.
+    ///
+    /// - Any refusal (the shim's checks, a bad layer, a list longer than the destination
+    ///   pool's page count, a page out of range on either side, a destination page named
+    ///   twice) happens before any byte moves; both pools are left byte for byte as they were.
+    /// - An empty list is a no-op: `Ok` with 0 pairs, 0 runs, 0 bytes, not counted in the
+    ///   stats (a bad layer is still refused).
+    /// - Duplicate *source* pages are allowed (a device page backed up to two host pages; a
+    ///   host page loaded into two device pages): reading a page twice is safe, as in SGLang.
+    /// - Runs execute pair by pair; if the backend fails part way the error is
+    ///   [`TransferError::Interrupted`] naming the pairs moved in full and the torn one, and
+    ///   every later pair's destination page is untouched.
     pub fn transfer(
         &mut self,
         direction: Direction,
         layers: Layers,
         pairs: &[PagePair],
-    ) -> Result<TransferPlan, TransferError> {
-        let plan = match self.plan(direction, layers, pairs) {
-            Ok(p) => p,
-            Err(e) => {
-                self.stats.refused += 1;
-                return Err(e);
-            }
+    ) -> Result<Transferred, TransferError> {
+        let result = match self.routes.is_some() {
+            true => self.transfer_routed(direction, layers, pairs),
+            false => self.transfer_legacy(direction, layers, pairs),
         };
+        match &result {
+            Ok(t) if t.pairs == 0 => {}
+            Ok(t) => {
+                let counted_pages = match layers {
+                    Layers::All | Layers::One(0) => t.pairs,
+                    Layers::One(_) => 0,
+                };
+                let s = &mut self.stats;
+                let (calls, pages, bytes) = match direction {
+                    Direction::Backup => (
+                        &mut s.backups,
+                        &mut s.pages_backed_up,
+                        &mut s.bytes_backed_up,
+                    ),
+                    Direction::Load => (&mut s.loads, &mut s.pages_loaded, &mut s.bytes_loaded),
+                };
+                *calls += 1;
+                *pages += counted_pages;
+                *bytes = bytes.saturating_add(t.bytes);
+            }
+            Err(TransferError::Interrupted { .. }) => self.stats.interrupted += 1,
+            Err(_) => self.stats.refused += 1,
+        }
+        result
+    }
+
+    fn transfer_routed(
+        &mut self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<Transferred, TransferError> {
+        let Some(routes) = &self.routes else {
+            unreachable!("transfer_routed is called with routes")
+        };
+        check_transfer(
+            routes,
+            (self.device.fingerprint(), self.host.fingerprint()),
+            direction,
+            layers,
+            pairs,
+        )?;
+        let mut done = Transferred {
+            direction,
+            layers,
+            pairs: 0,
+            runs: 0,
+            bytes: 0,
+            verified: CHECKS_COMPILED,
+        };
+        if pairs.is_empty() {
+            return Ok(done);
+        }
+        let per_pair = routes.runs_per_pair(layers);
+        let chunk_pairs = (CHUNK_RUNS / per_pair).max(1) as usize;
+        for chunk in pairs.chunks(chunk_pairs) {
+            let scratch = &mut self.scratch;
+            scratch.clear();
+            for &p in chunk {
+                routes.push_pair_runs(direction, layers, p, scratch);
+            }
+            if let Err(e) = check_run_ranges(direction, routes, scratch) {
+                return Err(match e {
+                    TransferError::Range { source, .. } if done.runs > 0 => {
+                        interrupted(pairs, per_pair, done.runs, source)
+                    }
+                    e => e,
+                });
+            }
+            let result = match direction {
+                Direction::Backup => self.device.backend().device_to_host(
+                    self.device.memory(),
+                    self.host.memory_mut(),
+                    scratch,
+                ),
+                Direction::Load => self.host.backend().host_to_device(
+                    self.host.memory(),
+                    self.device.memory_mut(),
+                    scratch,
+                ),
+            };
+            if let Err(e) = result {
+                let in_chunk = match &e {
+                    BackendError::Interrupted { completed_runs, .. } => *completed_runs,
+                    _ => 0,
+                };
+                return Err(interrupted(pairs, per_pair, done.runs + in_chunk, e));
+            }
+            done.pairs += chunk.len() as u64;
+            done.runs += scratch.len() as u64;
+            done.bytes += scratch.iter().map(|r| r.len_bytes).sum::<u64>();
+        }
+        Ok(done)
+    }
+
+    fn transfer_legacy(
+        &mut self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<Transferred, TransferError> {
+        let plan = self.plan(direction, layers, pairs)?;
         let runs = plan.flat_runs();
-        let backend = self.device.backend().clone();
         let result = match direction {
-            Direction::Backup => {
-                backend.device_to_host(self.device.memory(), self.host.memory_mut(), &runs)
-            }
-            Direction::Load => {
-                backend.host_to_device(self.host.memory(), self.device.memory_mut(), &runs)
-            }
+            Direction::Backup => self.device.backend().device_to_host(
+                self.device.memory(),
+                self.host.memory_mut(),
+                &runs,
+            ),
+            Direction::Load => self.host.backend().host_to_device(
+                self.host.memory(),
+                self.device.memory_mut(),
+                &runs,
+            ),
         };
-        if let Err(e) = result {
-            self.stats.refused += 1;
-            return Err(TransferError::Backend(e));
-        }
-        let bytes = plan.total_bytes();
-        let counted_pages = match layers {
-            Layers::All | Layers::One(0) => pairs.len() as u64,
-            Layers::One(_) => 0,
-        };
-        match direction {
-            Direction::Backup => {
-                self.stats.backups += 1;
-                self.stats.pages_backed_up += counted_pages;
-                self.stats.bytes_backed_up = self.stats.bytes_backed_up.saturating_add(bytes);
-            }
-            Direction::Load => {
-                self.stats.loads += 1;
-                self.stats.pages_loaded += counted_pages;
-                self.stats.bytes_loaded = self.stats.bytes_loaded.saturating_add(bytes);
-            }
-        }
-        Ok(plan)
+        result.map_err(TransferError::Backend)?;
+        Ok(Transferred {
+            direction,
+            layers,
+            pairs: pairs.len() as u64,
+            runs: runs.len() as u64,
+            bytes: plan.total_bytes(),
+            verified: plan.verified,
+        })
     }
 
     /// Backs up `pairs` (device page -> host page), all layers.
-    pub fn backup(&mut self, pairs: &[PagePair]) -> Result<TransferPlan, TransferError> {
+    pub fn backup(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Backup, Layers::All, pairs)
     }
 
@@ -208,12 +429,12 @@ impl<B: Backend> HiCache<B> {
         &mut self,
         layer: u64,
         pairs: &[PagePair],
-    ) -> Result<TransferPlan, TransferError> {
+    ) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Backup, Layers::One(layer), pairs)
     }
 
     /// Loads `pairs` (host page -> device page), all layers.
-    pub fn load(&mut self, pairs: &[PagePair]) -> Result<TransferPlan, TransferError> {
+    pub fn load(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Load, Layers::All, pairs)
     }
 
@@ -222,7 +443,30 @@ impl<B: Backend> HiCache<B> {
         &mut self,
         layer: u64,
         pairs: &[PagePair],
-    ) -> Result<TransferPlan, TransferError> {
+    ) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Load, Layers::One(layer), pairs)
+    }
+
+    /// The page routes of a checked pairing (for [`crate::ConcurrentHiCache`]).
+    pub(crate) fn routes(&self) -> Option<&Routes> {
+        self.routes.as_ref()
+    }
+
+    /// Both pools, mutable, and the routes (for [`crate::ConcurrentHiCache`]).
+    pub(crate) fn parts_mut(&mut self) -> (&mut DevicePool<B>, &mut HostPool<B>) {
+        (&mut self.device, &mut self.host)
+    }
+
+    /// Adds a concurrent cache's counters.
+    pub(crate) fn add_stats(&mut self, other: TransferStats) {
+        let s = &mut self.stats;
+        s.backups += other.backups;
+        s.loads += other.loads;
+        s.pages_backed_up += other.pages_backed_up;
+        s.pages_loaded += other.pages_loaded;
+        s.bytes_backed_up = s.bytes_backed_up.saturating_add(other.bytes_backed_up);
+        s.bytes_loaded = s.bytes_loaded.saturating_add(other.bytes_loaded);
+        s.refused += other.refused;
+        s.interrupted += other.interrupted;
     }
 }

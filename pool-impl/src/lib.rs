@@ -44,17 +44,20 @@
 
 pub mod backend;
 pub mod codec;
+mod concurrent;
 mod hicache;
 pub mod model;
 pub mod plan;
 mod pool;
 pub mod replay;
+mod route;
 pub mod shim;
 mod typed;
 
-pub use backend::{Backend, BackendError, CpuBackend, Memory};
+pub use backend::{Backend, BackendError, CpuBackend, FailingCpuBackend, Memory};
+pub use concurrent::ConcurrentHiCache;
 pub use hicache::{HiCache, PairError, TransferMode, TransferStats};
-pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan};
+pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
 pub use pool::{DevicePool, HostPool, KvPool, PoolError};
 pub use shim::TransferError;
 pub use typed::{TypedDevicePool, TypedHiCache, TypedHostPool};

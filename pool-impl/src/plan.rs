@@ -126,3 +126,29 @@ impl TransferPlan {
         self.runs().copied().collect()
     }
 }
+
+/// What a completed transfer moved (returned by [`crate::HiCache::backup`] and friends; the
+/// full run list of a transfer is [`crate::HiCache::plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transferred {
+    /// Backup or load.
+    pub direction: Direction,
+    /// Layers covered.
+    pub layers: Layers,
+    /// Page pairs moved.
+    pub pairs: u64,
+    /// Copy runs executed.
+    pub runs: u64,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// Whether the shim's per-transfer checks ran ([`crate::shim::CHECKS_COMPILED`] and a
+    /// checked pairing).
+    pub verified: bool,
+}
+
+impl Transferred {
+    /// Bytes copied.
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes
+    }
+}

@@ -407,6 +407,12 @@ pub fn run(
             Err(PairError::Mismatch(m)) => {
                 return Ok(ReplayOutcome::Refused(refusal(input, host_source, &m)));
             }
+            Err(e @ PairError::Route(_)) => {
+                return Err(ReplayError::Workload {
+                    field: "host pool",
+                    problem: e.to_string(),
+                });
+            }
         }
     } else {
         HiCache::pair_unverified(device, host)

@@ -95,9 +95,56 @@ pub enum TransferError {
     /// Offsets could not be computed (overflow, index out of range).
     #[error("geometry: {0}")]
     Geometry(#[from] GeometryError),
-    /// The backend failed executing a checked plan.
+    /// The backend failed executing a checked plan; no byte moved.
     #[error("backend: {0}")]
     Backend(BackendError),
+    /// More pairs than the destination pool has pages: some destination page would be named
+    /// twice. Refused before any work proportional to the list.
+    #[error(
+        "{pairs} pairs for a {side} pool of {pages} pages: a destination page would be named twice"
+    )]
+    TooManyPairs {
+        /// Pairs in the list.
+        pairs: u64,
+        /// The destination side, `device` or `host`.
+        side: &'static str,
+        /// Pages of the destination pool.
+        pages: u64,
+    },
+    /// The backend failed part way through a checked transfer. Runs execute pair by pair
+    /// (every buffer and layer of a pair, then the next pair), so `moved_pairs` (a prefix of
+    /// the list) were copied in full, `torn_pair` (the next one, if any) in part — its
+    /// destination page holds old and new bytes and must not be trusted — and every later
+    /// pair's destination page is untouched.
+    #[error(
+        "interrupted after {} pair(s) moved in full{}: {source}",
+        moved_pairs.len(),
+        torn_pair.map_or_else(String::new, |p| format!(
+            ", pair (device {}, host {}) torn", p.device_page, p.host_page
+        ))
+    )]
+    Interrupted {
+        /// Pairs copied in full, in list order (a prefix of the list).
+        moved_pairs: Vec<PagePair>,
+        /// The pair being copied when the backend failed, if the failure fell inside a pair.
+        torn_pair: Option<PagePair>,
+        /// Runs copied in full.
+        moved_runs: u64,
+        /// The backend's error.
+        #[source]
+        source: BackendError,
+    },
+    /// A concurrent transfer holds a page this one needs (a destination page is being read or
+    /// written, or a source page is being written, by another transfer). Nothing moved.
+    #[error("pairs[{pair}]: {side} page {page} is in use by another transfer")]
+    Busy {
+        /// Index in the pair list.
+        pair: usize,
+        /// `device` or `host`.
+        side: &'static str,
+        /// The page.
+        page: u64,
+    },
 }
 
 /// One side of a transfer, as the shim sees it.
@@ -178,6 +225,124 @@ pub fn check_geometry(device: Side<'_>, host: Side<'_>) -> Result<(), TransferEr
     Ok(())
 }
 
+/// Pairs of a list longer than the destination pool's page count: at least one destination
+/// page would be named twice (pigeonhole), so the list is refused in O(1), before any work or
+/// allocation proportional to its length.
+fn check_pair_count(
+    direction: Direction,
+    device_pages: u64,
+    host_pages: u64,
+    pairs: &[PagePair],
+) -> Result<(), TransferError> {
+    let dst_pages = match direction {
+        Direction::Backup => host_pages,
+        Direction::Load => device_pages,
+    };
+    if pairs.len() as u64 > dst_pages {
+        return Err(TransferError::TooManyPairs {
+            pairs: pairs.len() as u64,
+            side: direction.destination(),
+            pages: dst_pages,
+        });
+    }
+    Ok(())
+}
+
+/// Lists up to this length are searched for duplicates pair by pair (no allocation); longer
+/// ones are sorted (an allocation of 16 B per pair, bounded by the destination pool's pages).
+const QUADRATIC_DUPLICATE_SEARCH_MAX: usize = 32;
+
+/// The first pair, in list order, whose destination page an earlier pair already names:
+/// `(pair, first, page)` with `first` the earliest pair naming it.
+pub fn first_duplicate_destination(
+    direction: Direction,
+    pairs: &[PagePair],
+) -> Option<(usize, usize, u64)> {
+    let dst = |p: &PagePair| match direction {
+        Direction::Backup => p.host_page,
+        Direction::Load => p.device_page,
+    };
+    if pairs.len() <= QUADRATIC_DUPLICATE_SEARCH_MAX {
+        for (i, p) in pairs.iter().enumerate().skip(1) {
+            let page = dst(p);
+            if let Some(j) = pairs[..i].iter().position(|q| dst(q) == page) {
+                return Some((i, j, page));
+            }
+        }
+        return None;
+    }
+    let mut order: Vec<(u64, usize)> = pairs.iter().map(dst).zip(0..).collect();
+    order.sort_unstable();
+    // Within a run of equal pages the indices ascend, so the run's first window is (first,
+    // second) naming the page; later windows of the run have larger second indices. The
+    // answer is the window with the smallest second index.
+    order
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| (w[1].1, w[0].1, w[0].0))
+        .min()
+}
+
+/// Page indices in range on both sides and (with `check_duplicates`) no destination page
+/// named twice. Errors name the pair, the side, the page and the pool's page count; the
+/// reported problem is the first in list order (a pair out of range before a later
+/// duplicate). Lists longer than the destination's page count are refused first, in O(1)
+/// ([`TransferError::TooManyPairs`]). An empty list passes.
+pub fn check_pair_pages(
+    direction: Direction,
+    device_pages: u64,
+    host_pages: u64,
+    pairs: &[PagePair],
+    check_duplicates: bool,
+) -> Result<(), TransferError> {
+    check_pair_count(direction, device_pages, host_pages, pairs)?;
+    let out_of_range = pairs.iter().enumerate().find_map(|(i, p)| {
+        if p.device_page >= device_pages {
+            Some(TransferError::PageOutOfRange {
+                pair: i,
+                side: "device",
+                page: p.device_page,
+                pages: device_pages,
+            })
+        } else if p.host_page >= host_pages {
+            Some(TransferError::PageOutOfRange {
+                pair: i,
+                side: "host",
+                page: p.host_page,
+                pages: host_pages,
+            })
+        } else {
+            None
+        }
+    });
+    let checked = match &out_of_range {
+        Some(TransferError::PageOutOfRange { pair, .. }) => &pairs[..*pair],
+        _ => pairs,
+    };
+    if check_duplicates
+        && let Some((pair, first, page)) = first_duplicate_destination(direction, checked)
+    {
+        return Err(TransferError::DuplicateDestination {
+            pair,
+            first,
+            side: direction.destination(),
+            page,
+        });
+    }
+    out_of_range.map_or(Ok(()), Err)
+}
+
+/// The layer asked for present in at least one buffer.
+pub fn check_layer(layers: Layers, deepest_layers: u64) -> Result<(), TransferError> {
+    match layers {
+        Layers::One(layer) if layer >= deepest_layers => Err(TransferError::Layer {
+            layer,
+            layers: deepest_layers,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Page indices in range on both sides, no destination page twice, the layer present.
 pub fn check_pages(
     direction: Direction,
@@ -186,48 +351,9 @@ pub fn check_pages(
     layers: Layers,
     pairs: &[PagePair],
 ) -> Result<(), TransferError> {
-    if let Layers::One(layer) = layers {
-        let deepest = device.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
-        if layer >= deepest {
-            return Err(TransferError::Layer {
-                layer,
-                layers: deepest,
-            });
-        }
-    }
-    let mut seen = std::collections::HashMap::with_capacity(pairs.len());
-    for (i, p) in pairs.iter().enumerate() {
-        if p.device_page >= device.pages {
-            return Err(TransferError::PageOutOfRange {
-                pair: i,
-                side: "device",
-                page: p.device_page,
-                pages: device.pages,
-            });
-        }
-        if p.host_page >= host.pages {
-            return Err(TransferError::PageOutOfRange {
-                pair: i,
-                side: "host",
-                page: p.host_page,
-                pages: host.pages,
-            });
-        }
-        let dst = match direction {
-            Direction::Backup => p.host_page,
-            Direction::Load => p.device_page,
-        };
-        if let Some(&first) = seen.get(&dst) {
-            return Err(TransferError::DuplicateDestination {
-                pair: i,
-                first,
-                side: direction.destination(),
-                page: dst,
-            });
-        }
-        seen.insert(dst, i);
-    }
-    Ok(())
+    let deepest = device.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
+    check_layer(layers, deepest)?;
+    check_pair_pages(direction, device.pages, host.pages, pairs, true)
 }
 
 /// Every run inside both regions.
@@ -337,7 +463,8 @@ pub fn plan(
         };
         let item_bytes = host.stored_page_bytes(hi)?;
         let layer_ids = layer_list(layers, db.layers);
-        let mut runs = Vec::with_capacity(layer_ids.len() * pairs.len());
+        // Reserve at most 64 Ki runs up front: the list's length is the caller's.
+        let mut runs = Vec::with_capacity(layer_ids.len().saturating_mul(pairs.len()).min(1 << 16));
         for &l in &layer_ids {
             for p in pairs {
                 let dev_page = device.page_offset_bytes(bi, l, p.device_page)?;
@@ -423,6 +550,15 @@ pub fn checked_plan(
     if CHECKS_COMPILED {
         check_geometry(device, host)?;
         check_pages(direction, device.geometry, host.geometry, layers, pairs)?;
+    } else {
+        // Always: indices in range and the list bounded by the destination's page count.
+        check_pair_pages(
+            direction,
+            device.geometry.pages,
+            host.geometry.pages,
+            pairs,
+            false,
+        )?;
     }
     let mut p = plan(direction, device.geometry, host.geometry, layers, pairs)?;
     if CHECKS_COMPILED {

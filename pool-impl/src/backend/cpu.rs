@@ -14,7 +14,7 @@ impl Memory for Vec<u8> {
     }
 }
 
-fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+pub(super) fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
     let err = |reason: &str| BackendError::Alloc {
         side,
         len_bytes,
@@ -38,21 +38,31 @@ fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
     Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
-fn read(side: &'static str, mem: &[u8], offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+pub(super) fn read(
+    side: &'static str,
+    mem: &[u8],
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), BackendError> {
     check_range(side, offset, out.len() as u64, mem.len() as u64)?;
     let start = offset as usize;
     out.copy_from_slice(&mem[start..start + out.len()]);
     Ok(())
 }
 
-fn write(side: &'static str, mem: &mut [u8], offset: u64, data: &[u8]) -> Result<(), BackendError> {
+pub(super) fn write(
+    side: &'static str,
+    mem: &mut [u8],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), BackendError> {
     check_range(side, offset, data.len() as u64, mem.len() as u64)?;
     let start = offset as usize;
     mem[start..start + data.len()].copy_from_slice(data);
     Ok(())
 }
 
-fn copy_runs(
+pub(super) fn copy_runs(
     (src_side, src): (&'static str, &[u8]),
     (dst_side, dst): (&'static str, &mut [u8]),
     runs: &[CopyRun],

@@ -9,8 +9,10 @@
 //! [`TransferPlan`]: crate::plan::TransferPlan
 
 mod cpu;
+mod fault;
 
 pub use cpu::CpuBackend;
+pub use fault::FailingCpuBackend;
 
 use crate::plan::CopyRun;
 
@@ -21,7 +23,8 @@ pub trait Memory {
 }
 
 /// An error of a memory backend. A backend error on a copy means no byte was moved (the CPU
-/// backend checks every run before copying any).
+/// backend checks every run before copying any), except [`BackendError::Interrupted`], which
+/// says how many runs of the list were copied in full before the failure.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// The region could not be allocated.
@@ -49,6 +52,17 @@ pub enum BackendError {
     /// A driver error (CUDA backends).
     #[error("{0}")]
     Driver(String),
+    /// The copy failed part way: runs `0..completed_runs` of the list were copied in full, no
+    /// byte of any later run was written (fault injection: [`FailingCpuBackend`]).
+    #[error("interrupted after {completed_runs} of {total_runs} runs: {reason}")]
+    Interrupted {
+        /// Runs copied in full, a prefix of the list.
+        completed_runs: u64,
+        /// Runs in the list.
+        total_runs: u64,
+        /// Why (driver message, or the injected fault).
+        reason: String,
+    },
 }
 
 /// Allocation, byte access and run copies for device and host pool memory.
@@ -95,16 +109,18 @@ pub trait Backend: Clone {
         offset_bytes: u64,
         data: &[u8],
     ) -> Result<(), BackendError>;
-    /// Backup: copies every run from device (`src_offset_bytes`) to host (`dst_offset_bytes`).
-    /// Checks every run first; on error no byte is moved.
+    /// Backup: copies every run from device (`src_offset_bytes`) to host (`dst_offset_bytes`),
+    /// in list order. Checks every run first; on error no byte is moved, except
+    /// [`BackendError::Interrupted`] (a prefix of the runs moved).
     fn device_to_host(
         &self,
         src: &Self::DeviceMem,
         dst: &mut Self::HostMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError>;
-    /// Load: copies every run from host (`src_offset_bytes`) to device (`dst_offset_bytes`).
-    /// Checks every run first; on error no byte is moved.
+    /// Load: copies every run from host (`src_offset_bytes`) to device (`dst_offset_bytes`),
+    /// in list order. Checks every run first; on error no byte is moved, except
+    /// [`BackendError::Interrupted`] (a prefix of the runs moved).
     fn host_to_device(
         &self,
         src: &Self::HostMem,
