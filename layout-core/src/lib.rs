@@ -57,6 +57,11 @@ pub use std::borrow::Cow;
 /// A token-row type with a compile-time layout descriptor. Implemented by
 /// `#[derive(KvLayout)]` only (the supertrait is sealed by convention: it lives in a hidden
 /// module that the derive names).
+///
+/// In `const` context use [`KvLayout::BYTES_PER_TOKEN`] and [`KvLayout::FINGERPRINT`]:
+/// calling a method on `<T as KvLayout>::LAYOUT` inside a `const` initializer is rejected
+/// (E0493), because a `TokenLayout` may own `Cow` data whose destructor cannot run in `const`.
+/// At run time `T::LAYOUT` is an ordinary value.
 pub trait KvLayout: __private::Sealed {
     /// The type's name.
     const NAME: &'static str;
