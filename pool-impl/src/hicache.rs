@@ -161,7 +161,7 @@ pub(crate) fn interrupted(
         return TransferError::Backend(source);
     }
     let moved = (moved_runs / runs_per_pair) as usize;
-    let torn = (moved_runs % runs_per_pair != 0).then(|| pairs[moved]);
+    let torn = (!moved_runs.is_multiple_of(runs_per_pair)).then(|| pairs[moved]);
     TransferError::Interrupted {
         moved_pairs: pairs[..moved].to_vec(),
         torn_pair: torn,
@@ -394,6 +394,20 @@ impl<B: Backend> HiCache<B> {
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
+        // Even unverified, a list longer than the destination's page count is refused in
+        // O(1): the legacy plan allocates runs per pair and layer.
+        let (d, h) = (self.device.geometry().pages, self.host.geometry().pages);
+        let dst_pages = match direction {
+            Direction::Backup => h,
+            Direction::Load => d,
+        };
+        if pairs.len() as u64 > dst_pages {
+            return Err(TransferError::TooManyPairs {
+                pairs: pairs.len() as u64,
+                side: direction.destination(),
+                pages: dst_pages,
+            });
+        }
         let plan = self.plan(direction, layers, pairs)?;
         let runs = plan.flat_runs();
         let result = match direction {
@@ -468,5 +482,63 @@ impl<B: Backend> HiCache<B> {
         s.bytes_loaded = s.bytes_loaded.saturating_add(other.bytes_loaded);
         s.refused += other.refused;
         s.interrupted += other.interrupted;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
+
+    use super::*;
+
+    fn cache() -> HiCache {
+        let device = DevicePool::new(PoolGeometry {
+            name: "unit".into(),
+            page_size_tokens: 64,
+            pages: 4,
+            memory_layout: MemoryLayout::LayerFirst,
+            buffers: vec![BufferGeometry {
+                name: "index_k".into(),
+                layers: 2,
+                layout: formats::INDEX_K_FP8,
+            }],
+        })
+        .unwrap();
+        let host = HostPool::mirror_of(&device, 6, MemoryLayout::PageFirst).unwrap();
+        HiCache::pair(device, host).unwrap()
+    }
+
+    /// Regression: with the checks compiled out (release without `verify`) a page out of range
+    /// used to surface as a bare geometry error ("pages: page 9 out of range (4 pages)"),
+    /// naming neither the pair nor the side. Index checks are now always on. This test runs in
+    /// both modes (`cargo test -p kvlayout-pool` and `--release`).
+    #[test]
+    fn a_page_out_of_range_names_pair_and_side_with_or_without_verify() {
+        let mut c = cache();
+        let err = c
+            .load(&[PagePair::new(0, 0), PagePair::new(9, 1)])
+            .unwrap_err();
+        assert_eq!(
+            err,
+            TransferError::PageOutOfRange {
+                pair: 1,
+                side: "device",
+                page: 9,
+                pages: 4
+            }
+        );
+        assert_eq!(c.device().snapshot().unwrap(), vec![0u8; 2 * 4 * 8448]);
+    }
+
+    /// Regression: an empty list used to count as a backup call in the stats, which count
+    /// calls that moved data.
+    #[test]
+    fn an_empty_list_is_not_counted() {
+        let mut c = cache();
+        assert_eq!(c.backup(&[]).unwrap().bytes, 0);
+        assert_eq!(c.stats(), TransferStats::default());
+        // One page of both layers of fp8 index-K: 2 x 64 x 132 = 16,896 B.
+        assert_eq!(c.backup(&[PagePair::new(1, 5)]).unwrap().bytes, 16_896);
+        assert_eq!((c.stats().backups, c.stats().bytes_backed_up), (1, 16_896));
     }
 }

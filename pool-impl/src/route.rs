@@ -259,3 +259,150 @@ impl Routes {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kvlayout_core::{BufferGeometry, MemoryLayout, TokenLayout, formats};
+
+    use super::*;
+    use crate::shim::{self, Side};
+
+    fn pool(
+        buffers: &[(&'static str, TokenLayout, u64)],
+        pages: u64,
+        m: MemoryLayout,
+    ) -> PoolGeometry {
+        PoolGeometry {
+            name: "route test".into(),
+            page_size_tokens: 64,
+            pages,
+            memory_layout: m,
+            buffers: buffers
+                .iter()
+                .map(|(n, l, layers)| BufferGeometry {
+                    name: (*n).into(),
+                    layers: *layers,
+                    layout: l.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn side(g: &PoolGeometry) -> (&PoolGeometry, u64, u64) {
+        (g, g.fingerprint().unwrap(), g.total_bytes().unwrap())
+    }
+
+    /// Every (buffer, layer, page) of both sides: the route's offsets and pieces equal the
+    /// geometry's `page_offset_bytes` / `page_segments`; and a transfer's runs are exactly the
+    /// checked plan's runs (as a set: the plan lists them buffer-major, a transfer pair-major).
+    fn routes_agree_with_geometry(
+        buffers: &[(&'static str, TokenLayout, u64)],
+        host_m: MemoryLayout,
+    ) {
+        let dg = pool(buffers, 5, MemoryLayout::LayerFirst);
+        let hg = pool(buffers, 7, host_m);
+        let r = Routes::new(side(&dg), side(&hg)).unwrap();
+        for (b, route) in r.buffers.iter().enumerate() {
+            for l in 0..route.layers {
+                for p in 0..dg.pages {
+                    assert_eq!(
+                        route.device.at(l, p),
+                        dg.page_offset_bytes(b, l, p).unwrap()
+                    );
+                }
+                for p in 0..hg.pages {
+                    let segs = hg.page_segments(b, l, p).unwrap();
+                    let h = route.host.at(l, p);
+                    let pieces: Vec<(u64, u64, u64)> = route
+                        .pieces
+                        .iter()
+                        .map(|x| (x.page_offset_bytes, h + x.host_offset_bytes, x.len_bytes))
+                        .collect();
+                    let want: Vec<(u64, u64, u64)> = segs
+                        .iter()
+                        .map(|s| (s.page_offset_bytes, s.pool_offset_bytes, s.len_bytes))
+                        .collect();
+                    assert_eq!(pieces, want, "{host_m} buffer {b} layer {l} page {p}");
+                }
+            }
+        }
+        let pairs = [
+            PagePair::new(0, 6),
+            PagePair::new(4, 0),
+            PagePair::new(2, 3),
+            PagePair::new(2, 5),
+        ];
+        let deepest = r.deepest_layers;
+        let mut all_layers = vec![Layers::All];
+        all_layers.extend((0..deepest).map(Layers::One));
+        for direction in [Direction::Backup, Direction::Load] {
+            for &layers in &all_layers {
+                let pairs: &[PagePair] = match direction {
+                    Direction::Backup => &pairs,
+                    // Distinct device destinations for a load.
+                    Direction::Load => &pairs[..3],
+                };
+                let d = Side {
+                    geometry: &dg,
+                    fingerprint: r.device_fingerprint,
+                    len_bytes: r.device_len_bytes,
+                };
+                let h = Side {
+                    geometry: &hg,
+                    fingerprint: r.host_fingerprint,
+                    len_bytes: r.host_len_bytes,
+                };
+                let plan = shim::checked_plan(direction, d, h, layers, pairs).unwrap();
+                let mut want = plan.flat_runs();
+                let mut got = Vec::new();
+                for &p in pairs {
+                    let before = got.len();
+                    r.push_pair_runs(direction, layers, p, &mut got);
+                    assert_eq!((got.len() - before) as u64, r.runs_per_pair(layers));
+                }
+                want.sort_unstable_by_key(|x| (x.src_offset_bytes, x.dst_offset_bytes));
+                got.sort_unstable_by_key(|x| (x.src_offset_bytes, x.dst_offset_bytes));
+                assert_eq!(got, want, "{host_m} {direction} {layers:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn dsa_routes_agree_with_the_geometry_for_every_host_layout() {
+        // index_k in 2 of the 3 layers: a one-layer transfer of layer 2 moves kv only.
+        let bufs = [
+            ("kv", formats::DSA_MLA_FP8, 3),
+            ("index_k", formats::INDEX_K_FP8, 2),
+        ];
+        for m in [
+            MemoryLayout::LayerFirst,
+            MemoryLayout::PageFirst,
+            MemoryLayout::PageFirstDirect,
+        ] {
+            routes_agree_with_geometry(&bufs, m);
+        }
+    }
+
+    #[test]
+    fn mha_routes_agree_with_the_geometry_including_page_head() {
+        for m in MemoryLayout::ALL {
+            routes_agree_with_geometry(&[("kv", formats::MHA_BF16_8X128, 2)], m);
+        }
+    }
+
+    #[test]
+    fn runs_per_pair_counts_buffers_holding_the_layer() {
+        let bufs = [
+            ("kv", formats::DSA_MLA_FP8, 3),
+            ("index_k", formats::INDEX_K_BF16, 2),
+        ];
+        let g = pool(&bufs, 4, MemoryLayout::LayerFirst);
+        let h = pool(&bufs, 4, MemoryLayout::PageFirst);
+        let r = Routes::new(side(&g), side(&h)).unwrap();
+        // All layers: 3 kv + 2 index_k runs (one piece per page off page_head); layer 2: kv only.
+        assert_eq!(r.runs_per_pair(Layers::All), 5);
+        assert_eq!(r.runs_per_pair(Layers::One(1)), 2);
+        assert_eq!(r.runs_per_pair(Layers::One(2)), 1);
+        assert_eq!(r.runs_per_pair(Layers::One(3)), 0);
+    }
+}
