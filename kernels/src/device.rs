@@ -143,6 +143,25 @@ struct Kernels {
 /// Longest index lists checked inside the copy launch itself (no separate validation launch).
 pub const SELF_CHECK_MAX_ITEMS: u64 = 4096;
 
+/// `offset .. offset + len` inside a buffer of `buffer_len` bytes, or [`KernelError::Length`].
+fn checked_range(
+    what: &str,
+    offset_bytes: u64,
+    len: usize,
+    buffer_len: usize,
+) -> Result<std::ops::Range<usize>, KernelError> {
+    let end = offset_bytes.checked_add(len as u64);
+    match end {
+        Some(end) if end <= buffer_len as u64 => Ok(offset_bytes as usize..end as usize),
+        _ => Err(KernelError::Length {
+            what: format!("{what} of {len} bytes at offset {offset_bytes}: buffer"),
+            expected: offset_bytes.saturating_add(len as u64),
+            actual: buffer_len as u64,
+            unit: "bytes",
+        }),
+    }
+}
+
 /// List positions per chunk of the copy's work order (see the copy kernel).
 fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
     let page_major = |s: &crate::copy_spec::SideSpec| s.layer_stride_bytes < s.page_stride_bytes;
@@ -412,6 +431,53 @@ impl Gpu {
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;
         Ok(v)
+    }
+
+    /// Copies `out.len()` bytes at `offset_bytes` of device memory into `out` (checked range).
+    pub fn read_at(
+        &self,
+        src: &DeviceBytes,
+        offset_bytes: u64,
+        out: &mut [u8],
+    ) -> Result<(), KernelError> {
+        let range = checked_range("device read", offset_bytes, out.len(), src.slice.len())?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let view = src.slice.slice(range);
+        self.stream
+            .memcpy_dtoh(&view, out)
+            .map_err(driver_err("cuMemcpyDtoHAsync"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    /// Writes `data` at `offset_bytes` of device memory (checked range).
+    pub fn write_at(
+        &self,
+        dst: &mut DeviceBytes,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), KernelError> {
+        let range = checked_range("device write", offset_bytes, data.len(), dst.slice.len())?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let mut view = dst.slice.slice_mut(range);
+        self.stream
+            .memcpy_htod(data, &mut view)
+            .map_err(driver_err("cuMemcpyHtoDAsync"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    /// Pinned, device-mapped host memory of `len_bytes` bytes, zeroed by the CPU.
+    pub fn alloc_pinned_zeroed(&self, len_bytes: usize) -> Result<PinnedBytes, KernelError> {
+        let mut p = PinnedBytes::new(&self.ctx, len_bytes)?;
+        p.as_mut_slice().fill(0);
+        Ok(p)
     }
 
     /// An index list on the device.

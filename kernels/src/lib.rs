@@ -15,6 +15,24 @@
 //! backends validate every index before moving a byte: a refused copy leaves both sides as they
 //! were.
 //!
+//!
+//! ## Driving it from a pool backend
+//!
+//! A CUDA backend for `kvlayout-pool` holds an `Arc<Gpu>` ([`Gpu::new`]; on
+//! [`KernelError::NoDriver`] fall back to the CPU backend and say so) and maps its trait onto:
+//! - memory: [`Gpu::alloc_device`] (zeroed device memory), [`Gpu::alloc_pinned_zeroed`] (pinned,
+//!   mapped, not write-combined host memory); [`Gpu::read_at`] / [`Gpu::write_at`] for device
+//!   byte ranges, [`PinnedBytes::as_slice`] / [`PinnedBytes::as_mut_slice`] for host ones;
+//! - the shim's checked plan as it is today, a list of `(src offset, dst offset, len)` runs:
+//!   [`Gpu::upload_runs`] with [`RunOrder::SrcAscending`] for a load (host -> device) or
+//!   [`RunOrder::DstAscending`] for a backup, then [`Gpu::copy_runs`]; every run is checked on
+//!   the GPU before any byte moves ([`KernelError::RunOutOfRange`]);
+//! - or, without per-run offsets, [`CopySpec::for_pool_buffer`] (one spec per buffer, or per part
+//!   of a `section_major` token) with page or token index lists ([`Gpu::upload_indices`]) and
+//!   [`Gpu::copy_items_multi`]; [`copy_items_cpu`] is the CPU backend's equivalent;
+//! - the fp8 index-K cache: [`IndexKPages::for_pool_layer`], [`Gpu::quantize_index_k`],
+//!   [`Gpu::dequantize_index_k`] (CPU: [`quantize_index_k_cpu`], [`dequantize_index_k_cpu`]).
+//!
 //! ```
 //! use kvlayout_kernels::{CopySpec, SideSpec, copy_items_cpu};
 //! // Two pages of 2 tokens of 4 bytes, one layer: move token 3 (page 1, token 1) to token 0.

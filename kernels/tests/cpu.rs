@@ -525,3 +525,14 @@ fn run_copies_check_every_run_first() {
     );
     assert_eq!(dst, expect);
 }
+
+#[test]
+fn gpu_handles_can_be_shared_between_threads() {
+    // A pool backend holds an Arc<Gpu> and moves buffers between threads.
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Gpu>();
+    send_sync::<kvlayout_kernels::DeviceBytes>();
+    send_sync::<kvlayout_kernels::PinnedBytes>();
+    send_sync::<kvlayout_kernels::DeviceIndices>();
+    send_sync::<kvlayout_kernels::DeviceRuns>();
+}

@@ -588,3 +588,35 @@ fn run_lists_match_cpu_reference() {
     );
     assert!(gpu.read(&dst).unwrap() == expect);
 }
+
+/// Sub-range reads and writes of device memory (what a pool backend's read_device and
+/// write_device do), with out-of-range requests refused.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_sub_range_reads_and_writes() {
+    let gpu = gpu();
+    let mut rng = SplitMix64::new(9);
+    let start = rng.bytes(1000);
+    let mut d = gpu.upload(&start).unwrap();
+    let patch = rng.bytes(37);
+    gpu.write_at(&mut d, 501, &patch).unwrap();
+    let mut expect = start.clone();
+    expect[501..538].copy_from_slice(&patch);
+    assert!(gpu.read(&d).unwrap() == expect);
+    let mut out = vec![0u8; 100];
+    gpu.read_at(&d, 450, &mut out).unwrap();
+    assert_eq!(&out[..], &expect[450..550]);
+    // 990 + 11 = 1001 > 1000: refused, nothing written.
+    assert!(matches!(
+        gpu.write_at(&mut d, 990, &[1u8; 11]),
+        Err(KernelError::Length {
+            expected: 1001,
+            actual: 1000,
+            ..
+        })
+    ));
+    assert!(gpu.read_at(&d, u64::MAX, &mut out).is_err());
+    assert!(gpu.read(&d).unwrap() == expect);
+    let z = gpu.alloc_pinned_zeroed(4096).unwrap();
+    assert!(z.as_slice().iter().all(|&b| b == 0));
+}
