@@ -28,6 +28,7 @@ use std::collections::HashMap;
 use kvlayout_core::{MemoryLayout, Mismatch, PoolGeometry, compare, file};
 use serde::Serialize;
 
+use crate::backend::{Backend, CpuBackend};
 use crate::codec::{self, CodecError};
 use crate::hicache::{HiCache, PairError, TransferMode};
 use crate::model::{Model, ModelError, PoolOptions};
@@ -307,10 +308,10 @@ impl Gen {
     }
 }
 
-struct Sim<'a> {
+struct Sim<'a, B: Backend> {
     w: &'a Workload,
     source: Gen,
-    cache: HiCache,
+    cache: HiCache<B>,
     page_size: u64,
     kv: usize,
     index_k: Option<usize>,
@@ -335,8 +336,19 @@ fn workload_err(field: &'static str, problem: String) -> ReplayError {
     ReplayError::Workload { field, problem }
 }
 
-/// Runs the replay; `progress(done, total)` is called after each batch (session-turns).
+/// Runs the replay on the CPU backend; `progress(done, total)` is called after each batch
+/// (session-turns).
 pub fn run(
+    input: &ReplayInput,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<ReplayOutcome, ReplayError> {
+    run_with(CpuBackend, input, progress)
+}
+
+/// Runs the replay with both pools on `backend` (e.g. the CUDA backend: device pool in GPU
+/// memory, host pool pinned); the workload, checks and report are [`run`]'s.
+pub fn run_with<B: Backend>(
+    backend: B,
     input: &ReplayInput,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ReplayOutcome, ReplayError> {
@@ -391,14 +403,14 @@ pub fn run(
     }
     let model_layers = input.model.config.num_hidden_layers;
     let sim_layers = w.layers.min(model_layers);
-    let device = DevicePool::new(truncate_layers(&full_device, sim_layers))?;
+    let device = DevicePool::new_in(backend.clone(), truncate_layers(&full_device, sim_layers))?;
     let host_geom = truncate_layers(&full_host, sim_layers);
     let host = match &input.host {
         HostSource::Mirror {
             pages,
             memory_layout,
         } => HostPool::mirror_of(&device, *pages, *memory_layout)?,
-        HostSource::Foreign { .. } => HostPool::from_geometry(host_geom)?,
+        HostSource::Foreign { .. } => HostPool::from_geometry_in(backend, host_geom)?,
     };
     let (device_fp, host_fp) = (device.fingerprint(), host.fingerprint());
     let cache = if input.verify {
@@ -543,7 +555,7 @@ fn refusal(input: &ReplayInput, host_geometry: String, m: &Mismatch) -> Refusal 
     }
 }
 
-impl Sim<'_> {
+impl<B: Backend> Sim<'_, B> {
     fn layers(&self) -> u64 {
         self.report.simulated_layers
     }

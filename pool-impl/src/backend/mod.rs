@@ -9,9 +9,13 @@
 //! [`TransferPlan`]: crate::plan::TransferPlan
 
 mod cpu;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod fault;
 
 pub use cpu::CpuBackend;
+#[cfg(feature = "cuda")]
+pub use cuda::{CudaBackend, CudaDeviceMem, CudaHostMem, KernelError};
 pub use fault::FailingCpuBackend;
 
 use crate::plan::CopyRun;

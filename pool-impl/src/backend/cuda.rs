@@ -1,0 +1,379 @@
+//! The CUDA backend (feature `cuda`): the device pool in device memory (`cuMemAlloc`), the host
+//! pool in pinned, device-mapped host memory (`cuMemHostAlloc`, not write-combined), and every
+//! checked [`TransferPlan`] executed by the run-list copy kernel of `kvlayout-kernels`
+//! ([`Gpu::copy_runs`]: a warp per run, reading or writing the host pool over PCIe).
+//!
+//! The shim has checked the plan before the backend sees it; the kernel checks every run
+//! against both regions again, on the GPU, before any byte moves, so a bad run list (from an
+//! unverified pairing, or a direct call) is refused whole with the same
+//! [`BackendError::OutOfRange`] the CPU backend gives, naming the same run and side.
+//! Loads walk the runs in host-address order ([`RunOrder::SrcAscending`]), backups too
+//! ([`RunOrder::DstAscending`]): every order moves the same bytes, and PCIe traffic stays
+//! sequential on a page-major host pool.
+//!
+//! cudarc loads libcuda and libnvrtc at run time: a machine without a driver builds and runs
+//! the CPU backend, and [`CudaBackend::new`] returns [`KernelError::NoDriver`] there, never a
+//! panic.
+//!
+//! [`TransferPlan`]: crate::plan::TransferPlan
+
+use std::sync::Arc;
+
+pub use kvlayout_kernels::KernelError;
+use kvlayout_kernels::{
+    ByteRun, DeviceBytes, Gpu, GpuBytes, LaunchShape, PinnedBytes, RunOrder, driver_present,
+};
+
+use super::{Backend, BackendError, Memory, check_range};
+use crate::plan::CopyRun;
+
+/// Pools on one NVIDIA GPU: device memory for the device pool, pinned mapped host memory for
+/// the host pool, run-list copy kernels for backup and load. Clones share the GPU (one context
+/// and stream, kernels compiled once).
+#[derive(Clone)]
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    shape: LaunchShape,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend")
+            .field("arch", &self.gpu.arch())
+            .field("sm_count", &self.gpu.sm_count())
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
+
+/// Device pool memory: a device allocation of `len_bytes` (`None` for an empty region, which
+/// CUDA cannot allocate).
+pub struct CudaDeviceMem {
+    bytes: Option<DeviceBytes>,
+    len_bytes: u64,
+}
+
+/// Host pool memory: a pinned, device-mapped host allocation of `len_bytes` (`None` for an
+/// empty region).
+pub struct CudaHostMem {
+    bytes: Option<PinnedBytes>,
+    len_bytes: u64,
+}
+
+impl Memory for CudaDeviceMem {
+    fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+}
+
+impl Memory for CudaHostMem {
+    fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+}
+
+impl CudaHostMem {
+    /// The host bytes, for the CPU (no kernel is running: every backend call waits for its
+    /// kernels).
+    pub fn as_slice(&self) -> &[u8] {
+        self.bytes.as_ref().map_or(&[], |b| b.as_slice())
+    }
+}
+
+fn driver(e: KernelError) -> BackendError {
+    BackendError::Driver(e.to_string())
+}
+
+/// A kernel's refusal of run `run` as the CPU backend words it: the source side when the run
+/// leaves the source region, else the destination side.
+fn out_of_range(
+    (src_side, src_len): (&'static str, u64),
+    (dst_side, dst_len): (&'static str, u64),
+    run: ByteRun,
+) -> BackendError {
+    check_range(src_side, run.src_offset_bytes, run.len_bytes, src_len)
+        .and_then(|()| check_range(dst_side, run.dst_offset_bytes, run.len_bytes, dst_len))
+        .err()
+        .unwrap_or_else(|| {
+            BackendError::Driver(format!(
+                "the copy kernel refused run {run:?}, which fits the {src_len}-byte {src_side} \
+                 and the {dst_len}-byte {dst_side} region"
+            ))
+        })
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` and compiles the kernels (NVRTC, for the device's architecture).
+    ///
+    /// Errors: [`KernelError::NoDriver`] when libcuda cannot be loaded (probed first, never a
+    /// panic), [`KernelError::NoNvrtc`] without libnvrtc, [`KernelError::Driver`] when there is
+    /// no such device, [`KernelError::Compile`] when NVRTC fails.
+    pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
+        let gpu = Gpu::new(ordinal)?;
+        gpu.compile()?;
+        Ok(CudaBackend {
+            gpu: Arc::new(gpu),
+            shape: LaunchShape::default(),
+        })
+    }
+
+    /// A backend on an opened GPU, with its launch shape (how many SMs a copy may take).
+    pub fn with_gpu(gpu: Arc<Gpu>, shape: LaunchShape) -> CudaBackend {
+        CudaBackend { gpu, shape }
+    }
+
+    /// True when the CUDA driver library can be loaded on this machine.
+    pub fn driver_present() -> bool {
+        driver_present()
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// `sm_90 (132 SMs)`: the device as reports name it.
+    pub fn describe(&self) -> String {
+        format!("{} ({} SMs)", self.gpu.arch(), self.gpu.sm_count())
+    }
+
+    fn alloc_len(side: &'static str, len_bytes: u64) -> Result<usize, BackendError> {
+        usize::try_from(len_bytes).map_err(|_| BackendError::Alloc {
+            side,
+            len_bytes,
+            reason: "larger than the address space".into(),
+        })
+    }
+
+    /// Executes `runs` from `src` to `dst` on the GPU: all checked by the kernel before any
+    /// byte moves.
+    fn copy(
+        &self,
+        (src_side, src, src_len): (&'static str, Option<&dyn GpuBytes>, u64),
+        (dst_side, dst, dst_len): (&'static str, Option<&mut dyn GpuBytes>, u64),
+        runs: &[CopyRun],
+        order: RunOrder,
+    ) -> Result<(), BackendError> {
+        let (Some(src_mem), Some(dst_mem)) = (src, dst) else {
+            // An empty region (nothing allocated): only empty runs at offset 0 fit.
+            for r in runs {
+                check_range(src_side, r.src_offset_bytes, r.len_bytes, src_len)?;
+                check_range(dst_side, r.dst_offset_bytes, r.len_bytes, dst_len)?;
+            }
+            return Ok(());
+        };
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let list: Vec<ByteRun> = runs
+            .iter()
+            .map(|r| ByteRun::new(r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes))
+            .collect();
+        let on_device = self.gpu.upload_runs(&list, order).map_err(driver)?;
+        match self.gpu.copy_runs(src_mem, dst_mem, &on_device, self.shape) {
+            Ok(()) => Ok(()),
+            Err(KernelError::RunOutOfRange { run, .. }) => {
+                Err(out_of_range((src_side, src_len), (dst_side, dst_len), run))
+            }
+            Err(e) => Err(driver(e)),
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    type DeviceMem = CudaDeviceMem;
+    type HostMem = CudaHostMem;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn alloc_device(&self, len_bytes: u64) -> Result<CudaDeviceMem, BackendError> {
+        let len = Self::alloc_len("device", len_bytes)?;
+        let bytes = match len {
+            0 => None,
+            _ => Some(
+                self.gpu
+                    .alloc_device(len)
+                    .map_err(|e| BackendError::Alloc {
+                        side: "device",
+                        len_bytes,
+                        reason: e.to_string(),
+                    })?,
+            ),
+        };
+        Ok(CudaDeviceMem { bytes, len_bytes })
+    }
+
+    fn alloc_host(&self, len_bytes: u64) -> Result<CudaHostMem, BackendError> {
+        let len = Self::alloc_len("host", len_bytes)?;
+        let bytes = match len {
+            0 => None,
+            _ => Some(
+                self.gpu
+                    .alloc_pinned_zeroed(len)
+                    .map_err(|e| BackendError::Alloc {
+                        side: "host",
+                        len_bytes,
+                        reason: e.to_string(),
+                    })?,
+            ),
+        };
+        Ok(CudaHostMem { bytes, len_bytes })
+    }
+
+    fn read_device(
+        &self,
+        mem: &CudaDeviceMem,
+        offset_bytes: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        check_range("device", offset_bytes, out.len() as u64, mem.len_bytes)?;
+        match &mem.bytes {
+            Some(b) if !out.is_empty() => self.gpu.read_at(b, offset_bytes, out).map_err(driver),
+            _ => Ok(()),
+        }
+    }
+
+    fn write_device(
+        &self,
+        mem: &mut CudaDeviceMem,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        check_range("device", offset_bytes, data.len() as u64, mem.len_bytes)?;
+        match &mut mem.bytes {
+            Some(b) if !data.is_empty() => self.gpu.write_at(b, offset_bytes, data).map_err(driver),
+            _ => Ok(()),
+        }
+    }
+
+    fn read_host(
+        &self,
+        mem: &CudaHostMem,
+        offset_bytes: u64,
+        out: &mut [u8],
+    ) -> Result<(), BackendError> {
+        check_range("host", offset_bytes, out.len() as u64, mem.len_bytes)?;
+        // In range: checked against the allocation's length just above.
+        let start = offset_bytes as usize;
+        out.copy_from_slice(&mem.as_slice()[start..start + out.len()]);
+        Ok(())
+    }
+
+    fn write_host(
+        &self,
+        mem: &mut CudaHostMem,
+        offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
+        check_range("host", offset_bytes, data.len() as u64, mem.len_bytes)?;
+        if let Some(b) = &mut mem.bytes {
+            let start = offset_bytes as usize;
+            b.as_mut_slice()[start..start + data.len()].copy_from_slice(data);
+        }
+        Ok(())
+    }
+
+    fn device_to_host(
+        &self,
+        src: &CudaDeviceMem,
+        dst: &mut CudaHostMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        let (src_len, dst_len) = (src.len_bytes, dst.len_bytes);
+        self.copy(
+            (
+                "device",
+                src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
+                src_len,
+            ),
+            (
+                "host",
+                dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
+                dst_len,
+            ),
+            runs,
+            RunOrder::DstAscending,
+        )
+    }
+
+    fn host_to_device(
+        &self,
+        src: &CudaHostMem,
+        dst: &mut CudaDeviceMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        let (src_len, dst_len) = (src.len_bytes, dst.len_bytes);
+        self.copy(
+            (
+                "host",
+                src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
+                src_len,
+            ),
+            (
+                "device",
+                dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
+                dst_len,
+            ),
+            runs,
+            RunOrder::SrcAscending,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_refusal_names_the_side_the_cpu_backend_names() {
+        // Run 16 bytes at src 56 of a 64-byte source: 56 + 16 = 72 > 64, the source side.
+        let e = out_of_range(("device", 64), ("host", 128), ByteRun::new(56, 0, 16));
+        assert_eq!(
+            e,
+            BackendError::OutOfRange {
+                side: "device",
+                start_bytes: 56,
+                end_bytes: 72,
+                len_bytes: 64
+            }
+        );
+        // Source fits (0 + 16 <= 64); dst 120 + 16 = 136 > 128: the destination side.
+        let e = out_of_range(("host", 64), ("device", 128), ByteRun::new(0, 120, 16));
+        assert_eq!(
+            e,
+            BackendError::OutOfRange {
+                side: "device",
+                start_bytes: 120,
+                end_bytes: 136,
+                len_bytes: 128
+            }
+        );
+        // An end past u64::MAX saturates, as check_range reports it.
+        let e = out_of_range(("host", 64), ("device", 128), ByteRun::new(u64::MAX, 0, 2));
+        assert_eq!(
+            e,
+            BackendError::OutOfRange {
+                side: "host",
+                start_bytes: u64::MAX,
+                end_bytes: u64::MAX,
+                len_bytes: 64
+            }
+        );
+    }
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        // On a machine without libcuda the constructor reports NoDriver; with one, it opens
+        // device 0 or reports why not. Either way it returns.
+        match CudaBackend::new(0) {
+            Ok(b) => assert_eq!(b.name(), "cuda"),
+            Err(e) => {
+                if !CudaBackend::driver_present() {
+                    assert_eq!(e, KernelError::NoDriver);
+                }
+            }
+        }
+    }
+}
