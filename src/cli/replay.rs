@@ -2,6 +2,11 @@
 //! [`kvlayout_pool::replay`]); prints sessions, corrupted sessions, pages backed up / loaded,
 //! bytes moved and refused transfers (`--json`: one object). Exit 0 when the workload ran,
 //! 1 when the host pool's pairing was refused (the mismatch lines are printed), 2 on bad input.
+//!
+//! `--device cuda` puts the device pool in GPU memory and the host pool in pinned host memory
+//! and runs every checked transfer with the CUDA copy kernel (`kvlayout_pool::backend::
+//! CudaBackend`); without a CUDA driver (or a build without the `cuda` feature) it says so on
+//! stderr and runs on the CPU backend. The report names the backend that ran.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -35,6 +40,15 @@ impl From<HostLayoutArg> for MemoryLayout {
             HostLayoutArg::PageHead => MemoryLayout::PageHead,
         }
     }
+}
+
+/// `--device` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// Both pools in ordinary memory (the CPU backend).
+    Cpu,
+    /// Device pool on GPU 0, host pool in pinned memory, transfers by the CUDA copy kernel.
+    Cuda,
 }
 
 /// Arguments of `kvlayout replay`.
@@ -83,12 +97,102 @@ pub struct ReplayArgs {
     /// both sides (what an engine without kvlayout does).
     #[arg(long)]
     pub no_verify: bool,
+    /// Where the pools live: `cpu`, or `cuda` (GPU 0; falls back to the CPU backend, saying
+    /// so, when no CUDA driver is found).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceArg,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
 }
 
-fn print_report(r: &ReplayReport) {
+/// The backend a replay runs on.
+enum Pools {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(kvlayout_pool::backend::CudaBackend),
+}
+
+impl Pools {
+    /// Opens the backend `--device` asks for; a CUDA request that cannot be met falls back to
+    /// the CPU backend with a line on stderr.
+    fn open(device: DeviceArg) -> Pools {
+        match device {
+            DeviceArg::Cpu => Pools::Cpu,
+            DeviceArg::Cuda => Pools::open_cuda(),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn open_cuda() -> Pools {
+        use kvlayout_pool::backend::{CudaBackend, KernelError};
+        match CudaBackend::new(0) {
+            Ok(b) => Pools::Cuda(b),
+            Err(e @ KernelError::NoDriver) => {
+                eprintln!("no CUDA driver found ({e}); falling back to the CPU backend");
+                Pools::Cpu
+            }
+            Err(e) => {
+                eprintln!("CUDA device 0 unavailable ({e}); falling back to the CPU backend");
+                Pools::Cpu
+            }
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn open_cuda() -> Pools {
+        eprintln!(
+            "no CUDA driver found (this kvlayout was built without the `cuda` feature); \
+             falling back to the CPU backend"
+        );
+        Pools::Cpu
+    }
+
+    /// `cpu` or `cuda`, as the JSON report's `backend`.
+    fn name(&self) -> &'static str {
+        match self {
+            Pools::Cpu => "cpu",
+            #[cfg(feature = "cuda")]
+            Pools::Cuda(_) => "cuda",
+        }
+    }
+
+    /// Where the pools live, for the text report.
+    fn describe(&self) -> String {
+        match self {
+            Pools::Cpu => "cpu (device and host pools in ordinary memory)".to_string(),
+            #[cfg(feature = "cuda")]
+            Pools::Cuda(b) => format!(
+                "cuda (device pool in GPU 0 memory, {}; host pool in pinned host memory; \
+                 transfers by the run-list copy kernel)",
+                b.describe()
+            ),
+        }
+    }
+
+    fn run(
+        self,
+        input: &ReplayInput,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<ReplayOutcome, replay::ReplayError> {
+        match self {
+            Pools::Cpu => replay::run(input, progress),
+            #[cfg(feature = "cuda")]
+            Pools::Cuda(b) => replay::run_with(b, input, progress),
+        }
+    }
+}
+
+/// `value` as JSON with a `backend` field added.
+fn json_with_backend(value: &impl serde::Serialize, backend: &str) -> String {
+    let mut v = serde_json::to_value(value).unwrap_or_default();
+    if let serde_json::Value::Object(map) = &mut v {
+        map.insert("backend".into(), backend.into());
+    }
+    serde_json::to_string_pretty(&v).unwrap_or_default()
+}
+
+fn print_report(r: &ReplayReport, backend: &str) {
     println!(
         "kvlayout replay: {} ({}), layers 0..{} of {} simulated, page_size_tokens {}",
         r.model,
@@ -97,6 +201,7 @@ fn print_report(r: &ReplayReport) {
         r.model_layers,
         r.page_size_tokens
     );
+    println!("  backend: {backend}");
     println!(
         "  device pool {} pages; host pool {} pages, {} ({}); pairing {}",
         r.device_pages, r.host_pages, r.host_memory_layout, r.host_geometry, r.pairing
@@ -198,7 +303,9 @@ pub fn run(args: &ReplayArgs) -> u8 {
         );
         b
     });
-    let outcome = replay::run(&input, &mut |done, _| {
+    let pools = Pools::open(args.device);
+    let (backend, backend_text) = (pools.name(), pools.describe());
+    let outcome = pools.run(&input, &mut |done, _| {
         if let Some(b) = &bar {
             b.set_position(done);
         }
@@ -213,7 +320,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
         }
         Ok(ReplayOutcome::Refused(r)) => {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                println!("{}", json_with_backend(&r, backend));
             } else {
                 println!(
                     "refused: the host pool ({}) cannot exchange pages with the {} device pool; {} differing fields (device, host):",
@@ -225,16 +332,16 @@ pub fn run(args: &ReplayArgs) -> u8 {
                     println!("  {m}");
                 }
                 println!(
-                    "no session ran; mirror the device pool (drop --host-geometry) or fix the host geometry"
+                    "no session ran (backend {backend_text}); mirror the device pool (drop --host-geometry) or fix the host geometry"
                 );
             }
             1
         }
         Ok(ReplayOutcome::Completed(r)) => {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+                println!("{}", json_with_backend(&r, backend));
             } else {
-                print_report(&r);
+                print_report(&r, &backend_text);
             }
             0
         }
