@@ -6,6 +6,7 @@
 //! A mismatch lists every differing field, `buffer.field: A value, B value`, plus both sides'
 //! bytes per token and per page where sizes differ.
 
+use std::collections::HashMap;
 use std::fmt;
 
 use crate::geometry::{BufferGeometry, PoolGeometry};
@@ -122,18 +123,26 @@ pub fn compare(a: &PoolGeometry, b: &PoolGeometry) -> Result<(), Mismatch> {
         a.page_size_tokens.to_string(),
         b.page_size_tokens.to_string(),
     );
+    let index = |g: &PoolGeometry| -> HashMap<String, usize> {
+        g.buffers
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (x.name().to_string(), i))
+            .collect()
+    };
+    let (ia, ib) = (index(a), index(b));
     for ba in &a.buffers {
-        if b.buffer_index(ba.name()).is_none() {
+        if !ib.contains_key(ba.name()) {
             push(ba.name().to_string(), "present".into(), "missing".into());
         }
     }
     for bb in &b.buffers {
-        if a.buffer_index(bb.name()).is_none() {
+        if !ia.contains_key(bb.name()) {
             push(bb.name().to_string(), "missing".into(), "present".into());
         }
     }
     for ba in &a.buffers {
-        let Some(j) = b.buffer_index(ba.name()) else {
+        let Some(&j) = ib.get(ba.name()) else {
             continue;
         };
         compare_buffer(ba, &b.buffers[j], a, b, &mut push);

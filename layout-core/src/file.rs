@@ -1,9 +1,14 @@
 //! The geometry file, schema `kvlayout.geometry/v1` (DESIGN.md): read, validated, written.
 //!
 //! Reading never trusts a number to size an allocation: every `Vec` built here is bounded by
-//! the input's length, and the pool's byte total is computed with checked arithmetic.
+//! the input's length, files are read up to [`MAX_FILE_BYTES`], buffer and section counts are
+//! capped ([`MAX_BUFFERS`], [`MAX_SECTIONS`], [`MAX_RANK`]) so every check stays cheap, and the
+//! pool's byte total is computed with checked arithmetic.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -15,6 +20,49 @@ use crate::section::{ScaleOf, Section, cow_slice};
 
 /// The schema string every geometry file carries.
 pub const SCHEMA: &str = "kvlayout.geometry/v1";
+
+/// Largest geometry file read (16 MiB; a real pool's file is a few KiB).
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+/// Most buffers in one pool (real engines: 1 to 4).
+pub const MAX_BUFFERS: usize = 1024;
+/// Most sections in one buffer (real layouts: 1 to 4).
+pub const MAX_SECTIONS: usize = 1024;
+/// Most dimensions in one section's shape.
+pub const MAX_RANK: usize = 16;
+
+/// Reads a geometry file from `path` (at most [`MAX_FILE_BYTES`]) and validates it; the error
+/// names the path's problem or the field.
+pub fn read_path(path: &Path) -> Result<PoolGeometry, GeometryError> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| GeometryError::new("file", format!("cannot read: {e}")))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| GeometryError::new("file", format!("cannot read: {e}")))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(GeometryError::new(
+            "file",
+            format!("larger than the {MAX_FILE_BYTES}-byte limit for a geometry file"),
+        ));
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| GeometryError::new("file", format!("not UTF-8: {e}")))?;
+    from_json(&text)
+}
+
+/// A name that prints on one line as written: not empty, no control characters.
+fn check_name(field: String, name: &str) -> Result<(), GeometryError> {
+    if name.is_empty() {
+        return Err(GeometryError::new(field, "must not be empty"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(GeometryError::new(
+            field,
+            format!("{name:?} holds control characters"),
+        ));
+    }
+    Ok(())
+}
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,19 +107,44 @@ struct SectionFile {
 /// layout; zero dimensions; a block that does not divide; a scale naming a missing section;
 /// odd fp4 counts; overflow; and any JSON error (with its line and column).
 pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
-    let file: FileV1 =
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let value: Value =
         serde_json::from_str(text).map_err(|e| GeometryError::new("json", e.to_string()))?;
+    if !value.is_object() {
+        return Err(GeometryError::new(
+            "json",
+            "the top level must be an object {\"schema\": ..., \"buffers\": [...]}",
+        ));
+    }
+    let file: FileV1 = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            "json".to_string()
+        } else {
+            path
+        };
+        GeometryError::new(field, e.inner().to_string())
+    })?;
+    if file.buffers.len() > MAX_BUFFERS {
+        return Err(GeometryError::new(
+            "buffers",
+            format!(
+                "{} buffers, more than the limit of {MAX_BUFFERS}",
+                file.buffers.len()
+            ),
+        ));
+    }
     if file.schema != SCHEMA {
         return Err(GeometryError::new(
             "schema",
-            format!("unknown schema \"{}\" (expected \"{SCHEMA}\")", file.schema),
+            format!("unknown schema {:?} (expected \"{SCHEMA}\")", file.schema),
         ));
     }
     let memory_layout = MemoryLayout::from_name(&file.memory_layout).ok_or_else(|| {
         GeometryError::new(
             "memory_layout",
             format!(
-                "unknown memory layout \"{}\" (expected layer_first, page_first, page_first_direct or page_head)",
+                "unknown memory layout {:?} (expected layer_first, page_first, page_first_direct or page_head)",
                 file.memory_layout
             ),
         )
@@ -94,16 +167,37 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
 }
 
 fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryError> {
+    check_name(format!("buffers[{i}].name"), &b.name)?;
     let path = format!("buffers[{i}] ({})", b.name);
-    let index_of = |name: &str| b.sections.iter().position(|s| s.name == name);
+    if b.sections.len() > MAX_SECTIONS {
+        return Err(GeometryError::new(
+            format!("{path}.sections"),
+            format!(
+                "{} sections, more than the limit of {MAX_SECTIONS}",
+                b.sections.len()
+            ),
+        ));
+    }
+    let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(b.sections.len());
     for (k, s) in b.sections.iter().enumerate() {
-        if let Some(j) = b.sections[..k].iter().position(|o| o.name == s.name) {
+        check_name(format!("{path}.sections[{k}].name"), &s.name)?;
+        if s.shape.len() > MAX_RANK {
+            return Err(GeometryError::new(
+                format!("{path}.sections[{k}] ({}).shape", s.name),
+                format!(
+                    "{} dimensions, more than the limit of {MAX_RANK}",
+                    s.shape.len()
+                ),
+            ));
+        }
+        if let Some(j) = by_name.insert(&s.name, k) {
             return Err(GeometryError::new(
                 format!("{path}.sections[{k}].name"),
                 format!("duplicate section name \"{}\" (also sections[{j}])", s.name),
             ));
         }
     }
+    let index_of = |name: &str| by_name.get(name).copied();
     let arrangement = match &b.arrangement {
         Value::String(name) => match name.as_str() {
             "token_major" => Arrangement::TokenMajor,
@@ -113,7 +207,7 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
                 return Err(GeometryError::new(
                     format!("{path}.arrangement"),
                     format!(
-                        "unknown arrangement \"{other}\" (expected token_major, section_major, head_major or {{\"planes\": [[...]]}})"
+                        "unknown arrangement {other:?} (expected token_major, section_major, head_major or {{\"planes\": [[...]]}})"
                     ),
                 ));
             }
@@ -129,6 +223,20 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
                 )
             };
             let groups = map["planes"].as_array().ok_or_else(bad)?;
+            let entries: usize = groups
+                .iter()
+                .map(|g| g.as_array().map_or(0, Vec::len))
+                .sum();
+            if groups.len() > b.sections.len() || entries > b.sections.len() {
+                return Err(GeometryError::new(
+                    format!("{path}.arrangement.planes"),
+                    format!(
+                        "{} planes with {entries} entries for {} sections: each section belongs to exactly one plane",
+                        groups.len(),
+                        b.sections.len()
+                    ),
+                ));
+            }
             let mut planes = Vec::with_capacity(groups.len());
             for g in groups {
                 let mut plane = Vec::new();
@@ -137,7 +245,7 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
                     let k = index_of(name).ok_or_else(|| {
                         GeometryError::new(
                             format!("{path}.arrangement.planes"),
-                            format!("no section named \"{name}\""),
+                            format!("no section named {name:?}"),
                         )
                     })?;
                     plane.push(k);
@@ -160,7 +268,7 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
             GeometryError::new(
                 format!("{sp}.dtype"),
                 format!(
-                    "unknown dtype \"{}\" (expected one of {})",
+                    "unknown dtype {:?} (expected one of {})",
                     s.dtype,
                     Dtype::accepted_names()
                 ),
@@ -172,7 +280,7 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
                 let target = index_of(target).ok_or_else(|| {
                     GeometryError::new(
                         format!("{sp}.scales"),
-                        format!("no section named \"{target}\" in {path}"),
+                        format!("no section named {target:?} in {path}"),
                     )
                 })?;
                 Some(ScaleOf {

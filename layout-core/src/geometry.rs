@@ -206,6 +206,7 @@ impl PoolGeometry {
                 "a pool needs at least one buffer",
             ));
         }
+        let mut seen = std::collections::HashMap::with_capacity(self.buffers.len());
         for (i, b) in self.buffers.iter().enumerate() {
             if b.name().is_empty() {
                 return Err(GeometryError::new(
@@ -213,7 +214,7 @@ impl PoolGeometry {
                     "must not be empty",
                 ));
             }
-            if let Some(j) = self.buffers[..i].iter().position(|o| o.name == b.name) {
+            if let Some(j) = seen.insert(b.name(), i) {
                 return Err(GeometryError::new(
                     format!("{}.name", buffer_path(i, b)),
                     format!("duplicate buffer name \"{}\" (also buffers[{j}])", b.name()),
@@ -293,12 +294,18 @@ impl PoolGeometry {
     /// Bytes of buffer `b` over all its layers and all pages.
     pub fn buffer_bytes(&self, b: usize) -> Result<u64, GeometryError> {
         let per = self.stored_page_bytes(b)?;
-        let layers = self.buffer(b)?.layers;
-        ck_mul(
-            ck_mul(per, layers, "buffer bytes")?,
-            self.pages,
-            "buffer bytes",
-        )
+        let buf = self.buffer(b)?;
+        per.checked_mul(buf.layers)
+            .and_then(|x| x.checked_mul(self.pages))
+            .ok_or_else(|| {
+                GeometryError::new(
+                    buffer_path(b, buf),
+                    format!(
+                        "overflow: {per} B per page x {} layers x {} pages does not fit in 64 bits",
+                        buf.layers, self.pages
+                    ),
+                )
+            })
     }
 
     /// Bytes of one page of every buffer and layer (`page_first_direct`'s page run).
@@ -319,7 +326,13 @@ impl PoolGeometry {
     pub fn total_bytes(&self) -> Result<u64, GeometryError> {
         let mut total = 0u64;
         for b in 0..self.buffers.len() {
-            total = ck_add(total, self.buffer_bytes(b)?, "total bytes")?;
+            let bytes = self.buffer_bytes(b)?;
+            total = total.checked_add(bytes).ok_or_else(|| {
+                GeometryError::new(
+                    "buffers",
+                    format!("overflow: the pool's total bytes do not fit in 64 bits (at buffers[{b}], {bytes} B)"),
+                )
+            })?;
         }
         Ok(total)
     }

@@ -311,3 +311,51 @@ fn planes_with_other_section_labels_are_compatible() {
     assert_eq!(compare(&a, &b), Ok(()));
     assert_eq!(a.fingerprint(), b.fingerprint());
 }
+
+/// Regressions from the new-user review (notes F5, F6, F9, F10, F15).
+#[test]
+fn hostile_geometry_files_are_refused_with_the_field_named() {
+    let base = file::to_json(&case("09-compatible-section-names-differ", "a"));
+    let err = |text: &str| file::from_json(text).unwrap_err().to_string();
+    // A UTF-8 byte-order mark is accepted.
+    assert!(file::from_json(&format!("\u{feff}{base}")).is_ok());
+    // A positional array is not a geometry file.
+    assert!(err("[\"kvlayout.geometry/v1\"]").contains("top level must be an object"));
+    // JSON type errors name the field path.
+    let e = err(&base.replacen("\"pages\": 1024", "\"pages\": -1", 1));
+    assert!(e.starts_with("pages: invalid value: integer `-1`"), "{e}");
+    let e = err(&base.replacen("\"layers\": 61", "\"layers\": 6.5", 1));
+    assert!(e.starts_with("buffers[0].layers: invalid type"), "{e}");
+    // Overflow names the buffer and the three factors: 8448 B x 61 x 2^63.
+    let e = err(&base.replacen("\"pages\": 1024", "\"pages\": 9223372036854775808", 1));
+    assert!(
+        e.contains("buffers[0] (index_k): overflow: 8448 B per page x 61 layers x 9223372036854775808 pages"),
+        "{e}"
+    );
+    // Names that would forge output lines, and empty section names.
+    let e = err(&base.replacen("\"name\": \"index_k\"", "\"name\": \"kv\\nFAKE: 1, 2\"", 1));
+    assert!(
+        e.contains("buffers[0].name") && e.contains("control characters"),
+        "{e}"
+    );
+    let e = err(&base.replacen("\"name\": \"values\"", "\"name\": \"\"", 1));
+    assert!(e.contains("sections[0].name: must not be empty"), "{e}");
+    // Counts past the limits are refused before any quadratic check runs.
+    let many: Vec<String> = (0..1025)
+        .map(|i| format!("{{\"name\": \"b{i}\", \"layers\": 1, \"arrangement\": \"token_major\", \"sections\": [{{\"name\": \"v\", \"dtype\": \"u8\", \"shape\": [2]}}]}}"))
+        .collect();
+    let text = format!(
+        "{{\"schema\": \"kvlayout.geometry/v1\", \"page_size_tokens\": 1, \"pages\": 1, \"memory_layout\": \"layer_first\", \"buffers\": [{}]}}",
+        many.join(",")
+    );
+    assert!(err(&text).contains("1025 buffers, more than the limit of 1024"));
+}
+
+#[test]
+fn files_past_the_size_limit_are_not_read_whole() {
+    let e = file::read_path(std::path::Path::new("/dev/zero")).unwrap_err();
+    assert_eq!(e.field, "file");
+    assert!(e.problem.contains("16777216-byte limit"), "{e}");
+    let e = file::read_path(std::path::Path::new("/nonexistent/kvlayout.json")).unwrap_err();
+    assert!(e.problem.starts_with("cannot read"), "{e}");
+}

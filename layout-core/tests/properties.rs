@@ -55,7 +55,10 @@ struct LayoutSpec {
 fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
     (
         proptest::collection::vec(value_section(heads), 1..=3),
-        proptest::collection::vec((any::<prop::sample::Index>(), 0usize..4, any::<bool>()), 0..=2),
+        proptest::collection::vec(
+            (any::<prop::sample::Index>(), 0usize..4, any::<bool>()),
+            0..=2,
+        ),
         0u8..4,
         any::<prop::sample::Index>(),
         prop_oneof![Just(None), (1u64..=512).prop_map(Some)],
@@ -233,10 +236,9 @@ fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> (PoolGeometry, String)
             let mut sections = l.sections().to_vec();
             let si = pick % sections.len();
             let d = sections[si].dtype;
-            sections[si].dtype = Dtype::ALL[(Dtype::ALL.iter().position(|x| *x == d).unwrap()
-                + 1
-                + pick % 10)
-                % Dtype::ALL.len()];
+            sections[si].dtype =
+                Dtype::ALL[(Dtype::ALL.iter().position(|x| *x == d).unwrap() + 1 + pick % 10)
+                    % Dtype::ALL.len()];
             l.sections = Cow::Owned(sections);
             (c, format!("{bname}.sections[{si}].dtype"))
         }

@@ -16,9 +16,7 @@ pub struct CheckArgs {
 
 /// Reads and validates one geometry file; the error names the file, the field and the value.
 pub fn read_geometry(path: &Path) -> Result<PoolGeometry, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-    file::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+    file::read_path(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Runs the check and prints its verdict.
@@ -49,8 +47,9 @@ pub fn run(args: &CheckArgs) -> u8 {
         }
         Err(m) => {
             println!(
-                "incompatible: {} differing fields (A {}, B {}; fingerprints {}, {})",
+                "incompatible: {} differing field{} (A {}, B {}; fingerprints {}, {})",
                 m.diffs.len(),
+                if m.diffs.len() == 1 { "" } else { "s" },
                 args.a.display(),
                 args.b.display(),
                 fingerprint(&a),
