@@ -14,6 +14,7 @@
 //!   num_attention_heads` when absent (Llama-3.1).
 
 use std::borrow::Cow;
+use std::io::Read;
 use std::path::Path;
 
 use kvlayout_core::{
@@ -108,12 +109,18 @@ pub enum ModelError {
     },
 }
 
+/// Largest `config.json` read (16 MiB; real ones are a few KiB).
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
 /// The attention-related fields of a Hugging Face `config.json` (other fields are ignored).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 pub struct ModelConfig {
     /// `model_type` (`deepseek_v32`, `llama`, ...).
     #[serde(default)]
     pub model_type: Option<String>,
+    /// `architectures` (`DeepseekV32ForCausalLM`, `LlamaForCausalLM`, ...).
+    #[serde(default)]
+    pub architectures: Option<Vec<String>>,
     /// Transformer layers.
     pub num_hidden_layers: u64,
     /// Query heads.
@@ -250,30 +257,71 @@ impl Model {
         if let Some(m) = Model::builtin(name_or_path) {
             return m;
         }
-        let text =
-            std::fs::read_to_string(Path::new(name_or_path)).map_err(|e| ModelError::NotFound {
-                name: name_or_path.to_string(),
-                known: BUILTIN
-                    .iter()
-                    .map(|(n, _, _)| *n)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                reason: e.to_string(),
-            })?;
+        let not_found = |reason: String| ModelError::NotFound {
+            name: name_or_path.to_string(),
+            known: BUILTIN
+                .iter()
+                .map(|(n, _, _)| *n)
+                .collect::<Vec<_>>()
+                .join(", "),
+            reason,
+        };
+        // A Hugging Face model directory holds its config.json.
+        let mut path = Path::new(name_or_path).to_path_buf();
+        if path.is_dir() {
+            path.push("config.json");
+        }
+        let file = std::fs::File::open(&path).map_err(|e| not_found(e.to_string()))?;
+        let mut bytes = Vec::new();
+        file.take(MAX_CONFIG_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| not_found(e.to_string()))?;
+        if bytes.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(not_found(format!(
+                "{} is larger than the {MAX_CONFIG_BYTES}-byte limit for a config.json",
+                path.display()
+            )));
+        }
+        let text = String::from_utf8(bytes).map_err(|e| not_found(format!("not UTF-8: {e}")))?;
         Model::parse(name_or_path, name_or_path, &text)
     }
 
     /// Parses config JSON.
     pub fn parse(name: &str, source: &str, text: &str) -> Result<Model, ModelError> {
-        let config = serde_json::from_str(text).map_err(|e| ModelError::Parse {
+        let parse_err = |reason: String| ModelError::Parse {
             name: name.to_string(),
-            reason: e.to_string(),
+            reason,
+        };
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+        if !value.is_object() {
+            return Err(parse_err("a config.json must be a JSON object".into()));
+        }
+        let config: ModelConfig = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                parse_err(e.inner().to_string())
+            } else {
+                parse_err(format!("{path}: {}", e.inner()))
+            }
         })?;
         Ok(Model {
             name: name.to_string(),
             source: source.to_string(),
             config,
         })
+    }
+
+    /// Whether `model_type` or `architectures` names an MLA family (DeepSeek-V2/V3/V3.2,
+    /// Kimi-K2), which must then carry `kv_lora_rank`.
+    pub fn declares_mla(&self) -> bool {
+        let c = &self.config;
+        let mla = |s: &str| {
+            let s = s.to_ascii_lowercase();
+            s.starts_with("deepseek") || s.starts_with("kimi_k2")
+        };
+        c.model_type.as_deref().is_some_and(mla) || c.architectures.iter().flatten().any(|a| mla(a))
     }
 
     /// The attention family.
@@ -325,6 +373,15 @@ impl Model {
                     "num_key_value_heads",
                     Some(c.num_key_value_heads.unwrap_or(c.num_attention_heads)),
                 )?;
+                let q_heads = self.positive("num_attention_heads", Some(c.num_attention_heads))?;
+                if q_heads % heads != 0 {
+                    return Err(self.field_err(
+                        "num_key_value_heads",
+                        format!(
+                            "{heads} does not divide num_attention_heads {q_heads} (each KV head serves a whole group of query heads)"
+                        ),
+                    ));
+                }
                 let dim = self.head_dim()?;
                 let (dtype, tag, konst) = match kv {
                     KvDtype::Bf16 => (Dtype::Bf16, "bf16", formats::MHA_BF16_8X128),
@@ -352,7 +409,11 @@ impl Model {
                 let standard = (rank, rope) == (512, 64);
                 match (kv, attention == Attention::MlaDsa) {
                     (KvDtype::Bf16, _) => Ok((
-                        "mla_bf16".into(),
+                        if standard {
+                            "mla_bf16".into()
+                        } else {
+                            format!("mla_bf16_{rank}_{rope}")
+                        },
                         if standard {
                             formats::MLA_BF16
                         } else {
@@ -366,7 +427,11 @@ impl Model {
                         },
                     )),
                     (KvDtype::Fp8, false) => Ok((
-                        "mla_fp8".into(),
+                        if standard {
+                            "mla_fp8".into()
+                        } else {
+                            format!("mla_fp8_{rank}_{rope}")
+                        },
                         if standard {
                             formats::MLA_FP8
                         } else {
@@ -390,7 +455,7 @@ impl Model {
                             ));
                         }
                         Ok((
-                            "dsa_mla_fp8".into(),
+                            format!("dsa_mla_fp8_{rank}_{rope}"),
                             owned_layout(
                                 Arrangement::TokenMajor,
                                 vec![
@@ -449,8 +514,9 @@ impl Model {
                 ),
             ],
         };
+        // Not the built-in 128-dim format: the name says the dimension.
         Ok((
-            name.into(),
+            format!("{name}_{dim}"),
             owned_layout(Arrangement::SectionMajor, sections),
         ))
     }
@@ -458,6 +524,14 @@ impl Model {
     /// The device pool geometry (`layer_first`) for `opts`.
     pub fn pool(&self, opts: &PoolOptions) -> Result<ModelPool, ModelError> {
         let layers = self.positive("num_hidden_layers", Some(self.config.num_hidden_layers))?;
+        if self.config.kv_lora_rank.is_none()
+            && (self.declares_mla() || self.config.index_head_dim.is_some())
+        {
+            return Err(self.field_err(
+                "kv_lora_rank",
+                "missing: the config declares an MLA model (DeepSeek / Kimi-K2 model_type or architectures, or an index_head_dim), whose KV cache is the compressed latent",
+            ));
+        }
         let dsa = self.attention() == Attention::MlaDsa;
         let kv = opts
             .kv_dtype
