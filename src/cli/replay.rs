@@ -1,7 +1,8 @@
 //! `kvlayout replay`: a HiCache workload on a real model config (see
 //! [`kvlayout_pool::replay`]); prints sessions, corrupted sessions, pages backed up / loaded,
-//! bytes moved and refused transfers (`--json`: one object). Exit 0 when the workload ran,
-//! 1 when the host pool's pairing was refused (the mismatch lines are printed), 2 on bad input.
+//! bytes moved and refused transfers (`--json`: one object). Exit 0 when the workload ran with
+//! no corrupted session, 1 when the host pool's pairing was refused (the mismatch lines are
+//! printed), 2 on bad input, 3 when it ran and sessions were corrupted (a CI gate).
 //!
 //! `--device cuda` puts the device pool in GPU memory and the host pool in pinned host memory
 //! and runs every checked transfer with the CUDA copy kernel (`kvlayout_pool::backend::
@@ -57,13 +58,13 @@ pub struct ReplayArgs {
     /// Built-in model name or a path to a Hugging Face config.json.
     #[arg(long, default_value = "deepseek-v3.2-exp")]
     pub model: String,
-    /// Index-K dtype (bf16: the seed bug's device pool).
-    #[arg(long, value_enum, default_value = "bf16")]
+    /// Index-K dtype (bf16: the seed bug's device pool; fp8 by default, as `describe`).
+    #[arg(long, value_enum, default_value = "fp8")]
     pub index_k: IndexKArg,
     /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
     #[arg(long, value_enum)]
     pub kv_dtype: Option<KvDtypeArg>,
-    /// Concurrent multi-turn sessions.
+    /// Multi-turn sessions in the workload (run `--concurrency` at a time).
     #[arg(long, default_value_t = 80)]
     pub sessions: u64,
     /// Workload generator seed.
@@ -75,7 +76,7 @@ pub struct ReplayArgs {
     /// Turns per session.
     #[arg(long, default_value_t = 3)]
     pub turns: u64,
-    /// Sessions per batch.
+    /// Sessions in flight at once (a batch shares the device pool).
     #[arg(long, default_value_t = 16)]
     pub concurrency: u64,
     /// Device pool pages (smaller than the working set, so pages are backed up and loaded).
@@ -94,7 +95,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub host_geometry: Option<PathBuf>,
     /// Skip the shim: no pairing check, no per-transfer check, the host's item size used on
-    /// both sides (what an engine without kvlayout does).
+    /// both sides (what an engine without kvlayout does). The memory backend still refuses a
+    /// copy that would leave its buffers.
     #[arg(long)]
     pub no_verify: bool,
     /// Where the pools live: `cpu`, or `cuda` (GPU 0; falls back to the CPU backend, saying
@@ -129,7 +131,7 @@ impl Pools {
         match CudaBackend::new(0) {
             Ok(b) => Pools::Cuda(b),
             Err(e @ KernelError::NoDriver) => {
-                eprintln!("no CUDA driver found ({e}); falling back to the CPU backend");
+                eprintln!("{e}; falling back to the CPU backend");
                 Pools::Cpu
             }
             Err(e) => {
@@ -343,7 +345,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
             } else {
                 print_report(&r, &backend_text);
             }
-            0
+            if r.corrupted_sessions > 0 { 3 } else { 0 }
         }
     }
 }
