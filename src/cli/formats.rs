@@ -50,8 +50,8 @@ pub fn run(args: &FormatsArgs) -> u8 {
         println!(
             "{:<18} {:>10} {:>10} {:>18}  {}",
             r["name"].as_str().unwrap_or_default(),
-            r["bytes_per_token"],
-            r["bytes_per_page_64"],
+            r["bytes_per_token"].as_u64().unwrap_or_default(),
+            r["bytes_per_page_64"].as_u64().unwrap_or_default(),
             r["fingerprint"].as_str().unwrap_or_default(),
             r["arrangement"].as_str().unwrap_or_default()
         );
