@@ -405,7 +405,10 @@ pub fn run_with<B: Backend>(
     if w.layers > model_layers {
         return Err(workload_err(
             "layers",
-            format!("{} simulated layers, but the model has {model_layers}", w.layers),
+            format!(
+                "{} simulated layers, but the model has {model_layers}",
+                w.layers
+            ),
         ));
     }
     let sim_layers = w.layers;
