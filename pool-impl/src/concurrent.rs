@@ -20,7 +20,7 @@ use kvlayout_core::PoolGeometry;
 
 use crate::backend::{BackendError, CpuBackend, check_range};
 use crate::hicache::{
-    CHUNK_RUNS, HiCache, TransferStats, check_run_ranges, check_transfer, interrupted,
+    HiCache, TransferStats, check_run_ranges, check_transfer, chunk_pairs, interrupted,
 };
 use crate::plan::{CopyRun, Direction, Layers, PagePair, Transferred};
 use crate::pool::{KvPool, PoolError};
@@ -309,14 +309,21 @@ impl ConcurrentHiCache {
             }
         }
         let per_pair = routes.runs_per_pair(layers);
-        let chunk_pairs = (CHUNK_RUNS / per_pair).max(1) as usize;
+        let chunk_pairs = chunk_pairs(pairs.len(), per_pair);
         let mut runs: Vec<CopyRun> = Vec::new();
         for chunk in pairs.chunks(chunk_pairs) {
             runs.clear();
             for &p in chunk {
                 routes.push_pair_runs(direction, layers, p, &mut runs);
             }
-            check_run_ranges(direction, routes, &runs)?;
+            if let Err(e) = check_run_ranges(direction, routes, &runs) {
+                return Err(match e {
+                    TransferError::Range { source, .. } if done.runs > 0 => {
+                        interrupted(pairs, per_pair, done.runs, source)
+                    }
+                    e => e,
+                });
+            }
             if let Err(e) = copy_shared(direction, src, dst, &runs) {
                 return Err(interrupted(pairs, per_pair, done.runs, e));
             }

@@ -75,6 +75,17 @@ pub struct HiCache<B: Backend = CpuBackend> {
 /// scratch list however long the pair list (64 Ki runs = 1.5 MiB).
 pub(crate) const CHUNK_RUNS: u64 = 1 << 16;
 
+/// Pairs per chunk: the whole list when it fits [`CHUNK_RUNS`] (no division on the hot
+/// path), else as many whole pairs as fit, at least one.
+#[inline]
+pub(crate) fn chunk_pairs(pairs: usize, runs_per_pair: u64) -> usize {
+    if (pairs as u64).saturating_mul(runs_per_pair) <= CHUNK_RUNS {
+        pairs.max(1)
+    } else {
+        (CHUNK_RUNS / runs_per_pair.max(1)).max(1) as usize
+    }
+}
+
 /// The routes of a checked pairing of `device` and `host`.
 pub(crate) fn routes_of<B: Backend>(
     device: &DevicePool<B>,
@@ -90,6 +101,7 @@ pub(crate) fn routes_of<B: Backend>(
 /// fingerprints re-checked against the pairing's (with the checks compiled in), the layer,
 /// the list's length against the destination's pages, every page index on both sides, and
 /// (checks compiled in) no destination page twice.
+#[inline]
 pub(crate) fn check_transfer(
     routes: &Routes,
     fingerprints: (u64, u64),
@@ -119,6 +131,7 @@ pub(crate) fn check_transfer(
 
 /// With the checks compiled in: every run inside both regions (implied by the routes; kept
 /// as the `verify` belt).
+#[inline]
 pub(crate) fn check_run_ranges(
     direction: Direction,
     routes: &Routes,
@@ -290,7 +303,7 @@ impl<B: Backend> HiCache<B> {
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
         let result = match self.routes.is_some() {
-            true => self.transfer_routed(direction, layers, pairs),
+            true => self.transfer_routed(direction, layers, pairs, true),
             false => self.transfer_legacy(direction, layers, pairs),
         };
         match &result {
@@ -319,11 +332,57 @@ impl<B: Backend> HiCache<B> {
         result
     }
 
+    /// The checks a transfer makes on its request before it lays any run, alone: the layer,
+    /// the list's length, every page index (always); the fingerprints and duplicate
+    /// destinations (with the checks compiled in). Moves nothing; counts nothing. Unverified
+    /// pairings have no per-transfer checks: `Ok`.
+    pub fn check(
+        &self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<(), TransferError> {
+        match &self.routes {
+            Some(routes) => check_transfer(
+                routes,
+                (self.device.fingerprint(), self.host.fingerprint()),
+                direction,
+                layers,
+                pairs,
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// Everything a transfer does but the copy: the checks, the runs laid from the routes,
+    /// their byte ranges (checks compiled in). Moves nothing; counts nothing. Returns what the
+    /// transfer would move.
+    pub fn dry_run(
+        &mut self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<Transferred, TransferError> {
+        if self.routes.is_some() {
+            return self.transfer_routed(direction, layers, pairs, false);
+        }
+        let plan = self.plan(direction, layers, pairs)?;
+        Ok(Transferred {
+            direction,
+            layers,
+            pairs: pairs.len() as u64,
+            runs: plan.runs().count() as u64,
+            bytes: plan.total_bytes(),
+            verified: plan.verified,
+        })
+    }
+
     fn transfer_routed(
         &mut self,
         direction: Direction,
         layers: Layers,
         pairs: &[PagePair],
+        execute: bool,
     ) -> Result<Transferred, TransferError> {
         let Some(routes) = &self.routes else {
             unreachable!("transfer_routed is called with routes")
@@ -347,7 +406,7 @@ impl<B: Backend> HiCache<B> {
             return Ok(done);
         }
         let per_pair = routes.runs_per_pair(layers);
-        let chunk_pairs = (CHUNK_RUNS / per_pair).max(1) as usize;
+        let chunk_pairs = chunk_pairs(pairs.len(), per_pair);
         for chunk in pairs.chunks(chunk_pairs) {
             let scratch = &mut self.scratch;
             scratch.clear();
@@ -363,6 +422,7 @@ impl<B: Backend> HiCache<B> {
                 });
             }
             let result = match direction {
+                _ if !execute => Ok(()),
                 Direction::Backup => self.device.backend().device_to_host(
                     self.device.memory(),
                     self.host.memory_mut(),
@@ -466,7 +526,7 @@ impl<B: Backend> HiCache<B> {
         self.routes.as_ref()
     }
 
-    /// Both pools, mutable, and the routes (for [`crate::ConcurrentHiCache`]).
+    /// Both pools, mutable (for [`crate::ConcurrentHiCache`]).
     pub(crate) fn parts_mut(&mut self) -> (&mut DevicePool<B>, &mut HostPool<B>) {
         (&mut self.device, &mut self.host)
     }

@@ -11,10 +11,15 @@
 //!   pool of 256 B/token).
 //! - [`HostPool::from_geometry`] + [`HiCache::pair`]: a foreign host geometry is compared once
 //!   and refused with the full [`kvlayout_core::Mismatch`].
-//! - [`HiCache::backup`] / [`HiCache::load`] (and `_layer`): the [`shim`] checks fingerprint,
-//!   page size, per-buffer layers / arrangement / bytes per token / page stride, page indices on
-//!   both sides, duplicate destinations and byte ranges, then a [`Backend`] executes the
-//!   [`TransferPlan`]. Checks are on in debug builds and with the feature `verify`.
+//! - [`HiCache::backup`] / [`HiCache::load`] (and `_layer`): the [`shim`] checks the request
+//!   (layer, list length, page indices on both sides, duplicate destinations, fingerprints,
+//!   byte ranges), then a [`Backend`] copies the runs laid from page routes computed once at
+//!   pairing — no allocation per transfer once warm. Refusals move no byte; an empty list is a
+//!   no-op; duplicate *source* pages are allowed. Runs execute pair by pair, so a backend that
+//!   fails part way reports the pairs moved ([`TransferError::Interrupted`]) and leaves later
+//!   pairs untouched ([`CpuBackend::failing_after`] injects such a fault).
+//! - [`ConcurrentHiCache`]: backup, load and model writes from several threads at once on
+//!   disjoint pages (checked page claims; conflicts refused as [`TransferError::Busy`]).
 //! - [`model`]: Hugging Face `config.json` -> pool geometry for the models in `configs/`;
 //!   [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`.
 //!

@@ -207,6 +207,7 @@ impl Routes {
 
     /// Runs one pair contributes for `layers` (every buffer holding the layer, each of its
     /// pieces).
+    #[inline]
     pub fn runs_per_pair(&self, layers: Layers) -> u64 {
         self.buffers
             .iter()

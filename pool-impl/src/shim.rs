@@ -2,17 +2,26 @@
 //! then the plan. Checks run in debug builds and, in release, with the cargo feature `verify`
 //! (the `kvlayout` CLI turns it on by default); [`CHECKS_COMPILED`] says which.
 //!
-//! Checked per transfer, all before any byte moves:
-//! - the two pools' fingerprints are equal;
-//! - page size equal; the same buffer names; per buffer equal layer count, arrangement, bytes
-//!   per token and page stride;
-//! - the layer asked for exists;
-//! - every page index in range on both sides; no destination page named twice;
-//! - every run's byte range inside both regions.
+//! Where each check runs, all before any byte moves:
+//! - once, at pairing ([`crate::HiCache::pair`]): the full geometry comparison
+//!   ([`kvlayout_core::compare`]: page size, buffer names, per buffer layer count,
+//!   arrangement, bytes per token, page stride), and the page routes every transfer uses,
+//!   with the last page of each side proven inside its region (checked arithmetic);
+//! - every transfer, always (also without `verify`: they bound the work and keep every offset
+//!   in range): the layer asked for exists; the list is no longer than the destination pool's
+//!   page count ([`TransferError::TooManyPairs`], O(1), before the list is read); every page
+//!   index in range on both sides;
+//! - every transfer, with the checks compiled in: the pools' fingerprints against the
+//!   pairing's; no destination page named twice; every run's byte range inside both regions.
 //!
-//! The plan is then built from each side's own geometry ([`PoolGeometry::page_offset_bytes`],
-//! [`PoolGeometry::page_segments`]): the device page's canonical bytes map to the host page's
-//! segments, so a `page_head` host or a padded device stride are placed exactly.
+//! Measured cost (BENCHMARKS.md, "CPU"): about 2 ns per one-page transfer with `verify`,
+//! 1 ns without.
+//!
+//! The full plan ([`checked_plan`], what [`crate::HiCache::plan`] shows) is built from each
+//! side's own geometry ([`PoolGeometry::page_offset_bytes`], [`PoolGeometry::page_segments`])
+//! with [`check_geometry`] and [`check_pages`] re-run: the device page's canonical bytes map to
+//! the host page's segments, so a `page_head` host or a padded device stride are placed exactly.
+//! Transfers execute the same runs, laid from the routes.
 //!
 //! [`legacy_plan`] is the unverified path SGLang's HiCache kernel took: one item size, the
 //! host's page bytes, used as the length *and* the page stride on both sides, with no geometry
@@ -239,13 +248,19 @@ fn check_pair_count(
         Direction::Load => device_pages,
     };
     if pairs.len() as u64 > dst_pages {
-        return Err(TransferError::TooManyPairs {
-            pairs: pairs.len() as u64,
-            side: direction.destination(),
-            pages: dst_pages,
-        });
+        return Err(too_many_pairs_error(direction, pairs.len(), dst_pages));
     }
     Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn too_many_pairs_error(direction: Direction, pairs: usize, pages: u64) -> TransferError {
+    TransferError::TooManyPairs {
+        pairs: pairs as u64,
+        side: direction.destination(),
+        pages,
+    }
 }
 
 /// Lists up to this length are searched for duplicates pair by pair (no allocation); longer
@@ -288,6 +303,7 @@ pub fn first_duplicate_destination(
 /// reported problem is the first in list order (a pair out of range before a later
 /// duplicate). Lists longer than the destination's page count are refused first, in O(1)
 /// ([`TransferError::TooManyPairs`]). An empty list passes.
+#[inline]
 pub fn check_pair_pages(
     direction: Direction,
     device_pages: u64,
@@ -295,44 +311,104 @@ pub fn check_pair_pages(
     pairs: &[PagePair],
     check_duplicates: bool,
 ) -> Result<(), TransferError> {
-    check_pair_count(direction, device_pages, host_pages, pairs)?;
-    let out_of_range = pairs.iter().enumerate().find_map(|(i, p)| {
-        if p.device_page >= device_pages {
-            Some(TransferError::PageOutOfRange {
-                pair: i,
-                side: "device",
-                page: p.device_page,
-                pages: device_pages,
-            })
-        } else if p.host_page >= host_pages {
-            Some(TransferError::PageOutOfRange {
-                pair: i,
-                side: "host",
-                page: p.host_page,
-                pages: host_pages,
-            })
-        } else {
-            None
-        }
-    });
-    let checked = match &out_of_range {
-        Some(TransferError::PageOutOfRange { pair, .. }) => &pairs[..*pair],
-        _ => pairs,
+    // The hot path, inlined: a length compare, two compares per pair and, for short lists, a
+    // pairwise duplicate scan. Any failure re-runs the checks out of line to name it.
+    let dst_pages = match direction {
+        Direction::Backup => host_pages,
+        Direction::Load => device_pages,
     };
-    if check_duplicates
-        && let Some((pair, first, page)) = first_duplicate_destination(direction, checked)
-    {
-        return Err(TransferError::DuplicateDestination {
-            pair,
-            first,
-            side: direction.destination(),
-            page,
-        });
+    let dst = |p: &PagePair| match direction {
+        Direction::Backup => p.host_page,
+        Direction::Load => p.device_page,
+    };
+    let ok = pairs.len() as u64 <= dst_pages
+        && pairs
+            .iter()
+            .all(|p| p.device_page < device_pages && p.host_page < host_pages)
+        && (!check_duplicates
+            || if pairs.len() <= QUADRATIC_DUPLICATE_SEARCH_MAX {
+                pairs
+                    .iter()
+                    .enumerate()
+                    .all(|(i, p)| pairs[..i].iter().all(|q| dst(q) != dst(p)))
+            } else {
+                first_duplicate_destination(direction, pairs).is_none()
+            });
+    if ok {
+        return Ok(());
     }
-    out_of_range.map_or(Ok(()), Err)
+    pair_pages_error(direction, device_pages, host_pages, pairs, check_duplicates)
+}
+
+/// The first problem of a list that failed [`check_pair_pages`], named.
+#[cold]
+#[inline(never)]
+fn pair_pages_error(
+    direction: Direction,
+    device_pages: u64,
+    host_pages: u64,
+    pairs: &[PagePair],
+    check_duplicates: bool,
+) -> Result<(), TransferError> {
+    check_pair_count(direction, device_pages, host_pages, pairs)?;
+    let bad = pairs
+        .iter()
+        .position(|p| p.device_page >= device_pages || p.host_page >= host_pages)
+        .unwrap_or(pairs.len());
+    if check_duplicates
+        && let Some((pair, first, page)) = first_duplicate_destination(direction, &pairs[..bad])
+    {
+        return Err(duplicate_error(direction, pair, first, page));
+    }
+    if bad < pairs.len() {
+        return Err(out_of_range_error(
+            bad,
+            pairs[bad],
+            device_pages,
+            host_pages,
+        ));
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn duplicate_error(direction: Direction, pair: usize, first: usize, page: u64) -> TransferError {
+    TransferError::DuplicateDestination {
+        pair,
+        first,
+        side: direction.destination(),
+        page,
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_range_error(
+    pair: usize,
+    p: PagePair,
+    device_pages: u64,
+    host_pages: u64,
+) -> TransferError {
+    if p.device_page >= device_pages {
+        TransferError::PageOutOfRange {
+            pair,
+            side: "device",
+            page: p.device_page,
+            pages: device_pages,
+        }
+    } else {
+        TransferError::PageOutOfRange {
+            pair,
+            side: "host",
+            page: p.host_page,
+            pages: host_pages,
+        }
+    }
 }
 
 /// The layer asked for present in at least one buffer.
+#[inline]
 pub fn check_layer(layers: Layers, deepest_layers: u64) -> Result<(), TransferError> {
     match layers {
         Layers::One(layer) if layer >= deepest_layers => Err(TransferError::Layer {

@@ -134,6 +134,7 @@ pub trait Backend: Clone {
 }
 
 /// `[start, start + len)` inside a region of `region_bytes`, or [`BackendError::OutOfRange`].
+#[inline]
 pub fn check_range(
     side: &'static str,
     start_bytes: u64,
@@ -142,11 +143,22 @@ pub fn check_range(
 ) -> Result<(), BackendError> {
     match start_bytes.checked_add(len_bytes) {
         Some(end) if end <= region_bytes => Ok(()),
-        end => Err(BackendError::OutOfRange {
-            side,
-            start_bytes,
-            end_bytes: end.unwrap_or(u64::MAX),
-            len_bytes: region_bytes,
-        }),
+        end => Err(out_of_range(side, start_bytes, end, region_bytes)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn out_of_range(
+    side: &'static str,
+    start_bytes: u64,
+    end: Option<u64>,
+    region_bytes: u64,
+) -> BackendError {
+    BackendError::OutOfRange {
+        side,
+        start_bytes,
+        end_bytes: end.unwrap_or(u64::MAX),
+        len_bytes: region_bytes,
     }
 }
