@@ -590,6 +590,84 @@ mod tests {
         assert_eq!(c.device().snapshot().unwrap(), vec![0u8; 2 * 4 * 8448]);
     }
 
+    /// A fault in the second chunk of a transfer: the first chunk's pairs and the second
+    /// chunk's completed pairs are reported moved, the rest untouched.
+    ///
+    /// MHA bf16 8 heads x 128 (`section_major`: the K plane, then the V plane, each
+    /// 64 x 8 x 256 B) onto a `page_head` host (`[page][head][layer][token][K_h V_h]`, rows of
+    /// 2 x 256 = 512 B): no two pieces are contiguous on both sides, so a page of one layer is
+    /// 8 heads x 64 tokens x 2 sections = 1024 runs, and a chunk of 65,536 runs holds 64
+    /// pairs. 70 pairs = 71,680 runs: chunk 1 = pairs 0..64, chunk 2 = pairs 64..70 (6,144
+    /// runs). A budget of 65,536 + 2 x 1,024 + 100 = 67,684 runs: pairs 0..66 move, pair 66
+    /// moves its first 100 runs (head 0, tokens 0..50, K and V: the first 50 x 512 = 25,600 B
+    /// of the host page), pairs 67..70 nothing.
+    #[test]
+    fn a_fault_in_a_later_chunk_reports_every_pair_moved_before_it() {
+        use crate::backend::FailingCpuBackend;
+        let g = |m| PoolGeometry {
+            name: "mha".into(),
+            page_size_tokens: 64,
+            pages: 70,
+            memory_layout: m,
+            buffers: vec![BufferGeometry {
+                name: "kv".into(),
+                layers: 1,
+                layout: formats::MHA_BF16_8X128,
+            }],
+        };
+        let page_bytes = 262_144usize; // 64 tokens x 4096 B
+        let make = |backend: FailingCpuBackend| {
+            let mut device =
+                DevicePool::new_in(backend.clone(), g(MemoryLayout::LayerFirst)).unwrap();
+            let fill: Vec<u8> = (0..70 * page_bytes).map(|i| (i % 251) as u8 + 1).collect();
+            device.write_bytes(0, &fill).unwrap();
+            let host = HostPool::from_geometry_in(backend, g(MemoryLayout::PageHead)).unwrap();
+            HiCache::pair(device, host).unwrap()
+        };
+        let pairs: Vec<PagePair> = (0..70).map(|p| PagePair::new(p, p)).collect();
+        let mut full = make(CpuBackend::failing_after(u64::MAX));
+        assert_eq!(
+            full.dry_run(Direction::Backup, Layers::All, &pairs)
+                .unwrap()
+                .runs,
+            71_680
+        );
+        full.backup(&pairs).unwrap();
+        let want = full.host().snapshot().unwrap();
+
+        let mut c = make(CpuBackend::failing_after(67_684));
+        let err = c.backup(&pairs).unwrap_err();
+        let TransferError::Interrupted {
+            moved_pairs,
+            torn_pair,
+            moved_runs,
+            source,
+        } = err
+        else {
+            panic!("{err}")
+        };
+        assert_eq!(moved_pairs, pairs[..66]);
+        assert_eq!(torn_pair, Some(PagePair::new(66, 66)));
+        assert_eq!(moved_runs, 67_684);
+        assert!(matches!(
+            source,
+            BackendError::Interrupted {
+                completed_runs: 2_148,
+                total_runs: 6_144,
+                ..
+            }
+        ));
+        let got = c.host().snapshot().unwrap();
+        let page = |m: &[u8], p: usize| m[p * page_bytes..(p + 1) * page_bytes].to_vec();
+        for p in 0..66 {
+            assert!(page(&got, p) == page(&want, p), "host page {p}");
+        }
+        let torn = page(&got, 66);
+        assert!(torn[..25_600] == page(&want, 66)[..25_600]);
+        assert!(torn[25_600..].iter().all(|&b| b == 0));
+        assert!(got[67 * page_bytes..].iter().all(|&b| b == 0));
+    }
+
     /// Regression: an empty list used to count as a backup call in the stats, which count
     /// calls that moved data.
     #[test]
