@@ -98,7 +98,9 @@ impl<'a> Claims<'a> {
     fn shared(&mut self, word: &'a AtomicU32) -> bool {
         let ok = word
             .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
-                (n < WRITER - 1).then_some(n + 1)
+                // Lazily: `then_some(n + 1)` would compute `WRITER + 1` (an overflow) while a
+                // writer holds the page.
+                (n < WRITER - 1).then(|| n + 1)
             })
             .is_ok();
         if ok {
@@ -419,4 +421,33 @@ fn copy_shared(
         };
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a shared claim on a page a writer held computed `u32::MAX + 1` (a panic in
+    /// debug builds, found by `conflicting_transfers_are_refused_or_serialized_never_torn`
+    /// when a backup met a load on the same host page).
+    #[test]
+    fn claims_exclude_writers_and_count_readers() {
+        let word = AtomicU32::new(0);
+        let mut writer = Claims { taken: Vec::new() };
+        assert!(writer.exclusive(&word));
+        assert_eq!(word.load(Ordering::SeqCst), WRITER);
+        let mut reader = Claims { taken: Vec::new() };
+        assert!(!reader.shared(&word), "a reader got a page a writer holds");
+        assert!(!reader.exclusive(&word));
+        drop(writer);
+        assert_eq!(word.load(Ordering::SeqCst), 0);
+        // Two readers (one transfer naming the page twice, or two transfers) then a writer.
+        assert!(reader.shared(&word) && reader.shared(&word));
+        assert_eq!(word.load(Ordering::SeqCst), 2);
+        let mut writer = Claims { taken: Vec::new() };
+        assert!(!writer.exclusive(&word), "a writer got a page being read");
+        drop(reader);
+        assert_eq!(word.load(Ordering::SeqCst), 0);
+        assert!(writer.exclusive(&word));
+    }
 }
