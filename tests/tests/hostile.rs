@@ -434,6 +434,22 @@ fn ten_million_pairs_are_refused_before_any_work_on_the_list() {
 }
 
 #[test]
+fn the_unverified_path_refuses_an_overflowing_index_instead_of_wrapping() {
+    // The legacy plan (SGLang's unchecked kernel) addresses device page p at
+    // layer base + p x item bytes: u64::MAX x 41,984 overflows and must be an error, not a
+    // wrapped offset that lands inside the pool.
+    let (d, h) = cache().into_parts();
+    let mut legacy = HiCache::pair_unverified(d, h);
+    let before = snapshots(&legacy);
+    let err = legacy.backup(&[PagePair::new(u64::MAX, 0)]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "geometry: transfer plan: overflow computing a run offset"
+    );
+    assert!(snapshots(&legacy) == before);
+}
+
+#[test]
 fn a_list_as_long_as_the_destination_pool_is_accepted() {
     // 64 pairs onto all 64 host pages (device pages p % 48: sources repeat, destinations do
     // not): 64 x 100,864 = 6,455,296 B in 64 x 4 = 256 runs.
