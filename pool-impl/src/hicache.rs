@@ -302,9 +302,16 @@ impl<B: Backend> HiCache<B> {
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
-        let result = match self.routes.is_some() {
-            true => self.transfer_routed(direction, layers, pairs, true),
-            false => self.transfer_legacy(direction, layers, pairs),
+        let result = match &self.routes {
+            Some(routes) => Self::transfer_routed(
+                routes,
+                (&mut self.device, &mut self.host, &mut self.scratch),
+                direction,
+                layers,
+                pairs,
+                true,
+            ),
+            None => self.transfer_legacy(direction, layers, pairs),
         };
         match &result {
             Ok(t) if t.pairs == 0 => {}
@@ -363,8 +370,15 @@ impl<B: Backend> HiCache<B> {
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
-        if self.routes.is_some() {
-            return self.transfer_routed(direction, layers, pairs, false);
+        if let Some(routes) = &self.routes {
+            return Self::transfer_routed(
+                routes,
+                (&mut self.device, &mut self.host, &mut self.scratch),
+                direction,
+                layers,
+                pairs,
+                false,
+            );
         }
         let plan = self.plan(direction, layers, pairs)?;
         Ok(Transferred {
@@ -377,19 +391,18 @@ impl<B: Backend> HiCache<B> {
         })
     }
 
+    /// A checked transfer along `routes` (`execute` false: everything but the copy).
     fn transfer_routed(
-        &mut self,
+        routes: &Routes,
+        (device, host, scratch): (&mut DevicePool<B>, &mut HostPool<B>, &mut Vec<CopyRun>),
         direction: Direction,
         layers: Layers,
         pairs: &[PagePair],
         execute: bool,
     ) -> Result<Transferred, TransferError> {
-        let Some(routes) = &self.routes else {
-            unreachable!("transfer_routed is called with routes")
-        };
         check_transfer(
             routes,
-            (self.device.fingerprint(), self.host.fingerprint()),
+            (device.fingerprint(), host.fingerprint()),
             direction,
             layers,
             pairs,
@@ -408,7 +421,6 @@ impl<B: Backend> HiCache<B> {
         let per_pair = routes.runs_per_pair(layers);
         let chunk_pairs = chunk_pairs(pairs.len(), per_pair);
         for chunk in pairs.chunks(chunk_pairs) {
-            let scratch = &mut self.scratch;
             scratch.clear();
             for &p in chunk {
                 routes.push_pair_runs(direction, layers, p, scratch);
@@ -423,16 +435,15 @@ impl<B: Backend> HiCache<B> {
             }
             let result = match direction {
                 _ if !execute => Ok(()),
-                Direction::Backup => self.device.backend().device_to_host(
-                    self.device.memory(),
-                    self.host.memory_mut(),
-                    scratch,
-                ),
-                Direction::Load => self.host.backend().host_to_device(
-                    self.host.memory(),
-                    self.device.memory_mut(),
-                    scratch,
-                ),
+                Direction::Backup => {
+                    device
+                        .backend()
+                        .device_to_host(device.memory(), host.memory_mut(), scratch)
+                }
+                Direction::Load => {
+                    host.backend()
+                        .host_to_device(host.memory(), device.memory_mut(), scratch)
+                }
             };
             if let Err(e) = result {
                 let in_chunk = match &e {
