@@ -76,3 +76,28 @@ fn more_layers_than_the_model_exits_2() {
         "{text}"
     );
 }
+
+/// Review 2, N1: a host geometry file is read up to the 16 MiB cap, not whole.
+#[test]
+fn endless_host_geometry_file_is_refused() {
+    let (code, text) = replay(&["--host-geometry", "/dev/zero"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("16777216-byte limit"), "{text}");
+}
+
+/// Review 2, N2: an unwritable stdout is an exit-2 error, not a panic (exit 101).
+#[test]
+fn unwritable_stdout_exits_2() {
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["formats", "--json"])
+        .stdout(full)
+        .output()
+        .expect("run kvlayout");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.starts_with("error: failed printing to stdout"), "{err}");
+}

@@ -29,6 +29,7 @@ enum Command {
 
 fn main() -> ExitCode {
     restore_sigpipe();
+    exit_quietly_on_output_errors();
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Formats(a) => cli::formats::run(&a),
@@ -47,4 +48,24 @@ fn restore_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// `println!` panics when stdout cannot be written (a full disk, `> /dev/full`); report it as
+/// an input/output error (exit 2, one line on stderr) instead of a panic and a backtrace.
+/// Every other panic keeps the default report.
+fn exit_quietly_on_output_errors() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") {
+            eprintln!("error: {message}");
+            std::process::exit(2);
+        }
+        default(info);
+    }));
 }

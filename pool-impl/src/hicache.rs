@@ -100,7 +100,7 @@ pub(crate) fn routes_of<B: Backend>(
 /// The per-transfer checks of a checked pairing, all before any byte moves: the pools'
 /// fingerprints re-checked against the pairing's (with the checks compiled in), the layer,
 /// the list's length against the destination's pages, every page index on both sides, and
-/// (checks compiled in) no destination page twice.
+/// no destination page twice.
 #[inline]
 pub(crate) fn check_transfer(
     routes: &Routes,
@@ -120,12 +120,14 @@ pub(crate) fn check_transfer(
         });
     }
     shim::check_layer(layers, routes.deepest_layers)?;
+    // Duplicate destinations are refused in every build: two copies racing into one page
+    // (GPU copies in one launch have no order) would tear it.
     shim::check_pair_pages(
         direction,
         routes.device_pages,
         routes.host_pages,
         pairs,
-        CHECKS_COMPILED,
+        true,
     )
 }
 
@@ -340,8 +342,8 @@ impl<B: Backend> HiCache<B> {
     }
 
     /// The checks a transfer makes on its request before it lays any run, alone: the layer,
-    /// the list's length, every page index (always); the fingerprints and duplicate
-    /// destinations (with the checks compiled in). Moves nothing; counts nothing. Unverified
+    /// the list's length, every page index and duplicate destinations (always); the
+    /// fingerprints (with the checks compiled in). Moves nothing; counts nothing. Unverified
     /// pairings have no per-transfer checks: `Ok`.
     pub fn check(
         &self,

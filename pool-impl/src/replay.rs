@@ -34,6 +34,7 @@ use crate::hicache::{HiCache, PairError, TransferMode};
 use crate::model::{Model, ModelError, PoolOptions};
 use crate::plan::PagePair;
 use crate::pool::{DevicePool, HostPool, KvPool, PoolError};
+use crate::shim::TransferError;
 
 /// Workload parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -239,6 +240,8 @@ pub struct ReplayReport {
     pub refused_transfers: u64,
     /// Pages rewritten from the generator after a refused transfer.
     pub recomputed_pages: u64,
+    /// Why the first refused transfer was refused (none refused: `None`).
+    pub first_refusal: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -486,6 +489,7 @@ pub fn run_with<B: Backend>(
         load_transfers: 0,
         refused_transfers: 0,
         recomputed_pages: 0,
+        first_refusal: None,
     };
     let page_size = geometry.page_size_tokens;
     let max_tokens = w
@@ -619,7 +623,7 @@ impl<B: Backend> Sim<'_, B> {
                     workload_err(
                         "host pages",
                         format!(
-                            "the host pool's {} pages are full (this replay does not evict host pages: raise --host-pages)",
+                            "the host pool's {} pages are full (this replay does not evict host pages: raise --host-pages, or the host geometry file's pages)",
                             self.report.host_pages
                         ),
                     )
@@ -629,7 +633,11 @@ impl<B: Backend> Sim<'_, B> {
             pairs.push(PagePair::new(self.pages[v].device.unwrap_or(0), host));
             backed.push(v);
         }
-        let ok = pairs.is_empty() || self.cache.backup(&pairs).is_ok();
+        let ok = pairs.is_empty() || {
+            let r = self.cache.backup(&pairs);
+            self.note_refusal(r.as_ref().err());
+            r.is_ok()
+        };
         for &v in &backed {
             // A refused backup leaves no valid host copy: the page is lost and will be
             // recomputed when needed.
@@ -689,6 +697,15 @@ impl<B: Backend> Sim<'_, B> {
         p.tokens = p.tokens.max(slot + 1);
         p.host_valid = false;
         Ok(())
+    }
+
+    /// Keeps the first refused transfer's reason for the report.
+    fn note_refusal(&mut self, e: Option<&TransferError>) {
+        if let Some(e) = e
+            && self.report.first_refusal.is_none()
+        {
+            self.report.first_refusal = Some(e.to_string());
+        }
     }
 
     /// Rewrites every token of a page from the generator (after a refused transfer).
@@ -826,7 +843,9 @@ impl<B: Backend> Sim<'_, B> {
         if !pairs.is_empty() {
             let mut ok = true;
             for l in 0..self.layers() {
-                ok &= self.cache.load_layer(l, &pairs).is_ok();
+                let r = self.cache.load_layer(l, &pairs);
+                self.note_refusal(r.as_ref().err());
+                ok &= r.is_ok();
             }
             if !ok {
                 lost.extend(loaded.iter().copied());
@@ -982,7 +1001,5 @@ pub fn top_k(q: &[f32], w: &[f32], keys: &[f32], dim: usize, k: usize) -> Vec<u6
 
 /// Reads a host geometry file for `--host-geometry`.
 pub fn read_host_geometry(path: &std::path::Path) -> Result<PoolGeometry, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read: {e}", path.display()))?;
-    file::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+    file::read_path(path).map_err(|e| format!("{}: {e}", path.display()))
 }

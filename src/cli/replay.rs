@@ -250,6 +250,9 @@ fn print_report(r: &ReplayReport, backend: &str) {
         "transfers: {} backups, {} loads, {} refused ({} pages recomputed)",
         r.backup_transfers, r.load_transfers, r.refused_transfers, r.recomputed_pages
     );
+    if let Some(why) = &r.first_refusal {
+        println!("first refusal: {why}");
+    }
 }
 
 /// Runs the subcommand.
