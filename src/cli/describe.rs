@@ -4,7 +4,7 @@
 //! all-layer total — or, with `--json`, the geometry file (`kvlayout.geometry/v1`).
 
 use kvlayout_core::file;
-use kvlayout_pool::model::{IndexK, KvDtype, Model, PoolOptions};
+use kvlayout_pool::model::{Attention, IndexK, KvDtype, Model, PoolOptions};
 
 /// `--kv-dtype` values.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -55,9 +55,9 @@ pub struct DescribeArgs {
     /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
     #[arg(long, value_enum)]
     pub kv_dtype: Option<KvDtypeArg>,
-    /// Index-K dtype (DSA models).
-    #[arg(long, value_enum, default_value = "fp8")]
-    pub index_k: IndexKArg,
+    /// Index-K dtype (DSA models) [default: fp8].
+    #[arg(long, value_enum)]
+    pub index_k: Option<IndexKArg>,
     /// Tokens per page.
     #[arg(long, default_value_t = 64)]
     pub page_size: u64,
@@ -82,6 +82,18 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// The `--index-k` choice (fp8 when absent); says on stderr when the model has no DSA indexer
+/// to apply it to.
+pub fn index_k_for(model: &Model, arg: Option<IndexKArg>) -> IndexK {
+    if arg.is_some() && model.attention() != Attention::MlaDsa {
+        eprintln!(
+            "note: --index-k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
+            model.name
+        );
+    }
+    arg.unwrap_or(IndexKArg::Fp8).into()
+}
+
 /// Runs the subcommand: 0 on success, 2 on bad input.
 pub fn run(args: &DescribeArgs) -> u8 {
     let model = match Model::load(&args.model) {
@@ -93,7 +105,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
     };
     let opts = PoolOptions {
         kv_dtype: args.kv_dtype.map(Into::into),
-        index_k: args.index_k.into(),
+        index_k: index_k_for(&model, args.index_k),
         page_size_tokens: args.page_size,
         pages: args.pages,
     };

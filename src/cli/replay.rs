@@ -58,16 +58,17 @@ pub struct ReplayArgs {
     /// Built-in model name or a path to a Hugging Face config.json.
     #[arg(long, default_value = "deepseek-v3.2-exp")]
     pub model: String,
-    /// Index-K dtype (bf16: the seed bug's device pool; fp8 by default, as `describe`).
-    #[arg(long, value_enum, default_value = "fp8")]
-    pub index_k: IndexKArg,
+    /// Index-K dtype (bf16: the seed bug's device pool) [default: fp8, as `describe`].
+    #[arg(long, value_enum)]
+    pub index_k: Option<IndexKArg>,
     /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
     #[arg(long, value_enum)]
     pub kv_dtype: Option<KvDtypeArg>,
     /// Multi-turn sessions in the workload (run `--concurrency` at a time).
     #[arg(long, default_value_t = 80)]
     pub sessions: u64,
-    /// Workload generator seed.
+    /// Seed of the generated index-K keys, queries and latent values (the page schedule follows
+    /// from the workload's shape: sessions, turns, prefixes, batches).
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
     /// Layers simulated (the first ones of the model; the pairing check covers all of them).
@@ -280,11 +281,12 @@ pub fn run(args: &ReplayArgs) -> u8 {
             memory_layout: args.host_layout.into(),
         },
     };
+    let index_k = super::describe::index_k_for(&model, args.index_k);
     let input = ReplayInput {
         model,
         pool: PoolOptions {
             kv_dtype: args.kv_dtype.map(Into::into),
-            index_k: args.index_k.into(),
+            index_k,
             ..PoolOptions::default()
         },
         host,
