@@ -363,9 +363,7 @@ impl ConcurrentHiCache {
         check_range("device", off, payload, self.device.len_bytes)?;
         let mut claims = Claims { taken: Vec::new() };
         if !claims.exclusive(&self.device_claims[page as usize]) {
-            return Err(PoolError::Backend(BackendError::Driver(format!(
-                "device page {page} is in use by a transfer"
-            ))));
+            return Err(PoolError::PageBusy { page });
         }
         // SAFETY: `[off, off + payload)` is inside the device region (checked) and inside
         // device page `page`, which this thread holds exclusively.

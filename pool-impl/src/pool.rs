@@ -26,6 +26,13 @@ pub enum PoolError {
         /// The layout asked for.
         got: MemoryLayout,
     },
+    /// A device page is claimed by a transfer in flight ([`crate::ConcurrentHiCache`]): retry
+    /// once the transfer ends.
+    #[error("device page {page} is in use by a transfer (retry when it ends)")]
+    PageBusy {
+        /// The device page.
+        page: u64,
+    },
     /// The geometry's pool fingerprint cannot be computed.
     #[error("fingerprint: {0}")]
     Fingerprint(LayoutError),

@@ -330,10 +330,11 @@ pub fn run(args: &ReplayArgs) -> u8 {
                 println!("{}", json_with_backend(&r, backend));
             } else {
                 println!(
-                    "refused: the host pool ({}) cannot exchange pages with the {} device pool; {} differing fields (device, host):",
+                    "refused: the host pool ({}) cannot exchange pages with the {} device pool; {} differing field{} (device, host):",
                     r.host_geometry,
                     r.model,
-                    r.mismatch.len()
+                    r.mismatch.len(),
+                    if r.mismatch.len() == 1 { "" } else { "s" }
                 );
                 for m in &r.mismatch {
                     println!("  {m}");
