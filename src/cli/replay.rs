@@ -186,11 +186,17 @@ impl Pools {
     }
 }
 
-/// `value` as JSON with a `backend` field added.
-fn json_with_backend(value: &impl serde::Serialize, backend: &str) -> String {
+/// `value` as JSON with the `backend` that ran and the `device_requested` added (they differ
+/// after a fallback to the CPU).
+fn json_with_backend(value: &impl serde::Serialize, backend: &str, requested: DeviceArg) -> String {
     let mut v = serde_json::to_value(value).unwrap_or_default();
     if let serde_json::Value::Object(map) = &mut v {
         map.insert("backend".into(), backend.into());
+        let requested = match requested {
+            DeviceArg::Cpu => "cpu",
+            DeviceArg::Cuda => "cuda",
+        };
+        map.insert("device_requested".into(), requested.into());
     }
     serde_json::to_string_pretty(&v).unwrap_or_default()
 }
@@ -327,7 +333,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
         }
         Ok(ReplayOutcome::Refused(r)) => {
             if args.json {
-                println!("{}", json_with_backend(&r, backend));
+                println!("{}", json_with_backend(&r, backend, args.device));
             } else {
                 println!(
                     "refused: the host pool ({}) cannot exchange pages with the {} device pool; {} differing field{} (device, host):",
@@ -347,7 +353,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
         }
         Ok(ReplayOutcome::Completed(r)) => {
             if args.json {
-                println!("{}", json_with_backend(&r, backend));
+                println!("{}", json_with_backend(&r, backend, args.device));
             } else {
                 print_report(&r, &backend_text);
             }
