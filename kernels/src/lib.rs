@@ -61,7 +61,7 @@ pub mod index_k;
 pub mod test_data;
 
 pub use copy_cpu::{copy_items_cpu, validate_index_lists};
-pub use copy_runs::{ByteRun, copy_runs_cpu, validate_runs};
+pub use copy_runs::{ByteRun, validate_runs};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
     COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyOrder, Gpu, KernelReport, LaunchShape,

@@ -419,9 +419,14 @@ fn out_of_range_refused<B: Backend>(backend: B) {
             );
         }
     }
-    // A layer past the pool's 2 layers is refused too, moving nothing.
-    assert!(cache.load_layer(2, &[PagePair::new(0, 0)]).is_err());
-    assert!(cache.backup_layer(2, &[PagePair::new(0, 0)]).is_err());
+    // A layer past the pool's 2 layers (layers 0 and 1: dsa_bf16() has 2 per buffer) is
+    // refused too, naming the layer and the count, moving nothing.
+    let want = TransferError::Layer {
+        layer: 2,
+        layers: 2,
+    };
+    assert_eq!(cache.load_layer(2, &[PagePair::new(0, 0)]).unwrap_err(), want);
+    assert_eq!(cache.backup_layer(2, &[PagePair::new(0, 0)]).unwrap_err(), want);
     assert!(snapshots(&cache) == before);
 }
 

@@ -36,8 +36,8 @@ use crate::device_memory::{DeviceIndices, driver_err};
 use crate::error::KernelError;
 
 pub use options::{
-    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyOrder, KernelReport, LaunchShape,
-    RunOrder, SM_BUDGET, TransferPath,
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyOrder, KernelReport, LaunchShape, RunOrder,
+    SM_BUDGET, TransferPath,
 };
 
 /// True when the CUDA driver library can be loaded. Checked before any cudarc driver call,

@@ -157,5 +157,4 @@ impl Gpu {
         };
         self.finish()
     }
-
 }

@@ -147,8 +147,14 @@ impl Gpu {
         }];
         let mut attr_idx = [0usize];
         for chunk in runs.chunks(BATCH_RUNS) {
-            let mut dsts: Vec<u64> = chunk.iter().map(|r| dst_base + r.dst_offset_bytes).collect();
-            let mut srcs: Vec<u64> = chunk.iter().map(|r| src_base + r.src_offset_bytes).collect();
+            let mut dsts: Vec<u64> = chunk
+                .iter()
+                .map(|r| dst_base + r.dst_offset_bytes)
+                .collect();
+            let mut srcs: Vec<u64> = chunk
+                .iter()
+                .map(|r| src_base + r.src_offset_bytes)
+                .collect();
             let mut sizes: Vec<usize> = chunk.iter().map(|r| r.len_bytes as usize).collect();
             // SAFETY: three arrays of chunk.len() entries, one attribute applying from entry 0;
             // the driver reads them during the call. Every range lies inside a live buffer

@@ -8,6 +8,13 @@
 //!
 //! `gpu_bench [--dump DIR]`: with `--dump`, also writes quantizer inputs and outputs to DIR for
 //! `kernels/scripts/torch_check.py` (PyTorch's float8_e4m3fn conversion of the same input).
+//!
+//! `gpu_bench --overlap`: every transfer path alone and next to a bf16 GEMM loop (see
+//! `overlap.rs`), DeepSeek-V3.2 DSA pools, 1,024 and 4,096 pages x 61 layers, 8 pages and 1 page
+//! of 1 layer, and a token-granular load.
+
+mod overlap;
+mod workload;
 
 use std::time::Instant;
 
@@ -114,6 +121,9 @@ fn gbps(bytes: u64, secs: f64) -> f64 {
 }
 
 fn main() -> Result<(), KernelError> {
+    if std::env::args().any(|a| a == "--overlap") {
+        return overlap::run();
+    }
     let dump = std::env::args().skip_while(|a| a != "--dump").nth(1);
     let t0 = Instant::now();
     let gpu = Gpu::new(0)?;
