@@ -10,7 +10,9 @@ use std::ops::Range;
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
-use kvlayout_kernels::{ByteRun, CopyEngineHint, RunOrder, SM_BUDGET, TransferPath};
+use kvlayout_kernels::{
+    ByteRun, CopyEngineHint, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
+};
 use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
     LaunchShape, PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
@@ -674,14 +676,22 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
             RunOrder::DstAscending,
         ];
         for order in orders {
-            for hint in [
-                CopyEngineHint::Default,
-                CopyEngineHint::PreferOverlapWithCompute,
+            for (hint, lanes) in [
+                (CopyEngineHint::Default, 1),
+                (CopyEngineHint::PreferOverlapWithCompute, 3),
+                (CopyEngineHint::Default, MAX_COPY_ENGINE_LANES),
             ] {
                 let mut dst = Buf::new(&gpu, !h2d, &poison);
                 // SAFETY: finish() waits before src and dst are touched or dropped.
                 unsafe {
-                    gpu.enqueue_copy_runs_dma(src.bytes(), dst.bytes_mut(), &runs, order, hint)
+                    gpu.enqueue_copy_runs_dma(
+                        src.bytes(),
+                        dst.bytes_mut(),
+                        &runs,
+                        order,
+                        hint,
+                        lanes,
+                    )
                 }
                 .unwrap();
                 gpu.finish().unwrap();
@@ -689,7 +699,7 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
                 let first_diff = got.iter().zip(&expect).position(|(a, b)| a != b);
                 assert!(
                     first_diff.is_none(),
-                    "dma h2d={h2d} {order:?} {hint:?}: byte {first_diff:?}"
+                    "dma h2d={h2d} {order:?} {hint:?} {lanes} lanes: byte {first_diff:?}"
                 );
             }
             let mut dst = Buf::new(&gpu, !h2d, &poison);
@@ -719,6 +729,7 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
                 &bad,
                 RunOrder::AsGiven,
                 CopyEngineHint::Default,
+                2,
             )
         }
         .unwrap_err();

@@ -36,8 +36,8 @@ use crate::device_memory::{DeviceIndices, driver_err};
 use crate::error::KernelError;
 
 pub use options::{
-    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyOrder, KernelReport, LaunchShape, RunOrder,
-    SM_BUDGET, TransferPath,
+    COPY_ENGINE_LANES, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyOrder, KernelReport,
+    LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
 };
 
 /// True when the CUDA driver library can be loaded. Checked before any cudarc driver call,
@@ -117,6 +117,8 @@ pub struct Gpu {
     err: CudaSlice<u64>,
     /// The lists of the last validations since `finish`, to name a bad entry in the error.
     pending: Mutex<Vec<PendingCheck>>,
+    /// Helper streams of the copy-engine lanes (forked from and joined into `stream`).
+    copy_streams: OnceLock<Result<Vec<Arc<CudaStream>>, KernelError>>,
 }
 
 impl Gpu {
@@ -153,6 +155,7 @@ impl Gpu {
             kernels: OnceLock::new(),
             err,
             pending: Mutex::new(Vec::new()),
+            copy_streams: OnceLock::new(),
         })
     }
 

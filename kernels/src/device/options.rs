@@ -137,6 +137,13 @@ pub const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
 /// barely slowed (BENCHMARKS.md, "Transfers next to the model").
 pub const SM_BUDGET: u32 = 8;
 
+/// Most streams a copy-engine transfer is split over ([`crate::Gpu::enqueue_copy_runs_dma`]).
+pub const MAX_COPY_ENGINE_LANES: usize = 8;
+
+/// Streams the chooser splits a copy-engine transfer over: one engine pays a fixed latency
+/// per run, several in parallel hide it (BENCHMARKS.md, "Transfers next to the model").
+pub const COPY_ENGINE_LANES: usize = 4;
+
 /// How [`crate::Gpu::transfer_runs`] moved a run list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TransferPath {

@@ -3,11 +3,13 @@
 //! `cuMemcpyBatchAsync`, checked on the host), and the chooser between them
 //! ([`Gpu::transfer_runs`]) that leaves the SMs to the model whenever the runs allow.
 
-use cudarc::driver::sys;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, sys};
 
 use super::{
-    Arg, CopyEngineHint, Gpu, LaunchShape, PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS,
-    TransferPath,
+    Arg, COPY_ENGINE_LANES, CopyEngineHint, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
+    RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
@@ -98,8 +100,10 @@ impl Gpu {
     /// Copies every run with the copy engines (`cuMemcpyBatchAsync`, source read in stream
     /// order), after checking every run against both buffers' lengths on the host: a bad run
     /// is [`KernelError::RunOutOfRange`] and nothing is enqueued. The runs are put in `order`
-    /// and neighbours merged ([`RunOrder::sorted_and_merged`]) first. Returns the number of
-    /// runs handed to the driver.
+    /// and neighbours merged ([`RunOrder::sorted_and_merged`]) first, then split into `lanes`
+    /// consecutive parts (at most [`MAX_COPY_ENGINE_LANES`]), each batched on its own stream
+    /// forked from and joined back into this `Gpu`'s stream, so that several copy engines work
+    /// at once. Returns the number of runs handed to the driver.
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -110,15 +114,68 @@ impl Gpu {
         runs: &[ByteRun],
         order: RunOrder,
         hint: CopyEngineHint,
+        lanes: usize,
     ) -> Result<u64, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
         let merged = order.sorted_and_merged(runs);
         // SAFETY: forwarded to the caller; the merged runs lie inside both buffers.
-        unsafe { self.enqueue_batch(src, dst, &merged, hint)? };
+        unsafe { self.enqueue_lanes(src, dst, &merged, hint, lanes)? };
         Ok(merged.len() as u64)
     }
 
-    /// `cuMemcpyBatchAsync` of checked runs, in batches of [`BATCH_RUNS`].
+    /// The helper streams of the copy-engine lanes, created at first use.
+    fn copy_streams(&self) -> Result<&[Arc<CudaStream>], KernelError> {
+        self.copy_streams
+            .get_or_init(|| {
+                (0..MAX_COPY_ENGINE_LANES)
+                    .map(|_| self.ctx.new_stream().map_err(driver_err("cuStreamCreate")))
+                    .collect()
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// Checked runs split over `lanes` streams forked from the `Gpu`'s stream and joined back.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_batch`].
+    unsafe fn enqueue_lanes(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        hint: CopyEngineHint,
+        lanes: usize,
+    ) -> Result<(), KernelError> {
+        let lanes = lanes.clamp(1, MAX_COPY_ENGINE_LANES).min(runs.len().max(1));
+        if lanes == 1 {
+            // SAFETY: forwarded.
+            return unsafe { self.enqueue_batch(src, dst, runs, hint, &self.stream) };
+        }
+        let streams = self.copy_streams()?;
+        let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let fork = self
+            .stream
+            .record_event(no_timing)
+            .map_err(driver_err("cuEventRecord"))?;
+        for (part, stream) in runs.chunks(runs.len().div_ceil(lanes)).zip(streams) {
+            stream
+                .wait(&fork)
+                .map_err(driver_err("cuStreamWaitEvent"))?;
+            // SAFETY: forwarded; the part runs after everything enqueued before it on the
+            // `Gpu`'s stream (the fork event), which waits for it below (the join).
+            unsafe { self.enqueue_batch(src, dst, part, hint, stream)? };
+            let joined = stream
+                .record_event(no_timing)
+                .map_err(driver_err("cuEventRecord"))?;
+            self.stream
+                .wait(&joined)
+                .map_err(driver_err("cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    }
+
+    /// `cuMemcpyBatchAsync` of checked runs on `stream`, in batches of [`BATCH_RUNS`].
     ///
     /// # Safety
     /// Every run lies inside both buffers, which stay alive until the stream has finished.
@@ -128,6 +185,7 @@ impl Gpu {
         dst: &mut dyn GpuBytes,
         runs: &[ByteRun],
         hint: CopyEngineHint,
+        stream: &CudaStream,
     ) -> Result<(), KernelError> {
         let (src_base, dst_base) = (src.device_address(), dst.device_address());
         let location = sys::CUmemLocation {
@@ -168,7 +226,7 @@ impl Gpu {
                     attrs.as_mut_ptr(),
                     attr_idx.as_mut_ptr(),
                     1,
-                    self.stream.cu_stream(),
+                    stream.cu_stream(),
                 )
             }
             .result()
@@ -199,7 +257,13 @@ impl Gpu {
             TransferPath::CopyEngines { .. } => {
                 // SAFETY: forwarded to the caller; checked just above.
                 unsafe {
-                    self.enqueue_batch(src, dst, &merged, CopyEngineHint::PreferOverlapWithCompute)?
+                    self.enqueue_lanes(
+                        src,
+                        dst,
+                        &merged,
+                        CopyEngineHint::PreferOverlapWithCompute,
+                        COPY_ENGINE_LANES,
+                    )?
                 }
             }
             TransferPath::SmKernel { max_sms, .. } => {

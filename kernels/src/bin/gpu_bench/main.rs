@@ -122,7 +122,10 @@ fn gbps(bytes: u64, secs: f64) -> f64 {
 
 fn main() -> Result<(), KernelError> {
     if std::env::args().any(|a| a == "--overlap") {
-        return overlap::run();
+        return overlap::run(false);
+    }
+    if std::env::args().any(|a| a == "--dma-sweep") {
+        return overlap::run(true);
     }
     let dump = std::env::args().skip_while(|a| a != "--dump").nth(1);
     let t0 = Instant::now();

@@ -18,7 +18,8 @@ use half::bf16;
 use kvlayout_core::MemoryLayout;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    CopyEngineHint, DeviceBytes, Gpu, GpuBytes, KernelError, LaunchShape, PinnedBytes, RunOrder,
+    COPY_ENGINE_LANES, CopyEngineHint, DeviceBytes, Gpu, GpuBytes, KernelError, LaunchShape,
+    PinnedBytes, RunOrder,
 };
 
 use crate::workload::{Call, Shape, dsa_pool, page_shape, token_shape};
@@ -65,10 +66,9 @@ enum Path {
     MemcpyPerRun,
     /// The SGLang-style warp copy at its default launch.
     Peer,
-    /// `cuMemcpyBatchAsync` of the runs as given, default flags.
-    BatchDefault,
-    /// kvlayout's copy-engine path (ordered, merged, hinted to overlap with compute).
-    CopyEngines,
+    /// `cuMemcpyBatchAsync` of the runs: in host-address order (else as given), hinted to
+    /// overlap with compute (else default flags), split over this many streams.
+    Batch(bool, bool, usize),
     /// kvlayout's run-list kernel on at most this many SMs (`None`: all).
     RunKernel(Option<u32>),
     /// kvlayout's index-list kernel (page or token items per the shape).
@@ -77,6 +77,11 @@ enum Path {
     Auto,
 }
 
+/// The driver's batched copy as a caller would first write it.
+const BATCH_DEFAULT: Path = Path::Batch(false, false, 1);
+/// kvlayout's copy-engine path as the chooser takes it.
+const COPY_ENGINES: Path = Path::Batch(true, true, COPY_ENGINE_LANES);
+
 impl Path {
     fn label(self) -> String {
         let sms = |s: Option<u32>| s.map_or("all SMs".to_string(), |n| format!("{n} SMs"));
@@ -84,8 +89,28 @@ impl Path {
             Path::Memcpy => "pinned contiguous memcpy (ceiling)".into(),
             Path::MemcpyPerRun => "one cuMemcpyAsync per run".into(),
             Path::Peer => "SGLang-style warp copy, 2 x 32 warps".into(),
-            Path::BatchDefault => "cuMemcpyBatchAsync, runs as given, default flags".into(),
-            Path::CopyEngines => "kvlayout copy engines (ordered, merged, overlap hint)".into(),
+            Path::Batch(false, false, 1) => {
+                "cuMemcpyBatchAsync, runs as given, default flags".into()
+            }
+            Path::Batch(sorted, hint, lanes) => format!(
+                "{}cuMemcpyBatchAsync, {}, {}, {lanes} stream{}",
+                if (sorted, hint, lanes) == (true, true, COPY_ENGINE_LANES) {
+                    "kvlayout copy engines: "
+                } else {
+                    ""
+                },
+                if sorted {
+                    "host order, merged"
+                } else {
+                    "as given"
+                },
+                if hint {
+                    "overlap hint"
+                } else {
+                    "default flags"
+                },
+                if lanes == 1 { "" } else { "s" }
+            ),
             Path::RunKernel(s) => format!("kvlayout run-list kernel, {}", sms(s)),
             Path::Items(s) => format!("kvlayout index-list kernel, {}", sms(s)),
             Path::Auto => "kvlayout chooser (CUDA pool backend)".into(),
@@ -95,6 +120,8 @@ impl Path {
 
 struct Ctx<'a> {
     gpu: &'a Gpu,
+    /// Host milliseconds of the last alone window's enqueue calls.
+    host_ms: f64,
     host: PinnedBytes,
     dev: DeviceBytes,
     peer: CudaFunction,
@@ -206,22 +233,18 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                     .map(|_| ())
                     .map_err(drv("cuLaunchKernel(sglang_warp_copy)"))
             }
-            Path::BatchDefault => gpu
+            Path::Batch(sorted, hint, lanes) => gpu
                 .enqueue_copy_runs_dma(
                     src,
                     dst,
                     &call.runs,
-                    RunOrder::AsGiven,
-                    CopyEngineHint::Default,
-                )
-                .map(|_| ()),
-            Path::CopyEngines => gpu
-                .enqueue_copy_runs_dma(
-                    src,
-                    dst,
-                    &call.runs,
-                    order,
-                    CopyEngineHint::PreferOverlapWithCompute,
+                    if sorted { order } else { RunOrder::AsGiven },
+                    if hint {
+                        CopyEngineHint::PreferOverlapWithCompute
+                    } else {
+                        CopyEngineHint::Default
+                    },
+                    lanes,
                 )
                 .map(|_| ()),
             Path::RunKernel(sms) => {
@@ -246,7 +269,9 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
 fn alone_ms(cx: &mut Ctx<'_>, shape: &Shape, path: Path) -> Result<f64, KernelError> {
     let (e0, e1) = (event(cx.gpu)?, event(cx.gpu)?);
     e0.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+    let t = std::time::Instant::now();
     enqueue(cx, shape, path)?;
+    cx.host_ms = t.elapsed().as_secs_f64() * 1e3;
     e1.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
     cx.gpu.finish()?;
     Ok(f64::from(
@@ -370,7 +395,9 @@ fn gbps(bytes: u64, ms: f64) -> f64 {
     bytes as f64 / ms / 1e6
 }
 
-pub fn run() -> Result<(), KernelError> {
+/// `sweep`: only the copy-engine variants (order, hint, streams) on the large page transfers,
+/// with the host time of the enqueue calls.
+pub fn run(sweep: bool) -> Result<(), KernelError> {
     let gpu = Gpu::new(0)?;
     gpu.compile()?;
     let name = gpu.context().name().unwrap_or_default();
@@ -442,6 +469,7 @@ pub fn run() -> Result<(), KernelError> {
     };
     let mut cx = Ctx {
         gpu: &gpu,
+        host_ms: 0.0,
         host,
         dev,
         peer,
@@ -472,7 +500,7 @@ pub fn run() -> Result<(), KernelError> {
     );
 
     let mut shapes = Vec::new();
-    for (pages, layers, h2d, lbl, burst) in [
+    let all_shapes = [
         (1024u64, 61u64, true, true, 1usize),
         (1024, 61, false, false, 1),
         (4096, 61, true, true, 1),
@@ -481,31 +509,40 @@ pub fn run() -> Result<(), KernelError> {
         (8, 1, false, true, 500),
         (1, 1, true, true, 2000),
         (1, 1, false, true, 2000),
-    ] {
+    ];
+    for (pages, layers, h2d, lbl, burst) in all_shapes.into_iter().take(if sweep { 3 } else { 8 }) {
         shapes.push(page_shape(
             &gpu, &mut rng, &host_pool, &dev_pool, pages, layers, h2d, lbl, burst,
         )?);
     }
-    shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
+    if !sweep {
+        shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
+    }
 
     let mut rows = Vec::new();
     for shape in &shapes {
         let big = shape.calls.len() > 1 || shape.bytes() > 100_000_000;
         let huge = shape.bytes() > 5_000_000_000;
         let mut paths = vec![Path::Memcpy];
-        if shape.token_granular {
-            paths.extend([Path::Peer, Path::CopyEngines]);
+        if sweep {
+            for lanes in [1, 2, 4, 8] {
+                for (sorted, hint) in [(false, false), (true, false), (true, true)] {
+                    paths.push(Path::Batch(sorted, hint, lanes));
+                }
+            }
+        } else if shape.token_granular {
+            paths.extend([Path::Peer, COPY_ENGINES]);
             paths.extend([Some(2), Some(4), Some(8), Some(16), None].map(Path::RunKernel));
             paths.extend([Path::Items(None), Path::Items(Some(8)), Path::Auto]);
         } else if huge {
             paths.extend([
-                Path::BatchDefault,
-                Path::CopyEngines,
+                BATCH_DEFAULT,
+                COPY_ENGINES,
                 Path::RunKernel(None),
                 Path::Auto,
             ]);
         } else {
-            paths.extend([Path::Peer, Path::BatchDefault, Path::CopyEngines]);
+            paths.extend([Path::Peer, BATCH_DEFAULT, COPY_ENGINES]);
             paths.extend([Some(4), Some(16), None].map(Path::RunKernel));
             paths.extend([Path::Items(None), Path::Auto]);
             if !big {
@@ -531,6 +568,12 @@ pub fn run() -> Result<(), KernelError> {
                 loop_outlasted: ok,
             };
             print_row(&row, shape.burst);
+            if sweep {
+                println!(
+                    "    host enqueue time of the last alone window: {:.2} ms",
+                    cx.host_ms
+                );
+            }
             rows.push(row);
         }
     }
