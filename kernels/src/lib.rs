@@ -64,7 +64,7 @@ pub use copy_cpu::{copy_items_cpu, validate_index_lists};
 pub use copy_runs::{ByteRun, validate_runs};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
-    COPY_ENGINE_LANES, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyOrder, Gpu,
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, Gpu,
     KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SELF_CHECK_MAX_ITEMS, SM_BUDGET,
     TransferPath, driver_present, nvrtc_present,
 };

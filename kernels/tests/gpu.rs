@@ -11,7 +11,8 @@ use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    ByteRun, CopyEngineHint, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
+    ByteRun, CopyEngineHint, CopyEngineOptions, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET,
+    TransferPath,
 };
 use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
@@ -676,30 +677,28 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
             RunOrder::DstAscending,
         ];
         for order in orders {
-            for (hint, lanes) in [
-                (CopyEngineHint::Default, 1),
-                (CopyEngineHint::PreferOverlapWithCompute, 3),
-                (CopyEngineHint::Default, MAX_COPY_ENGINE_LANES),
+            // One stream, one call; 3 streams; every stream, 7 runs per call.
+            for (hint, lanes, runs_per_call) in [
+                (CopyEngineHint::Default, 1, 1 << 14),
+                (CopyEngineHint::PreferOverlapWithCompute, 3, 1 << 14),
+                (CopyEngineHint::Default, MAX_COPY_ENGINE_LANES, 7),
             ] {
+                let opts = CopyEngineOptions {
+                    order,
+                    hint,
+                    lanes,
+                    runs_per_call,
+                };
                 let mut dst = Buf::new(&gpu, !h2d, &poison);
                 // SAFETY: finish() waits before src and dst are touched or dropped.
-                unsafe {
-                    gpu.enqueue_copy_runs_dma(
-                        src.bytes(),
-                        dst.bytes_mut(),
-                        &runs,
-                        order,
-                        hint,
-                        lanes,
-                    )
-                }
-                .unwrap();
+                unsafe { gpu.enqueue_copy_runs_dma(src.bytes(), dst.bytes_mut(), &runs, opts) }
+                    .unwrap();
                 gpu.finish().unwrap();
                 let got = dst.read(&gpu);
                 let first_diff = got.iter().zip(&expect).position(|(a, b)| a != b);
                 assert!(
                     first_diff.is_none(),
-                    "dma h2d={h2d} {order:?} {hint:?} {lanes} lanes: byte {first_diff:?}"
+                    "dma h2d={h2d} {opts:?}: byte {first_diff:?}"
                 );
             }
             let mut dst = Buf::new(&gpu, !h2d, &poison);
@@ -727,9 +726,10 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
                 src.bytes(),
                 dst.bytes_mut(),
                 &bad,
-                RunOrder::AsGiven,
-                CopyEngineHint::Default,
-                2,
+                CopyEngineOptions {
+                    lanes: 2,
+                    ..CopyEngineOptions::chosen(RunOrder::AsGiven)
+                },
             )
         }
         .unwrap_err();

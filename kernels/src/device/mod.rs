@@ -36,7 +36,7 @@ use crate::device_memory::{DeviceIndices, driver_err};
 use crate::error::KernelError;
 
 pub use options::{
-    COPY_ENGINE_LANES, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyOrder, KernelReport,
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, KernelReport,
     LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
 };
 

@@ -140,9 +140,40 @@ pub const SM_BUDGET: u32 = 8;
 /// Most streams a copy-engine transfer is split over ([`crate::Gpu::enqueue_copy_runs_dma`]).
 pub const MAX_COPY_ENGINE_LANES: usize = 8;
 
-/// Streams the chooser splits a copy-engine transfer over: one engine pays a fixed latency
-/// per run, several in parallel hide it (BENCHMARKS.md, "Transfers next to the model").
-pub const COPY_ENGINE_LANES: usize = 4;
+/// How a run list goes to the copy engines ([`crate::Gpu::enqueue_copy_runs_dma`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CopyEngineOptions {
+    /// Order of the runs before neighbours are merged.
+    pub order: RunOrder,
+    /// Flag given to the driver.
+    pub hint: CopyEngineHint,
+    /// Streams the runs are split over (1 to [`MAX_COPY_ENGINE_LANES`]).
+    pub lanes: usize,
+    /// Most runs per `cuMemcpyBatchAsync` call.
+    pub runs_per_call: usize,
+}
+
+impl CopyEngineOptions {
+    /// What the chooser uses for a transfer walked in `order`, set from measurement on the
+    /// H200 (BENCHMARKS.md, "Transfers next to the model"): the driver spends host time on
+    /// every run of a batch, so the options that kept both the host and the copy engines
+    /// busiest won. Loads ([`RunOrder::SrcAscending`], the host is the source): host order,
+    /// the overlap hint, one stream, 2,048 runs per call. Backups ([`RunOrder::DstAscending`]):
+    /// host order, the overlap hint, 8 streams, 16,384 runs per call. As given: one stream.
+    pub const fn chosen(order: RunOrder) -> CopyEngineOptions {
+        let (lanes, runs_per_call) = match order {
+            RunOrder::SrcAscending => (1, 2048),
+            RunOrder::DstAscending => (MAX_COPY_ENGINE_LANES, 16 * 1024),
+            RunOrder::AsGiven => (1, 16 * 1024),
+        };
+        CopyEngineOptions {
+            order,
+            hint: CopyEngineHint::PreferOverlapWithCompute,
+            lanes,
+            runs_per_call,
+        }
+    }
+}
 
 /// How [`crate::Gpu::transfer_runs`] moved a run list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

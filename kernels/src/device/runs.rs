@@ -8,15 +8,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, sys};
 
 use super::{
-    Arg, COPY_ENGINE_LANES, CopyEngineHint, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
+    Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
     RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
 use crate::error::KernelError;
-
-/// Runs per `cuMemcpyBatchAsync` call (bounds the host arrays of one call).
-const BATCH_RUNS: usize = 16 * 1024;
 
 impl Gpu {
     /// Copies every run of `runs` from `src` to `dst` (the contract of the pool crate's CPU
@@ -99,11 +96,11 @@ impl Gpu {
 
     /// Copies every run with the copy engines (`cuMemcpyBatchAsync`, source read in stream
     /// order), after checking every run against both buffers' lengths on the host: a bad run
-    /// is [`KernelError::RunOutOfRange`] and nothing is enqueued. The runs are put in `order`
-    /// and neighbours merged ([`RunOrder::sorted_and_merged`]) first, then split into `lanes`
-    /// consecutive parts (at most [`MAX_COPY_ENGINE_LANES`]), each batched on its own stream
-    /// forked from and joined back into this `Gpu`'s stream, so that several copy engines work
-    /// at once. Returns the number of runs handed to the driver.
+    /// is [`KernelError::RunOutOfRange`] and nothing is enqueued. The runs are put in
+    /// `opts.order` and neighbours merged ([`RunOrder::sorted_and_merged`]) first, then split
+    /// into `opts.lanes` consecutive parts (at most [`MAX_COPY_ENGINE_LANES`]), each batched
+    /// (`opts.runs_per_call` runs per driver call) on its own stream forked from and joined
+    /// back into this `Gpu`'s stream. Returns the number of runs handed to the driver.
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -112,14 +109,12 @@ impl Gpu {
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
         runs: &[ByteRun],
-        order: RunOrder,
-        hint: CopyEngineHint,
-        lanes: usize,
+        opts: CopyEngineOptions,
     ) -> Result<u64, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
-        let merged = order.sorted_and_merged(runs);
+        let merged = opts.order.sorted_and_merged(runs);
         // SAFETY: forwarded to the caller; the merged runs lie inside both buffers.
-        unsafe { self.enqueue_lanes(src, dst, &merged, hint, lanes)? };
+        unsafe { self.enqueue_lanes(src, dst, &merged, opts)? };
         Ok(merged.len() as u64)
     }
 
@@ -144,13 +139,15 @@ impl Gpu {
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
         runs: &[ByteRun],
-        hint: CopyEngineHint,
-        lanes: usize,
+        opts: CopyEngineOptions,
     ) -> Result<(), KernelError> {
-        let lanes = lanes.clamp(1, MAX_COPY_ENGINE_LANES).min(runs.len().max(1));
+        let lanes = opts
+            .lanes
+            .clamp(1, MAX_COPY_ENGINE_LANES)
+            .min(runs.len().max(1));
         if lanes == 1 {
             // SAFETY: forwarded.
-            return unsafe { self.enqueue_batch(src, dst, runs, hint, &self.stream) };
+            return unsafe { self.enqueue_batch(src, dst, runs, opts, &self.stream) };
         }
         let streams = self.copy_streams()?;
         let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
@@ -164,7 +161,7 @@ impl Gpu {
                 .map_err(driver_err("cuStreamWaitEvent"))?;
             // SAFETY: forwarded; the part runs after everything enqueued before it on the
             // `Gpu`'s stream (the fork event), which waits for it below (the join).
-            unsafe { self.enqueue_batch(src, dst, part, hint, stream)? };
+            unsafe { self.enqueue_batch(src, dst, part, opts, stream)? };
             let joined = stream
                 .record_event(no_timing)
                 .map_err(driver_err("cuEventRecord"))?;
@@ -175,7 +172,7 @@ impl Gpu {
         Ok(())
     }
 
-    /// `cuMemcpyBatchAsync` of checked runs on `stream`, in batches of [`BATCH_RUNS`].
+    /// `cuMemcpyBatchAsync` of checked runs on `stream`, `opts.runs_per_call` per call.
     ///
     /// # Safety
     /// Every run lies inside both buffers, which stay alive until the stream has finished.
@@ -184,7 +181,7 @@ impl Gpu {
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
         runs: &[ByteRun],
-        hint: CopyEngineHint,
+        opts: CopyEngineOptions,
         stream: &CudaStream,
     ) -> Result<(), KernelError> {
         let (src_base, dst_base) = (src.device_address(), dst.device_address());
@@ -196,7 +193,7 @@ impl Gpu {
             srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
             srcLocHint: location,
             dstLocHint: location,
-            flags: match hint {
+            flags: match opts.hint {
                 CopyEngineHint::Default => sys::CUmemcpyFlags::CU_MEMCPY_FLAG_DEFAULT as u32,
                 CopyEngineHint::PreferOverlapWithCompute => {
                     sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32
@@ -204,7 +201,7 @@ impl Gpu {
             },
         }];
         let mut attr_idx = [0usize];
-        for chunk in runs.chunks(BATCH_RUNS) {
+        for chunk in runs.chunks(opts.runs_per_call.max(1)) {
             let mut dsts: Vec<u64> = chunk
                 .iter()
                 .map(|r| dst_base + r.dst_offset_bytes)
@@ -256,15 +253,7 @@ impl Gpu {
         match path {
             TransferPath::CopyEngines { .. } => {
                 // SAFETY: forwarded to the caller; checked just above.
-                unsafe {
-                    self.enqueue_lanes(
-                        src,
-                        dst,
-                        &merged,
-                        CopyEngineHint::PreferOverlapWithCompute,
-                        COPY_ENGINE_LANES,
-                    )?
-                }
+                unsafe { self.enqueue_lanes(src, dst, &merged, CopyEngineOptions::chosen(order))? }
             }
             TransferPath::SmKernel { max_sms, .. } => {
                 let on_device = self.upload_runs(&merged, RunOrder::AsGiven)?;
