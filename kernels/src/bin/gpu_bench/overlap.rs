@@ -23,6 +23,7 @@ use kvlayout_kernels::{
     PinnedBytes, RunOrder,
 };
 
+use crate::report::{self, Row, Stat, print_row, stat};
 use crate::workload::{Call, Shape, dsa_pool, page_shape, token_shape};
 
 const GEMM_N: usize = 8192;
@@ -341,33 +342,6 @@ fn overlap_ms(
     Ok(((e - s).max(host_ms), slowdown, marks[gemms] > e))
 }
 
-struct Stat {
-    median: f64,
-    lo: f64,
-    hi: f64,
-}
-
-fn stat(mut v: Vec<f64>) -> Stat {
-    v.sort_by(f64::total_cmp);
-    Stat {
-        median: v[v.len() / 2],
-        lo: v[0],
-        hi: v[v.len() - 1],
-    }
-}
-
-pub struct Row {
-    pub shape: String,
-    pub path: String,
-    pub bytes: u64,
-    alone: Stat,
-    next: Stat,
-    slowdown: Stat,
-    ceiling_alone_ms: f64,
-    ceiling_next_ms: f64,
-    loop_outlasted: bool,
-}
-
 fn measure(
     cx: &mut Ctx<'_>,
     shape: &Shape,
@@ -391,13 +365,10 @@ fn measure(
     Ok((stat(alone), stat(next), stat(slow), outlasted))
 }
 
-fn gbps(bytes: u64, ms: f64) -> f64 {
-    bytes as f64 / ms / 1e6
-}
-
 /// `sweep`: only the copy-engine variants (order, hint, streams, runs per call) on the large
 /// page transfers.
-pub fn run(sweep: bool) -> Result<(), KernelError> {
+/// `small`: only the 1- and 8-page transfers, memcpy, the driver's batch and the chooser.
+pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
     let gpu = Gpu::new(0)?;
     gpu.compile()?;
     let name = gpu.context().name().unwrap_or_default();
@@ -510,12 +481,21 @@ pub fn run(sweep: bool) -> Result<(), KernelError> {
         (1, 1, true, true, 2000),
         (1, 1, false, true, 2000),
     ];
-    for (pages, layers, h2d, lbl, burst) in all_shapes.into_iter().take(if sweep { 3 } else { 8 }) {
+    let picked = all_shapes.into_iter().enumerate().filter(|&(i, _)| {
+        if sweep {
+            i < 3
+        } else if small {
+            i >= 4
+        } else {
+            true
+        }
+    });
+    for (_, (pages, layers, h2d, lbl, burst)) in picked {
         shapes.push(page_shape(
             &gpu, &mut rng, &host_pool, &dev_pool, pages, layers, h2d, lbl, burst,
         )?);
     }
-    if !sweep {
+    if !sweep && !small {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
 
@@ -529,7 +509,9 @@ pub fn run(sweep: bool) -> Result<(), KernelError> {
             Path::Batch(true, true, 1, 2048),
             Path::Batch(true, true, 8, 16384),
         ];
-        if sweep {
+        if small {
+            paths.extend([BATCH_DEFAULT, Path::Auto]);
+        } else if sweep {
             paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384)]);
             paths.extend(variants);
             paths.extend([Path::Batch(true, true, 8, 2048), Path::Auto]);
@@ -578,59 +560,6 @@ pub fn run(sweep: bool) -> Result<(), KernelError> {
             rows.push(row);
         }
     }
-    println!(
-        "\n## Transfers next to a bf16 GEMM ({name}, {} SMs; GEMM alone {:.3} ms)\n",
-        gpu.sm_count(),
-        gemm_ms.median
-    );
-    println!(
-        "| transfer | path | alone GB/s (range) | / memcpy | next to GEMM GB/s (range) | / memcpy next to GEMM | GEMM slowed (range) |"
-    );
-    println!("|---|---|---:|---:|---:|---:|---:|");
-    for r in &rows {
-        println!(
-            "| {} | {} | {:.2} ({:.2}-{:.2}) | {:.3} | {:.2} ({:.2}-{:.2}){} | {:.3} | {:+.1}% ({:+.1} to {:+.1}) |",
-            r.shape,
-            r.path,
-            gbps(r.bytes, r.alone.median),
-            gbps(r.bytes, r.alone.hi),
-            gbps(r.bytes, r.alone.lo),
-            r.ceiling_alone_ms / r.alone.median,
-            gbps(r.bytes, r.next.median),
-            gbps(r.bytes, r.next.hi),
-            gbps(r.bytes, r.next.lo),
-            if r.loop_outlasted {
-                ""
-            } else {
-                " (GEMM loop ended first)"
-            },
-            r.ceiling_next_ms / r.next.median,
-            100.0 * r.slowdown.median,
-            100.0 * r.slowdown.lo,
-            100.0 * r.slowdown.hi,
-        );
-    }
+    report::print_table(&name, gpu.sm_count(), gemm_ms.median, &rows);
     Ok(())
-}
-
-fn print_row(r: &Row, burst: usize) {
-    println!(
-        "{:<70} {:<55} alone {:>7.2} GB/s ({:.3})  next {:>7.2} GB/s ({:.3})  GEMM {:+.1}%{}",
-        if burst > 1 {
-            format!("{} (burst of {burst})", r.shape)
-        } else {
-            r.shape.clone()
-        },
-        r.path,
-        gbps(r.bytes, r.alone.median),
-        r.ceiling_alone_ms / r.alone.median,
-        gbps(r.bytes, r.next.median),
-        r.ceiling_next_ms / r.next.median,
-        100.0 * r.slowdown.median,
-        if r.loop_outlasted {
-            ""
-        } else {
-            " (loop ended first)"
-        }
-    );
 }
