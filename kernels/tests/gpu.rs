@@ -771,7 +771,21 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
             runs: 5000
         }
     );
-    assert!(gpu.read(&dst).unwrap() == cpu_reference(&src_bytes, &poison, &runs));
+    let expect = cpu_reference(&src_bytes, &poison, &runs);
+    assert!(gpu.read(&dst).unwrap() == expect);
+    // The same 5000 runs on the copy engines split over streams (one per 1024 runs, rounded
+    // up: 5 streams of 1000 runs), 300 runs per call.
+    let mut dst = gpu.upload(&poison).unwrap();
+    let opts = CopyEngineOptions {
+        lanes: MAX_COPY_ENGINE_LANES,
+        runs_per_call: 300,
+        ..CopyEngineOptions::chosen(RunOrder::DstAscending)
+    };
+    // SAFETY: finish() waits before src and dst are touched or dropped.
+    let merged = unsafe { gpu.enqueue_copy_runs_dma(&src, &mut dst, &runs, opts) }.unwrap();
+    gpu.finish().unwrap();
+    assert!(merged <= 5000);
+    assert!(gpu.read(&dst).unwrap() == expect);
 }
 
 /// Sub-range reads and writes of device memory (what a pool backend's read_device and
