@@ -47,6 +47,9 @@ build() {
     cp "$(exe kvlayout_pool lib)" "$stage/pool_unit"
     cp "${CARGO_TARGET_DIR:-target}/release/gpu_bench" "$stage/gpu_bench"
     cp "$0" "$stage/gpu-check.sh"
+    # Debug info off: the staged binaries travel to the device machine (64 MiB in all).
+    command -v strip >/dev/null && strip --strip-debug "$stage"/kernels_gpu "$stage"/cuda_pools \
+        "$stage"/pool_unit "$stage"/gpu_bench
     rm -f "$json"
     ls -l "$stage"
 }
