@@ -320,3 +320,54 @@ impl PoolGeometry {
             .collect()
     }
 }
+
+/// Every fingerprint of a pool: `pool`, `storage`, and `token` per buffer (what `check` and
+/// `describe` print). Displays as `pool 0x…, storage 0x…, token kv=0x… index_k=0x…`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fingerprints {
+    /// [`PoolGeometry::fingerprint`].
+    pub pool: u64,
+    /// [`PoolGeometry::storage_fingerprint`].
+    pub storage: u64,
+    /// [`PoolGeometry::token_fingerprints`]: buffer name and its token fingerprint.
+    pub token: Vec<(String, u64)>,
+}
+
+impl PoolGeometry {
+    /// All fingerprints of this pool.
+    pub fn fingerprints(&self) -> Result<Fingerprints, LayoutError> {
+        Ok(Fingerprints {
+            pool: self.fingerprint()?,
+            storage: self.storage_fingerprint()?,
+            token: self
+                .token_fingerprints()
+                .into_iter()
+                .map(|(n, f)| (n.to_string(), f))
+                .collect(),
+        })
+    }
+}
+
+impl Fingerprints {
+    /// The token fingerprints as `kv=0x… index_k=0x…`.
+    pub fn token_text(&self) -> String {
+        let parts: Vec<String> = self
+            .token
+            .iter()
+            .map(|(n, f)| format!("{n}={f:#018x}"))
+            .collect();
+        parts.join(" ")
+    }
+}
+
+impl std::fmt::Display for Fingerprints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pool {:#018x}, storage {:#018x}, token {}",
+            self.pool,
+            self.storage,
+            self.token_text()
+        )
+    }
+}
