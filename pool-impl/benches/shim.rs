@@ -73,7 +73,7 @@ fn one_page(c: &mut Criterion, label: &str, name: &'static str, layout: TokenLay
     let fill: Vec<u8> = (0..cache.device().memory().len())
         .map(|i| (i % 251) as u8 + 1)
         .collect();
-    cache.device_mut().write_bytes(0, &fill).expect("fill");
+    cache.device_writer().write_bytes(0, &fill).expect("fill");
     let all: Vec<PagePair> = (0..pages).map(|p| PagePair::new(p, p)).collect();
     cache.backup(&all).expect("warm backup");
     let hot = PagePair::new(3, 5);

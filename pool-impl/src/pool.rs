@@ -9,61 +9,10 @@
 //!
 //! [`TokenLayout::offset_bytes`]: kvlayout_core::TokenLayout::offset_bytes
 
-use kvlayout_core::{GeometryError, LayoutError, MemoryLayout, PoolGeometry, layout_error};
+use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, layout_error};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory};
-
-/// An error building or accessing a pool.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PoolError {
-    /// The geometry breaks a rule, or an index is out of range (the message names the field
-    /// and both values).
-    #[error("geometry: {0}")]
-    Geometry(#[from] GeometryError),
-    /// A device pool must be `layer_first`.
-    #[error("device pool memory_layout: expected layer_first, got {got}")]
-    DeviceLayout {
-        /// The layout asked for.
-        got: MemoryLayout,
-    },
-    /// A device page is claimed by a transfer in flight ([`crate::ConcurrentHiCache`]): retry
-    /// once the transfer ends.
-    #[error("device page {page} is in use by a transfer (retry when it ends)")]
-    PageBusy {
-        /// The device page.
-        page: u64,
-    },
-    /// The geometry's pool fingerprint cannot be computed.
-    #[error("fingerprint: {0}")]
-    Fingerprint(LayoutError),
-    /// `write_token` got the wrong number of sections, or a section of the wrong length.
-    #[error("{buffer}.{field}: expected {expected}, got {got}")]
-    TokenShape {
-        /// Buffer name.
-        buffer: String,
-        /// `sections` or `sections[i] (name) bytes`.
-        field: String,
-        /// What the layout says.
-        expected: u64,
-        /// What was passed.
-        got: u64,
-    },
-    /// A byte range that does not fit the page.
-    #[error("{buffer}: bytes [{start_bytes}, {end_bytes}) outside the {page_bytes}-byte page")]
-    PageRange {
-        /// Buffer name.
-        buffer: String,
-        /// First byte inside the page.
-        start_bytes: u64,
-        /// One past the last byte.
-        end_bytes: u64,
-        /// Page payload bytes.
-        page_bytes: u64,
-    },
-    /// The memory backend refused.
-    #[error("backend: {0}")]
-    Backend(#[from] BackendError),
-}
+pub use crate::error::PoolError;
 
 /// What device and host pools share: geometry, fingerprint, byte access, and token / page
 /// accessors that place bytes by the geometry (the Rust counterpart of SGLang's
@@ -309,6 +258,66 @@ fn page_ranges(
     }
     out.sort_unstable();
     Ok(out)
+}
+
+/// Write access to the bytes of one paired pool ([`crate::HiCache::device_writer`],
+/// [`crate::HiCache::host_writer`]): raw bytes, canonical pages and tokens, placed by the
+/// pool's geometry. It holds the pool but never hands it out, so the pool cannot be replaced
+/// or resized through it.
+pub struct PoolWriter<'a, P: KvPool> {
+    pool: &'a mut P,
+}
+
+impl<'a, P: KvPool> PoolWriter<'a, P> {
+    pub(crate) fn new(pool: &'a mut P) -> Self {
+        PoolWriter { pool }
+    }
+
+    /// The pool, read only.
+    pub fn pool(&self) -> &P {
+        self.pool
+    }
+
+    /// [`KvPool::write_bytes`].
+    pub fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError> {
+        self.pool.write_bytes(offset_bytes, data)
+    }
+
+    /// [`KvPool::write_page_bytes`].
+    pub fn write_page_bytes(
+        &mut self,
+        buffer: usize,
+        layer: u64,
+        page: u64,
+        page_offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        self.pool
+            .write_page_bytes(buffer, layer, page, page_offset_bytes, data)
+    }
+
+    /// [`KvPool::write_page`].
+    pub fn write_page(
+        &mut self,
+        buffer: usize,
+        layer: u64,
+        page: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        self.pool.write_page(buffer, layer, page, data)
+    }
+
+    /// [`KvPool::write_token`].
+    pub fn write_token(
+        &mut self,
+        buffer: usize,
+        layer: u64,
+        page: u64,
+        token: u64,
+        sections: &[&[u8]],
+    ) -> Result<(), PoolError> {
+        self.pool.write_token(buffer, layer, page, token, sections)
+    }
 }
 
 fn fingerprint_of(geometry: &PoolGeometry) -> Result<u64, PoolError> {
