@@ -486,9 +486,11 @@ mod tests {
 
     /// REVIEW A1, probe 2: a same-geometry device pool with fewer pages (the fingerprint does
     /// not cover `pages`) is refused by the shim's check, naming the page counts — not by the
-    /// backend. Unchecked, device page 3 passes the page check (the routes say 4 pages) and the
-    /// backend refuses the run past the 2-page region: 2 layers x 2 pages x 8,448 B = 33,792 B;
-    /// device page 3 of layer 0 starts at 3 x 8,448 = 25,344.
+    /// backend. Unchecked, device page 3 passes the page check (the routes say 4 pages): its
+    /// layer-0 run, at 3 x 8,448 = 25,344, lands inside the 2-page region (2 layers x 2 pages x
+    /// 8,448 B = 33,792 B: on its layer 1, page 1), and only the layer-1 run, at the routes'
+    /// 4-page layer step 4 x 8,448 + 25,344 = 59,136, leaves it; the backend checks every run
+    /// before it copies, so nothing moves here — by luck of the numbers, not by a check.
     #[test]
     fn a_swapped_device_pool_with_fewer_pages_is_refused_by_the_shim() {
         let mut c = cache();
@@ -510,8 +512,8 @@ mod tests {
                 err,
                 TransferError::Backend(BackendError::OutOfRange {
                     side: "device",
-                    start_bytes: 25_344,
-                    end_bytes: 33_792,
+                    start_bytes: 59_136,
+                    end_bytes: 67_584,
                     len_bytes: 33_792,
                 })
             );
