@@ -14,11 +14,7 @@ fn index_k(layout: TokenLayout, pages: u64) -> PoolGeometry {
         page_size_tokens: 64,
         pages,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry {
-            name: "index_k".into(),
-            layers: 2,
-            layout,
-        }],
+        buffers: vec![BufferGeometry::new("index_k", 2, layout)],
     }
 }
 
@@ -183,11 +179,7 @@ fn a_fault_in_a_later_chunk_reports_every_pair_moved_before_it() {
         page_size_tokens: 64,
         pages: 70,
         memory_layout: m,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 1,
-            layout: formats::MHA_BF16_8X128,
-        }],
+        buffers: vec![BufferGeometry::new("kv", 1, formats::MHA_BF16_8X128)],
     };
     let page_bytes = 262_144usize; // 64 tokens x 4096 B
     let make = |backend: FailingCpuBackend| {
