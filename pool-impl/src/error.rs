@@ -76,15 +76,12 @@ pub enum PairError {
 /// A refused transfer moved no byte.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TransferError {
-    /// The pools' fingerprints differ.
-    #[error("fingerprint: device {device:#018x}, host {host:#018x}")]
-    Fingerprint {
-        /// Device pool fingerprint.
-        device: u64,
-        /// Host pool fingerprint.
-        host: u64,
-    },
-    /// A compared geometry field differs (`page_size_tokens`, `index_k.bytes_per_token`, ...).
+    /// The geometries differ (the inspection path re-runs the pairing's comparison): every
+    /// differing field, `field: device value, host value`.
+    #[error("geometries differ:\n{0}")]
+    Mismatch(Mismatch),
+    /// A field differs between the sides (`mode` of a cache to share, a buffer missing on the
+    /// host, `{buffer}.layers`).
     #[error("{field}: device {device}, host {host}")]
     Field {
         /// Field path.
@@ -93,6 +90,14 @@ pub enum TransferError {
         device: String,
         /// Host value.
         host: String,
+    },
+    /// A request these pools cannot serve yet, naming the geometry field that prevents it.
+    #[error("{field}: {reason}")]
+    Unsupported {
+        /// The field (`kv.layer_ids`).
+        field: String,
+        /// Why, and what works instead.
+        reason: &'static str,
     },
     /// The layer asked for is past every buffer's layer count.
     #[error("layer {layer} out of range (the deepest buffer has {layers} layers)")]

@@ -83,12 +83,6 @@ impl<B: Backend> HiCache<B> {
     /// page count and region length recorded for the per-transfer checks.
     pub fn pair(device: DevicePool<B>, host: HostPool<B>) -> Result<Self, PairError> {
         compare(device.geometry(), host.geometry()).map_err(PairError::Mismatch)?;
-        if device.fingerprint() != host.fingerprint() {
-            return Err(PairError::Route(TransferError::Fingerprint {
-                device: device.fingerprint(),
-                host: host.fingerprint(),
-            }));
-        }
         let routes = Routes::new(
             (device.geometry(), facts_of(&device)),
             (host.geometry(), facts_of(&host)),
@@ -183,12 +177,10 @@ impl<B: Backend> HiCache<B> {
         (
             Side {
                 geometry: self.device.geometry(),
-                fingerprint: self.device.fingerprint(),
                 len_bytes: self.device.len_bytes(),
             },
             Side {
                 geometry: self.host.geometry(),
-                fingerprint: self.host.fingerprint(),
                 len_bytes: self.host.len_bytes(),
             },
         )

@@ -94,7 +94,8 @@ pub trait KvPool {
         Ok(())
     }
 
-    /// The canonical page payload (`page_size_tokens * bytes_per_token` bytes).
+    /// The canonical page payload (the buffer's page size in tokens x bytes per token; a
+    /// `state` buffer's page is one slot).
     fn read_page(&self, buffer: usize, layer: u64, page: u64) -> Result<Vec<u8>, PoolError> {
         let g = self.geometry().page_geometry(buffer)?;
         let mut out = vec![0u8; g.page_payload_bytes as usize];
@@ -134,7 +135,7 @@ pub trait KvPool {
         let geom = self.geometry();
         let buf = geom.buffer(buffer)?;
         let layout = &buf.layout;
-        let t = geom.page_size_tokens;
+        let t = geom.buffer_page_size_tokens(buffer)?;
         let err = |e| PoolError::Geometry(layout_error(buffer, buf, e));
         let mut out = Vec::with_capacity(layout.sections().len());
         for s in 0..layout.sections().len() {
@@ -169,7 +170,7 @@ pub trait KvPool {
     ) -> Result<(), PoolError> {
         let buf = self.geometry().buffer(buffer)?.clone();
         let layout = &buf.layout;
-        let t = self.geometry().page_size_tokens;
+        let t = self.geometry().buffer_page_size_tokens(buffer)?;
         let err = |e| PoolError::Geometry(layout_error(buffer, &buf, e));
         if sections.len() != layout.sections().len() {
             return Err(PoolError::TokenShape {

@@ -16,7 +16,7 @@ use kvlayout_core::{GeometryError, PoolGeometry};
 
 use crate::backend::{BackendError, check_range};
 use crate::plan::{CopyRun, Direction, Layers, PagePair};
-use crate::shim::TransferError;
+use crate::shim::{self, TransferError};
 
 /// `base + page * page_step + layer * layer_step`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +116,9 @@ pub(crate) struct Routes {
     pub host: PoolFacts,
     /// Largest layer count of any buffer.
     pub deepest_layers: u64,
+    /// `{buffer}.layer_ids` of the first buffer giving model layer ids (either side): one-layer
+    /// transfers are refused on such pools (see [`Routes::check_layer`]).
+    layer_ids_field: Option<String>,
     buffers: Vec<BufferRoute>,
 }
 
@@ -209,12 +212,37 @@ impl Routes {
                 host_end_bytes: host_end,
             });
         }
+        let layer_ids_field = dg
+            .buffers
+            .iter()
+            .chain(&hg.buffers)
+            .find(|b| b.layer_ids.is_some())
+            .map(|b| format!("{}.layer_ids", b.name()));
         Ok(Routes {
             device,
             host,
+            layer_ids_field,
             deepest_layers: dg.buffers.iter().map(|b| b.layers).max().unwrap_or(0),
             buffers,
         })
+    }
+
+    /// The layer asked for exists in some buffer. A one-layer transfer names a buffer-local
+    /// layer index (layer `l` of every buffer with more than `l` layers); where a buffer gives
+    /// `layer_ids` (v2: the model layers it serves) a layer means a model layer, which the
+    /// routes do not map yet, so one-layer transfers are refused naming the field (all-layer
+    /// transfers are served).
+    #[inline]
+    pub fn check_layer(&self, layers: Layers) -> Result<(), TransferError> {
+        if let (Layers::One(_), Some(field)) = (layers, &self.layer_ids_field) {
+            return Err(TransferError::Unsupported {
+                field: field.clone(),
+                reason: "a one-layer transfer on buffers with model layer ids is not \
+                         supported yet (its layer would be a buffer-local index); transfer \
+                         all layers",
+            });
+        }
+        shim::check_layer(layers, self.deepest_layers)
     }
 
     /// Runs one pair contributes for `layers` (every buffer holding the layer, each of its
@@ -435,12 +463,10 @@ mod tests {
                 };
                 let d = Side {
                     geometry: &dg,
-                    fingerprint: r.device.fingerprint,
                     len_bytes: r.device.len_bytes,
                 };
                 let h = Side {
                     geometry: &hg,
-                    fingerprint: r.host.fingerprint,
                     len_bytes: r.host.len_bytes,
                 };
                 let plan = shim::checked_plan(direction, d, h, layers, pairs).unwrap();

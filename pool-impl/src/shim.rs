@@ -32,7 +32,7 @@
 //! check. With a host sized by the fp8 formula (8448 B/page) and a bf16 device (16384 B/page) it
 //! truncates and misaddresses — the seed bug, reproduced.
 
-use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, arrangement_text};
+use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, compare};
 
 pub use crate::error::{PoolFact, TransferError};
 
@@ -48,13 +48,11 @@ pub const CHECKS_COMPILED: bool = !cfg!(feature = "unchecked");
 pub struct Side<'a> {
     /// Its geometry.
     pub geometry: &'a PoolGeometry,
-    /// Its fingerprint (computed when the pool was built).
-    pub fingerprint: u64,
     /// Length of its region.
     pub len_bytes: u64,
 }
 
-fn field(field: String, device: impl ToString, host: impl ToString) -> TransferError {
+fn field(field: String, device: &str, host: &str) -> TransferError {
     TransferError::Field {
         field,
         device: device.to_string(),
@@ -62,63 +60,12 @@ fn field(field: String, device: impl ToString, host: impl ToString) -> TransferE
     }
 }
 
-/// The geometry checks of every transfer: fingerprint, page size, buffer set, and per buffer
-/// layers, arrangement, bytes per token and page stride.
-pub fn check_geometry(device: Side<'_>, host: Side<'_>) -> Result<(), TransferError> {
-    if device.fingerprint != host.fingerprint {
-        return Err(TransferError::Fingerprint {
-            device: device.fingerprint,
-            host: host.fingerprint,
-        });
-    }
-    let (d, h) = (device.geometry, host.geometry);
-    if d.page_size_tokens != h.page_size_tokens {
-        return Err(field(
-            "page_size_tokens".into(),
-            d.page_size_tokens,
-            h.page_size_tokens,
-        ));
-    }
-    if d.buffers.len() != h.buffers.len() {
-        return Err(field(
-            "buffers.count".into(),
-            d.buffers.len(),
-            h.buffers.len(),
-        ));
-    }
-    for (bi, db) in d.buffers.iter().enumerate() {
-        let n = db.name();
-        let Some(hi) = h.buffer_index(n) else {
-            return Err(field(n.to_string(), "present", "missing"));
-        };
-        let hb = &h.buffers[hi];
-        if db.layers != hb.layers {
-            return Err(field(format!("{n}.layers"), db.layers, hb.layers));
-        }
-        if db.layout.arrangement != hb.layout.arrangement {
-            return Err(field(
-                format!("{n}.arrangement"),
-                arrangement_text(&db.layout),
-                arrangement_text(&hb.layout),
-            ));
-        }
-        let (dg, hg) = (d.page_geometry(bi)?, h.page_geometry(hi)?);
-        if dg.bytes_per_token != hg.bytes_per_token {
-            return Err(field(
-                format!("{n}.bytes_per_token"),
-                dg.bytes_per_token,
-                hg.bytes_per_token,
-            ));
-        }
-        if dg.page_stride_bytes != hg.page_stride_bytes {
-            return Err(field(
-                format!("{n}.page_stride_bytes"),
-                dg.page_stride_bytes,
-                hg.page_stride_bytes,
-            ));
-        }
-    }
-    Ok(())
+/// The geometry comparison of a pairing, re-run by the inspection path: [`compare`] at level
+/// `pool` (page sizes, buffer set, per buffer layers, arrangement, page stride, sections,
+/// attention, shard, `layer_ids` when both sides give them), every differing field in
+/// [`TransferError::Mismatch`].
+pub fn check_geometry(device: &PoolGeometry, host: &PoolGeometry) -> Result<(), TransferError> {
+    compare(device, host).map_err(TransferError::Mismatch)
 }
 
 /// Pairs of a list longer than the destination pool's page count: at least one destination
@@ -501,7 +448,7 @@ pub fn checked_plan(
     layers: Layers,
     pairs: &[PagePair],
 ) -> Result<TransferPlan, TransferError> {
-    check_geometry(device, host)?;
+    check_geometry(device.geometry, host.geometry)?;
     check_pages(direction, device.geometry, host.geometry, layers, pairs)?;
     let mut p = plan(direction, device.geometry, host.geometry, layers, pairs)?;
     check_ranges(&p, device.len_bytes, host.len_bytes)?;

@@ -108,7 +108,7 @@ pub(crate) fn check_transfer(
     if CHECKS_COMPILED && (device != routes.device || host != routes.host) {
         return Err(pool_changed(routes, device, host));
     }
-    shim::check_layer(layers, routes.deepest_layers)?;
+    routes.check_layer(layers)?;
     shim::check_pair_pages(
         direction,
         routes.device.pages,

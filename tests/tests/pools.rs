@@ -4,7 +4,7 @@
 //!
 //! Every expected size is worked by hand in a comment (per-token sizes: tests/src/lib.rs).
 
-use kvlayout_core::{MemoryLayout, PoolGeometry, formats};
+use kvlayout_core::{Attention, BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_pool::shim::{self, Side};
 use kvlayout_pool::{
     DevicePool, Direction, HiCache, HostPool, KvPool, Layers, PagePair, PairError, PoolError,
@@ -315,33 +315,27 @@ fn layer_out_of_range_refused() {
 fn checked_plan_refuses_different_geometries_naming_the_field() {
     let bf16 = dsa(formats::INDEX_K_BF16, 2, 4);
     let fp8 = dsa(formats::INDEX_K_FP8, 2, 4);
-    let (fb, ff) = (bf16.fingerprint().unwrap(), fp8.fingerprint().unwrap());
-    let side = |g, fingerprint| Side {
+    let side = |g| Side {
         geometry: g,
-        fingerprint,
         len_bytes: u64::MAX,
     };
     let err = shim::checked_plan(
         Direction::Load,
-        side(&bf16, fb),
-        side(&fp8, ff),
+        side(&bf16),
+        side(&fp8),
         Layers::All,
         &[PagePair::new(0, 0)],
     )
     .unwrap_err();
-    assert_eq!(
-        err,
-        TransferError::Fingerprint {
-            device: fb,
-            host: ff
-        }
-    );
-    // Even with a forged equal fingerprint, the per-buffer check names the field and both
-    // values: 256 vs 132 bytes per token.
-    let err = shim::check_geometry(side(&bf16, fb), side(&fp8, fb)).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "index_k.bytes_per_token: device 256, host 132"
+    let TransferError::Mismatch(m) = &err else {
+        panic!("{err}")
+    };
+    // bf16 128 x 2 = 256 B/token, fp8 128 + 4 = 132 B/token; pages of 64 tokens.
+    assert!(m.names("index_k.bytes_per_token"), "{err}");
+    assert!(
+        m.lines()
+            .contains(&"index_k.page_stride_bytes: 16384, 8448".to_string()),
+        "{err}"
     );
 }
 
@@ -384,4 +378,93 @@ fn typed_pools_pair_and_round_trip() {
     cache.device_writer().write_page(0, 1, 0, &vec![0xee; 16_384]).unwrap();
     cache.load(&[PagePair::new(0, 7)]).unwrap();
     assert_eq!(cache.cache().device().read_page(0, 1, 0).unwrap(), data);
+}
+
+// ---------------------------------------------------------------------------------------
+// Geometry v2 (issue 8, item 5): per-buffer page sizes, windows and state slots.
+
+/// A hybrid pool in the shape of gpt-oss (full + sliding-window layers) and Qwen3-Next (a
+/// recurrent state per request), 2 layers:
+/// - `full`: MHA bf16 8 x 128 (K and V, 2 x 8 x 128 x 2 = 4,096 B/token), the pool's 64-token
+///   pages: 64 x 4,096 = 262,144 B per page;
+/// - `swa`: the same layout, a 128-token window, its own 16-token pages: 16 x 4,096 = 65,536 B;
+/// - `state`: one slot per request (a page is one slot) holding an MLA bf16 row, 512 + 64 bf16
+///   = 1,152 B.
+///
+/// One pair of both layers: 2 x (262,144 + 65,536 + 1,152) = 657,664 B in 6 runs.
+fn hybrid(layer_ids: bool) -> PoolGeometry {
+    let mut full = BufferGeometry::new("full", 2, formats::MHA_BF16_8X128);
+    let mut swa = BufferGeometry::new("swa", 2, formats::MHA_BF16_8X128)
+        .with_page_size_tokens(16)
+        .with_attention(Attention::SlidingWindow { window_tokens: 128 });
+    if layer_ids {
+        full = full.with_layer_ids(vec![1, 3]);
+        swa = swa.with_layer_ids(vec![0, 2]);
+    }
+    let state = BufferGeometry::new("state", 2, formats::MLA_BF16).with_attention(Attention::State);
+    let mut g = geometry(&[], 2, 4);
+    g.buffers = vec![full, swa, state];
+    g
+}
+
+#[test]
+fn v2_hybrid_pool_round_trips_through_every_host_layout_but_page_head() {
+    let g = hybrid(false);
+    assert_eq!(g.stored_page_bytes(0).unwrap(), 262_144);
+    assert_eq!(g.stored_page_bytes(1).unwrap(), 65_536);
+    assert_eq!(g.stored_page_bytes(2).unwrap(), 1_152);
+    for layout in NOT_PAGE_HEAD {
+        round_trip(hybrid(false), layout);
+    }
+}
+
+#[test]
+fn v2_a_pair_moves_each_buffer_at_its_page_size_and_state_as_whole_slots() {
+    let mut device = DevicePool::new(hybrid(false)).unwrap();
+    fill(&mut device);
+    let slot = device.read_page(2, 1, 3).unwrap();
+    let host = HostPool::mirror_of(&device, 8, MemoryLayout::PageFirst).unwrap();
+    let mut cache = HiCache::pair(device, host).unwrap();
+    let done = cache.backup(&[PagePair::new(3, 6)]).unwrap();
+    assert_eq!((done.runs, done.bytes), (6, 657_664));
+    assert_eq!(cache.host().read_page(2, 1, 6).unwrap(), slot);
+    // One layer: 262,144 + 65,536 + 1,152 = 328,832 B in 3 runs.
+    let done = cache.load_layer(1, &[PagePair::new(0, 6)]).unwrap();
+    assert_eq!((done.runs, done.bytes), (3, 328_832));
+    assert_eq!(cache.device().read_page(2, 1, 0).unwrap(), slot);
+    // A state slot holds one token: token 1 of it does not exist.
+    let row = [0u8; 1_024];
+    let rope = [0u8; 128];
+    assert!(cache.write_token(2, 0, 0, 1, &[&row, &rope]).is_err());
+    cache.write_token(2, 0, 0, 0, &[&row, &rope]).unwrap();
+}
+
+#[test]
+fn v2_one_layer_transfers_are_refused_naming_layer_ids_all_layers_are_served() {
+    let mut device = DevicePool::new(hybrid(true)).unwrap();
+    fill(&mut device);
+    let host = HostPool::mirror_of(&device, 8, MemoryLayout::PageFirst).unwrap();
+    let mut cache = HiCache::pair(device, host).unwrap();
+    let before = kvlayout_tests::snapshots(&cache);
+    let err = cache.load_layer(0, &[PagePair::new(0, 0)]).unwrap_err();
+    assert!(
+        matches!(&err, TransferError::Unsupported { field, .. } if field == "full.layer_ids"),
+        "{err}"
+    );
+    assert!(kvlayout_tests::snapshots(&cache) == before);
+    assert_eq!(cache.backup(&[PagePair::new(1, 2)]).unwrap().bytes, 657_664);
+}
+
+/// `layer_ids` given on one side only are not compared (level `pool`), so the pools pair even
+/// though their fingerprints differ; transfers check each pool against its own pairing-time
+/// fingerprint, not one side against the other.
+#[test]
+fn v2_layer_ids_on_one_side_pair_and_transfer_all_layers() {
+    let device = DevicePool::new(hybrid(true)).unwrap();
+    let mut hg = hybrid(false);
+    hg.memory_layout = MemoryLayout::PageFirstDirect;
+    let host = HostPool::from_geometry(hg).unwrap();
+    assert_ne!(device.fingerprint(), host.fingerprint());
+    let mut cache = HiCache::pair(device, host).unwrap();
+    assert_eq!(cache.backup(&[PagePair::new(0, 0)]).unwrap().bytes, 657_664);
 }
