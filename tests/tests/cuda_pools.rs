@@ -395,8 +395,12 @@ fn out_of_range_refused<B: Backend>(backend: B) {
         }
     }
     // A layer past the pool's 2 layers is refused too, moving nothing.
-    assert!(cache.load_layer(2, &[PagePair::new(0, 0)]).is_err());
-    assert!(cache.backup_layer(2, &[PagePair::new(0, 0)]).is_err());
+    let layer_2 = TransferError::Layer {
+        layer: 2,
+        layers: 2,
+    };
+    assert_eq!(cache.load_layer(2, &[PagePair::new(0, 0)]), Err(layer_2.clone()));
+    assert_eq!(cache.backup_layer(2, &[PagePair::new(0, 0)]), Err(layer_2));
     assert!(snapshots(&cache) == before);
 }
 
