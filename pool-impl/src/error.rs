@@ -252,4 +252,3 @@ impl std::fmt::Display for PoolFact {
         })
     }
 }
-

@@ -305,8 +305,13 @@ impl<B: Backend> HiCache<B> {
             layers,
             pairs,
         )?;
-        run_transfer(routes, direction, layers, pairs, scratch, |runs| {
-            match direction {
+        run_transfer(
+            routes,
+            direction,
+            layers,
+            pairs,
+            scratch,
+            |runs| match direction {
                 _ if !execute => Ok(()),
                 Direction::Backup => {
                     device
@@ -317,8 +322,8 @@ impl<B: Backend> HiCache<B> {
                     host.backend()
                         .host_to_device(host.memory(), device.memory_mut(), runs)
                 }
-            }
-        })
+            },
+        )
     }
 
     fn transfer_legacy(

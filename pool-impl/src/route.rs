@@ -283,7 +283,8 @@ impl Routes {
                 let d = b.device.checked_at(last, p.device_page);
                 let h = b.host.checked_at(last, p.host_page);
                 let fits = |at: Option<u64>, end: u64, len: u64| {
-                    at.and_then(|a| a.checked_add(end)).is_some_and(|e| e <= len)
+                    at.and_then(|a| a.checked_add(end))
+                        .is_some_and(|e| e <= len)
                 };
                 if !(fits(d, b.device_end_bytes, self.device.len_bytes)
                     && fits(h, b.host_end_bytes, self.host.len_bytes))

@@ -68,7 +68,10 @@ pub fn pattern(tag: u64, b: usize, l: u64, p: u64, i: usize) -> u8 {
 
 /// The canonical page payload of (buffer `b`, layer `l`, page `p`) under pattern `tag`.
 pub fn page_pattern(tag: u64, g: &PoolGeometry, b: usize, l: u64, p: u64) -> Vec<u8> {
-    let n = g.page_geometry(b).expect("valid geometry").page_payload_bytes as usize;
+    let n = g
+        .page_geometry(b)
+        .expect("valid geometry")
+        .page_payload_bytes as usize;
     (0..n).map(|i| pattern(tag, b, l, p, i)).collect()
 }
 

@@ -399,7 +399,10 @@ fn out_of_range_refused<B: Backend>(backend: B) {
         layer: 2,
         layers: 2,
     };
-    assert_eq!(cache.load_layer(2, &[PagePair::new(0, 0)]), Err(layer_2.clone()));
+    assert_eq!(
+        cache.load_layer(2, &[PagePair::new(0, 0)]),
+        Err(layer_2.clone())
+    );
     assert_eq!(cache.backup_layer(2, &[PagePair::new(0, 0)]), Err(layer_2));
     assert!(snapshots(&cache) == before);
 }

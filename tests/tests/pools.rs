@@ -375,7 +375,10 @@ fn typed_pools_pair_and_round_trip() {
     let mut cache = TypedHiCache::pair(device, host).unwrap();
     cache.backup(&[PagePair::new(2, 7)]).unwrap();
     // Written through the pairing's handle: the host copy is overwritten on load.
-    cache.device_writer().write_page(0, 1, 0, &vec![0xee; 16_384]).unwrap();
+    cache
+        .device_writer()
+        .write_page(0, 1, 0, &vec![0xee; 16_384])
+        .unwrap();
     cache.load(&[PagePair::new(0, 7)]).unwrap();
     assert_eq!(cache.cache().device().read_page(0, 1, 0).unwrap(), data);
 }

@@ -38,24 +38,14 @@ fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
     Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
-fn read(
-    side: &'static str,
-    mem: &[u8],
-    offset: u64,
-    out: &mut [u8],
-) -> Result<(), BackendError> {
+fn read(side: &'static str, mem: &[u8], offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
     check_range(side, offset, out.len() as u64, mem.len() as u64)?;
     let start = offset as usize;
     out.copy_from_slice(&mem[start..start + out.len()]);
     Ok(())
 }
 
-fn write(
-    side: &'static str,
-    mem: &mut [u8],
-    offset: u64,
-    data: &[u8],
-) -> Result<(), BackendError> {
+fn write(side: &'static str, mem: &mut [u8], offset: u64, data: &[u8]) -> Result<(), BackendError> {
     check_range(side, offset, data.len() as u64, mem.len() as u64)?;
     let start = offset as usize;
     mem[start..start + data.len()].copy_from_slice(data);

@@ -93,7 +93,12 @@ impl Backend for FailingCpuBackend {
         CpuBackend.read_device(mem, offset, out)
     }
 
-    fn write_device(&self, mem: &mut Vec<u8>, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    fn write_device(
+        &self,
+        mem: &mut Vec<u8>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), BackendError> {
         CpuBackend.write_device(mem, offset, data)
     }
 

@@ -183,8 +183,7 @@ fn a_fault_in_a_later_chunk_reports_every_pair_moved_before_it() {
     };
     let page_bytes = 262_144usize; // 64 tokens x 4096 B
     let make = |backend: FailingCpuBackend| {
-        let mut device =
-            DevicePool::new_in(backend.clone(), g(MemoryLayout::LayerFirst)).unwrap();
+        let mut device = DevicePool::new_in(backend.clone(), g(MemoryLayout::LayerFirst)).unwrap();
         let fill: Vec<u8> = (0..70 * page_bytes).map(|i| (i % 251) as u8 + 1).collect();
         device.write_bytes(0, &fill).unwrap();
         let host = HostPool::from_geometry_in(backend, g(MemoryLayout::PageHead)).unwrap();
