@@ -3,7 +3,7 @@
 //! DESIGN-facts.md ("Model configs" and "Token layouts").
 
 use kvlayout_core::{MemoryLayout, file};
-use kvlayout_pool::model::{
+use kvlayout_models::{
     Attention, BUILTIN, IndexK, KvDtype, Model, ModelError, ModelPool, PoolOptions,
 };
 

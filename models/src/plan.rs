@@ -1,0 +1,275 @@
+//! The pool plan: model layers grouped into buffers (one per attention kind and layout), each
+//! with the layers it serves, its token (or slot) layout and its shard; then the pool geometry.
+//!
+//! Buffer names: a model whose layers are all full attention keeps v1's names (`kv`, plus
+//! `index_k` for DSA), so its geometry and fingerprint are unchanged; a hybrid names its groups
+//! `full`, `swa` (sliding window), `chunked`, and `conv` + `temporal` (linear-attention state).
+
+use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout};
+
+use crate::kv::{Built, Kv};
+use crate::layers::LayerKind;
+use crate::shard::Shard;
+use crate::state::gated_delta_net;
+use crate::{KvDtype, Model, ModelError, Options};
+
+/// What a buffer keeps per request (the geometry v2 `attention` field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferAttention {
+    /// Every token.
+    Full,
+    /// At most the last `tokens` tokens.
+    SlidingWindow {
+        /// The window.
+        tokens: u64,
+    },
+    /// At most `tokens` tokens (chunked local attention).
+    Chunk {
+        /// The chunk.
+        tokens: u64,
+    },
+    /// One fixed-size slot per request (no token axis).
+    State,
+}
+
+impl BufferAttention {
+    /// Tokens kept per request at most: `None` for full attention and state.
+    pub const fn span_tokens(self) -> Option<u64> {
+        match self {
+            BufferAttention::SlidingWindow { tokens } | BufferAttention::Chunk { tokens } => {
+                Some(tokens)
+            }
+            BufferAttention::Full | BufferAttention::State => None,
+        }
+    }
+}
+
+/// One buffer of a model's pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BufferPlan {
+    /// Buffer name.
+    pub name: String,
+    /// Format name (`dsa_mla_fp8`, `mha_bf16_8x64`, `gdn_state_f32_32x128x128`, ...).
+    pub format: String,
+    /// What it keeps per request.
+    pub attention: BufferAttention,
+    /// The model layers it serves (ascending).
+    pub layer_ids: Vec<u64>,
+    /// Token layout (for `State`: the slot's contents).
+    pub layout: TokenLayout,
+    /// The rank's part, when `--tp` was given.
+    pub shard: Option<Shard>,
+}
+
+impl BufferPlan {
+    /// Layers holding the buffer.
+    pub fn layers(&self) -> u64 {
+        self.layer_ids.len() as u64
+    }
+}
+
+fn attention_of(kind: LayerKind) -> BufferAttention {
+    match kind {
+        LayerKind::Full => BufferAttention::Full,
+        LayerKind::Sliding { window_tokens } => BufferAttention::SlidingWindow {
+            tokens: window_tokens,
+        },
+        LayerKind::Chunked { chunk_tokens } => BufferAttention::Chunk {
+            tokens: chunk_tokens,
+        },
+        LayerKind::Linear => BufferAttention::State,
+    }
+}
+
+fn push(plans: &mut Vec<BufferPlan>, name: &str, attention: BufferAttention, layer: u64, b: Built) {
+    if let Some(p) = plans
+        .iter_mut()
+        .find(|p| p.attention == attention && p.layout == b.layout && p.shard == b.shard)
+    {
+        p.layer_ids.push(layer);
+        return;
+    }
+    // A second group of the same kind (another shape) gets a numbered name.
+    let taken = plans.iter().filter(|p| p.name.starts_with(name)).count();
+    let name = if taken == 0 {
+        name.to_string()
+    } else {
+        format!("{name}_{}", taken + 1)
+    };
+    plans.push(BufferPlan {
+        name,
+        format: b.format,
+        attention,
+        layer_ids: vec![layer],
+        layout: b.layout,
+        shard: b.shard,
+    });
+}
+
+/// Groups the layers of `model` into buffers under `opts`.
+pub(crate) fn plan(
+    model: &Model,
+    kinds: &[LayerKind],
+    opts: &Options,
+) -> Result<Vec<BufferPlan>, ModelError> {
+    let c = &model.config;
+    let kv = Kv {
+        name: &model.name,
+        c,
+        tp: opts.tp,
+    };
+    let mla = c.kv_lora_rank.is_some();
+    if !mla && (model.declares_mla() || c.index_head_dim.is_some()) {
+        return Err(ModelError::field(
+            &model.name,
+            "kv_lora_rank",
+            "missing: the config declares an MLA model (DeepSeek / Kimi-K2 model_type or architectures, or an index_head_dim), whose KV cache is the compressed latent",
+        ));
+    }
+    let dsa = mla && c.index_head_dim.is_some();
+    let kv_dtype = opts
+        .kv_dtype
+        .unwrap_or(if dsa { KvDtype::Fp8 } else { KvDtype::Bf16 });
+    if opts.kv_dtype.is_none() && !dsa {
+        if let Some(d) = c
+            .model_dtype()
+            .filter(|d| !d.eq_ignore_ascii_case("bfloat16"))
+        {
+            return Err(ModelError::Unmodelled {
+                name: model.name.clone(),
+                field: if c.torch_dtype.is_some() { "torch_dtype" } else { "dtype" }.into(),
+                value: format!("\"{d}\""),
+                why: "the engines' default KV dtype is the model dtype; kvlayout models bf16 and fp8: pass --kv-dtype".into(),
+            });
+        }
+    }
+    let hybrid = kinds.iter().any(|k| *k != LayerKind::Full);
+    if mla && hybrid {
+        let i = kinds
+            .iter()
+            .position(|k| *k != LayerKind::Full)
+            .unwrap_or(0);
+        return Err(ModelError::field(
+            &model.name,
+            format!("layer_types[{i}]"),
+            format!(
+                "{} attention in an MLA model is not modelled",
+                kinds[i].key()
+            ),
+        ));
+    }
+    let mut plans = Vec::new();
+    if mla {
+        let latent = kv.mla(kv_dtype, dsa)?;
+        let index = if dsa {
+            Some(kv.index_k(opts.index_k)?)
+        } else {
+            None
+        };
+        let all: Vec<u64> = (0..c.num_hidden_layers).collect();
+        plans.push(BufferPlan {
+            name: "kv".into(),
+            format: latent.format,
+            attention: BufferAttention::Full,
+            layer_ids: all.clone(),
+            layout: latent.layout,
+            shard: latent.shard,
+        });
+        if let Some(ix) = index {
+            plans.push(BufferPlan {
+                name: "index_k".into(),
+                format: ix.format,
+                attention: BufferAttention::Full,
+                layer_ids: all,
+                layout: ix.layout,
+                shard: ix.shard,
+            });
+        }
+        return Ok(plans);
+    }
+    // Layouts are built once per kind (every layer of a kind has the same shape).
+    let full = kinds
+        .contains(&LayerKind::Full)
+        .then(|| kv.gqa(kv_dtype, true))
+        .transpose()?;
+    let local = kinds
+        .iter()
+        .any(|k| matches!(k, LayerKind::Sliding { .. } | LayerKind::Chunked { .. }))
+        .then(|| kv.gqa(kv_dtype, false))
+        .transpose()?;
+    let state = kinds
+        .contains(&LayerKind::Linear)
+        .then(|| gated_delta_net(&kv, opts.state_dtype))
+        .transpose()?;
+    for (i, &kind) in kinds.iter().enumerate() {
+        let layer = i as u64;
+        let attention = attention_of(kind);
+        let (name, built) = match kind {
+            LayerKind::Full if !hybrid => ("kv", full.as_ref()),
+            LayerKind::Full => ("full", full.as_ref()),
+            LayerKind::Sliding { .. } => ("swa", local.as_ref()),
+            LayerKind::Chunked { .. } => ("chunked", local.as_ref()),
+            LayerKind::Linear => {
+                let (conv, temporal) = state.as_ref().expect("built above for linear layers");
+                push(&mut plans, "conv", attention, layer, clone(conv));
+                push(&mut plans, "temporal", attention, layer, clone(temporal));
+                continue;
+            }
+        };
+        let built = built.expect("built above for this kind");
+        push(&mut plans, name, attention, layer, clone(built));
+    }
+    Ok(plans)
+}
+
+fn clone(b: &Built) -> Built {
+    Built {
+        format: b.format.clone(),
+        layout: b.layout.clone(),
+        shard: b.shard,
+    }
+}
+
+/// The geometry of `plans`; a buffer that needs a geometry v2 field (a window, a chunk, a
+/// state slot, a shard) is refused naming the field until layout-core carries v2.
+pub(crate) fn geometry(
+    name: &str,
+    title: String,
+    plans: &[BufferPlan],
+    opts: &Options,
+) -> Result<PoolGeometry, ModelError> {
+    let mut buffers = Vec::with_capacity(plans.len());
+    for p in plans {
+        let needs = match (p.attention, p.shard) {
+            (BufferAttention::SlidingWindow { .. }, _) => Some("attention (sliding_window_tokens)"),
+            (BufferAttention::Chunk { .. }, _) => Some("attention (chunk_tokens)"),
+            (BufferAttention::State, _) => Some("attention (state)"),
+            (_, Some(_)) => Some("shard"),
+            _ => None,
+        };
+        if let Some(field) = needs {
+            return Err(ModelError::field(
+                name,
+                format!("buffer {}", p.name),
+                format!("needs the geometry v2 field {field}, which this build cannot write yet"),
+            ));
+        }
+        buffers.push(BufferGeometry {
+            name: p.name.clone().into(),
+            layers: p.layers(),
+            layout: p.layout.clone(),
+        });
+    }
+    let geometry = PoolGeometry {
+        name: title,
+        page_size_tokens: opts.page_size_tokens,
+        pages: opts.pages,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers,
+    };
+    geometry.validate().map_err(|source| ModelError::Geometry {
+        name: name.to_string(),
+        source,
+    })?;
+    Ok(geometry)
+}

@@ -1,0 +1,92 @@
+//! `kvlayout describe --totals` (DESIGN.md contract): one JSON object for the pool of one rank.
+//!
+//! - `full_bytes_per_token`: sum over full-attention buffers of bytes per token x layers;
+//! - `window_bytes_per_request_max`: sum over sliding / chunked buffers of bytes per token x
+//!   layers x window (or chunk) tokens, no page rounding;
+//! - `state_bytes_per_request`: sum over state buffers of slot bytes x layers;
+//! - `layers_by_attention`: model layers per kind (`full`, `sliding`, `chunked`, `linear`).
+
+use serde::Serialize;
+
+use crate::ModelError;
+use crate::layers::LayerKind;
+use crate::plan::{BufferAttention, BufferPlan};
+
+/// Model layers per attention kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LayersByAttention {
+    /// Full attention.
+    pub full: u64,
+    /// Sliding window.
+    pub sliding: u64,
+    /// Chunked local attention.
+    pub chunked: u64,
+    /// Linear attention (recurrent state).
+    pub linear: u64,
+}
+
+/// The `--totals` object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Model name (built-in name or the path given).
+    pub model: String,
+    /// Bytes per token of all full-attention layers.
+    pub full_bytes_per_token: u64,
+    /// Bytes one request holds at most in windowed / chunked layers.
+    pub window_bytes_per_request_max: u64,
+    /// Bytes of recurrent state per request.
+    pub state_bytes_per_request: u64,
+    /// Model layers per kind.
+    pub layers_by_attention: LayersByAttention,
+}
+
+fn overflow(model: &str, what: &str) -> ModelError {
+    ModelError::field(model, what, "overflow summing the pool's bytes")
+}
+
+/// Totals of `plans` over the model's `kinds`.
+pub(crate) fn totals(
+    model: &str,
+    kinds: &[LayerKind],
+    plans: &[BufferPlan],
+) -> Result<Totals, ModelError> {
+    let mut t = Totals {
+        model: model.to_string(),
+        full_bytes_per_token: 0,
+        window_bytes_per_request_max: 0,
+        state_bytes_per_request: 0,
+        layers_by_attention: LayersByAttention::default(),
+    };
+    for p in plans {
+        let per = p
+            .layout
+            .bytes_per_token()
+            .map_err(|e| ModelError::field(model, format!("buffer {}", p.name), e.message()))?;
+        let all_layers = per
+            .checked_mul(p.layers())
+            .ok_or_else(|| overflow(model, &p.name))?;
+        let (sum, add) = match p.attention {
+            BufferAttention::Full => (&mut t.full_bytes_per_token, all_layers),
+            BufferAttention::State => (&mut t.state_bytes_per_request, all_layers),
+            a => (
+                &mut t.window_bytes_per_request_max,
+                all_layers
+                    .checked_mul(a.span_tokens().unwrap_or(0))
+                    .ok_or_else(|| overflow(model, &p.name))?,
+            ),
+        };
+        *sum = sum
+            .checked_add(add)
+            .ok_or_else(|| overflow(model, &p.name))?;
+    }
+    for k in kinds {
+        let n = &mut t.layers_by_attention;
+        *match k {
+            LayerKind::Full => &mut n.full,
+            LayerKind::Sliding { .. } => &mut n.sliding,
+            LayerKind::Chunked { .. } => &mut n.chunked,
+            LayerKind::Linear => &mut n.linear,
+        } += 1;
+    }
+    Ok(t)
+}
