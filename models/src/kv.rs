@@ -35,6 +35,7 @@ pub(crate) fn section(
             target,
             block_elems,
         }),
+        order: None,
     }
 }
 

@@ -39,8 +39,9 @@ use kvlayout_core::{Dtype, GeometryError, PoolGeometry};
 pub use builtin::BUILTIN;
 pub use config::ModelConfig;
 pub use error::ModelError;
+pub use kvlayout_core::Attention as BufferAttention;
 pub use layers::LayerKind;
-pub use plan::{BufferAttention, BufferPlan};
+pub use plan::BufferPlan;
 pub use shard::{Shard, Tp};
 pub use source::{MAX_CONFIG_BYTES, ModelSource};
 pub use totals::{LayersByAttention, Totals};
@@ -286,11 +287,13 @@ pub fn summary(
                 GeometryError::new(format!("buffer {}", b.name), e.message())
             };
             let per = b.layout.bytes_per_token().map_err(err)?;
-            let stride = match b.attention {
-                // A state slot is one row.
-                BufferAttention::State => b.layout.page_stride_bytes(1).map_err(err)?,
-                _ => b.layout.page_stride_bytes(page_size_tokens).map_err(err)?,
+            // A state slot is one row (kvlayout-core: a state page is one slot).
+            let page = if b.attention == BufferAttention::State {
+                1
+            } else {
+                page_size_tokens
             };
+            let stride = b.layout.page_stride_bytes(page).map_err(err)?;
             Ok(BufferSummary {
                 name: b.name.clone(),
                 format: b.format.clone(),

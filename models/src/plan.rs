@@ -5,44 +5,13 @@
 //! `index_k` for DSA), so its geometry and fingerprint are unchanged; a hybrid names its groups
 //! `full`, `swa` (sliding window), `chunked`, and `conv` + `temporal` (linear-attention state).
 
-use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout};
+use kvlayout_core::{Attention, BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout};
 
 use crate::kv::{Built, Kv};
 use crate::layers::LayerKind;
 use crate::shard::Shard;
 use crate::state::gated_delta_net;
 use crate::{KvDtype, Model, ModelError, Options};
-
-/// What a buffer keeps per request (the geometry v2 `attention` field).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BufferAttention {
-    /// Every token.
-    Full,
-    /// At most the last `tokens` tokens.
-    SlidingWindow {
-        /// The window.
-        tokens: u64,
-    },
-    /// At most `tokens` tokens (chunked local attention).
-    Chunk {
-        /// The chunk.
-        tokens: u64,
-    },
-    /// One fixed-size slot per request (no token axis).
-    State,
-}
-
-impl BufferAttention {
-    /// Tokens kept per request at most: `None` for full attention and state.
-    pub const fn span_tokens(self) -> Option<u64> {
-        match self {
-            BufferAttention::SlidingWindow { tokens } | BufferAttention::Chunk { tokens } => {
-                Some(tokens)
-            }
-            BufferAttention::Full | BufferAttention::State => None,
-        }
-    }
-}
 
 /// One buffer of a model's pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,7 +21,7 @@ pub struct BufferPlan {
     /// Format name (`dsa_mla_fp8`, `mha_bf16_8x64`, `gdn_state_f32_32x128x128`, ...).
     pub format: String,
     /// What it keeps per request.
-    pub attention: BufferAttention,
+    pub attention: Attention,
     /// The model layers it serves (ascending).
     pub layer_ids: Vec<u64>,
     /// Token layout (for `State`: the slot's contents).
@@ -68,20 +37,16 @@ impl BufferPlan {
     }
 }
 
-fn attention_of(kind: LayerKind) -> BufferAttention {
+fn attention_of(kind: LayerKind) -> Attention {
     match kind {
-        LayerKind::Full => BufferAttention::Full,
-        LayerKind::Sliding { window_tokens } => BufferAttention::SlidingWindow {
-            tokens: window_tokens,
-        },
-        LayerKind::Chunked { chunk_tokens } => BufferAttention::Chunk {
-            tokens: chunk_tokens,
-        },
-        LayerKind::Linear => BufferAttention::State,
+        LayerKind::Full => Attention::Full,
+        LayerKind::Sliding { window_tokens } => Attention::SlidingWindow { window_tokens },
+        LayerKind::Chunked { chunk_tokens } => Attention::Chunked { chunk_tokens },
+        LayerKind::Linear => Attention::State,
     }
 }
 
-fn push(plans: &mut Vec<BufferPlan>, name: &str, attention: BufferAttention, layer: u64, b: Built) {
+fn push(plans: &mut Vec<BufferPlan>, name: &str, attention: Attention, layer: u64, b: Built) {
     if let Some(p) = plans
         .iter_mut()
         .find(|p| p.attention == attention && p.layout == b.layout && p.shard == b.shard)
@@ -170,7 +135,7 @@ pub(crate) fn plan(
         plans.push(BufferPlan {
             name: "kv".into(),
             format: latent.format,
-            attention: BufferAttention::Full,
+            attention: Attention::Full,
             layer_ids: all.clone(),
             layout: latent.layout,
             shard: latent.shard,
@@ -179,7 +144,7 @@ pub(crate) fn plan(
             plans.push(BufferPlan {
                 name: "index_k".into(),
                 format: ix.format,
-                attention: BufferAttention::Full,
+                attention: Attention::Full,
                 layer_ids: all,
                 layout: ix.layout,
                 shard: ix.shard,
@@ -230,35 +195,33 @@ fn clone(b: &Built) -> Built {
     }
 }
 
-/// The geometry of `plans`; a buffer that needs a geometry v2 field (a window, a chunk, a
-/// state slot, a shard) is refused naming the field until layout-core carries v2.
+/// The geometry of `plans`: v1 fields only for a model whose layers are all full attention
+/// and no `--tp` (the same file and fingerprint as before v2); otherwise each buffer carries
+/// its `attention`, `layer_ids` and `shard` (`kvlayout.geometry/v2`).
 pub(crate) fn geometry(
     name: &str,
     title: String,
     plans: &[BufferPlan],
     opts: &Options,
 ) -> Result<PoolGeometry, ModelError> {
+    let hybrid = plans.iter().any(|p| p.attention != Attention::Full);
     let mut buffers = Vec::with_capacity(plans.len());
     for p in plans {
-        let needs = match (p.attention, p.shard) {
-            (BufferAttention::SlidingWindow { .. }, _) => Some("attention (sliding_window_tokens)"),
-            (BufferAttention::Chunk { .. }, _) => Some("attention (chunk_tokens)"),
-            (BufferAttention::State, _) => Some("attention (state)"),
-            (_, Some(_)) => Some("shard"),
-            _ => None,
-        };
-        if let Some(field) = needs {
-            return Err(ModelError::field(
-                name,
-                format!("buffer {}", p.name),
-                format!("needs the geometry v2 field {field}, which this build cannot write yet"),
-            ));
+        let mut b = BufferGeometry::new(p.name.clone(), p.layers(), p.layout.clone())
+            .with_attention(p.attention);
+        if hybrid {
+            let ids = p
+                .layer_ids
+                .iter()
+                .map(|&i| u32::try_from(i))
+                .collect::<Result<Vec<u32>, _>>()
+                .map_err(|_| ModelError::field(name, "num_hidden_layers", "a layer id over u32"))?;
+            b = b.with_layer_ids(ids);
         }
-        buffers.push(BufferGeometry {
-            name: p.name.clone().into(),
-            layers: p.layers(),
-            layout: p.layout.clone(),
-        });
+        if let Some(s) = p.shard {
+            b = b.with_shard(s.geometry());
+        }
+        buffers.push(b);
     }
     let geometry = PoolGeometry {
         name: title,

@@ -102,6 +102,25 @@ pub fn split_heads(name: &str, field: &str, total: u64, tp: Tp) -> Result<Shard,
     }
 }
 
+impl Shard {
+    /// The geometry v2 `shard`. Heads replicated over ranks (`heads_total < tp size`) are
+    /// written as the engine holds them: `heads_total` counts every rank's copy
+    /// (`heads_total x replicas` = tp size, one head per rank; vLLM's QKVParallelLinear
+    /// likewise sizes its KV output as `num_kv_heads x num_kv_head_replicas`), and rank `r`'s
+    /// head is model head `r / replicas`.
+    pub const fn geometry(self) -> kvlayout_core::Shard {
+        match self {
+            Shard::Heads {
+                tp,
+                heads_total,
+                replicas,
+                ..
+            } => kvlayout_core::Shard::heads(tp.size, tp.rank, heads_total * replicas),
+            Shard::Replicated { tp } => kvlayout_core::Shard::replicated(tp.size, tp.rank),
+        }
+    }
+}
+
 /// Heads that must split evenly (no replication): query heads, linear-attention heads.
 pub fn divide_evenly(name: &str, field: &str, total: u64, tp: Tp) -> Result<u64, ModelError> {
     if total % tp.size != 0 {

@@ -10,7 +10,9 @@ use serde::Serialize;
 
 use crate::ModelError;
 use crate::layers::LayerKind;
-use crate::plan::{BufferAttention, BufferPlan};
+use kvlayout_core::Attention;
+
+use crate::plan::BufferPlan;
 
 /// Model layers per attention kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -66,12 +68,12 @@ pub(crate) fn totals(
             .checked_mul(p.layers())
             .ok_or_else(|| overflow(model, &p.name))?;
         let (sum, add) = match p.attention {
-            BufferAttention::Full => (&mut t.full_bytes_per_token, all_layers),
-            BufferAttention::State => (&mut t.state_bytes_per_request, all_layers),
+            Attention::Full => (&mut t.full_bytes_per_token, all_layers),
+            Attention::State => (&mut t.state_bytes_per_request, all_layers),
             a => (
                 &mut t.window_bytes_per_request_max,
                 all_layers
-                    .checked_mul(a.span_tokens().unwrap_or(0))
+                    .checked_mul(a.tokens())
                     .ok_or_else(|| overflow(model, &p.name))?,
             ),
         };

@@ -148,8 +148,8 @@ pub fn index_k_for(model: &Model, arg: Option<IndexKArg>) -> IndexK {
 fn attention_text(a: BufferAttention) -> String {
     match a {
         BufferAttention::Full => "full".into(),
-        BufferAttention::SlidingWindow { tokens } => format!("window {tokens}"),
-        BufferAttention::Chunk { tokens } => format!("chunk {tokens}"),
+        BufferAttention::SlidingWindow { window_tokens } => format!("window {window_tokens}"),
+        BufferAttention::Chunked { chunk_tokens } => format!("chunk {chunk_tokens}"),
         BufferAttention::State => "state".into(),
     }
 }
@@ -330,9 +330,8 @@ pub fn run(args: &DescribeArgs) -> u8 {
     let windowed: Vec<String> = rows
         .iter()
         .filter_map(|r| {
-            r.attention
-                .span_tokens()
-                .map(|w| format!("{} x {} x {w}", r.layers, r.bytes_per_token))
+            let w = r.attention.tokens();
+            (w > 0).then(|| format!("{} x {} x {w}", r.layers, r.bytes_per_token))
         })
         .collect();
     if !windowed.is_empty() {

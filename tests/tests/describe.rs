@@ -235,7 +235,7 @@ fn gpt_oss_20b_full_and_window() {
         [
             (
                 "swa".to_string(),
-                BufferAttention::SlidingWindow { tokens: 128 },
+                BufferAttention::SlidingWindow { window_tokens: 128 },
                 every(0, 2, 24),
                 2 * 8 * 64 * 2
             ),
@@ -416,7 +416,9 @@ fn gemma_4_global_layers_have_their_own_heads() {
         [
             (
                 "swa".to_string(),
-                BufferAttention::SlidingWindow { tokens: 1024 },
+                BufferAttention::SlidingWindow {
+                    window_tokens: 1024
+                },
                 (0..30).filter(|i| (i + 1) % 6 != 0).collect::<Vec<u64>>(),
                 2 * 8 * 256 * 2
             ),
@@ -440,7 +442,7 @@ fn llama_4_nope_layers_are_global() {
     // layer i is NoPE (global) iff (i + 1) % 4 == 0; the 36 RoPE layers attend in chunks.
     // 8 KV heads x 128 bf16: 4,096 B/token/layer.
     let b = buffers("llama-4-scout", &Options::default());
-    assert_eq!(b[0].1, BufferAttention::Chunk { tokens: 8192 });
+    assert_eq!(b[0].1, BufferAttention::Chunked { chunk_tokens: 8192 });
     assert_eq!(b[0].2.len(), 36);
     assert_eq!(b[1].2, every(3, 4, 48));
     let t = totals_of("llama-4-scout", &Options::default());
