@@ -5,7 +5,7 @@
 //! `index_k` for DSA), so its geometry and fingerprint are unchanged; a hybrid names its groups
 //! `full`, `swa` (sliding window), `chunked`, and `conv` + `temporal` (linear-attention state).
 
-use kvlayout_core::{Attention, BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout};
+use kvlayout_core::{Attention, BufferGeometry, Dtype, MemoryLayout, PoolGeometry, TokenLayout};
 
 use crate::kv::{Built, Kv};
 use crate::layers::LayerKind;
@@ -98,7 +98,7 @@ pub(crate) fn plan(
     if opts.kv_dtype.is_none() && !dsa {
         if let Some(d) = c
             .model_dtype()
-            .filter(|d| !d.eq_ignore_ascii_case("bfloat16"))
+            .filter(|d| Dtype::from_name(d) != Some(Dtype::Bf16))
         {
             return Err(ModelError::Unmodelled {
                 name: model.name.clone(),
