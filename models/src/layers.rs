@@ -90,7 +90,7 @@ impl Ctx<'_> {
         })
     }
 
-    fn from_layer_types(
+    fn kinds_of_layer_types(
         &self,
         types: &[String],
         layers: u64,
@@ -193,7 +193,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn from_patterns(&self, layers: u64) -> Result<Option<Vec<LayerKind>>, ModelError> {
+    fn kinds_from_patterns(&self, layers: u64) -> Result<Option<Vec<LayerKind>>, ModelError> {
         let c = self.c;
         if c.full_attention_interval.is_some() {
             let full = self.every("full_attention_interval", c.full_attention_interval, layers)?;
@@ -259,7 +259,7 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
     }
     let Some(types) = c.layer_types.as_deref() else {
         return Ok(cx
-            .from_patterns(layers)?
+            .kinds_from_patterns(layers)?
             .unwrap_or_else(|| vec![LayerKind::Full; layers as usize]));
     };
     // With layer_types, a pattern field given explicitly must agree with it.
@@ -267,11 +267,11 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
         || c.attention_chunk_size.is_some()
         || (c.sliding_window_pattern.is_some() && c.sliding_window.is_some());
     let from_pattern = if explicit {
-        cx.from_patterns(layers)?
+        cx.kinds_from_patterns(layers)?
     } else {
         None
     };
-    let kinds = cx.from_layer_types(types, layers)?;
+    let kinds = cx.kinds_of_layer_types(types, layers)?;
     if let Some(pattern) = from_pattern {
         let field = if c.full_attention_interval.is_some() {
             "full_attention_interval"

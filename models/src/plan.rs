@@ -95,18 +95,18 @@ pub(crate) fn plan(
     let kv_dtype = opts
         .kv_dtype
         .unwrap_or(if dsa { KvDtype::Fp8 } else { KvDtype::Bf16 });
-    if opts.kv_dtype.is_none() && !dsa {
-        if let Some(d) = c
+    if opts.kv_dtype.is_none()
+        && !dsa
+        && let Some(d) = c
             .model_dtype()
             .filter(|d| Dtype::from_name(d) != Some(Dtype::Bf16))
-        {
-            return Err(ModelError::Unmodelled {
+    {
+        return Err(ModelError::Unmodelled {
                 name: model.name.clone(),
                 field: if c.torch_dtype.is_some() { "torch_dtype" } else { "dtype" }.into(),
                 value: format!("\"{d}\""),
                 why: "the engines' default KV dtype is the model dtype; kvlayout models bf16 and fp8: pass --kv-dtype".into(),
             });
-        }
     }
     let hybrid = kinds.iter().any(|k| *k != LayerKind::Full);
     if mla && hybrid {

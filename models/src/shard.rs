@@ -66,7 +66,7 @@ pub enum Shard {
 pub fn split_heads(name: &str, field: &str, total: u64, tp: Tp) -> Result<Shard, ModelError> {
     let n = tp.size;
     if total >= n {
-        if total % n != 0 {
+        if !total.is_multiple_of(n) {
             return Err(ModelError::field(
                 name,
                 field,
@@ -82,7 +82,7 @@ pub fn split_heads(name: &str, field: &str, total: u64, tp: Tp) -> Result<Shard,
             replicas: 1,
         })
     } else {
-        if n % total != 0 {
+        if !n.is_multiple_of(total) {
             return Err(ModelError::field(
                 name,
                 field,
@@ -123,7 +123,7 @@ impl Shard {
 
 /// Heads that must split evenly (no replication): query heads, linear-attention heads.
 pub fn divide_evenly(name: &str, field: &str, total: u64, tp: Tp) -> Result<u64, ModelError> {
-    if total % tp.size != 0 {
+    if !total.is_multiple_of(tp.size) {
         return Err(ModelError::field(
             name,
             field,
