@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::ModelError;
 
 /// The cache-relevant fields of a Hugging Face `config.json` (its `text_config` when nested);
-/// other fields are ignored, except those [`refuse_unmodelled`] names.
+/// other fields are ignored, except those [`UNMODELLED`] names (refused).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 pub struct ModelConfig {
     /// `model_type` (`deepseek_v32`, `llama`, `gemma3_text`, ...).
@@ -111,7 +111,7 @@ pub struct ModelConfig {
 
 /// Fields that change the KV cache but are not modelled, with what they change. Present with a
 /// value other than `null`, `false`, `0`, `""` or `[]`, they refuse the config.
-const UNMODELLED: &[(&str, &str)] = &[
+pub const UNMODELLED: &[(&str, &str)] = &[
     (
         "num_kv_shared_layers",
         "the last layers reuse earlier layers' KV (Gemma 3n/4 KV sharing)",

@@ -3,7 +3,7 @@
 //! Hugging Face `config.json` -> the KV pool one rank of an engine holds: every layer kind
 //! (full, sliding-window, chunked local, linear-attention state), MLA and DeepSeek sparse
 //! attention, tensor-parallel ranks. The CLI (`kvlayout describe`) and the Python package call
-//! [`describe`] and [`totals`]; errors name the config field and its value, and a field that
+//! [`describe`] and [`totals()`]; errors name the config field and its value, and a field that
 //! changes the cache but is not modelled is refused ([`ModelError::Unmodelled`]), never dropped.
 //!
 //! ```

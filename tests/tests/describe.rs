@@ -584,3 +584,33 @@ fn tp_that_does_not_divide_is_refused() {
     assert!(Tp::new(2, 2).is_err());
     assert!(Tp::new(0, 0).is_err());
 }
+
+#[test]
+fn configs_readme_points_at_files_that_exist() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs");
+    let readme = std::fs::read_to_string(format!("{dir}/README.md")).unwrap();
+    // Every built-in config is listed, and every `configs/` file the README names exists.
+    for (name, file, _) in BUILTIN {
+        assert!(
+            readme.contains(&format!("`{file}`")),
+            "README lacks {file} ({name})"
+        );
+    }
+    for word in readme.split('`') {
+        if word.ends_with(".json") && !word.contains('/') && !word.contains(' ') {
+            if word == "config.json" {
+                continue;
+            }
+            assert!(
+                std::path::Path::new(&format!("{dir}/{word}")).exists(),
+                "README names {word}, which is not in configs/"
+            );
+        }
+        if let Some(rest) = word.strip_prefix("geometry/") {
+            assert!(
+                std::path::Path::new(&format!("{dir}/geometry/{rest}")).exists(),
+                "{word}"
+            );
+        }
+    }
+}
