@@ -301,6 +301,11 @@ pub fn run(args: &DescribeArgs) -> u8 {
             thousands(r.bytes_per_token_all_layers)
         );
     }
+    if rows.iter().any(|r| r.attention == BufferAttention::State) {
+        println!(
+            "(state rows: bytes per request slot per layer, not per token; a page is one slot)"
+        );
+    }
     for b in &buffers {
         if let Some(s) = b.shard {
             println!("shard {}: {}", b.name, shard_text(s));
