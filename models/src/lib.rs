@@ -270,8 +270,8 @@ impl Model {
     /// The `--totals` object under `opts`.
     pub fn totals(&self, opts: &Options) -> Result<Totals, ModelError> {
         let kinds = self.layer_kinds()?;
-        let plans = plan::plan(self, &kinds, opts)?;
-        totals::totals(&self.name, &kinds, &plans)
+        let pool = self.pool(opts)?;
+        totals::totals(&self.name, &kinds, &pool.geometry)
     }
 }
 

@@ -10,9 +10,7 @@ use serde::Serialize;
 
 use crate::ModelError;
 use crate::layers::LayerKind;
-use kvlayout_core::Attention;
-
-use crate::plan::BufferPlan;
+use kvlayout_core::PoolGeometry;
 
 /// Model layers per attention kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -42,45 +40,24 @@ pub struct Totals {
     pub layers_by_attention: LayersByAttention,
 }
 
-fn overflow(model: &str, what: &str) -> ModelError {
-    ModelError::field(model, what, "overflow summing the pool's bytes")
-}
-
-/// Totals of `plans` over the model's `kinds`.
+/// Totals of `geometry` (layout-core's [`PoolGeometry::totals`], the one computation) with the
+/// model name and its layers per kind.
 pub(crate) fn totals(
     model: &str,
     kinds: &[LayerKind],
-    plans: &[BufferPlan],
+    geometry: &PoolGeometry,
 ) -> Result<Totals, ModelError> {
+    let bytes = geometry.totals().map_err(|source| ModelError::Geometry {
+        name: model.to_string(),
+        source,
+    })?;
     let mut t = Totals {
         model: model.to_string(),
-        full_bytes_per_token: 0,
-        window_bytes_per_request_max: 0,
-        state_bytes_per_request: 0,
+        full_bytes_per_token: bytes.full_bytes_per_token,
+        window_bytes_per_request_max: bytes.window_bytes_per_request_max,
+        state_bytes_per_request: bytes.state_bytes_per_request,
         layers_by_attention: LayersByAttention::default(),
     };
-    for p in plans {
-        let per = p
-            .layout
-            .bytes_per_token()
-            .map_err(|e| ModelError::field(model, format!("buffer {}", p.name), e.message()))?;
-        let all_layers = per
-            .checked_mul(p.layers())
-            .ok_or_else(|| overflow(model, &p.name))?;
-        let (sum, add) = match p.attention {
-            Attention::Full => (&mut t.full_bytes_per_token, all_layers),
-            Attention::State => (&mut t.state_bytes_per_request, all_layers),
-            a => (
-                &mut t.window_bytes_per_request_max,
-                all_layers
-                    .checked_mul(a.tokens())
-                    .ok_or_else(|| overflow(model, &p.name))?,
-            ),
-        };
-        *sum = sum
-            .checked_add(add)
-            .ok_or_else(|| overflow(model, &p.name))?;
-    }
     for k in kinds {
         let n = &mut t.layers_by_attention;
         *match k {
