@@ -614,3 +614,49 @@ fn configs_readme_points_at_files_that_exist() {
         }
     }
 }
+
+/// One reviewed snapshot per hybrid model (through serde): each buffer's format, what it keeps,
+/// its layers, bytes per token (state: per slot) and page stride, the totals and the pool
+/// fingerprint. The key figures are asserted by hand in the tests above.
+#[test]
+fn hybrid_geometry_snapshots() {
+    for name in [
+        "gpt-oss-20b",
+        "qwen3-coder-next",
+        "gemma-3-4b-it",
+        "gemma-4-26b-a4b",
+        "llama-4-scout",
+    ] {
+        let model = Model::builtin(name).unwrap().unwrap();
+        let opts = Options::default();
+        let pool = model.pool(&opts).unwrap();
+        let rows: Vec<serde_json::Value> = pool
+            .summary()
+            .unwrap()
+            .into_iter()
+            .zip(&pool.buffers)
+            .map(|(r, b)| {
+                serde_json::json!({
+                    "buffer": r.name,
+                    "format": r.format,
+                    "keeps": r.attention.to_string(),
+                    "layer_ids": b.layer_ids,
+                    "bytes_per_token_or_slot": r.bytes_per_token,
+                    "page_stride_bytes": r.page_stride_bytes,
+                })
+            })
+            .collect();
+        let t = model.totals(&opts).unwrap();
+        let value = serde_json::json!({
+            "model": name,
+            "buffers": rows,
+            "totals": {
+                "full_bytes_per_token": t.full_bytes_per_token,
+                "window_bytes_per_request_max": t.window_bytes_per_request_max,
+                "state_bytes_per_request": t.state_bytes_per_request,
+            },
+            "fingerprint": format!("{:#018x}", pool.geometry.fingerprint().unwrap()),
+        });
+        insta::assert_json_snapshot!(format!("describe_{name}"), value);
+    }
+}
