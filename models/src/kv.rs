@@ -1,4 +1,6 @@
-//! Per-token layouts of attention layers (DESIGN-facts.md "Token layouts"):
+//! Per-token layouts of attention layers, built by layout-core's parametric format builders
+//! (`kvlayout_core::formats::{mha, mla, dsa_mla_fp8, index_k}`, equal to the derived
+//! descriptors at the standard sizes):
 //! - GQA/MHA: sections `k` and `v` of `[kv heads on this rank, head_dim]`, K plane then V
 //!   plane in a page (`section_major`; vLLM `[blocks, 2, block, heads, dim]`), bf16 or e4m3.
 //!   `head_dim` = `hidden_size / num_attention_heads` when absent (Llama-3.1). Global
@@ -14,39 +16,10 @@
 //! - DSA (`index_head_dim`): plus buffer `index_k`, `index_k_fp8` 132 B, `index_k_bf16` 256 B
 //!   or `index_k_fp4` 68 B for `index_head_dim` 128, values then scales.
 
-use std::borrow::Cow;
-
-use kvlayout_core::{Arrangement, Dtype, ScaleOf, Section, TokenLayout, formats};
+use kvlayout_core::{Dtype, LayoutError, TokenLayout, formats};
 
 use crate::shard::{Shard, Tp, divide_evenly, split_heads};
 use crate::{IndexK, KvDtype, ModelConfig, ModelError};
-
-pub(crate) fn section(
-    name: &'static str,
-    dtype: Dtype,
-    shape: Vec<u64>,
-    scale: Option<(usize, u64)>,
-) -> Section {
-    Section {
-        name: Cow::Borrowed(name),
-        dtype,
-        shape: Cow::Owned(shape),
-        scale: scale.map(|(target, block_elems)| ScaleOf {
-            target,
-            block_elems,
-        }),
-        order: None,
-    }
-}
-
-pub(crate) fn owned_layout(arrangement: Arrangement, sections: Vec<Section>) -> TokenLayout {
-    TokenLayout {
-        arrangement,
-        sections: Cow::Owned(sections),
-        page_align_bytes: None,
-        page_stride_bytes: None,
-    }
-}
 
 /// A layout with its format name and how it is sharded.
 pub(crate) struct Built {
@@ -64,6 +37,11 @@ pub(crate) struct Kv<'a> {
 impl Kv<'_> {
     fn err(&self, field: &str, problem: impl Into<String>) -> ModelError {
         ModelError::field(self.name, field, problem)
+    }
+
+    /// A layout the builder refused, blamed on the config field that sized it.
+    fn layout_err(&self, field: &str, value: u64, e: LayoutError) -> ModelError {
+        self.err(field, format!("{value} gives an invalid layout: {e}"))
     }
 
     pub fn positive(&self, field: &str, v: Option<u64>) -> Result<u64, ModelError> {
@@ -127,22 +105,13 @@ impl Kv<'_> {
             }
             None => (heads, None),
         };
-        let (dtype, tag, konst) = match kv {
-            KvDtype::Bf16 => (Dtype::Bf16, "bf16", formats::MHA_BF16_8X128),
-            KvDtype::Fp8 => (Dtype::F8E4M3, "fp8", formats::MHA_FP8_8X128),
+        let (dtype, tag) = match kv {
+            KvDtype::Bf16 => (Dtype::Bf16, "bf16"),
+            KvDtype::Fp8 => (Dtype::F8E4M3, "fp8"),
         };
         let format = format!("mha_{tag}_{local}x{dim}");
-        let layout = if (local, dim) == (8, 128) {
-            konst
-        } else {
-            owned_layout(
-                Arrangement::SectionMajor,
-                vec![
-                    section("k", dtype, vec![local, dim], None),
-                    section("v", dtype, vec![local, dim], None),
-                ],
-            )
-        };
+        let layout =
+            formats::mha(local, dim, dtype).map_err(|e| self.layout_err(heads_field, heads, e))?;
         Ok(Built {
             format,
             layout,
@@ -156,45 +125,17 @@ impl Kv<'_> {
         let rank = self.positive("kv_lora_rank", c.kv_lora_rank)?;
         let rope = self.positive("qk_rope_head_dim", c.qk_rope_head_dim)?;
         let standard = (rank, rope) == (512, 64);
-        let (format, layout) = match (kv, dsa) {
-            (KvDtype::Bf16, _) if standard => ("mla_bf16".to_string(), formats::MLA_BF16),
-            (KvDtype::Fp8, false) if standard => ("mla_fp8".to_string(), formats::MLA_FP8),
-            (KvDtype::Fp8, true) if standard => ("dsa_mla_fp8".to_string(), formats::DSA_MLA_FP8),
-            (KvDtype::Bf16, _) | (KvDtype::Fp8, false) => {
-                let (d, tag) = match kv {
-                    KvDtype::Bf16 => (Dtype::Bf16, "bf16"),
-                    KvDtype::Fp8 => (Dtype::F8E4M3, "fp8"),
-                };
-                (
-                    format!("mla_{tag}_{rank}_{rope}"),
-                    owned_layout(
-                        Arrangement::TokenMajor,
-                        vec![
-                            section("latent", d, vec![rank], None),
-                            section("rope", d, vec![rope], None),
-                        ],
-                    ),
-                )
-            }
-            (KvDtype::Fp8, true) => {
-                if rank % 128 != 0 {
-                    return Err(self.err(
-                        "kv_lora_rank",
-                        format!("{rank} is not a multiple of the 128-element scale block"),
-                    ));
-                }
-                (
-                    format!("dsa_mla_fp8_{rank}_{rope}"),
-                    owned_layout(
-                        Arrangement::TokenMajor,
-                        vec![
-                            section("nope", Dtype::F8E4M3, vec![rank], None),
-                            section("nope_scale", Dtype::F32, vec![rank / 128], Some((0, 128))),
-                            section("rope", Dtype::Bf16, vec![rope], None),
-                        ],
-                    ),
-                )
-            }
+        let (name, built) = match (kv, dsa) {
+            (KvDtype::Bf16, _) => ("mla_bf16", formats::mla(rank, rope, Dtype::Bf16)),
+            (KvDtype::Fp8, false) => ("mla_fp8", formats::mla(rank, rope, Dtype::F8E4M3)),
+            (KvDtype::Fp8, true) => ("dsa_mla_fp8", formats::dsa_mla_fp8(rank, rope)),
+        };
+        let layout = built.map_err(|e| self.layout_err("kv_lora_rank", rank, e))?;
+        // Not the standard 512 + 64: the name says the dimensions.
+        let format = if standard {
+            name.to_string()
+        } else {
+            format!("{name}_{rank}_{rope}")
         };
         Ok(Built {
             format,
@@ -206,42 +147,28 @@ impl Kv<'_> {
     /// The DSA indexer keys (replicated under TP).
     pub fn index_k(&self, index_k: IndexK) -> Result<Built, ModelError> {
         let dim = self.positive("index_head_dim", self.c.index_head_dim)?;
-        let (name, konst, block) = match index_k {
-            IndexK::Fp8 => ("index_k_fp8", formats::INDEX_K_FP8, 128),
-            IndexK::Bf16 => ("index_k_bf16", formats::INDEX_K_BF16, 1),
-            IndexK::Fp4 => ("index_k_fp4", formats::INDEX_K_FP4, 32),
+        let (name, built) = match index_k {
+            IndexK::Fp8 => (
+                "index_k_fp8",
+                formats::index_k(Dtype::F8E4M3, dim, Some((Dtype::F32, 128))),
+            ),
+            IndexK::Bf16 => ("index_k_bf16", formats::index_k(Dtype::Bf16, dim, None)),
+            IndexK::Fp4 => (
+                "index_k_fp4",
+                formats::index_k(Dtype::F4E2M1, dim, Some((Dtype::Ue8m0, 32))),
+            ),
         };
-        let shard = self.tp.map(|tp| Shard::Replicated { tp });
-        if dim == 128 {
-            return Ok(Built {
-                format: name.into(),
-                layout: konst,
-                shard,
-            });
-        }
-        if dim % block != 0 {
-            return Err(self.err(
-                "index_head_dim",
-                format!("{dim} is not a multiple of the {block}-element scale block"),
-            ));
-        }
-        let values = |d| section("values", d, vec![dim], None);
-        let sections = match index_k {
-            IndexK::Fp8 => vec![
-                values(Dtype::F8E4M3),
-                section("scale", Dtype::F32, vec![dim / 128], Some((0, 128))),
-            ],
-            IndexK::Bf16 => vec![values(Dtype::Bf16)],
-            IndexK::Fp4 => vec![
-                values(Dtype::F4E2M1),
-                section("scale", Dtype::Ue8m0, vec![dim / 32], Some((0, 32))),
-            ],
-        };
+        let layout = built.map_err(|e| self.layout_err("index_head_dim", dim, e))?;
         // Not the built-in 128-dim format: the name says the dimension.
+        let format = if dim == 128 {
+            name.to_string()
+        } else {
+            format!("{name}_{dim}")
+        };
         Ok(Built {
-            format: format!("{name}_{dim}"),
-            layout: owned_layout(Arrangement::SectionMajor, sections),
-            shard,
+            format,
+            layout,
+            shard: self.tp.map(|tp| Shard::Replicated { tp }),
         })
     }
 }

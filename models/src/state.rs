@@ -19,9 +19,11 @@
 //! Qwen3-Coder-Next (kh 16, vh 32, dk = dv = 128, K 4), one rank: conv 2 x 16 x 128 x 3 +
 //! 32 x 128 x 3 = 24,576 bf16 = 49,152 B; temporal 32 x 128 x 128 f32 = 2,097,152 B.
 
-use kvlayout_core::{Arrangement, Dtype};
+use std::borrow::Cow;
 
-use crate::kv::{Built, Kv, owned_layout, section};
+use kvlayout_core::{Arrangement, Dtype, Section, TokenLayout, formats};
+
+use crate::kv::{Built, Kv};
 use crate::shard::{Shard, Tp, divide_evenly};
 use crate::{ModelError, StateDtype};
 
@@ -71,23 +73,33 @@ pub(crate) fn gated_delta_net(
     let v_width = ratio.checked_mul(dv).ok_or_else(|| {
         ModelError::field(kv.name, "linear_value_head_dim", format!("{dv}: overflow"))
     })?;
-    let conv = owned_layout(
-        Arrangement::TokenMajor,
-        vec![
-            section("q", Dtype::Bf16, vec![kh_local, dk, window], None),
-            section("k", Dtype::Bf16, vec![kh_local, dk, window], None),
-            section("v", Dtype::Bf16, vec![kh_local, v_width, window], None),
-        ],
-    );
-    let temporal = owned_layout(
-        Arrangement::TokenMajor,
-        vec![section(
-            "ssm",
-            temporal_dtype.dtype(),
-            vec![vh_local, dv, dk],
-            None,
-        )],
-    );
+    // Three sections rather than formats::single's one [conv_dim / N, K - 1]: the same bytes,
+    // but each section's first axis is the key-head group, so a rank's part is a head range.
+    let conv = TokenLayout {
+        arrangement: Arrangement::TokenMajor,
+        sections: Cow::Owned(vec![
+            Section::owned("q", Dtype::Bf16, vec![kh_local, dk, window]),
+            Section::owned("k", Dtype::Bf16, vec![kh_local, dk, window]),
+            Section::owned("v", Dtype::Bf16, vec![kh_local, v_width, window]),
+        ]),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    };
+    let temporal =
+        formats::single("ssm", temporal_dtype.dtype(), vec![vh_local, dv, dk]).map_err(|e| {
+            ModelError::field(
+                kv.name,
+                "linear_num_value_heads",
+                format!("gives a layout that {e}"),
+            )
+        })?;
+    conv.validate().map_err(|e| {
+        ModelError::field(
+            kv.name,
+            "linear_num_key_heads",
+            format!("gives a layout that {e}"),
+        )
+    })?;
     let heads = |total: u64, local: u64| {
         kv.tp.map(|tp| Shard::Heads {
             tp,
