@@ -38,7 +38,7 @@ fn totals_is_the_design_contract() {
     assert_eq!(v["state_bytes_per_request"], 0);
     assert_eq!(
         v["layers_by_attention"],
-        serde_json::json!({"full": 12, "sliding": 12, "chunked": 0, "linear": 0})
+        serde_json::json!({"full": 12, "sliding": 12, "chunked": 0, "linear": 0, "mamba": 0, "no_cache": 0})
     );
     // Llama-3.1-8B, one rank of two: 32 x 2 x 4 x 128 x 2 = 65,536.
     let (code, out, _) = describe(&[
@@ -103,8 +103,8 @@ fn refused_configs_exit_2_naming_the_field() {
         ),
         (
             r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
-                "hybrid_override_pattern": "M*"}"#,
-            "hybrid_override_pattern = \"M*\"",
+                "hybrid_override_pattern": "MX"}"#,
+            "hybrid_override_pattern[1]: 'X' is not a layer",
         ),
     ];
     for (i, (config, want)) in cases.into_iter().enumerate() {

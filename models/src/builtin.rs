@@ -64,6 +64,11 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         include_str!("../../configs/gemma-4-26b-a4b.json"),
     ),
     (
+        "nemotron-nano-9b-v2",
+        "nemotron-nano-9b-v2.json",
+        include_str!("../../configs/nemotron-nano-9b-v2.json"),
+    ),
+    (
         "llama-4-scout",
         "llama-4-scout.json",
         include_str!("../../configs/llama-4-scout.json"),

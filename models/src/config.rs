@@ -98,6 +98,24 @@ pub struct ModelConfig {
     /// Gated DeltaNet causal-conv kernel width.
     #[serde(default)]
     pub linear_conv_kernel_dim: Option<u64>,
+    /// Nemotron-H: one character per layer, `M` Mamba2, `*` attention, `-` MLP, `E` MoE.
+    #[serde(default)]
+    pub hybrid_override_pattern: Option<String>,
+    /// Mamba2 heads.
+    #[serde(default)]
+    pub mamba_num_heads: Option<u64>,
+    /// Mamba2 head dimension.
+    #[serde(default)]
+    pub mamba_head_dim: Option<u64>,
+    /// Mamba2 B/C groups.
+    #[serde(default)]
+    pub n_groups: Option<u64>,
+    /// Mamba2 state size per head element.
+    #[serde(default)]
+    pub ssm_state_size: Option<u64>,
+    /// Mamba2 causal-conv kernel width.
+    #[serde(default)]
+    pub conv_kernel: Option<u64>,
     /// SGLang's recurrent-state dtype field (`float32`, `bfloat16`, `float16`).
     #[serde(default)]
     pub mamba_ssm_dtype: Option<String>,
@@ -116,17 +134,12 @@ pub const UNMODELLED: &[(&str, &str)] = &[
         "num_kv_shared_layers",
         "the last layers reuse earlier layers' KV (Gemma 3n/4 KV sharing)",
     ),
-    (
-        "hybrid_override_pattern",
-        "Mamba2 / attention / MLP layer pattern (Nemotron-H)",
-    ),
     ("layers_block_type", "per-layer Mamba / attention blocks"),
     (
         "attn_layer_period",
         "attention every N layers, Mamba elsewhere (Jamba)",
     ),
     ("attn_layer_offset", "attention layer offset (Jamba)"),
-    ("ssm_state_size", "Mamba state per request"),
     ("mamba_d_state", "Mamba state per request"),
     (
         "linear_attn_config",

@@ -4,18 +4,21 @@
 //! 1. `layer_types` (one entry per layer): `full_attention`, `sliding_attention` (window
 //!    `sliding_window`), `chunked_attention` (chunk `attention_chunk_size`), `linear_attention`
 //!    (a per-request recurrent state); any other value is refused naming it.
-//! 2. `full_attention_interval` (Qwen3-Next, SGLang `configs/qwen3_next.py`
+//! 2. `hybrid_override_pattern` (Nemotron-H, vLLM `nemotron_h.py`): one character per layer,
+//!    `M` a Mamba2 mixer (state per request), `*` attention, `-` MLP and `E` MoE (no cache);
+//!    any other character is refused naming it.
+//! 3. `full_attention_interval` (Qwen3-Next, SGLang `configs/qwen3_next.py`
 //!    `layers_block_type`): layer `i` is full iff `(i + 1) % interval == 0`, else linear.
-//! 3. `attention_chunk_size` (Llama 4, transformers `Llama4TextConfig`, vLLM `llama4.py`):
+//! 4. `attention_chunk_size` (Llama 4, transformers `Llama4TextConfig`, vLLM `llama4.py`):
 //!    `no_rope_layers[i] == 1` is a RoPE layer with chunked local attention, `0` a NoPE layer
 //!    attending globally; an empty or absent list is `(i + 1) % no_rope_layer_interval != 0`
 //!    (interval 4 by default: layers 3, 7, 11, ... are global).
-//! 4. `sliding_window` (unless `use_sliding_window` is `false`): with `sliding_window_pattern`
+//! 5. `sliding_window` (unless `use_sliding_window` is `false`): with `sliding_window_pattern`
 //!    `p` (Gemma 3) layer `i` is global iff `(i + 1) % p == 0`; without it Gemma 2 alternates
 //!    (`p` = 2) and Gemma 3 uses the transformers default `p` = 6; any other model windows every
 //!    layer (Mistral-7B-v0.1). `use_sliding_window: true` with `max_window_layers` (Qwen2) is
 //!    refused.
-//! 5. Otherwise every layer is full attention.
+//! 6. Otherwise every layer is full attention.
 //!
 //! When both `layer_types` and a pattern field are given they must agree (the first layer where
 //! they differ is named).
@@ -42,6 +45,10 @@ pub enum LayerKind {
     },
     /// Linear attention (Gated DeltaNet): a fixed-size state per request, no per-token cache.
     Linear,
+    /// A Mamba2 mixer (Nemotron-H `M`): a fixed-size state per request.
+    Mamba,
+    /// No cache at all (Nemotron-H `-` MLP and `E` MoE layers).
+    NoCache,
 }
 
 impl LayerKind {
@@ -52,6 +59,8 @@ impl LayerKind {
             LayerKind::Sliding { .. } => "sliding",
             LayerKind::Chunked { .. } => "chunked",
             LayerKind::Linear => "linear",
+            LayerKind::Mamba => "mamba",
+            LayerKind::NoCache => "no_cache",
         }
     }
 }
@@ -193,8 +202,38 @@ impl Ctx<'_> {
         }
     }
 
+    fn nemotron_h(&self, pattern: &str, layers: u64) -> Result<Vec<LayerKind>, ModelError> {
+        if pattern.chars().count() as u64 != layers {
+            return Err(self.err(
+                "hybrid_override_pattern",
+                format!(
+                    "{} characters, but num_hidden_layers is {layers} (one per layer)",
+                    pattern.chars().count()
+                ),
+            ));
+        }
+        pattern
+            .chars()
+            .enumerate()
+            .map(|(i, ch)| match ch {
+                'M' => Ok(LayerKind::Mamba),
+                '*' => Ok(LayerKind::Full),
+                '-' | 'E' => Ok(LayerKind::NoCache),
+                other => Err(self.err(
+                    format!("hybrid_override_pattern[{i}]"),
+                    format!(
+                        "'{other}' is not a layer kvlayout models (M Mamba2, * attention, - MLP, E MoE)"
+                    ),
+                )),
+            })
+            .collect()
+    }
+
     fn kinds_from_patterns(&self, layers: u64) -> Result<Option<Vec<LayerKind>>, ModelError> {
         let c = self.c;
+        if let Some(p) = c.hybrid_override_pattern.as_deref() {
+            return self.nemotron_h(p, layers).map(Some);
+        }
         if c.full_attention_interval.is_some() {
             let full = self.every("full_attention_interval", c.full_attention_interval, layers)?;
             return Ok(Some(
@@ -263,7 +302,8 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
             .unwrap_or_else(|| vec![LayerKind::Full; layers as usize]));
     };
     // With layer_types, a pattern field given explicitly must agree with it.
-    let explicit = c.full_attention_interval.is_some()
+    let explicit = c.hybrid_override_pattern.is_some()
+        || c.full_attention_interval.is_some()
         || c.attention_chunk_size.is_some()
         || (c.sliding_window_pattern.is_some() && c.sliding_window.is_some());
     let from_pattern = if explicit {
@@ -273,7 +313,9 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
     };
     let kinds = cx.kinds_of_layer_types(types, layers)?;
     if let Some(pattern) = from_pattern {
-        let field = if c.full_attention_interval.is_some() {
+        let field = if c.hybrid_override_pattern.is_some() {
+            "hybrid_override_pattern"
+        } else if c.full_attention_interval.is_some() {
             "full_attention_interval"
         } else if c.attention_chunk_size.is_some() {
             "no_rope_layers"

@@ -10,7 +10,7 @@ use kvlayout_core::{Attention, BufferGeometry, Dtype, MemoryLayout, PoolGeometry
 use crate::kv::{Built, Kv};
 use crate::layers::LayerKind;
 use crate::shard::Shard;
-use crate::state::gated_delta_net;
+use crate::state::{gated_delta_net, mamba2};
 use crate::{KvDtype, Model, ModelError, Options};
 
 /// One buffer of a model's pool.
@@ -42,7 +42,9 @@ fn attention_of(kind: LayerKind) -> Attention {
         LayerKind::Full => Attention::Full,
         LayerKind::Sliding { window_tokens } => Attention::SlidingWindow { window_tokens },
         LayerKind::Chunked { chunk_tokens } => Attention::Chunked { chunk_tokens },
-        LayerKind::Linear => Attention::State,
+        LayerKind::Linear | LayerKind::Mamba => Attention::State,
+        // Never asked: a layer without cache gets no buffer.
+        LayerKind::NoCache => Attention::Full,
     }
 }
 
@@ -166,6 +168,10 @@ pub(crate) fn plan(
         .contains(&LayerKind::Linear)
         .then(|| gated_delta_net(&kv, opts.state_dtype))
         .transpose()?;
+    let mamba = kinds
+        .contains(&LayerKind::Mamba)
+        .then(|| mamba2(&kv, opts.state_dtype))
+        .transpose()?;
     for (i, &kind) in kinds.iter().enumerate() {
         let layer = i as u64;
         let attention = attention_of(kind);
@@ -174,8 +180,14 @@ pub(crate) fn plan(
             LayerKind::Full => ("full", full.as_ref()),
             LayerKind::Sliding { .. } => ("swa", local.as_ref()),
             LayerKind::Chunked { .. } => ("chunked", local.as_ref()),
-            LayerKind::Linear => {
-                let (conv, temporal) = state.as_ref().expect("built above for linear layers");
+            LayerKind::NoCache => continue,
+            LayerKind::Linear | LayerKind::Mamba => {
+                let built = if kind == LayerKind::Linear {
+                    state.as_ref()
+                } else {
+                    mamba.as_ref()
+                };
+                let (conv, temporal) = built.expect("built above for state layers");
                 push(&mut plans, "conv", attention, layer, clone(conv));
                 push(&mut plans, "temporal", attention, layer, clone(temporal));
                 continue;

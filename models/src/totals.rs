@@ -4,7 +4,8 @@
 //! - `window_bytes_per_request_max`: sum over sliding / chunked buffers of bytes per token x
 //!   layers x window (or chunk) tokens, no page rounding;
 //! - `state_bytes_per_request`: sum over state buffers of slot bytes x layers;
-//! - `layers_by_attention`: model layers per kind (`full`, `sliding`, `chunked`, `linear`).
+//! - `layers_by_attention`: model layers per kind (`full`, `sliding`, `chunked`, `linear`, and
+//!   `mamba`, `no_cache` for Nemotron-H).
 
 use serde::Serialize;
 
@@ -23,6 +24,10 @@ pub struct LayersByAttention {
     pub chunked: u64,
     /// Linear attention (recurrent state).
     pub linear: u64,
+    /// Mamba2 mixers (recurrent state).
+    pub mamba: u64,
+    /// Layers without a cache (MLP / MoE only).
+    pub no_cache: u64,
 }
 
 /// The `--totals` object.
@@ -65,6 +70,8 @@ pub(crate) fn totals(
             LayerKind::Sliding { .. } => &mut n.sliding,
             LayerKind::Chunked { .. } => &mut n.chunked,
             LayerKind::Linear => &mut n.linear,
+            LayerKind::Mamba => &mut n.mamba,
+            LayerKind::NoCache => &mut n.no_cache,
         } += 1;
     }
     Ok(t)

@@ -203,3 +203,51 @@ fn mla_with_local_layers_is_refused() {
         "{e}"
     );
 }
+
+const MAMBA: &str = r#", "mamba_num_heads": 8, "mamba_head_dim": 4, "n_groups": 2,
+    "ssm_state_size": 16, "conv_kernel": 4"#;
+
+#[test]
+fn nemotron_h_pattern() {
+    let m = model(&format!(r#"{MAMBA}, "hybrid_override_pattern": "M*-EM*""#));
+    assert_eq!(
+        m.layer_kinds()
+            .unwrap()
+            .into_iter()
+            .map(LayerKind::key)
+            .collect::<Vec<_>>(),
+        ["mamba", "full", "no_cache", "no_cache", "mamba", "full"]
+    );
+    // conv: (8 x 4 + 2 x 2 x 16) x 3 x 2 B = 96 x 6 = 576; temporal [8, 4, 16] f32 = 2,048.
+    let t = m.totals(&Options::default()).unwrap();
+    assert_eq!(t.state_bytes_per_request, 2 * (576 + 2_048));
+    // Attention layers 1 and 5: 2 x 2 x 16 x 2 = 128 B/token/layer.
+    assert_eq!(t.full_bytes_per_token, 2 * 128);
+    assert_eq!(
+        (t.layers_by_attention.mamba, t.layers_by_attention.no_cache),
+        (2, 2)
+    );
+    let e = err(&format!(r#"{MAMBA}, "hybrid_override_pattern": "M*-EMX""#));
+    assert!(
+        e.contains("hybrid_override_pattern[5]: 'X' is not a layer"),
+        "{e}"
+    );
+    let e = err(&format!(r#"{MAMBA}, "hybrid_override_pattern": "M*""#));
+    assert!(
+        e.contains("hybrid_override_pattern: 2 characters, but num_hidden_layers is 6"),
+        "{e}"
+    );
+    // 2 groups do not split over 4 ranks.
+    let tp4 = Options {
+        tp: Some(Tp::new(4, 0).unwrap()),
+        ..Options::default()
+    };
+    let e = model(&format!(r#"{MAMBA}, "hybrid_override_pattern": "M*-EM*""#))
+        .totals(&tp4)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("n_groups: 2 heads do not split evenly over --tp 4"),
+        "{e}"
+    );
+}

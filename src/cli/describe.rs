@@ -84,7 +84,7 @@ impl From<StateDtypeArg> for StateDtype {
 pub struct DescribeArgs {
     /// Built-in model name, case-insensitive (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5,
     /// llama-3.1-8b, llama-3.1-70b, qwen3-8b, qwen3-235b-a22b, gpt-oss-20b, qwen3-coder-next,
-    /// gemma-3-4b-it, gemma-4-26b-a4b, llama-4-scout), a path to a Hugging Face config.json, or
+    /// gemma-3-4b-it, gemma-4-26b-a4b, nemotron-nano-9b-v2, llama-4-scout), a path to a Hugging Face config.json, or
     /// a model directory holding one (DIR/config.json).
     #[arg(long)]
     pub model: String,
@@ -189,7 +189,7 @@ fn fail(e: impl std::fmt::Display) -> u8 {
 
 fn layer_counts(kinds: &[LayerKind]) -> String {
     let mut parts = Vec::new();
-    for key in ["full", "sliding", "chunked", "linear"] {
+    for key in ["full", "sliding", "chunked", "linear", "mamba", "no_cache"] {
         let n = kinds.iter().filter(|k| k.key() == key).count();
         if n > 0 {
             let span = kinds.iter().find(|k| k.key() == key).and_then(|k| match k {
@@ -352,7 +352,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
         .collect();
     if !state.is_empty() {
         println!(
-            "state: {} = {} B/request, linear-attention layers",
+            "state: {} = {} B/request, linear-attention / Mamba layers",
             formula(&state),
             thousands(totals.state_bytes_per_request)
         );

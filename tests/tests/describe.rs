@@ -119,25 +119,36 @@ fn gqa_models() {
 
 #[test]
 fn every_builtin_config_parses_with_its_attention_family() {
-    // (name, family, num_hidden_layers, layers full / sliding / chunked / linear), from each
-    // config's own fields (worked in the tests below).
+    // (name, family, num_hidden_layers, layers full / sliding / chunked / linear / mamba /
+    // without cache), from each config's own fields (worked in the tests below).
     let expected = [
-        ("deepseek-v3.2-exp", Attention::MlaDsa, 61, [61, 0, 0, 0]),
-        ("deepseek-v3", Attention::Mla, 61, [61, 0, 0, 0]),
-        ("kimi-k2", Attention::Mla, 61, [61, 0, 0, 0]),
-        ("glm-4.5", Attention::Gqa, 92, [92, 0, 0, 0]),
-        ("llama-3.1-8b", Attention::Gqa, 32, [32, 0, 0, 0]),
-        ("llama-3.1-70b", Attention::Gqa, 80, [80, 0, 0, 0]),
-        ("qwen3-8b", Attention::Gqa, 36, [36, 0, 0, 0]),
-        ("qwen3-235b-a22b", Attention::Gqa, 94, [94, 0, 0, 0]),
-        ("gpt-oss-20b", Attention::Gqa, 24, [12, 12, 0, 0]),
-        ("qwen3-coder-next", Attention::Gqa, 48, [12, 0, 0, 36]),
-        ("gemma-3-4b-it", Attention::Gqa, 34, [5, 29, 0, 0]),
-        ("gemma-4-26b-a4b", Attention::Gqa, 30, [5, 25, 0, 0]),
-        ("llama-4-scout", Attention::Gqa, 48, [12, 0, 36, 0]),
+        (
+            "deepseek-v3.2-exp",
+            Attention::MlaDsa,
+            61,
+            [61, 0, 0, 0, 0, 0],
+        ),
+        ("deepseek-v3", Attention::Mla, 61, [61, 0, 0, 0, 0, 0]),
+        ("kimi-k2", Attention::Mla, 61, [61, 0, 0, 0, 0, 0]),
+        ("glm-4.5", Attention::Gqa, 92, [92, 0, 0, 0, 0, 0]),
+        ("llama-3.1-8b", Attention::Gqa, 32, [32, 0, 0, 0, 0, 0]),
+        ("llama-3.1-70b", Attention::Gqa, 80, [80, 0, 0, 0, 0, 0]),
+        ("qwen3-8b", Attention::Gqa, 36, [36, 0, 0, 0, 0, 0]),
+        ("qwen3-235b-a22b", Attention::Gqa, 94, [94, 0, 0, 0, 0, 0]),
+        ("gpt-oss-20b", Attention::Gqa, 24, [12, 12, 0, 0, 0, 0]),
+        ("qwen3-coder-next", Attention::Gqa, 48, [12, 0, 0, 36, 0, 0]),
+        ("gemma-3-4b-it", Attention::Gqa, 34, [5, 29, 0, 0, 0, 0]),
+        ("gemma-4-26b-a4b", Attention::Gqa, 30, [5, 25, 0, 0, 0, 0]),
+        (
+            "nemotron-nano-9b-v2",
+            Attention::Gqa,
+            56,
+            [4, 0, 0, 0, 27, 25],
+        ),
+        ("llama-4-scout", Attention::Gqa, 48, [12, 0, 36, 0, 0, 0]),
     ];
     assert_eq!(BUILTIN.len(), expected.len());
-    for (name, attention, layers, [full, sliding, chunked, linear]) in expected {
+    for (name, attention, layers, [full, sliding, chunked, linear, mamba, no_cache]) in expected {
         let m = Model::builtin(name).unwrap().unwrap();
         assert_eq!(m.attention(), attention, "{name}");
         assert_eq!(m.config.num_hidden_layers, layers, "{name}");
@@ -148,7 +159,9 @@ fn every_builtin_config_parses_with_its_attention_family() {
                 full,
                 sliding,
                 chunked,
-                linear
+                linear,
+                mamba,
+                no_cache
             },
             "{name}"
         );
@@ -450,6 +463,37 @@ fn llama_4_nope_layers_are_global() {
     assert_eq!(t.window_bytes_per_request_max, 36 * 4_096 * 8_192);
 }
 
+#[test]
+fn nemotron_h_mamba_state_and_four_attention_layers() {
+    // configs/nemotron-nano-9b-v2.json: hybrid_override_pattern of 56 characters, 27 'M' (Mamba2),
+    // 4 '*' (attention, layers 14, 21, 30, 39), 25 '-' (MLP, no cache).
+    let b = buffers("nemotron-nano-9b-v2", &Options::default());
+    assert_eq!(b[2].0, "full");
+    assert_eq!(b[2].2, [14, 21, 30, 39]);
+    // Attention: 2 x 8 KV heads x 128 x 2 B = 4,096 B/token/layer; 4 layers.
+    let t = totals_of("nemotron-nano-9b-v2", &Options::default());
+    assert_eq!(t.full_bytes_per_token, 4 * 2 * 8 * 128 * 2);
+    // Mamba2 (vLLM mamba_utils.py mamba2_state_shape, SGLang Mamba2StateShape.create):
+    // conv_dim = mamba_num_heads 128 x mamba_head_dim 80 + 2 x n_groups 8 x ssm_state_size 128
+    //          = 10,240 + 2,048 = 12,288 channels x (conv_kernel 4 - 1), bf16 = 73,728 B;
+    // temporal [128, 80, 128] f32 = 5,242,880 B; 27 layers.
+    let conv = (128 * 80 + 2 * 8 * 128) * (4 - 1) * 2;
+    let temporal = 128 * 80 * 128 * 4;
+    assert_eq!((conv, temporal), (73_728, 5_242_880));
+    assert_eq!(t.state_bytes_per_request, 27 * (conv + temporal));
+    assert_eq!(t.state_bytes_per_request, 143_548_416);
+    // --tp 8: 8 groups / 8, 128 heads / 8, 8 KV heads / 8: every figure divides by 8.
+    let t8 = totals_of(
+        "nemotron-nano-9b-v2",
+        &Options {
+            tp: Some(Tp::new(8, 7).unwrap()),
+            ..Options::default()
+        },
+    );
+    assert_eq!(t8.state_bytes_per_request, 143_548_416 / 8);
+    assert_eq!(t8.full_bytes_per_token, 4 * 2 * 1 * 128 * 2);
+}
+
 fn refusal(text: &str) -> String {
     match Model::parse("t", "t", text) {
         Err(e) => e.to_string(),
@@ -626,6 +670,7 @@ fn hybrid_geometry_snapshots() {
         "gemma-3-4b-it",
         "gemma-4-26b-a4b",
         "llama-4-scout",
+        "nemotron-nano-9b-v2",
     ] {
         let model = Model::builtin(name).unwrap().unwrap();
         let opts = Options::default();
