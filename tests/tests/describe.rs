@@ -491,7 +491,8 @@ fn nemotron_h_mamba_state_and_four_attention_layers() {
         },
     );
     assert_eq!(t8.state_bytes_per_request, 143_548_416 / 8);
-    assert_eq!(t8.full_bytes_per_token, 4 * 2 * 1 * 128 * 2);
+    // One KV head per rank: 4 layers x 2 (K, V) x 1 head x 128 x 2 B.
+    assert_eq!(t8.full_bytes_per_token, 4 * 2 * 128 * 2);
 }
 
 fn refusal(text: &str) -> String {
