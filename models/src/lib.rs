@@ -143,6 +143,9 @@ pub struct Options {
     pub tp: Option<Tp>,
     /// Recurrent-state dtype; `None`: the config's `mamba_ssm_dtype`, else f32.
     pub state_dtype: Option<StateDtype>,
+    /// Give every token buffer's page the bytes of the largest (vLLM's hybrid allocator) by
+    /// raising its tokens per page; `false`: one page size for all (SGLang's pools).
+    pub equal_page_bytes: bool,
 }
 
 /// The name the pool crate and the CLI used before the split.
@@ -157,6 +160,7 @@ impl Default for Options {
             pages: 1024,
             tp: None,
             state_dtype: None,
+            equal_page_bytes: false,
         }
     }
 }
@@ -291,7 +295,7 @@ pub fn summary(
             let page = if b.attention == BufferAttention::State {
                 1
             } else {
-                page_size_tokens
+                b.page_size_tokens.unwrap_or(page_size_tokens)
             };
             let stride = b.layout.page_stride_bytes(page).map_err(err)?;
             Ok(BufferSummary {

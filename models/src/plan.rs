@@ -28,6 +28,8 @@ pub struct BufferPlan {
     pub layout: TokenLayout,
     /// The rank's part, when `--tp` was given.
     pub shard: Option<Shard>,
+    /// Tokens per page when not the pool's (`Options::equal_page_bytes`).
+    pub page_size_tokens: Option<u64>,
 }
 
 impl BufferPlan {
@@ -70,6 +72,7 @@ fn push(plans: &mut Vec<BufferPlan>, name: &str, attention: Attention, layer: u6
         layer_ids: vec![layer],
         layout: b.layout,
         shard: b.shard,
+        page_size_tokens: None,
     });
 }
 
@@ -141,6 +144,7 @@ pub(crate) fn plan(
             layer_ids: all.clone(),
             layout: latent.layout,
             shard: latent.shard,
+            page_size_tokens: None,
         });
         if let Some(ix) = index {
             plans.push(BufferPlan {
@@ -150,6 +154,7 @@ pub(crate) fn plan(
                 layer_ids: all,
                 layout: ix.layout,
                 shard: ix.shard,
+                page_size_tokens: None,
             });
         }
         return Ok(plans);
@@ -196,7 +201,47 @@ pub(crate) fn plan(
         let built = built.expect("built above for this kind");
         push(&mut plans, name, attention, layer, clone(built));
     }
+    if opts.equal_page_bytes {
+        equal_page_bytes(&model.name, &mut plans, opts.page_size_tokens)?;
+    }
     Ok(plans)
+}
+
+/// vLLM's hybrid allocator (`vllm/v1/core/kv_cache_utils.py` `unify_kv_cache_spec_page_size`):
+/// every token buffer's page gets the bytes of the largest one by multiplying its tokens per
+/// page; a page that does not divide the largest is refused (vLLM's padding for backends that
+/// index by block stride is not modelled). State buffers keep their slot.
+fn equal_page_bytes(
+    name: &str,
+    plans: &mut [BufferPlan],
+    page_size_tokens: u64,
+) -> Result<(), ModelError> {
+    let page_bytes = |p: &BufferPlan| -> Result<u64, ModelError> {
+        p.layout
+            .page_payload_bytes(page_size_tokens)
+            .map_err(|e| ModelError::field(name, format!("buffer {}", p.name), e.message()))
+    };
+    let mut max = 0;
+    for p in plans.iter().filter(|p| p.attention != Attention::State) {
+        max = max.max(page_bytes(p)?);
+    }
+    for p in plans.iter_mut().filter(|p| p.attention != Attention::State) {
+        let own = page_bytes(p)?;
+        if own == max {
+            continue;
+        }
+        if !max.is_multiple_of(own) {
+            return Err(ModelError::field(
+                name,
+                format!("buffer {}", p.name),
+                format!(
+                    "a {own}-byte page does not divide the largest page, {max} bytes, so vLLM cannot give it equal bytes by page size alone"
+                ),
+            ));
+        }
+        p.page_size_tokens = Some(page_size_tokens * (max / own));
+    }
+    Ok(())
 }
 
 fn clone(b: &Built) -> Built {
@@ -232,6 +277,9 @@ pub(crate) fn geometry(
         }
         if let Some(s) = p.shard {
             b = b.with_shard(s.geometry());
+        }
+        if let Some(t) = p.page_size_tokens {
+            b = b.with_page_size_tokens(t);
         }
         buffers.push(b);
     }

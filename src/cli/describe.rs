@@ -111,6 +111,10 @@ pub struct DescribeArgs {
     /// Device pool pages (for the pool's total bytes).
     #[arg(long, default_value_t = 1024)]
     pub pages: u64,
+    /// Give every token buffer's page the bytes of the largest by raising its tokens per page,
+    /// as vLLM's hybrid KV-cache allocator does (default: one page size, as SGLang).
+    #[arg(long)]
+    pub equal_page_bytes: bool,
     /// Print the geometry file instead of the table.
     #[arg(long, conflicts_with = "totals")]
     pub json: bool,
@@ -239,6 +243,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
         pages: args.pages,
         tp,
         state_dtype: args.state_dtype.map(Into::into),
+        equal_page_bytes: args.equal_page_bytes,
     };
     if args.totals {
         return match model.totals(&opts) {
@@ -305,6 +310,11 @@ pub fn run(args: &DescribeArgs) -> u8 {
         println!(
             "(state rows: bytes per request slot per layer, not per token; a page is one slot)"
         );
+    }
+    for b in &buffers {
+        if let Some(t) = b.page_size_tokens {
+            println!("page {}: {t} tokens (equal page bytes)", b.name);
+        }
     }
     for b in &buffers {
         if let Some(s) = b.shard {
