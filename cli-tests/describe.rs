@@ -56,6 +56,24 @@ fn totals_is_the_design_contract() {
 }
 
 #[test]
+fn table_prints_the_three_fingerprint_levels() {
+    // DeepSeek-V3.2 fp8/fp8 keeps its v1 pool fingerprint; storage and per-buffer token
+    // fingerprints follow (DESIGN.md "Compare levels").
+    let (code, out, err) = describe(&["--model", "deepseek-v3.2-exp"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("fingerprints: pool 0xeb019e4f84ee0658, storage 0x"),
+        "{out}"
+    );
+    assert!(out.contains(" token kv=0x"), "{out}");
+    assert!(out.contains(" index_k=0x"), "{out}");
+    assert!(
+        out.contains("total: 61 x (656 + 132) = 48,068 B/token, all layers"),
+        "{out}"
+    );
+}
+
+#[test]
 fn json_of_a_hybrid_is_a_v2_geometry_that_check_reads() {
     let (code, out, err) = describe(&["--model", "qwen3-coder-next", "--json"]);
     assert_eq!(code, 0, "{err}");
@@ -173,4 +191,27 @@ fn dtype_names_are_case_insensitive_like_model_names() {
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["full_bytes_per_token"], 65_536);
+}
+
+#[test]
+fn the_worked_example_in_docs_is_what_describe_prints() {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/describe-hybrid.md"),
+    )
+    .unwrap();
+    for args in [
+        &["--model", "qwen3-coder-next"][..],
+        &["--model", "qwen3-coder-next", "--totals"][..],
+    ] {
+        let prompt = format!("$ kvlayout describe {}\n", args.join(" "));
+        let start = doc
+            .find(&prompt)
+            .unwrap_or_else(|| panic!("docs lack {prompt}"))
+            + prompt.len();
+        let rest = &doc[start..];
+        let end = rest.find("\n$ ").or_else(|| rest.find("\n```")).unwrap();
+        let (code, out, err) = describe(args);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out.trim_end(), rest[..end].trim_end(), "{prompt}");
+    }
 }

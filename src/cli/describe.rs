@@ -278,11 +278,14 @@ pub fn run(args: &DescribeArgs) -> u8 {
     println!("layers: {}", layer_counts(&kinds));
     let pool = model.pool(&opts);
     match &pool {
-        Ok(p) => match p.geometry.fingerprint() {
-            Ok(f) => println!(
-                "pool: page_size_tokens {}, pages {}, memory_layout {}, fingerprint {f:#018x}",
-                p.geometry.page_size_tokens, p.geometry.pages, p.geometry.memory_layout
-            ),
+        Ok(p) => match p.geometry.fingerprints() {
+            Ok(f) => {
+                println!(
+                    "pool: page_size_tokens {}, pages {}, memory_layout {}, fingerprint {:#018x}",
+                    p.geometry.page_size_tokens, p.geometry.pages, p.geometry.memory_layout, f.pool
+                );
+                println!("fingerprints: {f}");
+            }
             Err(e) => return fail(e),
         },
         Err(e) => println!(
