@@ -239,7 +239,10 @@ fn equal_page_bytes(
                 ),
             ));
         }
-        p.page_size_tokens = Some(page_size_tokens * (max / own));
+        let tokens = page_size_tokens.checked_mul(max / own).ok_or_else(|| {
+            ModelError::field(name, format!("buffer {}", p.name), "overflow: page tokens")
+        })?;
+        p.page_size_tokens = Some(tokens);
     }
     Ok(())
 }
