@@ -158,6 +158,17 @@ pub const UNMODELLED: &[(&str, &str)] = &[
         "KV heads under another name (ChatGLM)",
     ),
     (
+        "multi_query",
+        "one KV head shared by all query heads (Falcon, GPT-BigCode)",
+    ),
+    ("num_kv_heads", "KV heads under another name (Falcon)"),
+    ("n_head_kv", "KV heads under another name (Falcon)"),
+    (
+        "attn_type_list",
+        "per-layer lightning (linear) or softmax attention (MiniMax)",
+    ),
+    ("use_cla", "cross-layer KV sharing (Hunyuan CLA)"),
+    (
         "kv_cache_scheme",
         "a quantized KV cache dtype and scales (compressed-tensors); use --kv-dtype",
     ),

@@ -17,6 +17,9 @@
 //! # Ok::<(), kvlayout_models::ModelError>(())
 //! ```
 //!
+//! Not included: the draft layers of speculative decoding (`num_nextn_predict_layers`, DeepSeek
+//! MTP), which engines allocate only when speculative decoding is on.
+//!
 //! Modules: [`config`] (reading `config.json`), [`layers`] (layer kinds), `kv` and `state`
 //! (per-layer layouts), [`shard`] (tensor parallelism), [`plan`] (buffers and geometry),
 //! [`totals`](mod@totals), [`builtin`] and [`source`] (where configs come from).

@@ -251,3 +251,27 @@ fn nemotron_h_pattern() {
         "{e}"
     );
 }
+
+#[test]
+fn kv_heads_under_other_names_are_refused() {
+    // Falcon-7B: multi_query true means one KV head; reading it as MHA would be 71x too big.
+    for (extra, field) in [
+        (r#", "multi_query": true"#, "multi_query = true"),
+        (r#", "num_kv_heads": 8"#, "num_kv_heads = 8"),
+        (r#", "n_head_kv": 8"#, "n_head_kv = 8"),
+        (
+            r#", "attn_type_list": [0, 1, 1, 1, 1, 1]"#,
+            "attn_type_list = [0,1,1,1,1,1]",
+        ),
+        (r#", "use_cla": true"#, "use_cla = true"),
+    ] {
+        let e = err(extra);
+        assert!(e.contains(field), "{e}");
+    }
+    // false / null / 0 are the fields' "off" values and map normally.
+    assert!(
+        model(r#", "multi_query": false, "use_cla": null"#)
+            .totals(&Options::default())
+            .is_ok()
+    );
+}
