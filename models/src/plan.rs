@@ -100,28 +100,14 @@ pub(crate) fn plan(
     let kv_dtype = opts
         .kv_dtype
         .unwrap_or(if dsa { KvDtype::Fp8 } else { KvDtype::Bf16 });
-    if opts.kv_dtype.is_none()
-        && !dsa
-        && let Some(d) = c
-            .model_dtype()
-            .filter(|d| Dtype::from_name(d) != Some(Dtype::Bf16))
-    {
-        return Err(ModelError::Unmodelled {
-                name: model.name.clone(),
-                field: if c.torch_dtype.is_some() { "torch_dtype" } else { "dtype" }.into(),
-                value: format!("\"{d}\""),
-                why: "the engines' default KV dtype is the model dtype; kvlayout models bf16 and fp8: pass --kv-dtype".into(),
-            });
+    if opts.kv_dtype.is_none() && !dsa {
+        check_model_dtype(model)?;
     }
     let hybrid = kinds.iter().any(|k| *k != LayerKind::Full);
-    if mla && hybrid {
-        let i = kinds
-            .iter()
-            .position(|k| *k != LayerKind::Full)
-            .unwrap_or(0);
+    if mla && let Some(i) = kinds.iter().position(|k| *k != LayerKind::Full) {
         return Err(ModelError::field(
             &model.name,
-            format!("layer_types[{i}]"),
+            kind_field(c, kinds[i], i),
             format!(
                 "{} attention in an MLA model is not modelled",
                 kinds[i].key()
@@ -205,6 +191,35 @@ pub(crate) fn plan(
         equal_page_bytes(&model.name, &mut plans, opts.page_size_tokens)?;
     }
     Ok(plans)
+}
+
+/// Without `--kv-dtype` the engines cache in the model dtype; only bf16 is that default here.
+fn check_model_dtype(model: &Model) -> Result<(), ModelError> {
+    let c = &model.config;
+    match c.model_dtype() {
+        Some(d) if Dtype::from_name(d) != Some(Dtype::Bf16) => Err(ModelError::Unmodelled {
+            name: model.name.clone(),
+            field: if c.torch_dtype.is_some() { "torch_dtype" } else { "dtype" }.into(),
+            value: format!("\"{d}\""),
+            why: "the engines' default KV dtype is the model dtype; kvlayout models bf16 and fp8: pass --kv-dtype".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The config field that made layer `i` of kind `kind`.
+fn kind_field(c: &crate::ModelConfig, kind: LayerKind, i: usize) -> String {
+    if c.layer_types.is_some() {
+        return format!("layer_types[{i}]");
+    }
+    match kind {
+        LayerKind::Sliding { .. } => "sliding_window",
+        LayerKind::Chunked { .. } => "attention_chunk_size",
+        LayerKind::Linear => "full_attention_interval",
+        LayerKind::Mamba | LayerKind::NoCache => "hybrid_override_pattern",
+        LayerKind::Full => "num_hidden_layers",
+    }
+    .to_string()
 }
 
 /// vLLM's hybrid allocator (`vllm/v1/core/kv_cache_utils.py` `unify_kv_cache_spec_page_size`):

@@ -199,7 +199,7 @@ fn model_dtype_other_than_bf16_needs_an_explicit_kv_dtype() {
 fn mla_with_local_layers_is_refused() {
     let e = err(r#", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "sliding_window": 8"#);
     assert!(
-        e.contains("layer_types[0]: sliding attention in an MLA model"),
+        e.contains("sliding_window: sliding attention in an MLA model"),
         "{e}"
     );
 }
