@@ -215,3 +215,20 @@ fn the_worked_example_in_docs_is_what_describe_prints() {
         assert_eq!(out.trim_end(), rest[..end].trim_end(), "{prompt}");
     }
 }
+
+#[test]
+fn bad_tp_and_rank_exit_2() {
+    let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--tp", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--tp must be at least 1, got 0"), "{err}");
+    let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--tp", "2", "--rank", "2"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--rank 2 is not below --tp 2"), "{err}");
+    // 8 KV heads on 3 ranks: the engines refuse it, and so does describe.
+    let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--tp", "3"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("do not split evenly over --tp 3"), "{err}");
+    // --rank needs --tp (clap's usage error, exit 2).
+    let (code, _, _) = describe(&["--model", "llama-3.1-8b", "--rank", "1"]);
+    assert_eq!(code, 2);
+}
