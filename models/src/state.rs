@@ -13,6 +13,8 @@
 //!   same bytes in the same order). dtype bf16 (SGLang's `SGLANG_MAMBA_CONV_DTYPE` default).
 //! - buffer `temporal`: the recurrent state `[vh/N, dv, dk]`, f32 by default (SGLang's
 //!   `mamba2_state_dtype`: the config's `mamba_ssm_dtype`, else float32), or `--state-dtype`.
+//!   vLLM's default conv layout is the transpose, `(K - 1, conv_dim / N)` ("SD",
+//!   `VLLM_SSM_CONV_STATE_LAYOUT`); its "DS" layout is the one written here.
 //!   vLLM instead defaults both to the model dtype (`mamba_ssm_cache_dtype` "auto"); pass
 //!   `--state-dtype bf16` for a vLLM pool.
 //!
