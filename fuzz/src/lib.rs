@@ -111,7 +111,7 @@ fn valid_geometry_invariants(g: &PoolGeometry) {
 /// a geometry that comes out must be valid and its per-token total must be the sum of its
 /// buffers' layers x bytes per token.
 pub fn model_config(data: &[u8]) {
-    use kvlayout_pool::model::{IndexK, KvDtype, Model, PoolOptions};
+    use kvlayout_models::{IndexK, KvDtype, Model, PoolOptions};
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
@@ -125,6 +125,7 @@ pub fn model_config(data: &[u8]) {
                 index_k,
                 page_size_tokens: 64,
                 pages: 16,
+                ..PoolOptions::default()
             };
             let Ok(pool) = model.pool(&opts) else {
                 continue;
