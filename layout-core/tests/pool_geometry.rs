@@ -29,16 +29,8 @@ fn small_pool(memory_layout: MemoryLayout) -> PoolGeometry {
         pages: 3,
         memory_layout,
         buffers: vec![
-            BufferGeometry {
-                name: "kv".into(),
-                layers: 2,
-                layout: kv,
-            },
-            BufferGeometry {
-                name: "idx".into(),
-                layers: 1,
-                layout: idx,
-            },
+            BufferGeometry::new("kv", 2, kv),
+            BufferGeometry::new("idx", 1, idx),
         ],
     }
 }
@@ -98,11 +90,7 @@ fn page_head_segments_transpose_heads() {
         page_size_tokens: 2,
         pages: 2,
         memory_layout: MemoryLayout::PageHead,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 3,
-            layout: MHA_BF16_8X128,
-        }],
+        buffers: vec![BufferGeometry::new("kv", 3, MHA_BF16_8X128)],
     };
     g.validate().unwrap();
     let segs = g.page_segments(0, 1, 1).unwrap();
@@ -221,8 +209,8 @@ fn every_shared_case_round_trips_through_the_file_format() {
             read += 1;
         }
     }
-    // 13 cases x 2 sides, minus the 3 invalid a.json files.
-    assert_eq!(read, 23);
+    // 24 cases x 2 sides, minus the 3 invalid a.json files (cases 10, 11, 12).
+    assert_eq!(read, 24 * 2 - 3);
 }
 
 #[test]
@@ -243,8 +231,8 @@ fn file_errors_name_the_field_and_value() {
         e.contains("memory_layout") && e.contains("layers_first"),
         "{e}"
     );
-    let e = bad("kvlayout.geometry/v1", "kvlayout.geometry/v2");
-    assert!(e.contains("schema") && e.contains("v2"), "{e}");
+    let e = bad("kvlayout.geometry/v1", "kvlayout.geometry/v3");
+    assert!(e.contains("schema") && e.contains("v3"), "{e}");
     let e = bad("\"scales\": \"values\"", "\"scales\": \"valuez\"");
     assert!(e.contains("scales") && e.contains("valuez"), "{e}");
     let e = bad("\"layers\": 61", "\"layers\": 0");
@@ -273,19 +261,25 @@ fn planes_round_trip_by_section_name() {
         page_size_tokens: 64,
         pages: 2,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 61,
-            layout: kvlayout_core::formats::DSV4_MLA_FP8,
-        }],
+        buffers: vec![
+            BufferGeometry::new("kv", 61, kvlayout_core::formats::DSV4_MLA_FP8),
+            BufferGeometry::new("index_k", 61, INDEX_K_FP8),
+        ],
     };
     let text = file::to_json(&g);
     assert!(text.contains("\"planes\""), "{text}");
     assert!(text.contains("\"page_align_bytes\": 576"), "{text}");
+    assert!(text.contains("\"section_major\""), "{text}");
+    assert!(text.contains("kvlayout.geometry/v1"), "{text}");
     let back = file::from_json(&text).unwrap();
     assert_eq!(back, g);
-    assert_eq!(back.page_geometry(0).unwrap().page_stride_bytes, 37440);
-    let _ = INDEX_K_FP8;
+    // 64 x 584 = 37376 rounded up to a multiple of 576 = 65 x 576 = 37440.
+    assert_eq!(back.page_geometry(0).unwrap().page_stride_bytes, 65 * 576);
+    // The plain neighbour is untouched by the planes: 64 x (128 + 4) = 8448.
+    assert_eq!(
+        back.page_geometry(1).unwrap().page_stride_bytes,
+        64 * (128 + 4)
+    );
 }
 
 /// Regression (found by the property tests): plane arrangements were compared by their text,
@@ -298,11 +292,11 @@ fn planes_with_other_section_labels_are_compatible() {
         page_size_tokens: 64,
         pages: 2,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 61,
-            layout: kvlayout_core::formats::DSV4_MLA_FP8,
-        }],
+        buffers: vec![BufferGeometry::new(
+            "kv",
+            61,
+            kvlayout_core::formats::DSV4_MLA_FP8,
+        )],
     };
     let mut b = a.clone();
     let mut sections = b.buffers[0].layout.sections().to_vec();
