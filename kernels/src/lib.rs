@@ -24,9 +24,12 @@
 //!   mapped, not write-combined host memory); [`Gpu::read_at`] / [`Gpu::write_at`] for device
 //!   byte ranges, [`PinnedBytes::as_slice`] / [`PinnedBytes::as_mut_slice`] for host ones;
 //! - the shim's checked plan as it is today, a list of `(src offset, dst offset, len)` runs:
-//!   [`Gpu::upload_runs`] with [`RunOrder::SrcAscending`] for a load (host -> device) or
-//!   [`RunOrder::DstAscending`] for a backup, then [`Gpu::copy_runs`]; every run is checked on
-//!   the GPU before any byte moves ([`KernelError::RunOutOfRange`]);
+//!   [`Gpu::transfer_runs`] with [`RunOrder::SrcAscending`] for a load (host -> device) or
+//!   [`RunOrder::DstAscending`] for a backup picks the path from the runs (page runs: the copy
+//!   engines, leaving every SM to the model; token-granular runs: the run-list kernel on
+//!   [`SM_BUDGET`] SMs); or choose yourself: [`Gpu::enqueue_copy_runs_dma`] or
+//!   [`Gpu::upload_runs`] then [`Gpu::copy_runs`]. Every run is checked before any byte moves
+//!   ([`KernelError::RunOutOfRange`]); the CPU reference is the pool crate's `CpuBackend`;
 //! - or, without per-run offsets, [`CopySpec::for_pool_buffer`] (one spec per buffer, or per part
 //!   of a `section_major` token) with page or token index lists ([`Gpu::upload_indices`]) and
 //!   [`Gpu::copy_items_multi`]; [`copy_items_cpu`] is the CPU backend's equivalent;
