@@ -11,6 +11,8 @@
 //!   list moves no byte. For short lists (`self_check`) every block checks every index itself
 //!   before it writes, and no validation launch is needed. Item addresses follow [`crate::CopySpec`]'s formula; the vector width
 //!   and the 32/64-bit index arithmetic are chosen on the host.
+//! - `copy_two_parts_v{16,8,4,2,1}`: the same for two parts driven by the same lists (index-K
+//!   values and scales of a `section_major` token) in one launch, at the narrower part's width.
 //! - `validate_runs`, `copy_runs`: the same for explicit `(src, dst, len)` run lists
 //!   ([`crate::copy_runs`]), a warp per run, 16-byte accesses when the run allows.
 //! - `quantize_index_k`, `dequantize_index_k`: the fp8 index-K quantizer and its reader
@@ -26,6 +28,16 @@ pub const COPY_UNROLL: u64 = 4;
 /// Tokens each warp of the quantizer loads before it converts (a half-warp per token; bytes in
 /// flight per warp = `QUANT_TOKENS_PER_WARP * 256`).
 pub const QUANT_TOKENS_PER_WARP: u64 = 8;
+
+/// Two-part copy kernels (one launch for both parts of a `section_major` token), by vector
+/// width (bytes).
+pub const COPY_TWO_PARTS_KERNELS: [(u64, &str); 5] = [
+    (16, "copy_two_parts_v16"),
+    (8, "copy_two_parts_v8"),
+    (4, "copy_two_parts_v4"),
+    (2, "copy_two_parts_v2"),
+    (1, "copy_two_parts_v1"),
+];
 
 /// Kernel names, by vector width (bytes) and index width.
 pub const COPY_KERNELS: [(u64, &str, &str); 5] = [
@@ -174,6 +186,96 @@ COPY_KERNEL(copy_items_v2_u32, unsigned short, u32)
 COPY_KERNEL(copy_items_v2_u64, unsigned short, u64)
 COPY_KERNEL(copy_items_v1_u32, unsigned char, u32)
 COPY_KERNEL(copy_items_v1_u64, unsigned char, u64)
+
+// Where vector `g` of part `p` goes: the same work order and address formula as copy_items_body.
+template <typename V>
+__device__ __forceinline__ void locate(
+    const CopyParams& p, u64 g, const u64* __restrict__ src_idx, const u64* __restrict__ dst_idx,
+    u64& so, u64& doff)
+{
+    const u64 vpi = p.item_bytes / sizeof(V);
+    const u64 v = g % vpi;
+    const u64 rest = g / vpi;
+    const u64 chunk = rest / (p.layer_count * p.group_items);
+    const u64 in_chunk = rest % (p.layer_count * p.group_items);
+    const u64 item = chunk * p.group_items + in_chunk % p.group_items;
+    const u64 layer = p.layer_begin + in_chunk / p.group_items;
+    const u64 si = src_idx[item];
+    const u64 di = dst_idx[item];
+    so = p.src.base + layer * p.src.layer_stride + (si / p.items_per_page) * p.src.page_stride
+        + (si % p.items_per_page) * p.src.item_stride + v * sizeof(V);
+    doff = p.dst.base + layer * p.dst.layer_stride + (di / p.items_per_page) * p.dst.page_stride
+        + (di % p.items_per_page) * p.dst.item_stride + v * sizeof(V);
+}
+
+// Two parts driven by the same index lists (index-K values and scales of a section_major
+// token) in one launch: vectors 0 .. a.total_vectors are part a's, the rest part b's. The
+// lists are checked once (part a's limits; the host checked that both parts share them).
+template <typename V>
+__device__ __forceinline__ void copy_two_parts_body(
+    const CopyParams& a, const CopyParams& b, const unsigned char* __restrict__ src,
+    unsigned char* __restrict__ dst, const u64* __restrict__ src_idx,
+    const u64* __restrict__ dst_idx, unsigned long long* err)
+{
+    if (*((volatile const u64*)err) != 0) return;
+    if (a.self_check) {
+        int bad = 0;
+        for (u64 i = threadIdx.x; i < a.n_items; i += blockDim.x) {
+            bad |= (src_idx[i] >= a.src.index_limit) | (dst_idx[i] >= a.dst.index_limit);
+        }
+        if (__syncthreads_or(bad)) {
+            if (blockIdx.x == 0) {
+                for (u64 i = threadIdx.x; i < a.n_items; i += blockDim.x) {
+                    if (src_idx[i] >= a.src.index_limit || dst_idx[i] >= a.dst.index_limit) {
+                        atomicAdd(&err[0], 1ull);
+                        atomicMax(&err[1], ~(unsigned long long)i);
+                    }
+                }
+            }
+            return;
+        }
+    }
+    const u64 total = a.total_vectors + b.total_vectors;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x; first < total;
+         first += stride * COPY_UNROLL) {
+        V buf[COPY_UNROLL];
+        u64 doff[COPY_UNROLL];
+#pragma unroll
+        for (int k = 0; k < COPY_UNROLL; ++k) {
+            const u64 g = first + (u64)k * stride;
+            if (g < total) {
+                u64 so;
+                if (g < a.total_vectors) {
+                    locate<V>(a, g, src_idx, dst_idx, so, doff[k]);
+                } else {
+                    locate<V>(b, g - a.total_vectors, src_idx, dst_idx, so, doff[k]);
+                }
+                buf[k] = *reinterpret_cast<const V*>(src + so);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < COPY_UNROLL; ++k) {
+            if (first + (u64)k * stride < total) {
+                *reinterpret_cast<V*>(dst + doff[k]) = buf[k];
+            }
+        }
+    }
+}
+
+#define COPY_TWO_PARTS_KERNEL(NAME, V)                                                       \
+    extern "C" __global__ void __launch_bounds__(256) NAME(                                  \
+        const CopyParams a, const CopyParams b, const unsigned char* src, unsigned char* dst, \
+        const u64* src_idx, const u64* dst_idx, unsigned long long* err)                     \
+    {                                                                                        \
+        copy_two_parts_body<V>(a, b, src, dst, src_idx, dst_idx, err);                       \
+    }
+
+COPY_TWO_PARTS_KERNEL(copy_two_parts_v16, uint4)
+COPY_TWO_PARTS_KERNEL(copy_two_parts_v8, uint2)
+COPY_TWO_PARTS_KERNEL(copy_two_parts_v4, unsigned int)
+COPY_TWO_PARTS_KERNEL(copy_two_parts_v2, unsigned short)
+COPY_TWO_PARTS_KERNEL(copy_two_parts_v1, unsigned char)
 
 struct Run {
     u64 src;

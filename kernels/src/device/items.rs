@@ -60,8 +60,9 @@ impl Gpu {
 
     /// [`Gpu::copy_items`] for several specs driven by the same index lists (the parts of a
     /// token of a `section_major` page, as [`CopySpec::for_pool_buffer`] plans them): the lists
-    /// are validated once, then each part is copied. Every spec must have the same index limits
-    /// on each side.
+    /// are validated once; two parts (index-K values and scales) are copied by one launch, at
+    /// the narrower part's vector width; more parts by one launch each. Every spec must have
+    /// the same index limits on each side.
     pub fn copy_items_multi(
         &self,
         specs: &[CopySpec],
@@ -166,6 +167,10 @@ impl Gpu {
         } else {
             self.enqueue_validate(src_idx, src_limit, dst_idx, dst_limit, shape)?;
         }
+        if let [a, b] = specs {
+            // Index-K values and scales: one launch.
+            return self.launch_two_parts((a, b), src, dst, src_idx, dst_idx, shape, self_check);
+        }
         for (i, spec) in specs.iter().enumerate() {
             // Only the first part checks; later parts see its error record and return.
             self.launch_copy(
@@ -181,6 +186,42 @@ impl Gpu {
         Ok(())
     }
 
+    /// The kernel parameters of one part at vector width `width`.
+    fn copy_params(
+        &self,
+        spec: &CopySpec,
+        n: u64,
+        width: u64,
+        shape: LaunchShape,
+        self_check: bool,
+    ) -> Result<CopyParams, KernelError> {
+        let src_limit = spec.index_limit(Side::Src)?;
+        let dst_limit = spec.index_limit(Side::Dst)?;
+        let total_vectors = n
+            .checked_mul(spec.layer_count())
+            .and_then(|x| x.checked_mul(spec.item_bytes / width))
+            .ok_or_else(|| KernelError::spec("items", "overflow: items * layers * vectors"))?;
+        let side = |s: &SideSpec, limit: u64| SideParams {
+            base: s.base_bytes,
+            layer_stride: s.layer_stride_bytes,
+            page_stride: s.page_stride_bytes,
+            item_stride: s.item_stride_bytes,
+            index_limit: limit,
+        };
+        Ok(CopyParams {
+            src: side(&spec.src, src_limit),
+            dst: side(&spec.dst, dst_limit),
+            item_bytes: spec.item_bytes,
+            items_per_page: spec.items_per_page,
+            layer_begin: spec.layers.start,
+            layer_count: spec.layer_count(),
+            n_items: n,
+            total_vectors,
+            group_items: group_items(spec, n, shape.order),
+            self_check: u64::from(self_check),
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn launch_copy(
         &self,
@@ -193,21 +234,16 @@ impl Gpu {
         self_check: bool,
     ) -> Result<(), KernelError> {
         let n = src_idx.len() as u64;
-        let src_limit = spec.index_limit(Side::Src)?;
-        let dst_limit = spec.index_limit(Side::Dst)?;
         let (src_addr, dst_addr) = (src.device_address(), dst.device_address());
         let width = spec.vector_bytes(src_addr, dst_addr);
-        let vectors_per_item = spec.item_bytes / width;
-        let total_vectors = n
-            .checked_mul(spec.layer_count())
-            .and_then(|x| x.checked_mul(vectors_per_item))
-            .ok_or_else(|| KernelError::spec("items", "overflow: items * layers * vectors"))?;
+        let params = self.copy_params(spec, n, width, shape, self_check)?;
+        let total_vectors = params.total_vectors;
         let grid = self.grid(shape, total_vectors.div_ceil(COPY_UNROLL));
         let grid_threads = u64::from(grid) * u64::from(THREADS_PER_BLOCK);
         let fits_u32 = |x: u64| x < (1u64 << 32);
         let use_u32 = fits_u32(total_vectors + grid_threads * COPY_UNROLL)
-            && fits_u32(src_limit)
-            && fits_u32(dst_limit);
+            && fits_u32(params.src.index_limit)
+            && fits_u32(params.dst.index_limit);
         let k = self.kernels()?;
         let (_, f32_, f64_) = k
             .copy
@@ -215,25 +251,6 @@ impl Gpu {
             .find(|(w, _, _)| *w == width)
             .ok_or_else(|| KernelError::Unsupported(format!("vector width {width}")))?;
         let f = if use_u32 { f32_ } else { f64_ };
-        let side = |s: &SideSpec, limit: u64| SideParams {
-            base: s.base_bytes,
-            layer_stride: s.layer_stride_bytes,
-            page_stride: s.page_stride_bytes,
-            item_stride: s.item_stride_bytes,
-            index_limit: limit,
-        };
-        let params = CopyParams {
-            src: side(&spec.src, src_limit),
-            dst: side(&spec.dst, dst_limit),
-            item_bytes: spec.item_bytes,
-            items_per_page: spec.items_per_page,
-            layer_begin: spec.layers.start,
-            layer_count: spec.layer_count(),
-            n_items: n,
-            total_vectors,
-            group_items: group_items(spec, n, shape.order),
-            self_check: u64::from(self_check),
-        };
         let args = [
             Arg::Copy(&params),
             Arg::Word(src_addr),
@@ -246,5 +263,51 @@ impl Gpu {
         // bound every address of every in-range index by both buffers' lengths, and the kernel
         // only copies when every index was found in range (validation launch or self-check).
         unsafe { self.launch(f, "cuLaunchKernel(copy_items)", grid, &args) }
+    }
+
+    /// Both parts of a `section_major` token (index-K values and scales) in one launch, at the
+    /// narrower part's vector width.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_two_parts(
+        &self,
+        (a, b): (&CopySpec, &CopySpec),
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        src_idx: &DeviceIndices,
+        dst_idx: &DeviceIndices,
+        shape: LaunchShape,
+        self_check: bool,
+    ) -> Result<(), KernelError> {
+        let n = src_idx.len() as u64;
+        let (src_addr, dst_addr) = (src.device_address(), dst.device_address());
+        // Both widths are powers of two dividing their part's sizes: the smaller divides both.
+        let width = a
+            .vector_bytes(src_addr, dst_addr)
+            .min(b.vector_bytes(src_addr, dst_addr));
+        let pa = self.copy_params(a, n, width, shape, self_check)?;
+        let pb = self.copy_params(b, n, width, shape, false)?;
+        let total = pa
+            .total_vectors
+            .checked_add(pb.total_vectors)
+            .ok_or_else(|| KernelError::spec("items", "overflow: vectors of both parts"))?;
+        let grid = self.grid(shape, total.div_ceil(COPY_UNROLL));
+        let k = self.kernels()?;
+        let (_, f) = k
+            .copy_two_parts
+            .iter()
+            .find(|(w, _)| *w == width)
+            .ok_or_else(|| KernelError::Unsupported(format!("vector width {width}")))?;
+        let args = [
+            Arg::Copy(&pa),
+            Arg::Copy(&pb),
+            Arg::Word(src_addr),
+            Arg::Word(dst_addr),
+            Arg::Word(src_idx.address()),
+            Arg::Word(dst_idx.address()),
+            Arg::Word(self.err_address()),
+        ];
+        // SAFETY: as launch_copy, for each part (both validated and length-checked by the
+        // caller, sharing the index limits checked once).
+        unsafe { self.launch(f, "cuLaunchKernel(copy_two_parts)", grid, &args) }
     }
 }

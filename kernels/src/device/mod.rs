@@ -31,7 +31,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use crate::copy_runs::ByteRun;
-use crate::cuda_source::{COPY_KERNELS, SOURCE, THREADS_PER_BLOCK};
+use crate::cuda_source::{COPY_KERNELS, COPY_TWO_PARTS_KERNELS, SOURCE, THREADS_PER_BLOCK};
 use crate::device_memory::{DeviceIndices, driver_err};
 use crate::error::KernelError;
 
@@ -92,6 +92,8 @@ struct Kernels {
     validate: CudaFunction,
     /// By vector width (16, 8, 4, 2, 1): (u32 indexing, u64 indexing).
     copy: Vec<(u64, CudaFunction, CudaFunction)>,
+    /// By vector width: both parts of a `section_major` token in one launch.
+    copy_two_parts: Vec<(u64, CudaFunction)>,
     quantize: CudaFunction,
     dequantize: CudaFunction,
     validate_runs: CudaFunction,
@@ -239,9 +241,14 @@ impl Gpu {
         for (w, n32, n64) in COPY_KERNELS {
             copy.push((w, f(n32)?, f(n64)?));
         }
+        let mut copy_two_parts = Vec::new();
+        for (w, name) in COPY_TWO_PARTS_KERNELS {
+            copy_two_parts.push((w, f(name)?));
+        }
         Ok(Kernels {
             validate: f("validate_index_lists")?,
             copy,
+            copy_two_parts,
             quantize: f("quantize_index_k")?,
             dequantize: f("dequantize_index_k")?,
             validate_runs: f("validate_runs")?,
@@ -263,6 +270,9 @@ impl Gpu {
         for (w, f32_, f64_) in &k.copy {
             fs.push((format!("copy_items_v{w}_u32"), f32_));
             fs.push((format!("copy_items_v{w}_u64"), f64_));
+        }
+        for (w, f) in &k.copy_two_parts {
+            fs.push((format!("copy_two_parts_v{w}"), f));
         }
         fs.into_iter()
             .map(|(name, f)| {
