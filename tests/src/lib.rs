@@ -107,9 +107,9 @@ pub fn snapshots<B: Backend>(cache: &HiCache<B>) -> (Vec<u8>, Vec<u8>) {
 /// The replay tests' small workload on DeepSeek-V3.2-Exp, so a debug test stays fast: 8
 /// sessions in 2 prefix groups, 3 turns, 2 layers, batches of 2, 4 decoded tokens per turn, 2
 /// indexer heads, a device pool of 14 pages. A session ends at 3 x 64 + 3 x (48 + 4) = 348
-/// tokens = 6 pages, a batch needs 2 x 6 = 12 <= 14 pages, and the working set is 2 x 3 prefix
-/// + 8 x 3 own = 30 pages > 14, so a session's pages are backed up while the other batches run
-/// and loaded back on its next turn.
+/// tokens = 6 pages, a batch needs 2 x 6 = 12 <= 14 pages, and the working set is 2 x 3
+/// prefix plus 8 x 3 own = 30 pages > 14, so a session's pages are backed up while the other
+/// batches run and loaded back on its next turn.
 pub fn small_workload() -> Workload {
     Workload {
         sessions: 8,
