@@ -24,8 +24,8 @@
 //!   and write-only [`PoolWriter`]s. The per-transfer checks are on in every build; the cargo
 //!   feature `unchecked` compiles out the identity and byte-range checks ([`shim`] lists
 //!   which check runs where).
-//! - [`model`]: Hugging Face `config.json` -> pool geometry for the models in `configs/`;
-//!   [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`.
+//! - [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`
+//!   (model configs are read by the `kvlayout-models` crate).
 //!
 //! ```
 //! use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
@@ -65,7 +65,6 @@ pub mod codec;
 mod concurrent;
 mod error;
 mod hicache;
-pub mod model;
 pub mod plan;
 mod pool;
 pub mod replay;

@@ -31,10 +31,10 @@ use serde::Serialize;
 use crate::backend::{Backend, CpuBackend};
 use crate::codec::{self, CodecError};
 use crate::hicache::{HiCache, PairError, TransferMode};
-use crate::model::{Model, ModelError, PoolOptions};
 use crate::plan::PagePair;
 use crate::pool::{DevicePool, HostPool, KvPool, PoolError};
 use crate::shim::TransferError;
+use kvlayout_models::{Model, ModelError, PoolOptions};
 
 /// Workload parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -20,8 +20,8 @@
 //! - MHA bf16 8 heads x 128 (K plane then V plane, 4096 B/token), 3 layers, for `page_head`.
 
 use kvlayout_core::{MemoryLayout, PoolGeometry, file, formats};
+use kvlayout_models::{IndexK, Model, PoolOptions};
 use kvlayout_pool::backend::{CudaBackend, KernelError};
-use kvlayout_pool::model::{IndexK, Model, PoolOptions};
 use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, Workload};
 use kvlayout_pool::{
     Backend, BackendError, CopyRun, CpuBackend, DevicePool, Direction, HiCache, HostPool, KvPool,
