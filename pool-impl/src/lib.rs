@@ -20,8 +20,8 @@
 //!   pairs untouched ([`CpuBackend::failing_after`] injects such a fault).
 //! - [`ConcurrentHiCache`]: backup, load and model writes from several threads at once on
 //!   disjoint pages (checked page claims; conflicts refused as [`TransferError::Busy`]).
-//! - [`model`]: Hugging Face `config.json` -> pool geometry for the models in `configs/`;
-//!   [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`.
+//! - [`model`]: Hugging Face `config.json` -> pool geometry for the models in `configs/` (the
+//!   workloads behind `kvlayout replay` live in the `kvlayout-replay` crate).
 //!
 //! ```
 //! use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
@@ -48,13 +48,11 @@
 #![warn(missing_docs)]
 
 pub mod backend;
-pub mod codec;
 mod concurrent;
 mod hicache;
 pub mod model;
 pub mod plan;
 mod pool;
-pub mod replay;
 mod route;
 pub mod shim;
 mod typed;

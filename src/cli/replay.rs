@@ -1,13 +1,16 @@
-//! `kvlayout replay`: a HiCache workload on a real model config (see
-//! [`kvlayout_pool::replay`]); prints sessions, corrupted sessions, pages backed up / loaded,
-//! bytes moved and refused transfers (`--json`: one object). Exit 0 when the workload ran with
-//! no corrupted session, 1 when the host pool's pairing was refused (the mismatch lines are
-//! printed), 2 on bad input, 3 when it ran and sessions were corrupted (a CI gate).
+//! `kvlayout replay`: the main job. By default it replays the Mooncake FAST'25 conversation trace
+//! (embedded; `--trace FILE` for another) through a page-accurate model of SGLang's HiCache,
+//! moving the simulated layers' bytes through the checked pools (see
+//! [`kvlayout_replay::trace_replay`]); `--workload synthetic` runs the multi-turn synthetic
+//! workload ([`kvlayout_replay::synthetic`]). Exit 0 when it ran with nothing corrupted, 1 when
+//! the host pool's pairing was refused (the mismatch lines are printed), 2 on bad input, 3 when
+//! it ran and requests (sessions) were corrupted (a CI gate).
 //!
 //! `--device cuda` puts the device pool in GPU memory and the host pool in pinned host memory
 //! and runs every checked transfer with the CUDA copy kernel (`kvlayout_pool::backend::
 //! CudaBackend`); without a CUDA driver (or a build without the `cuda` feature) it says so on
-//! stderr and runs on the CPU backend. The report names the backend that ran.
+//! stderr and runs on the CPU backend, unless `--require-gpu` makes that an error (exit 2). The
+//! report names the backend that ran.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -15,7 +18,11 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlayout_core::MemoryLayout;
 use kvlayout_pool::model::{Model, PoolOptions};
-use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
+use kvlayout_replay::report::TraceReport;
+use kvlayout_replay::schedule::WritePolicy;
+use kvlayout_replay::synthetic::{self as replay, ReplayInput, ReplayOutcome, ReplayReport, Workload};
+use kvlayout_replay::trace_replay::{self, TraceHost, TraceInput, TraceOutcome};
+use kvlayout_replay::{HostSource, read_host_geometry};
 
 use super::describe::{IndexKArg, KvDtypeArg, thousands};
 
@@ -52,10 +59,30 @@ pub enum DeviceArg {
     Cuda,
 }
 
+/// `--workload` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WorkloadArg {
+    /// A Mooncake trace (the embedded conversation trace, or `--trace FILE`).
+    Trace,
+    /// The multi-turn synthetic workload (`--sessions`, `--turns`, `--concurrency`).
+    Synthetic,
+}
+
+/// `--write-policy` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WritePolicyArg {
+    /// Back a page up to the host when it is evicted from the device.
+    WriteBack,
+    /// Back a page up when it is computed.
+    WriteThrough,
+}
+
 /// Arguments of `kvlayout replay`.
 #[derive(clap::Args)]
 pub struct ReplayArgs {
-    /// Built-in model name or a path to a Hugging Face config.json.
+    /// Built-in model (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5, llama-3.1-8b,
+    /// llama-3.1-70b, qwen3-8b, qwen3-235b-a22b; case-insensitive), a Hugging Face model
+    /// directory (its config.json is read) or a path to a config.json.
     #[arg(long, default_value = "deepseek-v3.2-exp")]
     pub model: String,
     /// Index-K dtype (bf16: the seed bug's device pool) [default: fp8, as `describe`].
@@ -64,35 +91,56 @@ pub struct ReplayArgs {
     /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
     #[arg(long, value_enum)]
     pub kv_dtype: Option<KvDtypeArg>,
-    /// Multi-turn sessions in the workload (run `--concurrency` at a time).
-    #[arg(long, default_value_t = 80)]
-    pub sessions: u64,
+    /// Which workload runs.
+    #[arg(long, value_enum, default_value = "trace")]
+    pub workload: WorkloadArg,
+    /// A Mooncake FAST'25 JSONL trace (timestamp, input_length, output_length, hash_ids)
+    /// [default: the embedded conversation trace, 12,031 requests over one hour].
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Seed of the generated index-K keys, queries and latent values (the page schedule follows
-    /// from the workload's shape: sessions, turns, prefixes, batches).
+    /// from the workload: the trace, or sessions, turns, prefixes and batches).
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
-    /// Layers simulated (the first ones of the model; the pairing check covers all of them).
-    #[arg(long, default_value_t = 4)]
-    pub layers: u64,
-    /// Turns per session.
-    #[arg(long, default_value_t = 3)]
-    pub turns: u64,
-    /// Sessions in flight at once (a batch shares the device pool).
-    #[arg(long, default_value_t = 16)]
-    pub concurrency: u64,
-    /// Device pool pages (smaller than the working set, so pages are backed up and loaded).
-    #[arg(long, default_value_t = 128)]
-    pub device_pages: u64,
-    /// Host pool pages (mirrored host only; a geometry file brings its own).
-    #[arg(long, default_value_t = 512)]
-    pub host_pages: u64,
+    /// Layers whose bytes move (the first ones; the pairing check covers all of them)
+    /// [default: 1 for a trace, 4 synthetic].
+    #[arg(long)]
+    pub layers: Option<u64>,
+    /// Device pool pages [default: trace: an H200's KV budget for DeepSeek-V3.2 at TP 8,
+    /// 40.65 GB / the model's bytes per page; synthetic: 128].
+    #[arg(long)]
+    pub device_pages: Option<u64>,
+    /// Host pool pages (mirrored host only; a geometry file brings its own) [default: trace:
+    /// 2 x device pages, SGLang's --hicache-ratio 2; synthetic: 512].
+    #[arg(long)]
+    pub host_pages: Option<u64>,
     /// Memory layout of the mirrored host pool.
     #[arg(long, value_enum, default_value = "layer-first")]
     pub host_layout: HostLayoutArg,
-    /// Indexer top-k.
+    /// Trace: when pages are written to the host (SGLang --hicache-write-policy).
+    #[arg(long, value_enum, default_value = "write-back")]
+    pub write_policy: WritePolicyArg,
+    /// Trace: prefill speed of one request, tokens per second (how long its pages stay locked).
+    #[arg(long, default_value_t = 20_000)]
+    pub prefill_tokens_per_s: u64,
+    /// Trace: decode time per output token, milliseconds.
+    #[arg(long, default_value_t = 20)]
+    pub decode_ms_per_token: u64,
+    /// Synthetic: multi-turn sessions (run `--concurrency` at a time).
+    #[arg(long, default_value_t = 80)]
+    pub sessions: u64,
+    /// Synthetic: turns per session.
+    #[arg(long, default_value_t = 3)]
+    pub turns: u64,
+    /// Synthetic: sessions in flight at once (a batch shares the device pool).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: u64,
+    /// Indexer top-k (8 of the model's 64 indexer heads are simulated; the model keeps 2048):
+    /// at most the tokens it picks from.
     #[arg(long, default_value_t = 16)]
     pub top_k: usize,
-    /// Use this host geometry file instead of mirroring the device pool.
+    /// Use this host geometry file instead of mirroring the device pool (its `pages` is the
+    /// host capacity).
     #[arg(long)]
     pub host_geometry: Option<PathBuf>,
     /// Skip the shim: no pairing check, no per-transfer check, the host's item size used on
@@ -101,10 +149,16 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub no_verify: bool,
     /// Where the pools live: `cpu`, or `cuda` (GPU 0; falls back to the CPU backend, saying
-    /// so, when no CUDA driver is found).
+    /// so, when no CUDA driver is found, unless --require-gpu).
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: DeviceArg,
-    /// Print one JSON object.
+    /// With `--device cuda`: fail (exit 2) instead of falling back to the CPU.
+    #[arg(long)]
+    pub require_gpu: bool,
+    /// Trace: draw the per-minute series (requests, host hits, corrupted) into this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Print one JSON object (no progress bar).
     #[arg(long)]
     pub json: bool,
 }
@@ -118,37 +172,34 @@ enum Pools {
 
 impl Pools {
     /// Opens the backend `--device` asks for; a CUDA request that cannot be met falls back to
-    /// the CPU backend with a line on stderr.
-    fn open(device: DeviceArg) -> Pools {
+    /// the CPU backend with a line on stderr, or is an error with `require_gpu`.
+    fn open(device: DeviceArg, require_gpu: bool) -> Result<Pools, String> {
         match device {
-            DeviceArg::Cpu => Pools::Cpu,
-            DeviceArg::Cuda => Pools::open_cuda(),
+            DeviceArg::Cpu => Ok(Pools::Cpu),
+            DeviceArg::Cuda => match Pools::open_cuda() {
+                Ok(p) => Ok(p),
+                Err(why) if require_gpu => Err(format!("--require-gpu: {why}")),
+                Err(why) => {
+                    eprintln!("{why}; falling back to the CPU backend");
+                    Ok(Pools::Cpu)
+                }
+            },
         }
     }
 
     #[cfg(feature = "cuda")]
-    fn open_cuda() -> Pools {
+    fn open_cuda() -> Result<Pools, String> {
         use kvlayout_pool::backend::{CudaBackend, KernelError};
         match CudaBackend::new(0) {
-            Ok(b) => Pools::Cuda(b),
-            Err(e @ KernelError::NoDriver) => {
-                eprintln!("{e}; falling back to the CPU backend");
-                Pools::Cpu
-            }
-            Err(e) => {
-                eprintln!("CUDA device 0 unavailable ({e}); falling back to the CPU backend");
-                Pools::Cpu
-            }
+            Ok(b) => Ok(Pools::Cuda(b)),
+            Err(e @ KernelError::NoDriver) => Err(e.to_string()),
+            Err(e) => Err(format!("CUDA device 0 unavailable ({e})")),
         }
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn open_cuda() -> Pools {
-        eprintln!(
-            "no CUDA driver found (this kvlayout was built without the `cuda` feature); \
-             falling back to the CPU backend"
-        );
-        Pools::Cpu
+    fn open_cuda() -> Result<Pools, String> {
+        Err("no CUDA driver found (this kvlayout was built without the `cuda` feature)".into())
     }
 
     /// `cpu` or `cuda`, as the JSON report's `backend`.
@@ -182,6 +233,19 @@ impl Pools {
             Pools::Cpu => replay::run(input, progress),
             #[cfg(feature = "cuda")]
             Pools::Cuda(b) => replay::run_with(b, input, progress),
+        }
+    }
+
+    fn run_trace(
+        self,
+        input: &TraceInput,
+        trace: Box<dyn std::io::BufRead>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<TraceOutcome, replay::ReplayError> {
+        match self {
+            Pools::Cpu => trace_replay::run_trace(input, trace, progress),
+            #[cfg(feature = "cuda")]
+            Pools::Cuda(b) => trace_replay::run_trace_with(b, input, trace, progress),
         }
     }
 }
@@ -262,6 +326,31 @@ fn print_report(r: &ReplayReport, backend: &str) {
     }
 }
 
+/// The host source from `--host-geometry` / `--host-pages` / `--host-layout`.
+fn host_source(args: &ReplayArgs, default_pages: u64) -> Result<HostSource, String> {
+    match &args.host_geometry {
+        Some(path) => Ok(HostSource::Foreign {
+            geometry: read_host_geometry(path)?,
+            source: path.display().to_string(),
+        }),
+        None => Ok(HostSource::Mirror {
+            pages: args.host_pages.unwrap_or(default_pages),
+            memory_layout: args.host_layout.into(),
+        }),
+    }
+}
+
+/// A progress bar on stderr when it is a terminal and `--json` is not given.
+fn progress_bar(args: &ReplayArgs, len: u64, template: &str) -> Option<ProgressBar> {
+    (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new(len);
+        b.set_style(
+            ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    })
+}
+
 /// Runs the subcommand.
 pub fn run(args: &ReplayArgs) -> u8 {
     let model = match Model::load(&args.model) {
@@ -271,52 +360,58 @@ pub fn run(args: &ReplayArgs) -> u8 {
             return 2;
         }
     };
-    let host = match &args.host_geometry {
-        Some(path) => match replay::read_host_geometry(path) {
-            Ok(geometry) => HostSource::Foreign {
-                geometry,
-                source: path.display().to_string(),
-            },
-            Err(e) => {
-                eprintln!("error: {e}");
-                return 2;
-            }
-        },
-        None => HostSource::Mirror {
-            pages: args.host_pages,
-            memory_layout: args.host_layout.into(),
-        },
+    let pools = match Pools::open(args.device, args.require_gpu) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
     };
     let index_k = super::describe::index_k_for(&model, args.index_k);
+    let pool = PoolOptions {
+        kv_dtype: args.kv_dtype.map(Into::into),
+        index_k,
+        ..PoolOptions::default()
+    };
+    match args.workload {
+        WorkloadArg::Synthetic if args.trace.is_some() || args.plot.is_some() => {
+            eprintln!("error: --trace and --plot belong to --workload trace");
+            2
+        }
+        WorkloadArg::Synthetic => run_synthetic(args, model, pool, pools),
+        WorkloadArg::Trace => run_trace(args, model, pool, pools),
+    }
+}
+
+fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -> u8 {
+    let host = match host_source(args, 512) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
     let input = ReplayInput {
         model,
-        pool: PoolOptions {
-            kv_dtype: args.kv_dtype.map(Into::into),
-            index_k,
-            ..PoolOptions::default()
-        },
+        pool,
         host,
         verify: !args.no_verify,
         workload: Workload {
             sessions: args.sessions,
             seed: args.seed,
-            layers: args.layers,
+            layers: args.layers.unwrap_or(4),
             turns: args.turns,
             top_k: args.top_k,
             concurrency: args.concurrency,
-            device_pages: args.device_pages,
+            device_pages: args.device_pages.unwrap_or(128),
             ..Workload::default()
         },
     };
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let b = ProgressBar::new(args.sessions.saturating_mul(args.turns));
-        b.set_style(
-            ProgressStyle::with_template("{bar:40} {pos}/{len} session-turns {elapsed}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    });
-    let pools = Pools::open(args.device);
+    let bar = progress_bar(
+        args,
+        args.sessions.saturating_mul(args.turns),
+        "{bar:40} {pos}/{len} session-turns {elapsed}",
+    );
     let (backend, backend_text) = (pools.name(), pools.describe());
     let outcome = pools.run(&input, &mut |done, _| {
         if let Some(b) = &bar {
@@ -335,19 +430,7 @@ pub fn run(args: &ReplayArgs) -> u8 {
             if args.json {
                 println!("{}", json_with_backend(&r, backend, args.device));
             } else {
-                println!(
-                    "refused: the host pool ({}) cannot exchange pages with the {} device pool; {} differing field{} (device, host):",
-                    r.host_geometry,
-                    r.model,
-                    r.mismatch.len(),
-                    if r.mismatch.len() == 1 { "" } else { "s" }
-                );
-                for m in &r.mismatch {
-                    println!("  {m}");
-                }
-                println!(
-                    "no session ran (backend {backend_text}); mirror the device pool (drop --host-geometry) or fix the host geometry"
-                );
+                print_refusal(&r.host_geometry, &r.model, &r.mismatch, "no session ran", &backend_text);
             }
             1
         }
@@ -359,5 +442,204 @@ pub fn run(args: &ReplayArgs) -> u8 {
             }
             if r.corrupted_sessions > 0 { 3 } else { 0 }
         }
+    }
+}
+
+fn print_refusal(host: &str, model: &str, mismatch: &[String], what: &str, backend: &str) {
+    println!(
+        "refused: the host pool ({host}) cannot exchange pages with the {model} device pool; {} differing field{} (device, host):",
+        mismatch.len(),
+        if mismatch.len() == 1 { "" } else { "s" }
+    );
+    for m in mismatch {
+        println!("  {m}");
+    }
+    println!(
+        "{what} (backend {backend}); mirror the device pool (drop --host-geometry) or fix the host geometry"
+    );
+}
+
+fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -> u8 {
+    let host = match &args.host_geometry {
+        Some(_) => match host_source(args, 0) {
+            Ok(h) => TraceHost::Foreign(h),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 2;
+            }
+        },
+        None => TraceHost::Mirror {
+            pages: args.host_pages,
+            memory_layout: args.host_layout.into(),
+        },
+    };
+    let (trace, trace_name, trace_bytes): (Box<dyn std::io::BufRead>, String, u64) = match &args.trace {
+        None => (
+            Box::new(trace_replay::CONVERSATION_TRACE.as_bytes()),
+            "embedded: Mooncake FAST'25 conversation trace (data/conversation_trace.jsonl)".into(),
+            trace_replay::CONVERSATION_TRACE.len() as u64,
+        ),
+        Some(path) => match std::fs::File::open(path) {
+            Ok(f) => {
+                let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+                (
+                    Box::new(std::io::BufReader::new(f)),
+                    path.display().to_string(),
+                    len,
+                )
+            }
+            Err(e) => {
+                eprintln!("error: --trace {}: {e}", path.display());
+                return 2;
+            }
+        },
+    };
+    let input = TraceInput {
+        model,
+        pool,
+        device_pages: args.device_pages,
+        host,
+        verify: !args.no_verify,
+        layers: args.layers.unwrap_or(1),
+        top_k: args.top_k,
+        indexer_heads: 8,
+        seed: args.seed,
+        write_policy: match args.write_policy {
+            WritePolicyArg::WriteBack => WritePolicy::WriteBack,
+            WritePolicyArg::WriteThrough => WritePolicy::WriteThrough,
+        },
+        prefill_tokens_per_s: args.prefill_tokens_per_s,
+        decode_ms_per_token: args.decode_ms_per_token,
+        trace_name,
+    };
+    let bar = progress_bar(args, trace_bytes, "{bar:40} {percent}% of the trace {elapsed}");
+    if let Some(b) = &bar {
+        // Drawn only once the run has taken a second.
+        b.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let started = std::time::Instant::now();
+    let (backend, backend_text) = (pools.name(), pools.describe());
+    let outcome = pools.run_trace(&input, trace, &mut |done| {
+        if let Some(b) = &bar {
+            if started.elapsed().as_secs() >= 1 && b.is_hidden() {
+                b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            }
+            b.set_position(done);
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    match outcome {
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+        Ok(TraceOutcome::Refused(r)) => {
+            if args.json {
+                println!("{}", json_with_backend(&r, backend, args.device));
+            } else {
+                print_refusal(&r.host_geometry, &r.model, &r.mismatch, "no request ran", &backend_text);
+            }
+            1
+        }
+        Ok(TraceOutcome::Completed(r)) => {
+            if let Some(path) = &args.plot
+                && let Err(e) = kvlayout_replay::plot::plot_svg(&r, path)
+            {
+                eprintln!("error: --plot {e}");
+                return 2;
+            }
+            if args.json {
+                println!("{}", json_with_backend(&r, backend, args.device));
+            } else {
+                print_trace_report(&r, &backend_text);
+                if let Some(path) = &args.plot {
+                    println!("plot: {}", path.display());
+                }
+            }
+            if r.corrupted_requests > 0 { 3 } else { 0 }
+        }
+    }
+}
+
+fn pct(share: f64) -> String {
+    format!("{:.1}%", share * 100.0)
+}
+
+fn print_trace_report(r: &TraceReport, backend: &str) {
+    println!(
+        "kvlayout replay: {} ({}), trace {}",
+        r.model,
+        r.formats.join(", "),
+        r.trace
+    );
+    println!("  backend: {backend}");
+    println!(
+        "  device pool {} pages of {} tokens ({}); host pool {} pages, {} ({}; {}); pairing {}",
+        thousands(r.device_pages),
+        r.page_size_tokens,
+        r.device_pages_source,
+        thousands(r.host_pages),
+        r.host_memory_layout,
+        r.host_geometry,
+        r.host_pages_source,
+        r.pairing
+    );
+    if !r.mismatch.is_empty() {
+        println!("  geometry NOT checked; device and host differ:");
+        for m in &r.mismatch {
+            println!("    {m}");
+        }
+    }
+    println!(
+        "  fingerprints: device {}, host {}",
+        r.device_fingerprint, r.host_fingerprint
+    );
+    println!("  sampled: {}", r.sampled);
+    println!(
+        "  model of SGLang HiCache: {} policy, LRU leaf eviction, loads before prefill; {} prefill tokens/s and {} ms per decoded token per request",
+        match r.write_policy {
+            WritePolicy::WriteBack => "write_back",
+            WritePolicy::WriteThrough => "write_through",
+        },
+        thousands(r.prefill_tokens_per_s),
+        r.decode_ms_per_token
+    );
+    println!(
+        "requests {}: with host hits {} ({}), corrupted {} ({})",
+        thousands(r.requests),
+        thousands(r.requests_with_host_hits),
+        pct(r.host_hit_share),
+        thousands(r.corrupted_requests),
+        pct(r.corrupted_share)
+    );
+    println!(
+        "prompt tokens {}: from device {}, from host {}, recomputed {}",
+        thousands(r.prompt_tokens),
+        thousands(r.device_tokens),
+        thousands(r.host_tokens),
+        thousands(r.recomputed_tokens)
+    );
+    println!(
+        "pages: {} device hits, {} computed, {} backed up ({} B), {} loaded ({} B), {} dropped",
+        thousands(r.pages.device_hit_pages),
+        thousands(r.pages.computed_pages),
+        thousands(r.pages.backed_up_pages),
+        thousands(r.bytes_backed_up),
+        thousands(r.pages.loaded_pages),
+        thousands(r.bytes_loaded),
+        thousands(r.pages.dropped_pages)
+    );
+    println!(
+        "transfers: {} backups, {} loads, {} refused; {} requests waited for free pages; last request done at {:.1} s",
+        thousands(r.backup_transfers),
+        thousands(r.load_transfers),
+        r.pages.refused_transfers,
+        thousands(r.pages.delayed_requests),
+        r.end_ms as f64 / 1000.0
+    );
+    if let Some(why) = &r.first_refusal {
+        println!("first refusal: {why}");
     }
 }

@@ -25,16 +25,19 @@
 
 use std::collections::HashMap;
 
-use kvlayout_core::{MemoryLayout, Mismatch, PoolGeometry, compare, file};
+use kvlayout_pool::backend::{Backend, CpuBackend};
+use kvlayout_pool::model::{Model, PoolOptions};
+use kvlayout_pool::shim::TransferError;
+use kvlayout_pool::{HiCache, KvPool, PagePair};
 use serde::Serialize;
 
-use crate::backend::{Backend, CpuBackend};
 use crate::codec::{self, CodecError};
-use crate::hicache::{HiCache, PairError, TransferMode};
-use crate::model::{Model, ModelError, PoolOptions};
-use crate::plan::PagePair;
-use crate::pool::{DevicePool, HostPool, KvPool, PoolError};
-use crate::shim::TransferError;
+pub use crate::error::ReplayError;
+use crate::error::workload_err;
+use crate::indexer::top_k;
+pub use crate::pairing::{HostSource, read_host_geometry};
+use crate::pairing::{Paired, pair_pools};
+use crate::rng::{mix, unit};
 
 /// Workload parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,25 +91,6 @@ impl Default for Workload {
     }
 }
 
-/// Where the host pool's geometry comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HostSource {
-    /// [`HostPool::mirror_of`] the device pool.
-    Mirror {
-        /// Host pages.
-        pages: u64,
-        /// Host memory layout.
-        memory_layout: MemoryLayout,
-    },
-    /// A foreign geometry (a geometry file): its own pages and memory layout.
-    Foreign {
-        /// The geometry.
-        geometry: PoolGeometry,
-        /// Where it came from (path), for the report.
-        source: String,
-    },
-}
-
 /// Everything a replay needs.
 #[derive(Clone, Debug)]
 pub struct ReplayInput {
@@ -120,29 +104,6 @@ pub struct ReplayInput {
     pub verify: bool,
     /// Workload.
     pub workload: Workload,
-}
-
-/// An error that stops a replay (bad input, a pool too small); a refused pairing is an
-/// outcome, not an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// The model config cannot be mapped.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// A pool cannot be built or accessed.
-    #[error("pool: {0}")]
-    Pool(#[from] PoolError),
-    /// Encoding or decoding failed.
-    #[error("codec: {0}")]
-    Codec(#[from] CodecError),
-    /// A workload parameter is out of range.
-    #[error("workload: {field}: {problem}")]
-    Workload {
-        /// Parameter.
-        field: &'static str,
-        /// What is wrong, with the values.
-        problem: String,
-    },
 }
 
 /// Result of a replay.
@@ -272,18 +233,6 @@ struct Session {
     ref_keys: Vec<Vec<f32>>,
 }
 
-fn mix(mut z: u64) -> u64 {
-    // splitmix64 finalizer.
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn unit(h: u64) -> f32 {
-    // 24 random bits -> [-1, 1).
-    ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-}
 
 struct Gen {
     seed: u64,
@@ -327,18 +276,6 @@ struct Sim<'a, B: Backend> {
     report: ReplayReport,
 }
 
-fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
-    let mut g = g.clone();
-    for b in &mut g.buffers {
-        b.layers = b.layers.min(layers);
-    }
-    g
-}
-
-fn workload_err(field: &'static str, problem: String) -> ReplayError {
-    ReplayError::Workload { field, problem }
-}
-
 /// Runs the replay on the CPU backend; `progress(done, total)` is called after each batch
 /// (session-turns).
 pub fn run(
@@ -374,77 +311,21 @@ pub fn run_with<B: Backend>(
         pages: w.device_pages,
         ..input.pool
     };
-    let model_pool = input.model.pool(&opts)?;
-    let full_device = model_pool.geometry.clone();
-    let (full_host, host_source) = match &input.host {
-        HostSource::Mirror {
-            pages,
-            memory_layout,
-        } => {
-            let mut g = full_device.clone();
-            g.pages = *pages;
-            g.memory_layout = *memory_layout;
-            (g, "mirror of the device pool".to_string())
-        }
-        HostSource::Foreign { geometry, source } => (geometry.clone(), source.clone()),
+    let paired = match pair_pools(backend, &input.model, &opts, &input.host, input.verify, w.layers)? {
+        Ok(p) => p,
+        Err(r) => return Ok(ReplayOutcome::Refused(refusal(input, r.host_source, r.mismatch))),
     };
-    let mismatch: Vec<String> = match compare(&full_device, &full_host) {
-        Ok(()) => Vec::new(),
-        Err(m) => m.diffs.iter().map(|d| d.to_string()).collect(),
-    };
-    if input.verify && !mismatch.is_empty() {
-        return Ok(ReplayOutcome::Refused(Refusal {
-            model: input.model.name.clone(),
-            sessions: w.sessions,
-            host_geometry: host_source,
-            pairing: "refused",
-            mismatch,
-            corrupted_sessions: 0,
-            refused_transfers: 0,
-            bytes_loaded: 0,
-        }));
-    }
     let model_layers = input.model.config.num_hidden_layers;
-    if w.layers > model_layers {
-        return Err(workload_err(
-            "layers",
-            format!(
-                "{} simulated layers, but the model has {model_layers}",
-                w.layers
-            ),
-        ));
-    }
     let sim_layers = w.layers;
-    let device = DevicePool::new_in(backend.clone(), truncate_layers(&full_device, sim_layers))?;
-    let host_geom = truncate_layers(&full_host, sim_layers);
-    let host = match &input.host {
-        HostSource::Mirror {
-            pages,
-            memory_layout,
-        } => HostPool::mirror_of(&device, *pages, *memory_layout)?,
-        HostSource::Foreign { .. } => HostPool::from_geometry_in(backend, host_geom)?,
-    };
-    // The fingerprints of the pools as the model and the host file declare them (all layers),
-    // the values a storage key or handshake would carry; the simulated pools hold a prefix of
-    // the layers.
-    let fingerprint = |g: &kvlayout_core::PoolGeometry| g.fingerprint().unwrap_or_default();
-    let (device_fp, host_fp) = (fingerprint(&full_device), fingerprint(&full_host));
-    let cache = if input.verify {
-        match HiCache::pair(device, host) {
-            Ok(c) => c,
-            Err(PairError::Mismatch(m)) => {
-                return Ok(ReplayOutcome::Refused(refusal(input, host_source, &m)));
-            }
-            Err(e @ PairError::Route(_)) => {
-                return Err(ReplayError::Workload {
-                    field: "host pool",
-                    problem: e.to_string(),
-                });
-            }
-        }
-    } else {
-        HiCache::pair_unverified(device, host)
-    };
+    let Paired {
+        cache,
+        model_pool,
+        mismatch,
+        host_source,
+        device_fingerprint,
+        host_fingerprint,
+        pairing,
+    } = paired;
     let geometry = cache.device().geometry();
     let kv = geometry.buffer_index("kv").unwrap_or(0);
     let index_k = geometry.buffer_index("index_k");
@@ -464,13 +345,10 @@ pub fn run_with<B: Backend>(
         host_pages,
         host_memory_layout: cache.host().geometry().memory_layout.to_string(),
         host_geometry: host_source,
-        pairing: match cache.mode() {
-            TransferMode::Checked => "checked".into(),
-            TransferMode::Unverified => "unverified (--no-verify)".into(),
-        },
+        pairing,
         mismatch,
-        device_fingerprint: format!("{device_fp:#018x}"),
-        host_fingerprint: format!("{host_fp:#018x}"),
+        device_fingerprint,
+        host_fingerprint,
         sessions: w.sessions,
         corrupted_sessions: 0,
         sessions_with_loaded_pages: 0,
@@ -559,13 +437,13 @@ pub fn run_with<B: Backend>(
     Ok(ReplayOutcome::Completed(Box::new(sim.report)))
 }
 
-fn refusal(input: &ReplayInput, host_geometry: String, m: &Mismatch) -> Refusal {
+fn refusal(input: &ReplayInput, host_geometry: String, mismatch: Vec<String>) -> Refusal {
     Refusal {
         model: input.model.name.clone(),
         sessions: input.workload.sessions,
         host_geometry,
         pairing: "refused",
-        mismatch: m.diffs.iter().map(|d| d.to_string()).collect(),
+        mismatch,
         corrupted_sessions: 0,
         refused_transfers: 0,
         bytes_loaded: 0,
@@ -974,32 +852,4 @@ impl<B: Backend> Sim<'_, B> {
         }
         Ok(())
     }
-}
-
-/// Indexer scores `I(s) = sum_h w[h] * ReLU(q[h] . k[s])` over `keys` (`[tokens][dim]`) and the
-/// indices of the `k` best (ties: lower index first), best first.
-pub fn top_k(q: &[f32], w: &[f32], keys: &[f32], dim: usize, k: usize) -> Vec<u64> {
-    let mut scored: Vec<(f32, u64)> = keys
-        .chunks_exact(dim)
-        .enumerate()
-        .map(|(s, key)| {
-            let score: f32 = w
-                .iter()
-                .zip(q.chunks_exact(dim))
-                .map(|(wh, qh)| {
-                    let dot: f32 = qh.iter().zip(key).map(|(a, b)| a * b).sum();
-                    wh * dot.max(0.0)
-                })
-                .sum();
-            (score, s as u64)
-        })
-        .collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    scored.truncate(k);
-    scored.into_iter().map(|(_, s)| s).collect()
-}
-
-/// Reads a host geometry file for `--host-geometry`.
-pub fn read_host_geometry(path: &std::path::Path) -> Result<PoolGeometry, String> {
-    file::read_path(path).map_err(|e| format!("{}: {e}", path.display()))
 }
