@@ -33,6 +33,16 @@ pub fn read_host_geometry(path: &std::path::Path) -> Result<PoolGeometry, String
     file::read_path(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// What of the model's pools holds real bytes: the first `layers` layers of the buffers named
+/// (all buffers when `buffers` is `None`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Layers (the first ones).
+    pub layers: u64,
+    /// Buffer names, or all.
+    pub buffers: Option<Vec<String>>,
+}
+
 /// The first `layers` layers of every buffer.
 pub(crate) fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
     let mut g = g.clone();
@@ -40,6 +50,27 @@ pub(crate) fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
         b.layers = b.layers.min(layers);
     }
     g
+}
+
+/// `g` cut down to `sample`; a buffer name the geometry lacks is an error naming it.
+fn sampled(g: &PoolGeometry, sample: &Sample) -> Result<PoolGeometry, ReplayError> {
+    let mut g = truncate_layers(g, sample.layers);
+    if let Some(names) = &sample.buffers {
+        for n in names {
+            if g.buffer_index(n).is_none() {
+                return Err(workload_err(
+                    "--buffers",
+                    format!(
+                        "{n}: no such buffer in {} (buffers: {})",
+                        g.name,
+                        g.buffers.iter().map(|b| b.name().to_string()).collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        g.buffers.retain(|b| names.iter().any(|n| n == b.name()));
+    }
+    Ok(g)
 }
 
 /// Paired pools and what the report says about them.
@@ -66,8 +97,9 @@ pub(crate) fn pair_pools<B: Backend>(
     opts: &PoolOptions,
     host: &HostSource,
     verify: bool,
-    layers: u64,
+    sample: &Sample,
 ) -> Result<Result<Paired<B>, Refused>, ReplayError> {
+    let layers = sample.layers;
     let model_pool = model.pool(opts)?;
     let full_device = model_pool.geometry.clone();
     let (full_host, host_source) = match host {
@@ -99,14 +131,14 @@ pub(crate) fn pair_pools<B: Backend>(
             format!("{layers} simulated layers, but the model has {model_layers}"),
         ));
     }
-    let device = DevicePool::new_in(backend.clone(), truncate_layers(&full_device, layers))?;
+    let device = DevicePool::new_in(backend.clone(), sampled(&full_device, sample)?)?;
     let host_pool = match host {
         HostSource::Mirror {
             pages,
             memory_layout,
         } => HostPool::mirror_of(&device, *pages, *memory_layout)?,
         HostSource::Foreign { .. } => {
-            HostPool::from_geometry_in(backend, truncate_layers(&full_host, layers))?
+            HostPool::from_geometry_in(backend, sampled(&full_host, sample)?)?
         }
     };
     // The fingerprints of the pools as the model and the host file declare them (all layers),

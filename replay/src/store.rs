@@ -53,7 +53,8 @@ pub struct PoolStore<B: Backend> {
     /// `[buffer][layer][template]` canonical page bytes.
     templates: Vec<Vec<Vec<Vec<u8>>>>,
     index_k: Option<usize>,
-    kv: usize,
+    /// The latent buffer, when its bytes move.
+    kv: Option<usize>,
     /// `[layer][query][template * page_size + token]` reference scores.
     ref_scores: Vec<Vec<Vec<f32>>>,
     /// `[layer][query]` (q, w).
@@ -117,7 +118,7 @@ impl<B: Backend> PoolStore<B> {
             templates.push(per_layer);
         }
         let index_k = geometry.buffer_index("index_k");
-        let kv = geometry.buffer_index("kv").unwrap_or(0);
+        let kv = geometry.buffer_index("kv");
         let mut ref_scores = Vec::new();
         let mut queries = Vec::new();
         if let Some(ib) = index_k {
@@ -261,7 +262,7 @@ impl<B: Backend> PoolStore<B> {
             }
         };
         let buffers: Vec<usize> = match self.index_k {
-            Some(_) => vec![self.kv],
+            Some(_) => self.kv.into_iter().collect(),
             None => (0..self.templates.len()).collect(),
         };
         for pos in selected {

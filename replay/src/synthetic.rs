@@ -36,7 +36,7 @@ pub use crate::error::ReplayError;
 use crate::error::workload_err;
 use crate::indexer::top_k;
 pub use crate::pairing::{HostSource, read_host_geometry};
-use crate::pairing::{Paired, pair_pools};
+use crate::pairing::{Paired, Sample, pair_pools};
 use crate::rng::{mix, unit};
 
 /// Workload parameters.
@@ -311,7 +311,17 @@ pub fn run_with<B: Backend>(
         pages: w.device_pages,
         ..input.pool
     };
-    let paired = match pair_pools(backend, &input.model, &opts, &input.host, input.verify, w.layers)? {
+    let paired = match pair_pools(
+        backend,
+        &input.model,
+        &opts,
+        &input.host,
+        input.verify,
+        &Sample {
+            layers: w.layers,
+            buffers: None,
+        },
+    )? {
         Ok(p) => p,
         Err(r) => return Ok(ReplayOutcome::Refused(refusal(input, r.host_source, r.mismatch))),
     };

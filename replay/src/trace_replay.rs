@@ -24,7 +24,7 @@ use kvlayout_pool::backend::{Backend, CpuBackend};
 use kvlayout_pool::model::{Model, PoolOptions};
 
 use crate::error::{ReplayError, workload_err};
-use crate::pairing::{HostSource, Paired, pair_pools};
+use crate::pairing::{HostSource, Paired, Sample, pair_pools};
 use crate::report::{Minute, TraceRefusal, TraceReport, share};
 use crate::schedule::{Schedule, ScheduleConfig, WritePolicy};
 use crate::store::{IndexerParams, PoolStore};
@@ -71,6 +71,9 @@ pub struct TraceInput {
     pub verify: bool,
     /// Layers whose bytes move.
     pub layers: u64,
+    /// Buffers whose bytes move; `None`: `index_k` when the model has one (the buffer the
+    /// indexer reads), else all.
+    pub buffers: Option<Vec<String>>,
     /// Indexer top-k.
     pub top_k: usize,
     /// Indexer heads.
@@ -212,7 +215,18 @@ pub fn run_trace_with<B: Backend>(
         pages: device_pages,
         ..input.pool
     };
-    let paired = match pair_pools(backend, &input.model, &opts, &host, input.verify, input.layers)? {
+    let buffers = match &input.buffers {
+        Some(b) => Some(b.clone()),
+        None => full
+            .geometry
+            .buffer_index("index_k")
+            .map(|_| vec!["index_k".to_string()]),
+    };
+    let sample = Sample {
+        layers: input.layers,
+        buffers,
+    };
+    let paired = match pair_pools(backend, &input.model, &opts, &host, input.verify, &sample)? {
         Ok(p) => p,
         Err(r) => {
             return Ok(TraceOutcome::Refused(TraceRefusal {
@@ -259,7 +273,8 @@ pub fn run_trace_with<B: Backend>(
     let mut per_minute: Vec<Minute> = Vec::new();
     let mut report = TraceReport {
         model: input.model.name.clone(),
-        formats: geometry
+        formats: model_pool
+            .geometry
             .buffers
             .iter()
             .zip(&model_pool.formats)
@@ -304,19 +319,27 @@ pub fn run_trace_with<B: Backend>(
         end_ms: 0,
         per_minute: Vec::new(),
     };
+    let moved: Vec<String> = geometry.buffers.iter().map(|b| b.name().to_string()).collect();
     report.sampled = if report.indexer {
         format!(
-            "page schedule exact at full scale; bytes of layers 0..{} of {} (every buffer) move \
+            "page schedule exact at full scale; bytes of layers 0..{} of {}, buffers {}, move \
              through the pools; indexer: {} of 64 heads, top-{} of 2048, one query per request \
              per simulated layer, run for each request that loaded pages from the host",
-            input.layers, report.model_layers, input.indexer_heads, input.top_k
+            input.layers,
+            report.model_layers,
+            moved.join(", "),
+            input.indexer_heads,
+            input.top_k
         )
     } else {
         format!(
-            "page schedule exact at full scale; bytes of layers 0..{} of {} move through the \
-             pools; no indexer: rows of {} sampled tokens compared per request that loaded \
-             pages from the host",
-            input.layers, report.model_layers, input.top_k
+            "page schedule exact at full scale; bytes of layers 0..{} of {}, buffers {}, move \
+             through the pools; no indexer: rows of {} sampled tokens compared per request that \
+             loaded pages from the host",
+            input.layers,
+            report.model_layers,
+            moved.join(", "),
+            input.top_k
         )
     };
     let mut requests = TraceReader::new(Counting {

@@ -106,6 +106,10 @@ pub struct ReplayArgs {
     /// [default: 1 for a trace, 4 synthetic].
     #[arg(long)]
     pub layers: Option<u64>,
+    /// Trace: buffers whose bytes move, comma-separated (e.g. `index_k,kv`) [default: index_k
+    /// when the model has the DSA indexer (the buffer it reads), else all].
+    #[arg(long, value_delimiter = ',')]
+    pub buffers: Option<Vec<String>>,
     /// Device pool pages [default: trace: an H200's KV budget for DeepSeek-V3.2 at TP 8,
     /// 40.65 GB / the model's bytes per page; synthetic: 128].
     #[arg(long)]
@@ -501,6 +505,7 @@ fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -
         host,
         verify: !args.no_verify,
         layers: args.layers.unwrap_or(1),
+        buffers: args.buffers.clone(),
         top_k: args.top_k,
         indexer_heads: 8,
         seed: args.seed,
