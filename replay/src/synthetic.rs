@@ -386,14 +386,41 @@ pub fn run_with<B: Backend>(
         .and_then(|p| p.checked_add(w.turns.checked_mul(w.user_tokens + w.decode_tokens)?))
         .ok_or_else(|| workload_err("turns", "token count overflows".into()))?;
     let pages_per_session = max_tokens.div_ceil(page_size);
-    let need = pages_per_session.saturating_mul(w.concurrency.min(w.sessions));
+    let batch = w.concurrency.min(w.sessions);
+    let need = pages_per_session.saturating_mul(batch);
+    if pages_per_session > w.device_pages {
+        return Err(workload_err(
+            "--device-pages",
+            format!(
+                "{} pages cannot hold one session of {max_tokens} tokens ({pages_per_session} pages)",
+                w.device_pages
+            ),
+        ));
+    }
     if need > w.device_pages {
         return Err(workload_err(
-            "device_pages",
+            "--concurrency",
             format!(
-                "{} pages cannot hold a batch: {} sessions x {pages_per_session} pages = {need}",
+                "{} sessions at once need {batch} x {pages_per_session} pages = {need}, more than \
+                 the device pool's {} pages (--device-pages); at most {} fit",
+                w.concurrency,
                 w.device_pages,
-                w.concurrency.min(w.sessions)
+                w.device_pages / pages_per_session
+            ),
+        ));
+    }
+    // The indexer picks from the tokens before the first decoded one: the shared prefix and
+    // the first turn's prompt. A larger top-k selects every token and checks nothing.
+    let first_context = w.prefix_pages * page_size + w.user_tokens;
+    if index_k.is_some() && w.top_k as u64 > first_context {
+        return Err(workload_err(
+            "--top-k",
+            format!(
+                "{} is more than the {first_context} tokens the indexer picks from at the first \
+                 decode step ({} prefix + {} prompt tokens)",
+                w.top_k,
+                w.prefix_pages * page_size,
+                w.user_tokens
             ),
         ));
     }
