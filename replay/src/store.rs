@@ -29,9 +29,9 @@ use crate::schedule::{PageId, PageStore};
 use crate::trace::Request;
 
 /// Distinct template pages per buffer and layer.
-pub const TEMPLATES: u64 = 64;
+pub const TEMPLATES: u64 = 16;
 /// Distinct indexer queries.
-pub const QUERIES: u64 = 8;
+pub const QUERIES: u64 = 4;
 
 /// Indexer parameters of the check.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
