@@ -31,6 +31,8 @@
 //! assert_eq!(INDEX_K_FP8.offset_bytes(1, 3, 0, 64), Ok(64 * 128 + 3 * 4));
 //! ```
 
+mod align;
+mod buffer;
 mod diff;
 mod dtype;
 pub mod elem;
@@ -40,16 +42,17 @@ pub mod fingerprint;
 pub mod formats;
 mod geometry;
 mod layout;
+pub mod level;
 mod section;
 
-pub use diff::{FieldDiff, Mismatch, arrangement_text, compare};
+pub use buffer::{Attention, BufferGeometry, Shard, ShardSplit};
+pub use diff::{FieldDiff, Mismatch, arrangement_text, buffer_summary, compare, compare_at};
 pub use dtype::Dtype;
 pub use elem::Element;
 pub use error::LayoutError;
-pub use geometry::{
-    BufferGeometry, GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error,
-};
+pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error};
 pub use layout::{Arrangement, PageGeometry, TokenLayout};
+pub use level::Level;
 pub use section::{ScaleOf, Section};
 
 pub use std::borrow::Cow;
