@@ -112,8 +112,23 @@ fn concurrency_past_the_pool_names_concurrency() {
     // A session ends at 3 x 64 + 3 x (48 + 8) = 360 tokens = ceil(360 / 64) = 6 pages; 8 at
     // once need 48 > 14.
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args(["replay", "--workload", "synthetic", "--sessions", "8", "--layers", "2"])
-        .args(["--concurrency", "8", "--device-pages", "14", "--host-pages", "64"])
+        .args([
+            "replay",
+            "--workload",
+            "synthetic",
+            "--sessions",
+            "8",
+            "--layers",
+            "2",
+        ])
+        .args([
+            "--concurrency",
+            "8",
+            "--device-pages",
+            "14",
+            "--host-pages",
+            "64",
+        ])
         .output()
         .expect("run kvlayout");
     let text = String::from_utf8_lossy(&out.stderr);
@@ -165,7 +180,13 @@ fn trace_replay(extra_line: &str, extra: &[&str]) -> (i32, String) {
         "--host-pages".into(),
         "96".into(),
     ];
-    args.extend(extra.iter().map(|a| if *a == "HOST" { host.to_string() } else { a.to_string() }));
+    args.extend(extra.iter().map(|a| {
+        if *a == "HOST" {
+            host.to_string()
+        } else {
+            a.to_string()
+        }
+    }));
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
         .args(&args)
         .output()
@@ -236,7 +257,11 @@ fn trace_plot_writes_an_svg() {
     assert_eq!(code, 0, "{text}");
     let svg = std::fs::read_to_string(&path).expect("the plot");
     assert!(svg.starts_with("<svg"), "{svg}");
-    for label in ["requests with host hits", "corrupted requests", "minute of the trace"] {
+    for label in [
+        "requests with host hits",
+        "corrupted requests",
+        "minute of the trace",
+    ] {
         assert!(svg.contains(label), "{label} missing");
     }
 }
@@ -264,7 +289,13 @@ fn help_names_models_and_directories() {
         .output()
         .expect("run kvlayout");
     let text = String::from_utf8_lossy(&out.stdout);
-    for want in ["deepseek-v3.2-exp", "llama-3.1-8b", "model directory", "--workload", "--trace"] {
+    for want in [
+        "deepseek-v3.2-exp",
+        "llama-3.1-8b",
+        "model directory",
+        "--workload",
+        "--trace",
+    ] {
         assert!(text.contains(want), "{want} missing from {text}");
     }
 }

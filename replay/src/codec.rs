@@ -227,9 +227,11 @@ pub fn encode_token(
                     // A power of two: its biased f32 exponent is the ue8m0 byte.
                     _ => scales.push((scale.to_bits() >> 23) as u8),
                 }
-                elems.extend(block_values.iter().map(|v| {
-                    F8E4M3::from_f32((v / scale).clamp(-E4M3_MAX, E4M3_MAX)).to_bits()
-                }));
+                elems.extend(
+                    block_values.iter().map(|v| {
+                        F8E4M3::from_f32((v / scale).clamp(-E4M3_MAX, E4M3_MAX)).to_bits()
+                    }),
+                );
             }
             out[i] = elems;
             out[si] = scales;

@@ -55,7 +55,10 @@ mod tests {
 
     #[test]
     fn top_k_keeps_the_best_with_ties_to_the_lower_index() {
-        assert_eq!(top_k_of_scores(&[1.0, 5.0, 3.0, 5.0, 0.0], 3), vec![1, 3, 2]);
+        assert_eq!(
+            top_k_of_scores(&[1.0, 5.0, 3.0, 5.0, 0.0], 3),
+            vec![1, 3, 2]
+        );
         assert_eq!(top_k_of_scores(&[1.0, 2.0], 5), vec![1, 0]);
     }
 }

@@ -63,7 +63,11 @@ fn sampled(g: &PoolGeometry, sample: &Sample) -> Result<PoolGeometry, ReplayErro
                     format!(
                         "{n}: no such buffer in {} (buffers: {})",
                         g.name,
-                        g.buffers.iter().map(|b| b.name().to_string()).collect::<Vec<_>>().join(", ")
+                        g.buffers
+                            .iter()
+                            .map(|b| b.name().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 ));
             }
@@ -145,7 +149,8 @@ pub(crate) fn pair_pools<B: Backend>(
     // the values a storage key or handshake would carry; the simulated pools hold a prefix of
     // the layers.
     let fingerprint = |g: &PoolGeometry| format!("{:#018x}", g.fingerprint().unwrap_or_default());
-    let (device_fingerprint, host_fingerprint) = (fingerprint(&full_device), fingerprint(&full_host));
+    let (device_fingerprint, host_fingerprint) =
+        (fingerprint(&full_device), fingerprint(&full_host));
     let cache = if verify {
         match HiCache::pair(device, host_pool) {
             Ok(c) => c,

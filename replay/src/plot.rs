@@ -5,7 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::report::TraceReport;
+use crate::report::{Minute, TraceReport};
 
 /// Draws requests, requests with host hits and corrupted requests per minute into `path`.
 pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
@@ -22,7 +22,11 @@ pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
     root.fill(&WHITE).map_err(|e| err(&e))?;
     let caption = format!(
         "{}: {} requests, {} with host hits, {} corrupted ({})",
-        report.model, report.requests, report.requests_with_host_hits, report.corrupted_requests, report.pairing
+        report.model,
+        report.requests,
+        report.requests_with_host_hits,
+        report.corrupted_requests,
+        report.pairing
     );
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 18))
@@ -37,12 +41,15 @@ pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
         .y_desc("requests per minute")
         .draw()
         .map_err(|e| err(&e))?;
-    let series: [(&str, RGBColor, fn(&crate::report::Minute) -> u64); 3] = [
+    type Series = (&'static str, RGBColor, fn(&Minute) -> u64);
+    let series: [Series; 3] = [
         ("requests", RGBColor(120, 120, 120), |m| m.requests),
         ("requests with host hits", RGBColor(31, 119, 180), |m| {
             m.requests_with_host_hits
         }),
-        ("corrupted requests", RGBColor(214, 39, 40), |m| m.corrupted_requests),
+        ("corrupted requests", RGBColor(214, 39, 40), |m| {
+            m.corrupted_requests
+        }),
     ];
     for (name, color, get) in series {
         chart
@@ -52,7 +59,9 @@ pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
             ))
             .map_err(|e| err(&e))?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

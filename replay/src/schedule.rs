@@ -348,7 +348,10 @@ impl Schedule {
     /// Removes node `n` (no copy left, no children) from the tree.
     fn delete_node(&mut self, n: u32) {
         self.unindex(n);
-        let (hash, parent) = (self.nodes[n as usize].hash_id, self.nodes[n as usize].parent);
+        let (hash, parent) = (
+            self.nodes[n as usize].hash_id,
+            self.nodes[n as usize].parent,
+        );
         self.by_hash.remove(&hash);
         self.free_nodes.push(n);
         if parent != NONE {
@@ -388,9 +391,9 @@ impl Schedule {
         let node = &mut self.nodes[n as usize];
         node.host = host;
         node.on_host = true;
-        for i in 0..pages {
+        for (&d, &h) in node.device.iter().zip(&host).take(pages) {
             self.pending_backup
-                .push(PagePair::new(u64::from(node.device[i]), u64::from(host[i])));
+                .push(PagePair::new(u64::from(d), u64::from(h)));
         }
         self.index(n);
         Ok(true)
@@ -540,7 +543,14 @@ impl Schedule {
             .hash_ids
             .iter()
             .enumerate()
-            .map(|(j, &h)| (h, cached_pages.saturating_sub(j as u64 * per_block).min(per_block)))
+            .map(|(j, &h)| {
+                (
+                    h,
+                    cached_pages
+                        .saturating_sub(j as u64 * per_block)
+                        .min(per_block),
+                )
+            })
             .filter(|&(_, p)| p > 0)
             .collect();
         loop {
@@ -642,11 +652,11 @@ impl Schedule {
                 continue;
             }
             let mut device = [0u32; 8];
-            for i in 0..node.pages as usize {
-                device[i] = self.device_free.pop().ok_or_else(|| {
+            for (slot, &h) in device.iter_mut().zip(&node.host).take(node.pages as usize) {
+                *slot = self.device_free.pop().ok_or_else(|| {
                     workload_err("--device-pages", "no free page after eviction".into())
                 })?;
-                pairs.push(PagePair::new(u64::from(device[i]), u64::from(node.host[i])));
+                pairs.push(PagePair::new(u64::from(*slot), u64::from(h)));
             }
             self.nodes[n as usize].device = device;
             loading.push(n);
@@ -735,7 +745,8 @@ impl Schedule {
             parent = n;
         }
         // The rest of the prompt (a partial last page) is computed too.
-        out.recomputed_tokens += req.input_tokens - (out.device_tokens + out.host_tokens + out.recomputed_tokens);
+        out.recomputed_tokens +=
+            req.input_tokens - (out.device_tokens + out.host_tokens + out.recomputed_tokens);
         for &n in &nodes_held {
             self.touch(n);
         }
@@ -753,8 +764,13 @@ impl Schedule {
             .recomputed_tokens
             .saturating_mul(1000)
             .div_ceil(self.cfg.prefill_tokens_per_s);
-        let decode_ms = req.output_tokens.saturating_mul(self.cfg.decode_ms_per_token);
-        let end = self.now_ms.saturating_add(prefill_ms).saturating_add(decode_ms);
+        let decode_ms = req
+            .output_tokens
+            .saturating_mul(self.cfg.decode_ms_per_token);
+        let end = self
+            .now_ms
+            .saturating_add(prefill_ms)
+            .saturating_add(decode_ms);
         self.running.push(Reverse((end, req.line)));
         self.running_reqs.insert(
             req.line,
@@ -778,9 +794,10 @@ impl Schedule {
         }
         let mut device = self.nodes[n as usize].device;
         for slot in device.iter_mut().take(p as usize).skip(have) {
-            *slot = self.device_free.pop().ok_or_else(|| {
-                workload_err("--device-pages", "no free page for prefill".into())
-            })?;
+            *slot = self
+                .device_free
+                .pop()
+                .ok_or_else(|| workload_err("--device-pages", "no free page for prefill".into()))?;
         }
         let hash_id = self.nodes[n as usize].hash_id;
         for (i, &d) in device.iter().enumerate().take(p as usize).skip(have) {
@@ -899,7 +916,12 @@ mod tests {
         // tokens, 8 pages loaded); room for it by evicting block 3 (8 more pages backed up).
         let r3 = s.admit(&req(3, 20, 1024, 0, &[1, 2]), &mut log).unwrap();
         assert_eq!(
-            (r3.device_tokens, r3.host_tokens, r3.recomputed_tokens, r3.loaded_pages),
+            (
+                r3.device_tokens,
+                r3.host_tokens,
+                r3.recomputed_tokens,
+                r3.loaded_pages
+            ),
             (512, 512, 0, 8)
         );
         assert_eq!(pages(&log.backups), 16);

@@ -65,14 +65,31 @@ pub struct PoolStore<B: Backend> {
     scratch: Vec<u8>,
 }
 
-fn value(seed: u64, template: u64, layer: u64, buffer: usize, section: usize, token: u64, elem: u64) -> f32 {
+fn value(
+    seed: u64,
+    template: u64,
+    layer: u64,
+    buffer: usize,
+    section: usize,
+    token: u64,
+    elem: u64,
+) -> f32 {
     unit(mix(seed
-        ^ mix((template << 40) ^ (layer << 28) ^ ((buffer as u64) << 24) ^ ((section as u64) << 20) ^ (token << 12))
+        ^ mix((template << 40)
+            ^ (layer << 28)
+            ^ ((buffer as u64) << 24)
+            ^ ((section as u64) << 20)
+            ^ (token << 12))
         ^ elem))
 }
 
 /// The sections of token `t` in a canonical page (each section's runs concatenated).
-fn token_sections(layout: &TokenLayout, page: &[u8], t: u64, page_size: u64) -> Result<Vec<Vec<u8>>, CodecError> {
+fn token_sections(
+    layout: &TokenLayout,
+    page: &[u8],
+    t: u64,
+    page_size: u64,
+) -> Result<Vec<Vec<u8>>, CodecError> {
     let mut out = Vec::with_capacity(layout.sections().len());
     for s in 0..layout.sections().len() {
         let run = layout.run_bytes(s)? as usize;
@@ -127,9 +144,9 @@ impl<B: Backend> PoolStore<B> {
             let heads = params.heads as usize;
             for l in 0..geometry.buffers[ib].layers {
                 let mut keys = Vec::new();
-                for p in 0..TEMPLATES as usize {
+                for page in &templates[ib][l as usize] {
                     for t in 0..page_size {
-                        let sections = token_sections(layout, &templates[ib][l as usize][p], t, page_size)?;
+                        let sections = token_sections(layout, page, t, page_size)?;
                         let slices: Vec<&[u8]> = sections.iter().map(Vec::as_slice).collect();
                         keys.push(codec::decode_section(layout, 0, &slices)?);
                     }
@@ -192,15 +209,26 @@ impl<B: Backend> PoolStore<B> {
     }
 
     /// Whether token `t` of device page `dev` in buffer `b`, layer `l`, equals its template's.
-    fn row_matches(&mut self, b: usize, l: u64, dev: u64, template: usize, t: u64) -> Result<bool, ReplayError> {
+    fn row_matches(
+        &mut self,
+        b: usize,
+        l: u64,
+        dev: u64,
+        template: usize,
+        t: u64,
+    ) -> Result<bool, ReplayError> {
         let layout = &self.layouts[b];
         let want = &self.templates[b][l as usize][template];
         for s in 0..layout.sections().len() {
             let run = layout.run_bytes(s).map_err(CodecError::from)? as usize;
             for r in 0..layout.runs(s).map_err(CodecError::from)? {
-                let off = layout.offset_bytes(s, t, r, self.page_size).map_err(CodecError::from)?;
+                let off = layout
+                    .offset_bytes(s, t, r, self.page_size)
+                    .map_err(CodecError::from)?;
                 self.scratch.resize(run, 0);
-                self.cache.device().read_page_bytes(b, l, dev, off, &mut self.scratch)?;
+                self.cache
+                    .device()
+                    .read_page_bytes(b, l, dev, off, &mut self.scratch)?;
                 if self.scratch[..] != want[off as usize..off as usize + run] {
                     return Ok(false);
                 }
@@ -209,7 +237,12 @@ impl<B: Backend> PoolStore<B> {
         Ok(true)
     }
 
-    fn check_layer(&mut self, req: &Request, pages: &[(PageId, u64)], l: u64) -> Result<bool, ReplayError> {
+    fn check_layer(
+        &mut self,
+        req: &Request,
+        pages: &[(PageId, u64)],
+        l: u64,
+    ) -> Result<bool, ReplayError> {
         let k = self.params.top_k;
         let templates: Vec<usize> = pages.iter().map(|&(p, _)| self.template_of(p)).collect();
         let selected: Vec<u64> = match self.index_k {
@@ -225,7 +258,9 @@ impl<B: Backend> PoolStore<B> {
                     let base = tp * self.page_size as usize;
                     let ref_page = &refs[base..base + self.page_size as usize];
                     want.extend_from_slice(ref_page);
-                    self.cache.device().read_page_bytes(ib, l, dev, 0, &mut page)?;
+                    self.cache
+                        .device()
+                        .read_page_bytes(ib, l, dev, 0, &mut page)?;
                     let template = &self.templates[ib][l as usize][tp];
                     if page == *template {
                         got.extend_from_slice(ref_page);

@@ -233,7 +233,6 @@ struct Session {
     ref_keys: Vec<Vec<f32>>,
 }
 
-
 struct Gen {
     seed: u64,
 }
@@ -323,7 +322,13 @@ pub fn run_with<B: Backend>(
         },
     )? {
         Ok(p) => p,
-        Err(r) => return Ok(ReplayOutcome::Refused(refusal(input, r.host_source, r.mismatch))),
+        Err(r) => {
+            return Ok(ReplayOutcome::Refused(refusal(
+                input,
+                r.host_source,
+                r.mismatch,
+            )));
+        }
     };
     let model_layers = input.model.config.num_hidden_layers;
     let sim_layers = w.layers;

@@ -78,8 +78,8 @@ fn count(obj: &serde_json::Map<String, Value>, line: u64, field: &str) -> Result
 
 /// Parses line `line` of a trace; `previous_ms` is the previous request's timestamp.
 pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Request, TraceError> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| line_err(line, "line", format!("not JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| line_err(line, "line", format!("not JSON: {e}")))?;
     let Value::Object(obj) = value else {
         return Err(line_err(line, "line", "not a JSON object".into()));
     };
@@ -103,7 +103,11 @@ pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Req
     }
     let input_tokens = count(&obj, line, "input_length")?;
     if input_tokens == 0 {
-        return Err(line_err(line, "input_length", "must be at least 1, got 0".into()));
+        return Err(line_err(
+            line,
+            "input_length",
+            "must be at least 1, got 0".into(),
+        ));
     }
     let output_tokens = count(&obj, line, "output_length")?;
     let ids = match obj.get("hash_ids") {
@@ -230,7 +234,9 @@ mod tests {
     fn bad_lines_name_line_and_field() {
         let ok = r#""output_length": 5, "hash_ids": [0, 9]"#;
         assert_eq!(
-            err(&format!(r#"{{"timestamp": 100, "input_length": -3, {ok}}}"#)),
+            err(&format!(
+                r#"{{"timestamp": 100, "input_length": -3, {ok}}}"#
+            )),
             "trace line 7: input_length: -3 is not a non-negative integer (tokens or milliseconds)"
         );
         assert_eq!(
@@ -238,12 +244,16 @@ mod tests {
             "trace line 7: input_length: missing"
         );
         assert_eq!(
-            err(&format!(r#"{{"timestamp": 99, "input_length": 1000, {ok}}}"#)),
+            err(&format!(
+                r#"{{"timestamp": 99, "input_length": 1000, {ok}}}"#
+            )),
             "trace line 7: timestamp: 99 goes back (the previous line's is 100)"
         );
         // 1025 tokens need ceil(1025 / 512) = 3 ids; 2 are given.
         assert_eq!(
-            err(&format!(r#"{{"timestamp": 100, "input_length": 1025, {ok}}}"#)),
+            err(&format!(
+                r#"{{"timestamp": 100, "input_length": 1025, {ok}}}"#
+            )),
             "trace line 7: hash_ids: 2 ids do not cover input_length 1025: 1025 tokens at 512 per block need ceil(1025 / 512) = 3"
         );
         assert!(err(r#"{"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": 1}"#)
@@ -257,6 +267,9 @@ mod tests {
         let mut r = TraceReader::new(text.as_bytes());
         assert_eq!(r.next().unwrap().unwrap().line, 1);
         let e = r.next().unwrap().unwrap_err().to_string();
-        assert_eq!(e, "trace line 3: timestamp: 4 goes back (the previous line's is 5)");
+        assert_eq!(
+            e,
+            "trace line 3: timestamp: 4 goes back (the previous line's is 5)"
+        );
     }
 }

@@ -168,7 +168,10 @@ pub fn run_trace_with<B: Backend>(
         pages: 1,
         ..input.pool
     })?;
-    let bytes_per_page = full.geometry.total_bytes().map_err(kvlayout_pool::PoolError::from)?;
+    let bytes_per_page = full
+        .geometry
+        .total_bytes()
+        .map_err(kvlayout_pool::PoolError::from)?;
     let page_size = full.geometry.page_size_tokens;
     let (device_pages, device_pages_source) = match input.device_pages {
         Some(p) => (p, "--device-pages".to_string()),
@@ -181,7 +184,10 @@ pub fn run_trace_with<B: Backend>(
         ),
     };
     if device_pages == 0 {
-        return Err(workload_err("--device-pages", "must be at least 1, got 0".into()));
+        return Err(workload_err(
+            "--device-pages",
+            "must be at least 1, got 0".into(),
+        ));
     }
     let (host, host_pages_source) = match &input.host {
         TraceHost::Mirror {
@@ -319,7 +325,11 @@ pub fn run_trace_with<B: Backend>(
         end_ms: 0,
         per_minute: Vec::new(),
     };
-    let moved: Vec<String> = geometry.buffers.iter().map(|b| b.name().to_string()).collect();
+    let moved: Vec<String> = geometry
+        .buffers
+        .iter()
+        .map(|b| b.name().to_string())
+        .collect();
     report.sampled = if report.indexer {
         format!(
             "page schedule exact at full scale; bytes of layers 0..{} of {}, buffers {}, move \
@@ -346,14 +356,12 @@ pub fn run_trace_with<B: Backend>(
         inner: trace,
         bytes: 0,
     });
-    loop {
-        let Some(req) = requests.next() else {
-            break;
-        };
+    while let Some(req) = requests.next() {
         let req = req?;
         let out = schedule.admit(&req, &mut store)?;
-        let minute = usize::try_from(req.timestamp_ms / 60_000)
-            .map_err(|_| workload_err("timestamp", format!("{} ms is too far", req.timestamp_ms)))?;
+        let minute = usize::try_from(req.timestamp_ms / 60_000).map_err(|_| {
+            workload_err("timestamp", format!("{} ms is too far", req.timestamp_ms))
+        })?;
         if per_minute.len() <= minute {
             per_minute.resize_with(minute + 1, Minute::default);
         }

@@ -20,7 +20,9 @@ use kvlayout_core::MemoryLayout;
 use kvlayout_pool::model::{Model, PoolOptions};
 use kvlayout_replay::report::TraceReport;
 use kvlayout_replay::schedule::WritePolicy;
-use kvlayout_replay::synthetic::{self as replay, ReplayInput, ReplayOutcome, ReplayReport, Workload};
+use kvlayout_replay::synthetic::{
+    self as replay, ReplayInput, ReplayOutcome, ReplayReport, Workload,
+};
 use kvlayout_replay::trace_replay::{self, TraceHost, TraceInput, TraceOutcome};
 use kvlayout_replay::{HostSource, read_host_geometry};
 
@@ -434,7 +436,13 @@ fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pool
             if args.json {
                 println!("{}", json_with_backend(&r, backend, args.device));
             } else {
-                print_refusal(&r.host_geometry, &r.model, &r.mismatch, "no session ran", &backend_text);
+                print_refusal(
+                    &r.host_geometry,
+                    &r.model,
+                    &r.mismatch,
+                    "no session ran",
+                    &backend_text,
+                );
             }
             1
         }
@@ -477,7 +485,9 @@ fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -
             memory_layout: args.host_layout.into(),
         },
     };
-    let (trace, trace_name, trace_bytes): (Box<dyn std::io::BufRead>, String, u64) = match &args.trace {
+    let (trace, trace_name, trace_bytes): (Box<dyn std::io::BufRead>, String, u64) = match &args
+        .trace
+    {
         None => (
             Box::new(trace_replay::CONVERSATION_TRACE.as_bytes()),
             "embedded: Mooncake FAST'25 conversation trace (data/conversation_trace.jsonl)".into(),
@@ -517,7 +527,11 @@ fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -
         decode_ms_per_token: args.decode_ms_per_token,
         trace_name,
     };
-    let bar = progress_bar(args, trace_bytes, "{bar:40} {percent}% of the trace {elapsed}");
+    let bar = progress_bar(
+        args,
+        trace_bytes,
+        "{bar:40} {percent}% of the trace {elapsed}",
+    );
     if let Some(b) = &bar {
         // Drawn only once the run has taken a second.
         b.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -544,7 +558,13 @@ fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -
             if args.json {
                 println!("{}", json_with_backend(&r, backend, args.device));
             } else {
-                print_refusal(&r.host_geometry, &r.model, &r.mismatch, "no request ran", &backend_text);
+                print_refusal(
+                    &r.host_geometry,
+                    &r.model,
+                    &r.mismatch,
+                    "no request ran",
+                    &backend_text,
+                );
             }
             1
         }

@@ -22,10 +22,12 @@
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, file, formats};
 use kvlayout_pool::backend::{CudaBackend, KernelError};
 use kvlayout_pool::model::{IndexK, Model, PoolOptions};
-use kvlayout_replay::synthetic::{self as replay, HostSource, ReplayInput, ReplayOutcome, Workload};
 use kvlayout_pool::{
     Backend, BackendError, CopyRun, CpuBackend, DevicePool, Direction, HiCache, HostPool, KvPool,
     Layers, PagePair, TransferError,
+};
+use kvlayout_replay::synthetic::{
+    self as replay, HostSource, ReplayInput, ReplayOutcome, Workload,
 };
 
 const PAGE_TOKENS: u64 = 64;

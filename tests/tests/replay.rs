@@ -7,7 +7,9 @@
 
 use kvlayout_core::{MemoryLayout, file};
 use kvlayout_pool::model::{IndexK, Model, PoolOptions};
-use kvlayout_replay::synthetic::{self as replay, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
+use kvlayout_replay::synthetic::{
+    self as replay, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload,
+};
 
 fn fp8_formula_host() -> HostSource {
     let text = include_str!("../../configs/geometry/host-index-k-fp8-formula.json");
@@ -329,7 +331,10 @@ mod trace {
         let TraceOutcome::Refused(r) = run(&input(IndexK::Bf16, fp8_formula_host(), true)) else {
             panic!("the fp8-formula host must be refused");
         };
-        assert!(r.mismatch.contains(&"index_k.bytes_per_token: 256, 132".to_string()));
+        assert!(
+            r.mismatch
+                .contains(&"index_k.bytes_per_token: 256, 132".to_string())
+        );
         assert_eq!((r.requests, r.corrupted_requests), (0, 0));
     }
 
@@ -364,11 +369,20 @@ mod trace {
     #[test]
     fn a_bad_line_names_line_and_field() {
         let mut text = multi_turn_trace();
-        text.push_str("{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1]}\n");
-        let e = trace_replay::run_trace(&input(IndexK::Bf16, mirror(), true), text.as_bytes(), &mut |_| {})
-            .unwrap_err()
-            .to_string();
-        assert_eq!(e, "trace line 13: timestamp: 1 goes back (the previous line's is 11000)");
+        text.push_str(
+            "{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1]}\n",
+        );
+        let e = trace_replay::run_trace(
+            &input(IndexK::Bf16, mirror(), true),
+            text.as_bytes(),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "trace line 13: timestamp: 1 goes back (the previous line's is 11000)"
+        );
     }
 
     #[test]
@@ -376,8 +390,14 @@ mod trace {
         // 0.90 x 141 GB - 86.25 GB = 40.65 GB; bf16 index-K: 61 x (656 + 256) = 55,632 B per
         // token, x 64 = 3,560,448 B per page: 40,650,000,000 / 3,560,448 = 11,417 pages.
         assert_eq!(trace_replay::KV_BUDGET_BYTES, 40_650_000_000);
-        assert_eq!(trace_replay::default_device_pages(61 * (656 + 256) * 64), 11_417);
+        assert_eq!(
+            trace_replay::default_device_pages(61 * (656 + 256) * 64),
+            11_417
+        );
         // fp8 index-K: 61 x (656 + 132) = 48,068 B per token: 13,213 pages.
-        assert_eq!(trace_replay::default_device_pages(61 * (656 + 132) * 64), 13_213);
+        assert_eq!(
+            trace_replay::default_device_pages(61 * (656 + 132) * 64),
+            13_213
+        );
     }
 }

@@ -4,7 +4,9 @@
 
 use kvlayout_core::file;
 use kvlayout_pool::model::{IndexK, Model, PoolOptions};
-use kvlayout_replay::synthetic::{self as replay, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
+use kvlayout_replay::synthetic::{
+    self as replay, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload,
+};
 
 const FP8_FORMULA_HOST: &str = include_str!("../../configs/geometry/host-index-k-fp8-formula.json");
 
