@@ -1,5 +1,5 @@
 //! Element codecs: f32 values to a token layout's section bytes and back, for the workload
-//! generator and the sparse indexer of [`crate::replay`].
+//! generators and the sparse indexer of [`crate::synthetic`] and [`crate::store`].
 //!
 //! A value section with a scale section (one scale per `block_elems` elements) is quantized per
 //! block. e4m3 blocks use DeepSeek-V3.2's `act_quant` arithmetic from `kvlayout-kernels`
@@ -264,7 +264,7 @@ pub fn encode_token(
 }
 
 /// Decodes value section `section` of one token (`sections`: every section's bytes, as
-/// [`crate::KvPool::read_token`] returns them), multiplied by its block scales if it has any.
+/// [`kvlayout_pool::KvPool::read_token`] returns them), multiplied by its block scales if it has any.
 pub fn decode_section(
     layout: &TokenLayout,
     section: usize,
