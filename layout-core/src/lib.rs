@@ -1,10 +1,13 @@
 //! # kvlayout-core
 //!
 //! The KV-cache layout model: [`Dtype`]s, [`Section`]s, [`TokenLayout`] (one token's entry
-//! and the arrangement of a page), [`PageGeometry`], [`PoolGeometry`] (buffers, layer counts,
-//! page size, memory layout, byte offsets), the compatibility [`compare`] with a field-by-field
-//! [`Mismatch`], a stable const [fingerprint](crate::fingerprint), and the geometry file
-//! [`file`] (`kvlayout.geometry/v1`).
+//! and the arrangement of a page), [`PageGeometry`], [`BufferGeometry`] (with the v2 fields:
+//! own page size, [`Attention`] full / sliding window / chunked / state, layer ids,
+//! tensor-parallel [`Shard`]), [`PoolGeometry`] (buffers, page size, memory layout, byte
+//! offsets), the compatibility check [`compare_at`] at a [`Level`] (`pool`, `storage`,
+//! `token`) with a field-by-field [`Mismatch`], stable const [`fingerprint`]s, parametric
+//! [`formats`] builders, and the geometry file module [`mod@file`]
+//! (`kvlayout.geometry/v1` and `/v2`).
 //!
 //! Every size carries its unit in its name (`_bytes`, `_elems`, `_bits`, `_tokens`, `_pages`),
 //! every computation is checked (an overflow is [`LayoutError::Overflow`], never a wrap), and
@@ -44,6 +47,7 @@ mod geometry;
 mod layout;
 pub mod level;
 mod section;
+mod totals;
 
 pub use buffer::{Attention, BufferGeometry, Shard, ShardSplit};
 pub use diff::{FieldDiff, Mismatch, arrangement_text, buffer_summary, compare, compare_at};
@@ -54,6 +58,7 @@ pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_pa
 pub use layout::{Arrangement, PageGeometry, TokenLayout};
 pub use level::Level;
 pub use section::{ScaleOf, Section};
+pub use totals::Totals;
 
 pub use std::borrow::Cow;
 

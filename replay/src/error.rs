@@ -1,7 +1,7 @@
 //! The error that stops a replay. A refused pairing is an outcome, not an error.
 
+use kvlayout_models::ModelError;
 use kvlayout_pool::PoolError;
-use kvlayout_pool::model::ModelError;
 
 use crate::codec::CodecError;
 use crate::trace::TraceError;

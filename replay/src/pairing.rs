@@ -3,8 +3,8 @@
 //! built and paired (checked, or unverified for `--no-verify`).
 
 use kvlayout_core::{MemoryLayout, PoolGeometry, compare, file};
+use kvlayout_models::{Model, ModelPool, PoolOptions};
 use kvlayout_pool::backend::Backend;
-use kvlayout_pool::model::{Model, ModelPool, PoolOptions};
 use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode};
 
 use crate::error::{ReplayError, workload_err};

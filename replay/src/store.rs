@@ -320,7 +320,6 @@ impl<B: Backend> PageStore for PoolStore<B> {
         for (b, per_layer) in self.templates.iter().enumerate() {
             for (l, pages) in per_layer.iter().enumerate() {
                 self.cache
-                    .device_mut()
                     .write_page(b, l as u64, device_page, &pages[tp])?;
             }
         }

@@ -19,9 +19,9 @@
 
 use std::io::BufRead;
 
+use kvlayout_models::{Model, PoolOptions};
 use kvlayout_pool::KvPool;
 use kvlayout_pool::backend::{Backend, CpuBackend};
-use kvlayout_pool::model::{Model, PoolOptions};
 
 use crate::error::{ReplayError, workload_err};
 use crate::pairing::{HostSource, Paired, Sample, pair_pools};

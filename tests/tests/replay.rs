@@ -6,7 +6,7 @@
 //! pages are backed up while the other batches run and loaded back on its next turn.
 
 use kvlayout_core::{MemoryLayout, file};
-use kvlayout_pool::model::{IndexK, Model, PoolOptions};
+use kvlayout_models::{IndexK, Model, PoolOptions};
 use kvlayout_replay::synthetic::{
     self as replay, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload,
 };
@@ -204,7 +204,7 @@ fn dense_models_compare_sampled_rows() {
 
 mod trace {
     use kvlayout_core::{MemoryLayout, file};
-    use kvlayout_pool::model::{IndexK, Model, PoolOptions};
+    use kvlayout_models::{IndexK, Model, PoolOptions};
     use kvlayout_replay::HostSource;
     use kvlayout_replay::report::TraceReport;
     use kvlayout_replay::schedule::WritePolicy;

@@ -1,7 +1,7 @@
 //! What a synthetic replay takes ([`Workload`], [`ReplayInput`]) and reports
 //! ([`ReplayOutcome`]: [`Refusal`] or [`ReplayReport`]).
 
-use kvlayout_pool::model::{Model, PoolOptions};
+use kvlayout_models::{Model, PoolOptions};
 use serde::Serialize;
 
 use crate::pairing::HostSource;

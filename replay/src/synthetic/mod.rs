@@ -29,8 +29,8 @@
 
 use std::collections::HashMap;
 
+use kvlayout_models::PoolOptions;
 use kvlayout_pool::backend::{Backend, CpuBackend};
-use kvlayout_pool::model::PoolOptions;
 use kvlayout_pool::shim::TransferError;
 use kvlayout_pool::{HiCache, KvPool, PagePair};
 
@@ -448,9 +448,7 @@ impl<B: Backend> Sim<'_, B> {
                 let bytes =
                     codec::encode_token(&buf.layout, |s, e| self.source.value(key, l, b, s, e))?;
                 let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
-                self.cache
-                    .device_mut()
-                    .write_token(b, l, dev, slot, &slices)?;
+                self.cache.write_token(b, l, dev, slot, &slices)?;
             }
         }
         let p = &mut self.pages[id];

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlayout_core::MemoryLayout;
-use kvlayout_pool::model::{Model, PoolOptions};
+use kvlayout_models::{Model, PoolOptions};
 use kvlayout_replay::synthetic::{
     self as replay, ReplayInput, ReplayOutcome, ReplayReport, Workload,
 };

@@ -1,7 +1,7 @@
 //! `kvlayout replay` on a trace (the default workload): runs [`kvlayout_replay::trace_replay`]
 //! and prints its report.
 
-use kvlayout_pool::model::{Model, PoolOptions};
+use kvlayout_models::{Model, PoolOptions};
 use kvlayout_replay::report::TraceReport;
 use kvlayout_replay::schedule::WritePolicy;
 use kvlayout_replay::trace_replay::{self, TraceHost, TraceInput, TraceOutcome};
