@@ -1,5 +1,7 @@
 //! `kvlayout replay --plot FILE.svg`: the per-minute series of a trace replay as an SVG line
-//! chart (plotters' SVG backend: text is written as SVG `<text>`, no system font is read).
+//! chart (plotters' SVG backend: text is written as SVG `<text>`, no system font is read). Top
+//! panel: requests per minute; bottom panel, on its own scale: requests with host hits and
+//! corrupted requests per minute.
 
 use std::path::Path;
 
@@ -7,32 +9,32 @@ use plotters::prelude::*;
 
 use crate::report::{Minute, TraceReport};
 
-/// Draws requests, requests with host hits and corrupted requests per minute into `path`.
-pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
+type Series = (&'static str, RGBColor, fn(&Minute) -> u64);
+
+/// Draws one panel of `series` over the minutes of `report`.
+fn panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    report: &TraceReport,
+    caption: &str,
+    series: &[Series],
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let err = |e: &dyn std::fmt::Display| e.to_string();
     let minutes = report.per_minute.len().max(1) as u64;
     let top = report
         .per_minute
         .iter()
-        .map(|m| m.requests)
+        .flat_map(|m| series.iter().map(move |(_, _, get)| get(m)))
         .max()
-        .unwrap_or(1)
+        .unwrap_or(0)
         .max(1);
-    let root = SVGBackend::new(path, (960, 480)).into_drawing_area();
-    let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let caption = format!(
-        "{}: {} requests, {} with host hits, {} corrupted ({})",
-        report.model,
-        report.requests,
-        report.requests_with_host_hits,
-        report.corrupted_requests,
-        report.pairing
-    );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(56)
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
         .build_cartesian_2d(0u64..minutes, 0u64..top + top / 10 + 1)
         .map_err(|e| err(&e))?;
     chart
@@ -41,17 +43,7 @@ pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
         .y_desc("requests per minute")
         .draw()
         .map_err(|e| err(&e))?;
-    type Series = (&'static str, RGBColor, fn(&Minute) -> u64);
-    let series: [Series; 3] = [
-        ("requests", RGBColor(120, 120, 120), |m| m.requests),
-        ("requests with host hits", RGBColor(31, 119, 180), |m| {
-            m.requests_with_host_hits
-        }),
-        ("corrupted requests", RGBColor(214, 39, 40), |m| {
-            m.corrupted_requests
-        }),
-    ];
-    for (name, color, get) in series {
+    for &(name, color, get) in series {
         chart
             .draw_series(LineSeries::new(
                 report.per_minute.iter().map(|m| (m.minute, get(m))),
@@ -69,6 +61,42 @@ pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
         .border_style(BLACK)
         .draw()
         .map_err(|e| err(&e))?;
-    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// Draws requests, requests with host hits and corrupted requests per minute into `path`.
+pub fn plot_svg(report: &TraceReport, path: &Path) -> Result<(), String> {
+    let root = SVGBackend::new(path, (960, 640)).into_drawing_area();
+    let at = |e: String| format!("{}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| at(e.to_string()))?;
+    let (upper, lower) = root.split_vertically(280);
+    panel(
+        &upper,
+        report,
+        &format!(
+            "{} on {}: {} requests",
+            report.model, report.trace, report.requests
+        ),
+        &[("requests", RGBColor(120, 120, 120), |m| m.requests)],
+    )
+    .map_err(at)?;
+    panel(
+        &lower,
+        report,
+        &format!(
+            "{} with host hits, {} corrupted (pairing {})",
+            report.requests_with_host_hits, report.corrupted_requests, report.pairing
+        ),
+        &[
+            ("requests with host hits", RGBColor(31, 119, 180), |m| {
+                m.requests_with_host_hits
+            }),
+            ("corrupted requests", RGBColor(214, 39, 40), |m| {
+                m.corrupted_requests
+            }),
+        ],
+    )
+    .map_err(at)?;
+    root.present().map_err(|e| at(e.to_string()))?;
     Ok(())
 }
