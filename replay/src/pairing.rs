@@ -131,7 +131,7 @@ pub(crate) fn pair_pools<B: Backend>(
     let model_layers = model.config.num_hidden_layers;
     if layers > model_layers {
         return Err(workload_err(
-            "layers",
+            "--layers",
             format!("{layers} simulated layers, but the model has {model_layers}"),
         ));
     }

@@ -167,7 +167,8 @@ pub struct Schedule {
     now_ms: u64,
     running: BinaryHeap<Reverse<(u64, u64)>>,
     running_reqs: HashMap<u64, Running>,
-    pending_backup: Vec<PagePair>,
+    /// Backups queued, with their nodes.
+    pending_backup: Vec<(u32, PagePair)>,
     /// Counters.
     pub counts: PageCounts,
 }

@@ -2,9 +2,10 @@
 
 use super::*;
 
-/// Records what the schedule asks for.
+/// Records what the schedule asks for; refuses backups when `refuse_backups`.
 #[derive(Default)]
 struct Log {
+    refuse_backups: bool,
     computed: Vec<(PageId, u64)>,
     backups: Vec<Vec<PagePair>>,
     loads: Vec<Vec<PagePair>>,
@@ -18,7 +19,7 @@ impl PageStore for Log {
     }
     fn backup(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
         self.backups.push(pairs.to_vec());
-        Ok(true)
+        Ok(!self.refuse_backups)
     }
     fn load(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
         self.loads.push(pairs.to_vec());
@@ -164,4 +165,25 @@ fn a_full_host_drops_the_page() {
     // Block 1 again: recomputed.
     let r = s.admit(&req(3, 20, 512, 0, &[1]), &mut log).unwrap();
     assert_eq!(r.recomputed_tokens, 512);
+}
+
+#[test]
+fn a_refused_backup_leaves_no_host_copy() {
+    let mut s = Schedule::new(cfg(8, 16, WritePolicy::WriteBack)).unwrap();
+    let mut log = Log {
+        refuse_backups: true,
+        ..Log::default()
+    };
+    s.admit(&req(1, 0, 512, 0, &[1]), &mut log).unwrap();
+    // Block 1 is evicted; its backup (8 pages) is refused, so it is dropped.
+    s.admit(&req(2, 10, 512, 0, &[2]), &mut log).unwrap();
+    assert_eq!(pages(&log.backups), 8);
+    assert_eq!(s.counts.refused_transfers, 1);
+    assert_eq!(s.counts.backed_up_pages, 0);
+    assert_eq!(s.counts.dropped_pages, 8);
+    assert_eq!(s.host_used_pages(), 0);
+    // Block 1 again: nothing to load, recomputed.
+    let r = s.admit(&req(3, 20, 512, 0, &[1]), &mut log).unwrap();
+    assert_eq!((r.host_tokens, r.recomputed_tokens), (0, 512));
+    assert!(log.loads.is_empty());
 }

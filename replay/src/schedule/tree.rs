@@ -91,15 +91,34 @@ impl Schedule {
         }
     }
 
+    /// Runs the queued backups as one transfer. A refused backup leaves no host copy: its
+    /// nodes lose their host pages, and a node no longer on the device is dropped.
     pub(super) fn flush_backups<S: PageStore>(&mut self, store: &mut S) -> Result<(), ReplayError> {
         if self.pending_backup.is_empty() {
             return Ok(());
         }
-        let pairs = std::mem::take(&mut self.pending_backup);
-        if !store.backup(&pairs)? {
-            self.counts.refused_transfers += 1;
+        let pending = std::mem::take(&mut self.pending_backup);
+        let pairs: Vec<PagePair> = pending.iter().map(|&(_, p)| p).collect();
+        if store.backup(&pairs)? {
+            self.counts.backed_up_pages += pairs.len() as u64;
+            return Ok(());
         }
-        self.counts.backed_up_pages += pairs.len() as u64;
+        self.counts.refused_transfers += 1;
+        let mut nodes: Vec<u32> = pending.iter().map(|&(n, _)| n).collect();
+        nodes.dedup();
+        for n in nodes {
+            self.unindex(n);
+            let node = &mut self.nodes[n as usize];
+            node.on_host = false;
+            let (pages, host, on_device) = (node.pages as usize, node.host, node.on_device);
+            self.host_free.extend_from_slice(&host[..pages]);
+            if on_device {
+                self.index(n);
+            } else {
+                self.counts.dropped_pages += pages as u64;
+                self.drop_subtree(n);
+            }
+        }
         Ok(())
     }
 
@@ -180,7 +199,7 @@ impl Schedule {
         node.on_host = true;
         for (&d, &h) in node.device.iter().zip(&host).take(pages) {
             self.pending_backup
-                .push(PagePair::new(u64::from(d), u64::from(h)));
+                .push((n, PagePair::new(u64::from(d), u64::from(h))));
         }
         self.index(n);
         Ok(true)
