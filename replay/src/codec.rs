@@ -354,6 +354,20 @@ mod tests {
     }
 
     #[test]
+    fn fp8_with_ue8m0_scales_rounds_the_scale_up_to_a_power_of_two() {
+        // DeepSeek-V4 MLA: 448 e4m3 NoPE with one ue8m0 scale per 64. All values 1.0: amax 1,
+        // scale = 1 * f32(1/448) = 0.00223..., rounded up to 2^-8 = 0.00390625 (2^-9 =
+        // 0.00195... is below): ue8m0 byte 127 - 8 = 119. Element 1 / 2^-8 = 256 = 2^8: e4m3
+        // exponent field 8 + 7 = 15, mantissa 0: 0b0_1111_000 = 0x78.
+        let bytes = encode_token(&formats::DSV4_MLA_FP8, |_, _| 1.0).unwrap();
+        assert_eq!(bytes[0], vec![0x78; 448]);
+        assert_eq!(bytes[2], vec![119; 7]);
+        let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+        let back = decode_section(&formats::DSV4_MLA_FP8, 0, &slices).unwrap();
+        assert_eq!(back, vec![1.0; 448]);
+    }
+
+    #[test]
     fn e2m1_rounds_half_to_even() {
         // e2m1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}, codes 0..7; a tie goes to the even code.
         // 0.75: between 0.5 (code 1) and 1.0 (code 2) -> 1.0.
