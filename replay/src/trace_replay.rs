@@ -331,15 +331,18 @@ pub fn run_trace_with<B: Backend>(
         .map(|b| b.name().to_string())
         .collect();
     report.sampled = if report.indexer {
+        let cfg = &input.model.config;
         format!(
             "page schedule exact at full scale; bytes of layers 0..{} of {}, buffers {}, move \
-             through the pools; indexer: {} of 64 heads, top-{} of 2048, one query per request \
+             through the pools; indexer: {} of {} heads, top-{} of {}, one query per request \
              per simulated layer, run for each request that loaded pages from the host",
             input.layers,
             report.model_layers,
             moved.join(", "),
             input.indexer_heads,
-            input.top_k
+            cfg.index_n_heads.map_or("?".to_string(), |h| h.to_string()),
+            input.top_k,
+            cfg.index_topk.map_or("?".to_string(), |k| k.to_string()),
         )
     } else {
         format!(
