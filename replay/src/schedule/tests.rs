@@ -187,3 +187,99 @@ fn a_refused_backup_leaves_no_host_copy() {
     assert_eq!((r.host_tokens, r.recomputed_tokens), (0, 512));
     assert!(log.loads.is_empty());
 }
+
+/// Tracks which page each device and host page holds, as the bytes would.
+#[derive(Default)]
+struct Contents {
+    device: std::collections::HashMap<u64, PageId>,
+    host: std::collections::HashMap<u64, PageId>,
+    checks: u64,
+    loads: u64,
+}
+
+impl PageStore for Contents {
+    fn compute(&mut self, page: PageId, device_page: u64) -> Result<(), ReplayError> {
+        self.device.insert(device_page, page);
+        Ok(())
+    }
+    fn backup(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
+        for p in pairs {
+            let page = self.device[&p.device_page];
+            self.host.insert(p.host_page, page);
+        }
+        Ok(true)
+    }
+    fn load(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
+        self.loads += 1;
+        for p in pairs {
+            let page = self.host[&p.host_page];
+            self.device.insert(p.device_page, page);
+        }
+        Ok(true)
+    }
+    fn check(&mut self, r: &Request, pages: &[(PageId, u64)]) -> Result<bool, ReplayError> {
+        self.checks += 1;
+        for &(want, dev) in pages {
+            assert_eq!(self.device.get(&dev), Some(&want), "line {}", r.line);
+        }
+        Ok(false)
+    }
+}
+
+/// Random multi-turn traces on small pools: every request that loads from the host finds, on
+/// the device, exactly the pages of its prompt (as the pages moved), the pools never hold more
+/// than their capacity, and every prompt token is counted once. (It found the double count of
+/// dropped pages: `dropped_pages_count_once_toward_an_eviction`.)
+#[test]
+fn random_traces_keep_pages_where_the_schedule_says() {
+    use kvlayout_kernels::test_data::SplitMix64;
+    for seed in 0..40u64 {
+        let mut rng = SplitMix64::new(seed);
+        let policy = if seed % 2 == 0 {
+            WritePolicy::WriteBack
+        } else {
+            WritePolicy::WriteThrough
+        };
+        let mut c = cfg(48 + rng.below(48), 16 + rng.below(96), policy);
+        c.decode_ms_per_token = rng.below(50);
+        c.prefill_tokens_per_s = 1000 + rng.below(100_000);
+        let mut s = Schedule::new(c.clone()).unwrap();
+        let mut store = Contents::default();
+        // Sessions grow one block per turn; block ids are unique per (session, block).
+        let mut turns = vec![0u64; 6];
+        let mut t = 0;
+        for line in 1..=120u64 {
+            let session = rng.below(6);
+            turns[session as usize] = (turns[session as usize] + 1).min(4);
+            let blocks = turns[session as usize];
+            let input = (blocks - 1) * 512 + 1 + rng.below(512);
+            let ids: Vec<u64> = (0..blocks).map(|b| 100 * session + b).collect();
+            t += rng.below(400);
+            let r = req(line, t, input, rng.below(200), &ids);
+            let out = s.admit(&r, &mut store).unwrap();
+            assert_eq!(
+                out.device_tokens + out.host_tokens + out.recomputed_tokens,
+                input,
+                "seed {seed} line {line}"
+            );
+            assert!(s.device_used_pages() <= c.device_pages);
+            assert!(s.host_used_pages() <= c.host_pages);
+        }
+        s.drain();
+        assert_eq!(store.checks, store.loads, "seed {seed}");
+    }
+}
+
+/// Regression (found by the random traces above): pages dropped by an eviction (no host room)
+/// were counted twice toward the pages it had to free, so it stopped early and prefill found
+/// no free page. Two 8-page blocks fill a 16-page device; a 16-page request must drop both.
+#[test]
+fn dropped_pages_count_once_toward_an_eviction() {
+    let mut s = Schedule::new(cfg(16, 1, WritePolicy::WriteBack)).unwrap();
+    let mut log = Log::default();
+    s.admit(&req(1, 0, 512, 0, &[1]), &mut log).unwrap();
+    s.admit(&req(2, 10, 512, 0, &[2]), &mut log).unwrap();
+    let r = s.admit(&req(3, 20, 1024, 0, &[3, 4]), &mut log).unwrap();
+    assert_eq!(r.recomputed_tokens, 1024);
+    assert_eq!(s.counts.dropped_pages, 16);
+}

@@ -212,8 +212,8 @@ impl Schedule {
         store: &mut S,
     ) -> Result<(), ReplayError> {
         let mut freed_after_backup: Vec<u32> = Vec::new();
-        let mut freed = 0u64;
-        while (self.device_free.len() as u64) + freed < want {
+        // Dropped pages are free at once; backed-up ones once the backup has run.
+        while ((self.device_free.len() + freed_after_backup.len()) as u64) < want {
             let Some(&(_, n)) = self.device_lru.iter().next() else {
                 break;
             };
@@ -224,7 +224,6 @@ impl Schedule {
             let device = self.nodes[n as usize].device;
             self.set_on_device(n, false);
             self.counts.evicted_device_pages += pages as u64;
-            freed += pages as u64;
             if backed {
                 // Freed once the backup has copied them.
                 freed_after_backup.extend_from_slice(&device[..pages]);
