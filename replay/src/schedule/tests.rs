@@ -246,7 +246,7 @@ fn random_traces_keep_pages_where_the_schedule_says() {
         let mut s = Schedule::new(c.clone()).unwrap();
         let mut store = Contents::default();
         // Sessions grow one block per turn; block ids are unique per (session, block).
-        let mut turns = vec![0u64; 6];
+        let mut turns = [0u64; 6];
         let mut t = 0;
         for line in 1..=120u64 {
             let session = rng.below(6);
