@@ -26,9 +26,11 @@ fn replay_layers(layers: &str, extra: &[&str]) -> (i32, String) {
         "2",
         "--device-pages",
         "14",
-        "--host-pages",
-        "64",
     ];
+    // A host geometry file brings its own pages.
+    if !extra.contains(&"--host-geometry") {
+        args.extend(["--host-pages", "64"]);
+    }
     for a in extra {
         args.push(if *a == "HOST" { host } else { a });
     }
@@ -177,9 +179,10 @@ fn trace_replay(extra_line: &str, extra: &[&str]) -> (i32, String) {
         "bf16".into(),
         "--device-pages".into(),
         "24".into(),
-        "--host-pages".into(),
-        "96".into(),
     ];
+    if !extra.contains(&"--host-geometry") {
+        args.extend(["--host-pages".to_string(), "96".to_string()]);
+    }
     args.extend(extra.iter().map(|a| {
         if *a == "HOST" {
             host.to_string()
@@ -343,4 +346,16 @@ fn mooncake_synthetic_trace_runs() {
     assert_eq!(parts, input);
     assert_eq!(v["corrupted_requests"], 0);
     assert!(v["requests_with_host_hits"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// Nothing dropped silently: `--host-pages` next to a host geometry file (which brings its own
+/// pages) is refused.
+#[test]
+fn host_pages_with_a_host_geometry_is_refused() {
+    let (code, text) = trace_replay("", &["--host-geometry", "HOST", "--host-pages", "5"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("--host-pages: the --host-geometry file brings the host pages"),
+        "{text}"
+    );
 }

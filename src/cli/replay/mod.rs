@@ -379,9 +379,15 @@ pub fn run(args: &ReplayArgs) -> u8 {
         index_k,
         ..PoolOptions::default()
     };
+    if args.host_geometry.is_some() && args.host_pages.is_some() {
+        eprintln!("error: --host-pages: the --host-geometry file brings the host pages");
+        return 2;
+    }
     match args.workload {
-        WorkloadArg::Synthetic if args.trace.is_some() || args.plot.is_some() => {
-            eprintln!("error: --trace and --plot belong to --workload trace");
+        WorkloadArg::Synthetic
+            if args.trace.is_some() || args.plot.is_some() || args.buffers.is_some() =>
+        {
+            eprintln!("error: --trace, --plot and --buffers belong to --workload trace");
             2
         }
         WorkloadArg::Synthetic => run_synthetic(args, model, pool, pools),
