@@ -96,8 +96,9 @@ pub struct ReplayArgs {
     /// Which workload runs.
     #[arg(long, value_enum, default_value = "trace")]
     pub workload: WorkloadArg,
-    /// A Mooncake FAST'25 JSONL trace (timestamp, input_length, output_length, hash_ids)
-    /// [default: the embedded conversation trace, 12,031 requests over one hour].
+    /// A Mooncake FAST'25 JSONL trace (timestamp, input_length, output_length, hash_ids), read
+    /// line by line; `-` reads stdin [default: the embedded conversation trace, 12,031 requests
+    /// over one hour].
     #[arg(long)]
     pub trace: Option<PathBuf>,
     /// Seed of the generated index-K keys, queries and latent values (the page schedule follows

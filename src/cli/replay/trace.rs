@@ -33,6 +33,11 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
             "embedded: Mooncake FAST'25 conversation trace (data/conversation_trace.jsonl)".into(),
             trace_replay::CONVERSATION_TRACE.len() as u64,
         ),
+        Some(path) if path.as_os_str() == "-" => (
+            Box::new(std::io::BufReader::new(std::io::stdin())),
+            "stdin".into(),
+            0,
+        ),
         Some(path) => match std::fs::File::open(path) {
             Ok(f) => {
                 let len = f.metadata().map(|m| m.len()).unwrap_or(0);
