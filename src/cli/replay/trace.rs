@@ -72,11 +72,16 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
         decode_ms_per_token: args.decode_ms_per_token,
         trace_name,
     };
-    let bar = progress_bar(
-        args,
-        trace_bytes,
-        "{bar:40} {percent}% of the trace {elapsed}",
-    );
+    let bar = if trace_bytes == 0 {
+        // Length unknown (stdin): bytes read so far.
+        progress_bar(args, 0, "{spinner} {bytes} of the trace read {elapsed}")
+    } else {
+        progress_bar(
+            args,
+            trace_bytes,
+            "{bar:40} {percent}% of the trace {elapsed}",
+        )
+    };
     if let Some(b) = &bar {
         // Drawn only once the run has taken a second.
         b.set_draw_target(indicatif::ProgressDrawTarget::hidden());
