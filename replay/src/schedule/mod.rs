@@ -15,6 +15,12 @@
 //! - `load_back` / `init_load_back`: every host-only node on the matched path is loaded back to
 //!   the device before prefill, all or nothing (layer by layer, `load_to_device_per_layer`).
 //!
+//! The transfers themselves follow `python/sglang/srt/managers/cache_controller.py`
+//! (`HiCacheController.write`: device -> host for all layers at once; `load`: host -> device,
+//! consumed layer by layer during the forward pass), and the host pool's size
+//! `python/sglang/srt/mem_cache/memory_pool_host.py` (`--hicache-ratio` x the device pool, or
+//! `--hicache-size`).
+//!
 //! Units: a page is `page_size_tokens` (64) tokens; a trace block is 512 tokens, so a block is
 //! one radix node of up to 8 pages (SGLang's tree compresses a chain of blocks into one node and
 //! evicts a whole leaf node at once; here a leaf block of at most 8 pages is the unit: eviction
