@@ -151,19 +151,24 @@ impl Geometry {
         self.inner.memory_layout.name()
     }
 
-    /// One dict per buffer: `name`, `layers`, `arrangement` (file form), `sections` (file
-    /// form: `name`, `dtype`, `shape` per token, `scales`, `block_elems`), `bytes_per_token`
+    /// One dict per buffer: the geometry file's buffer object (`name`, `layers`, `arrangement`,
+    /// `sections` with `name`, `dtype`, `shape` per token, `scales`, `block_elems`, and the v2
+    /// fields where present: `page_size_tokens`, `attention`, `layer_ids`, `shard`), plus
+    /// `arrangement_text` (as diff lines print it), `bytes_per_token`
     /// (one layer), `bytes_per_page` (payload of one page of one layer), `page_stride_bytes`,
     /// `layout_fingerprint` (the token layout's own fingerprint, as `kvlayout formats`).
     #[getter]
     fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let g = &self.inner;
+        let file: Value = serde_json::from_str(&file::to_json(g)).expect("own JSON parses");
         let mut out = Vec::with_capacity(g.buffers.len());
-        for (i, b) in g.buffers.iter().enumerate() {
+        for (i, (b, mut v)) in g
+            .buffers
+            .iter()
+            .zip(file["buffers"].as_array().cloned().unwrap_or_default())
+            .enumerate()
+        {
             let pg = geometry_result(py, g.page_geometry(i))?;
-            let mut v = layout_json(&b.layout);
-            v["name"] = json!(b.name());
-            v["layers"] = json!(b.layers);
             v["arrangement_text"] = json!(arrangement_text(&b.layout));
             v["bytes_per_token"] = json!(pg.bytes_per_token);
             v["bytes_per_page"] = json!(pg.page_payload_bytes);
