@@ -6,8 +6,8 @@ use std::borrow::Cow;
 use std::path::PathBuf;
 
 use kvlayout_core::{
-    BufferGeometry, GeometryError, MemoryLayout, PoolGeometry, TokenLayout, arrangement_text, file,
-    formats as builtin,
+    BufferGeometry, GeometryError, Level, MemoryLayout, PoolGeometry, TokenLayout,
+    arrangement_text, compare_at, file, formats as builtin,
 };
 use kvlayout_pool::model::{Attention, IndexK, KvDtype, Model, PoolOptions};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -227,51 +227,71 @@ impl Geometry {
     }
 }
 
-/// The compare levels this build knows.
-const LEVELS: [&str; 1] = ["pool"];
+fn parse_level(level: &str) -> PyResult<Level> {
+    level
+        .parse::<Level>()
+        .map_err(|e| PyValueError::new_err(format!("level: {e}")))
+}
 
-fn check_level(level: &str) -> PyResult<()> {
-    if LEVELS.contains(&level) {
-        Ok(())
-    } else {
-        Err(PyValueError::new_err(format!(
-            "level: unknown compare level {level:?} (expected one of {})",
-            LEVELS.join(", ")
-        )))
+/// The diff lines of `compare_at`, as `kvlayout check --level` prints them.
+fn diff_lines(a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Vec<String> {
+    match compare_at(a, b, level) {
+        Ok(()) => Vec::new(),
+        Err(m) => m.diffs.iter().map(ToString::to_string).collect(),
     }
 }
 
-/// The diff lines of `kvlayout check A B` (one per differing field, `field: A value, B value`);
-/// `[]` when the two pools can exchange pages. `level`: `"pool"`.
+/// The diff lines of `kvlayout check --level LEVEL A B` (one per differing field,
+/// `field: A value, B value`); `[]` when the two pools are compatible at that level.
+/// `level`: `"pool"` (whole pages move between the pools; default), `"storage"` (`pool` plus
+/// `memory_layout`: stored page objects interchangeable) or `"token"` (tokens convertible per
+/// head, any page size: prefill/decode at different TP sizes).
 #[pyfunction]
 #[pyo3(signature = (a, b, level = "pool"))]
 pub fn compare(a: &Geometry, b: &Geometry, level: &str) -> PyResult<Vec<String>> {
-    check_level(level)?;
-    Ok(match kvlayout_core::compare(&a.inner, &b.inner) {
-        Ok(()) => Vec::new(),
-        Err(m) => m.diffs.iter().map(ToString::to_string).collect(),
-    })
+    Ok(diff_lines(&a.inner, &b.inner, parse_level(level)?))
 }
 
-/// Returns `None` when compatible; raises `Incompatible` (`.lines`: the diff lines of
-/// `compare`, `str()`: a header with both fingerprints, then the lines).
+/// Returns `None` when compatible at `level`; raises `Incompatible` (`.lines`: the diff lines
+/// of `compare`; `.header`: the count, the level and both sides' fingerprints at that level).
 #[pyfunction]
 #[pyo3(signature = (a, b, level = "pool"))]
 pub fn check(py: Python<'_>, a: &Geometry, b: &Geometry, level: &str) -> PyResult<()> {
-    let lines = compare(a, b, level)?;
+    let level = parse_level(level)?;
+    let lines = diff_lines(&a.inner, &b.inner, level);
     if lines.is_empty() {
         return Ok(());
     }
-    let head = header(lines.len(), a.fingerprint, b.fingerprint);
+    let head = header(lines.len(), &a.inner, &b.inner, level);
     Err(errors::incompatible(py, lines, head))
 }
 
-/// `incompatible: N differing fields (fingerprints A, B)`, as the CLI's first line (without the
-/// file names).
-pub fn header(n: usize, a: u64, b: u64) -> String {
+/// A side's fingerprint at `level`, as the CLI prints it (per buffer for `token`).
+fn level_fingerprint(g: &PoolGeometry, level: Level) -> String {
+    let hex = |r: Result<u64, kvlayout_core::LayoutError>| match r {
+        Ok(f) => format!("{f:#018x}"),
+        Err(e) => format!("invalid ({e})"),
+    };
+    match level {
+        Level::Pool => hex(g.fingerprint()),
+        Level::Storage => hex(g.storage_fingerprint()),
+        Level::Token => g
+            .token_fingerprints()
+            .into_iter()
+            .map(|(n, f)| format!("{n}={f:#018x}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// `incompatible: N differing fields at level L (L fingerprints A, B)`, the CLI's first line
+/// without the file names.
+pub fn header(n: usize, a: &PoolGeometry, b: &PoolGeometry, level: Level) -> String {
     format!(
-        "incompatible: {n} differing field{} (fingerprints {a:#018x}, {b:#018x})",
-        if n == 1 { "" } else { "s" }
+        "incompatible: {n} differing field{} at level {level} ({level} fingerprints {}, {})",
+        if n == 1 { "" } else { "s" },
+        level_fingerprint(a, level),
+        level_fingerprint(b, level)
     )
 }
 

@@ -3,6 +3,7 @@
 //! (`kvlayout_pool::shim`: layer present, list no longer than the destination pool, every page
 //! in range on both sides, no destination page named twice) before the engine moves a byte.
 
+use kvlayout_core::Level;
 use kvlayout_pool::shim::{check_layer, check_pair_pages};
 use kvlayout_pool::{Direction, Layers, PagePair, TransferError};
 use pyo3::exceptions::PyValueError;
@@ -151,9 +152,9 @@ impl TransferGuard {
     #[new]
     fn new(py: Python<'_>, device: Py<Geometry>, host: Py<Geometry>) -> PyResult<TransferGuard> {
         let (d, h) = (device.get(), host.get());
-        if let Err(m) = kvlayout_core::compare(&d.inner, &h.inner) {
+        if let Err(m) = kvlayout_core::compare_at(&d.inner, &h.inner, Level::Pool) {
             let lines: Vec<String> = m.diffs.iter().map(ToString::to_string).collect();
-            let head = header(lines.len(), d.fingerprint, h.fingerprint);
+            let head = header(lines.len(), &d.inner, &h.inner, Level::Pool);
             return Err(errors::incompatible(py, lines, head));
         }
         let deepest_layers = d.inner.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
