@@ -12,7 +12,7 @@ use kvlayout_core::{
 use kvlayout_pool::model::{Attention, IndexK, KvDtype, Model, PoolOptions};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyAny;
+use pyo3::types::{PyAny, PyDict};
 use serde_json::{Value, json};
 
 use crate::errors;
@@ -117,13 +117,14 @@ impl Geometry {
     /// The `token`-level fingerprint of each buffer, `{buffer name: int}`: what a transfer
     /// engine converting between two different pools needs to agree on (attention kind,
     /// dtypes, per-head shapes, scale relations, orders, arrangement).
+    /// In buffer order.
     #[getter]
-    fn token_fingerprints(&self) -> std::collections::BTreeMap<String, u64> {
-        self.inner
-            .token_fingerprints()
-            .into_iter()
-            .map(|(n, f)| (n.to_string(), f))
-            .collect()
+    fn token_fingerprints<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (n, f) in self.inner.token_fingerprints() {
+            d.set_item(n, f)?;
+        }
+        Ok(d)
     }
 
     /// Free text, never compared.
