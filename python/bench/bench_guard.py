@@ -12,6 +12,7 @@ the best of `--repeat` timeit runs, per call. Needs numpy; torch is timed when i
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import timeit
 
@@ -60,8 +61,9 @@ def main() -> None:
         rows.append((f"check_pages {n} pages, torch CPU (DLPack)", None, "torch not installed"))
 
     one_page_ns = rows[0][1]
-    print(f"# kvlayout {kvlayout.__version__}, checks compiled in: {kvlayout.CHECKS_COMPILED}; "
-          f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
+    print(f"# kvlayout {kvlayout.__version__}; "
+          f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"# page = 64 tokens x (656 + 256) B = {page_bytes} B (one layer)")
     print(f"{'what':<44} {'ns/call':>10} {'x one-page copy':>16}")
     for what, ns, extra in rows:
