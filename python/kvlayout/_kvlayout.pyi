@@ -46,6 +46,9 @@ class Geometry:
         """All buffers and layers, bytes per page at each buffer's page stride."""
     @property
     def total_bytes(self) -> int: ...
+    def mirror(self, pages: int, memory_layout: Optional[str] = None,
+               name: Optional[str] = None) -> Geometry:
+        """A mirror pool's geometry: every compared field from self; pages, layout, name new."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 

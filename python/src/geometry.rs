@@ -210,6 +210,41 @@ impl Geometry {
         geometry_result(py, self.inner.total_bytes())
     }
 
+    /// The geometry of a pool that mirrors this one (a HiCache host pool made from the device
+    /// pool, as `HostPool::mirror_of` does in Rust): every compared field taken from `self`,
+    /// only `pages`, `memory_layout` (default: the same) and `name` differ. Raises
+    /// `InvalidGeometry` when the result breaks a rule (zero pages, `page_head` over a buffer
+    /// without a head axis, overflow).
+    #[pyo3(signature = (pages, memory_layout = None, name = None))]
+    fn mirror(
+        &self,
+        py: Python<'_>,
+        pages: u64,
+        memory_layout: Option<&str>,
+        name: Option<String>,
+    ) -> PyResult<Geometry> {
+        let mut g = self.inner.clone();
+        g.pages = pages;
+        if let Some(m) = memory_layout {
+            g.memory_layout = MemoryLayout::from_name(m).ok_or_else(|| {
+                errors::invalid_geometry(
+                    py,
+                    "memory_layout",
+                    &format!(
+                        "unknown memory layout {m:?} (expected layer_first, page_first, page_first_direct or page_head)"
+                    ),
+                )
+            })?;
+        }
+        g.name = name.unwrap_or_else(|| format!("mirror of {}", self.inner.name));
+        Geometry::new(py, g)
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let from_json = slf.get_type().getattr("from_json")?;
+        Ok((from_json, (slf.get().to_json(),)))
+    }
+
     fn __repr__(&self) -> String {
         let names: Vec<&str> = self.inner.buffers.iter().map(|b| b.name()).collect();
         format!(

@@ -152,3 +152,23 @@ def test_describe_errors_and_warnings():
         g = kvlayout.describe("llama-3.1-8b", index_k="bf16")
     # Llama-3.1-8B: 32 layers x (K + V) 8 x 128 bf16 = 32 x 4096 B/token
     assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
+
+
+def test_mirror_takes_every_compared_field_from_the_device():
+    device = kvlayout.describe("deepseek-v3.2-exp", index_k="bf16")
+    host = device.mirror(4096, "page_first")
+    assert kvlayout.compare(device, host) == []
+    assert host.pages == 4096 and host.memory_layout == "page_first"
+    assert host.fingerprint == device.fingerprint
+    assert host.storage_fingerprint != device.storage_fingerprint
+    with pytest.raises(kvlayout.InvalidGeometry, match="pages"):
+        device.mirror(0)
+    with pytest.raises(kvlayout.InvalidGeometry, match="memory_layout"):
+        device.mirror(8, "sideways")
+
+
+def test_geometry_pickles_through_its_json():
+    import pickle
+
+    g = kvlayout.describe("kimi-k2")
+    assert pickle.loads(pickle.dumps(g)) == g

@@ -126,3 +126,26 @@ def test_transfer_op_gate_checks_item_size_against_strides():
     assert op.calls == 1
     with pytest.raises(kvlayout.TransferRefused, match="src_layout_dim"):
         gated(src, fp8.index_k_with_scale_buffer[0], None, None, 0, stride, stride)
+
+
+def test_separate_dsa_indexer_host_pool():
+    # Newer SGLang: MLATokenToKVPoolHost for the latent, DSAIndexerPoolHost (pool_host/dsa.py) for
+    # index-K, which reads index_head_dim / quant_block_size from its device_pool.
+    import types
+
+    device = fakes.dsa_device(index_k="bf16")
+    host = fakes.dsa_host(device)
+    indexer = types.SimpleNamespace(
+        device_pool=device, layout=host.layout, page_size=host.page_size,
+        indexer_page_stride_size=host.indexer_page_stride_size,
+        index_k_with_scale_buffer=host.index_k_with_scale_buffer)
+    del host.index_k_with_scale_buffer
+    with pytest.raises(kvlayout.Incompatible) as e:
+        sglang.transfer_guard(device, host, indexer=indexer)
+    assert e.value.lines == SEED_LINES
+    # without the indexer the host has no index_k buffer at all: refused by name
+    with pytest.raises(kvlayout.Incompatible) as missing:
+        sglang.transfer_guard(device, host)
+    # 128 x 2 = 256 B/token, 64 x 256 = 16384 B/page, 3 layers (fakes.dsa_device default)
+    assert missing.value.lines == [
+        "index_k: present (256 B/token, 16384 B/page of 64 tokens, 3 layers), missing"]
