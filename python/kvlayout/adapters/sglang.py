@@ -29,7 +29,9 @@ Host pools, ``python/sglang/srt/mem_cache/memory_pool_host.py`` (newer releases:
   is the item size its transfer ops use.
 - ``MLATokenToKVPoolHost``: ``kv_buffer`` ``(layer_num, size, 1, kv_cache_dim)``,
   ``(size, layer_num, 1, kv_cache_dim)`` or ``(page_num, layer_num, page_size, 1, kv_cache_dim)``.
-- ``NSATokenToKVPoolHost`` / ``DSAIndexerPoolHost`` (``pool_host/dsa.py``): the host index-K
+- ``NSATokenToKVPoolHost`` (``index_head_dim``, ``indexer_quant_block_size``,
+  ``indexer_dtype``) / ``DSAIndexerPoolHost`` (``pool_host/dsa.py``, reads them from its
+  ``device_pool``): the host index-K
   ``index_k_with_scale_buffer`` ``(layer_num, indexer_page_num, indexer_page_stride_size)`` or
   ``(indexer_page_num, layer_num, 1, indexer_page_stride_size)`` in ``uint8``, sized by the fp8
   formula ``index_head_dim + index_head_dim // quant_block_size * 4`` = 132 B/token for 128
@@ -119,7 +121,11 @@ def _index_k_sections(pool: Any, store: Any) -> list[dict]:
     name = dtype_name(store)
     if name in _WIDE:
         return [{"name": "values", "dtype": _WIDE[name], "shape": [dim]}]
-    block = int(getattr(pool, "quant_block_size", 128))
+    block = getattr(pool, "quant_block_size", None) or getattr(pool, "indexer_quant_block_size", None)
+    if block is None:
+        raise KvLayoutError(f"{type(pool).__name__}: uint8 index-K without quant_block_size "
+                            "(device pool) or indexer_quant_block_size (host pool)")
+    block = int(block)
     return [{"name": "values", "dtype": "f8e4m3", "shape": [dim]},
             {"name": "scale", "dtype": "f32", "shape": [dim // block], "scales": "values",
              "block_elems": block}]
