@@ -106,8 +106,9 @@ def test_transfer_op_gate_checks_item_size_against_strides():
                                         src_layout_dim):
         op(src, dst, src_indices, dst_indices, layer_id, item_size, src_layout_dim)
 
-    ns = {"transfer_kv_per_layer_mla_pf_lf": transfer_kv_per_layer_mla_pf_lf}
-    assert sglang.guard_transfer_ops(ns) == ["transfer_kv_per_layer_mla_pf_lf"]
+    ns = {"__name__": "pool_host.dsa",
+          "transfer_kv_per_layer_mla_pf_lf": transfer_kv_per_layer_mla_pf_lf}
+    assert sglang.guard_transfer_ops(ns) == ["pool_host.dsa.transfer_kv_per_layer_mla_pf_lf"]
     assert sglang.guard_transfer_ops(ns) == []  # already wrapped
     gated = ns["transfer_kv_per_layer_mla_pf_lf"]
     src = host.index_k_with_scale_buffer

@@ -323,21 +323,27 @@ def _checked(op_name: str, op: Callable) -> Callable:
     return wrapper
 
 
-def guard_transfer_ops(namespace: Any) -> list[str]:
-    """Wraps every SGLang transfer op found in ``namespace`` (a module such as
-    ``sglang.srt.mem_cache.memory_pool_host``, or its ``__dict__``) so that, before the kernel
-    runs, ``item_size`` is checked against the row stride of each layer-first tensor argument and
-    ``src_layout_dim`` / ``dst_layout_dim`` against the page-first tensor's row stride. A mismatch
-    raises ``TransferRefused`` (``kind == "item_size"``) naming the op, the argument and both
-    numbers; nothing is launched. Returns the names wrapped. Ops whose arguments are pointer
-    tables (``transfer_kv_all_layer``, ``transfer_kv_all_layer_mla``) carry no strides and are
-    left as they are: :func:`check_item_sizes` covers them at pool construction."""
-    ns: MutableMapping[str, Any] = namespace if isinstance(namespace, MutableMapping) else vars(namespace)
+def guard_transfer_ops(*namespaces: Any) -> list[str]:
+    """Wraps every SGLang transfer op found in each namespace (a module that imported them, such
+    as ``sglang.srt.mem_cache.memory_pool_host`` or, in newer releases, each of
+    ``sglang.srt.mem_cache.pool_host.{mha,mla,dsa}``; or a module's ``__dict__``) so that, before
+    the kernel runs, ``item_size`` is checked against the row stride of each layer-first tensor
+    argument and ``src_layout_dim`` / ``dst_layout_dim`` against the page-first tensor's row
+    stride. A mismatch raises ``TransferRefused`` (``kind == "item_size"``) naming the op, the
+    argument and both numbers; nothing is launched. Returns the names wrapped (``module.op``).
+    Ops whose arguments are pointer tables (``transfer_kv_all_layer``,
+    ``transfer_kv_all_layer_mla``) carry no strides and are left as they are:
+    :func:`check_item_sizes` covers them once, when the pools are built. Wrapping twice is a
+    no-op."""
     wrapped = []
-    for op_name in TRANSFER_OPS:
-        op = ns.get(op_name)
-        if op is None or hasattr(op, "__kvlayout_unchecked__"):
-            continue
-        ns[op_name] = _checked(op_name, op)
-        wrapped.append(op_name)
+    for namespace in namespaces:
+        ns: MutableMapping[str, Any] = (
+            namespace if isinstance(namespace, MutableMapping) else vars(namespace))
+        label = ns.get("__name__", "namespace")
+        for op_name in TRANSFER_OPS:
+            op = ns.get(op_name)
+            if op is None or hasattr(op, "__kvlayout_unchecked__"):
+                continue
+            ns[op_name] = _checked(op_name, op)
+            wrapped.append(f"{label}.{op_name}")
     return wrapped
