@@ -186,6 +186,9 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         if per_layer:
             raise ValueError(f"{buf.name}.axes: a per-layer list has no 'layer' axis")
         layers = dims["layer"]
+    if layers is None:
+        raise ValueError(f"{buf.name}.axes: {axes} has no 'layer' axis; give a per-layer list "
+                         "of tensors or name the layer axis")
 
     values_per_elem = _DTYPES.get(facts.dtype, (None, 1))[1]
     content = [a for a in axes if a not in _TOKEN_AXES]
