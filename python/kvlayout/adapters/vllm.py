@@ -10,8 +10,11 @@ Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in 
   blocks), FlashInfer ``[num_blocks, 2, block_size, num_kv_heads, head_size]`` (per block a K
   plane then a V plane), either with HND strides (heads outside the block's tokens) when
   ``kv_cache_layout`` is HND; MLA ``[num_blocks, block_size, head_size]`` (576 elements, or 656
-  ``uint8`` for ``fp8_ds_mla``); the DeepSeek-V3.2 indexer (``DeepseekV32IndexerCache``)
-  ``[num_blocks, block_size, 132]`` ``uint8`` (128 e4m3 keys + one f32 scale per 128).
+  ``uint8`` for ``fp8_ds_mla``); the DeepSeek-V3.2 indexer (``DeepseekV32IndexerCache`` in
+  ``vllm/model_executor/models/deepseek_v2.py``, layer ``model.layers.N.self_attn.indexer.k_cache``:
+  any layer whose name holds ``indexer``; spec ``MLAAttentionSpec(num_kv_heads=1, head_size=132,
+  dtype=uint8)``) ``[num_blocks, block_size, 132]`` ``uint8`` (128 e4m3 keys + one f32 scale per
+  128), or ``bfloat16`` ``[num_blocks, block_size, 128]`` where the indexer keeps bf16 keys.
 - ``kv_cache_config``: ``KVCacheConfig`` (``vllm/v1/kv_cache_interface.py``) with
   ``num_blocks`` and ``kv_cache_groups``, each a ``KVCacheGroupSpec`` with ``layer_names`` and
   ``kv_cache_spec``; or a ``{layer_name: KVCacheSpec}`` mapping (``get_kv_cache_spec()``), grouped
