@@ -145,8 +145,17 @@ impl PageList<'_> {
     #[inline]
     pub fn get(&self, i: usize) -> PyResult<i64> {
         match self {
-            PageList::List(l) => l.get_item(i)?.extract::<i64>(),
-            PageList::Tuple(t) => t.get_item(i)?.extract::<i64>(),
+            PageList::List(l) => {
+                // SAFETY: `i < len`; PyList_GetItem returns a borrowed reference (no refcount
+                // traffic), valid while the list is alive and unchanged (the GIL is held).
+                let item = unsafe { ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t) };
+                int_at(l.py(), item, i)
+            }
+            PageList::Tuple(t) => {
+                // SAFETY: as for lists; PyTuple_GetItem borrows too.
+                let item = unsafe { ffi::PyTuple_GetItem(t.as_ptr(), i as ffi::Py_ssize_t) };
+                int_at(t.py(), item, i)
+            }
             PageList::Raw {
                 ptr, stride_bytes, ..
             } => {
@@ -157,6 +166,23 @@ impl PageList<'_> {
             }
         }
     }
+}
+
+/// An int64 from a borrowed list/tuple item (NULL: the error already set).
+#[inline]
+fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
+    if item.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a live object (borrowed from its container) and the GIL held.
+    let v = unsafe { ffi::PyLong_AsLongLong(item) };
+    if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
+        let e = PyErr::fetch(py);
+        return Err(PyTypeError::new_err(format!(
+            "page index [{i}] is not an int64: {e}"
+        )));
+    }
+    Ok(v)
 }
 
 /// A held buffer view, released on drop.
