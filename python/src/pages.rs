@@ -146,8 +146,8 @@ impl PageList<'_> {
     pub fn get(&self, i: usize) -> PyResult<i64> {
         match self {
             PageList::List(l) => {
-                // SAFETY: `i < len`; PyList_GetItem returns a borrowed reference (no refcount
-                // traffic), valid while the list is alive and unchanged (the GIL is held).
+                // SAFETY: the list is alive (borrowed for 'a) and the GIL held; an index past a
+                // list shortened meanwhile returns NULL with IndexError set.
                 let item = unsafe { ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t) };
                 int_at(l.py(), item, i)
             }
@@ -168,14 +168,22 @@ impl PageList<'_> {
     }
 }
 
-/// An int64 from a borrowed list/tuple item (NULL: the error already set).
+/// An int64 from a borrowed list/tuple item (NULL: the error already set, e.g. a list that
+/// an item's `__index__` shortened).
 #[inline]
 fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
     if item.is_null() {
         return Err(PyErr::fetch(py));
     }
-    // SAFETY: a live object (borrowed from its container) and the GIL held.
-    let v = unsafe { ffi::PyLong_AsLongLong(item) };
+    // SAFETY: a live object borrowed from its container, the GIL held. An exact int converts
+    // without running Python code, so the borrow stays valid; anything else may run
+    // `__index__`, which could drop the container's reference: hold our own for that call.
+    let v = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
+        unsafe { ffi::PyLong_AsLongLong(item) }
+    } else {
+        let owned = unsafe { Bound::from_borrowed_ptr(py, item) };
+        unsafe { ffi::PyLong_AsLongLong(owned.as_ptr()) }
+    };
     if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
         let e = PyErr::fetch(py);
         return Err(PyTypeError::new_err(format!(
