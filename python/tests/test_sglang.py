@@ -150,3 +150,32 @@ def test_separate_dsa_indexer_host_pool():
     # 128 x 2 = 256 B/token, 64 x 256 = 16384 B/page, 3 layers (fakes.dsa_device default)
     assert missing.value.lines == [
         "index_k: present (256 B/token, 16384 B/page of 64 tokens, 3 layers), missing"]
+
+
+class _CompiledOp:
+    """Stands for a compiled op: no Python signature (inspect.signature raises)."""
+
+    __signature__ = property(lambda self: (_ for _ in ()).throw(ValueError("no signature")))
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+
+
+def test_gate_binds_positional_arguments_of_a_compiled_op():
+    # MHA per-layer op, positional as SGLang passes them: item_size 2048 (8 x 128 x 2) against
+    # rows of 4096 B (the device K buffer of 16 heads).
+    device = fakes.mha_device(heads=16)
+    op = _CompiledOp()
+    ns = {"transfer_kv_per_layer": op}
+    sglang.guard_transfer_ops(ns)
+    gated = ns["transfer_kv_per_layer"]
+    host = fakes.mha_host(fakes.mha_device(heads=8))
+    k, v = host.kv_buffer[0][0], host.kv_buffer[1][0]
+    with pytest.raises(kvlayout.TransferRefused, match="item_size 2048 B, but dst_k rows are 4096 B"):
+        gated(k, device.k_buffer[0], v, device.v_buffer[0], None, None, 8 * 128 * 2)
+    assert op.calls == 0
+    gated(k, k, v, v, None, None, 8 * 128 * 2)
+    assert op.calls == 1

@@ -287,19 +287,38 @@ TRANSFER_OPS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
 }
 
 
+# Positional order of each op's leading parameters (sgl_kernel/kvcacheio.py), for ops whose
+# signature Python cannot read (a compiled op).
+_ORDER: dict[str, tuple[str, ...]] = {
+    "transfer_kv_per_layer": ("src_k", "dst_k", "src_v", "dst_v", "src_indices", "dst_indices",
+                              "item_size"),
+    "transfer_kv_per_layer_pf_lf": ("src_k", "dst_k", "src_v", "dst_v", "src_indices",
+                                    "dst_indices", "layer_id", "item_size", "src_layout_dim"),
+    "transfer_kv_per_layer_mla": ("src", "dst", "src_indices", "dst_indices", "item_size"),
+    "transfer_kv_per_layer_mla_pf_lf": ("src", "dst", "src_indices", "dst_indices", "layer_id",
+                                        "item_size", "src_layout_dim"),
+    "transfer_kv_all_layer_lf_pf": ("src_k_layers", "dst_k", "src_v_layers", "dst_v",
+                                    "src_indices", "dst_indices", "item_size", "dst_layout_dim"),
+    "transfer_kv_all_layer_mla_lf_pf": ("src_layers", "dst", "src_indices", "dst_indices",
+                                        "item_size", "dst_layout_dim"),
+}
+
+
 def _checked(op_name: str, op: Callable) -> Callable:
     rows, dims = TRANSFER_OPS[op_name]
     try:
-        sig = inspect.signature(op)
-    except (TypeError, ValueError):  # a C op without a signature: bind by SGLang's order
+        sig: Optional[inspect.Signature] = inspect.signature(op)
+    except (TypeError, ValueError):  # a compiled op: bind by SGLang's parameter order
         sig = None
+    order = _ORDER[op_name]
 
     @functools.wraps(op)
     def wrapper(*args, **kwargs):
         if sig is not None:
             bound = sig.bind_partial(*args, **kwargs).arguments
         else:
-            bound = dict(kwargs)
+            bound = dict(zip(order, args))
+            bound.update(kwargs)
         item = bound.get("item_size")
         if item is not None:
             for p in rows:
