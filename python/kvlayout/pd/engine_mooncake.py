@@ -20,8 +20,24 @@ import numpy as np
 KEY_PREFIX = "kvlayout/pd/"
 
 
+def wait_for_store(metadata_url: str, timeout_s: float) -> None:
+    """Waits until the metadata store answers HTTP (a 404 for an absent key is an answer)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(f"{metadata_url}?key=kvlayout%2Fpd%2Fprobe", timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Mooncake metadata store {metadata_url} did not answer") from None
+            time.sleep(0.05)
+
+
 class MooncakeSide:
-    def __init__(self, segment: str, metadata_url: str, bind_addr: str):
+    def __init__(self, segment: str, metadata_url: str, bind_addr: str, timeout_s: float = 30.0):
+        wait_for_store(metadata_url, timeout_s)
         # The engine's RPC and TCP data sockets bind here instead of the first interface found.
         os.environ["MC_TCP_BIND_ADDRESS"] = bind_addr
         from mooncake.engine import TransferEngine
