@@ -21,16 +21,8 @@ fn pool(memory_layout: MemoryLayout, pages: u64) -> PoolGeometry {
         pages,
         memory_layout,
         buffers: vec![
-            BufferGeometry {
-                name: "kv".into(),
-                layers: 3,
-                layout: formats::DSA_MLA_FP8,
-            },
-            BufferGeometry {
-                name: "index_k".into(),
-                layers: 3,
-                layout: formats::INDEX_K_FP8,
-            },
+            BufferGeometry::new("kv", 3, formats::DSA_MLA_FP8),
+            BufferGeometry::new("index_k", 3, formats::INDEX_K_FP8),
         ],
     }
 }
@@ -151,11 +143,7 @@ fn page_head_and_head_major_tokens_are_refused() {
         page_size_tokens: 16,
         pages: 4,
         memory_layout,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 2,
-            layout: formats::MHA_BF16_8X128,
-        }],
+        buffers: vec![BufferGeometry::new("kv", 2, formats::MHA_BF16_8X128)],
     };
     let err = CopySpec::for_pool_buffer(
         &mha(MemoryLayout::PageHead),

@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::geometry::{BufferGeometry, PoolGeometry};
+use crate::buffer::BufferGeometry;
+use crate::geometry::PoolGeometry;
 use crate::layout::{Arrangement, TokenLayout};
 use crate::section::{Section, cow_slice};
 

@@ -1,6 +1,6 @@
 //! Rust element types a `#[derive(KvLayout)]` token row may use, each tied to its [`Dtype`].
 //!
-//! `half::bf16`, `half::f16`, `f32`, `u8`, `i8`, `float8::F8E4M3` and `float8::F8E5M2` are used
+//! `half::bf16`, `half::f16`, `f32`, `u8`, `i8`, `i32`, `i64`, `float8::F8E4M3` and `float8::F8E5M2` are used
 //! as they are; the types without a well-kept crate are the one-byte wrappers below. A struct
 //! field `[F4E2M1; 128]` declares 128 four-bit elements (64 bytes of storage): the Rust type
 //! only names the element, the descriptor gives the packed size.
@@ -14,7 +14,7 @@ pub use half::{bf16, f16};
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a KV-cache element type",
     label = "unsupported element type",
-    note = "use half::bf16, half::f16, f32, u8, i8, F8E4M3, F8E4M3Fnuz, F8E5M2, F8E5M2Fnuz, Ue8m0 or F4E2M1"
+    note = "use half::bf16, half::f16, f32, u8, i8, i32, i64, F8E4M3, F8E4M3Fnuz, F8E5M2, F8E5M2Fnuz, Ue8m0 or F4E2M1"
 )]
 pub trait Element {
     /// The dtype this element stores as.
@@ -54,4 +54,6 @@ element! {
     u8 => U8,
     i8 => I8,
     F4E2M1 => F4E2M1,
+    i32 => I32,
+    i64 => I64,
 }

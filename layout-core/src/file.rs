@@ -1,4 +1,10 @@
-//! The geometry file, schema `kvlayout.geometry/v1` (DESIGN.md): read, validated, written.
+//! The geometry file, schemas `kvlayout.geometry/v1` and `kvlayout.geometry/v2`: read,
+//! validated, written.
+//!
+//! v2 adds only optional fields (per buffer `page_size_tokens`, `attention`, `layer_ids`,
+//! `shard`; per section `order`; dtypes `i32`, `i64`): every v1 file reads as it did, and a v1
+//! file that uses a v2 field is refused naming the field and the schema it needs. The writer
+//! emits v1 unless a v2 field is set ([`BufferGeometry::needs_v2_file`]).
 //!
 //! Reading never trusts a number to size an allocation: every `Vec` built here is bounded by
 //! the input's length, files are read up to [`MAX_FILE_BYTES`], buffer and section counts are
@@ -14,12 +20,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::Dtype;
-use crate::geometry::{BufferGeometry, GeometryError, MemoryLayout, PoolGeometry};
+use crate::buffer::{Attention, BufferGeometry, Shard, ShardSplit};
+use crate::geometry::{GeometryError, MemoryLayout, PoolGeometry};
 use crate::layout::{Arrangement, TokenLayout};
 use crate::section::{ScaleOf, Section, cow_slice};
 
-/// The schema string every geometry file carries.
+/// The v1 schema string.
 pub const SCHEMA: &str = "kvlayout.geometry/v1";
+/// The v2 schema string (hybrid, windowed, stateful, sharded pools).
+pub const SCHEMA_V2: &str = "kvlayout.geometry/v2";
 
 /// Largest geometry file read (16 MiB; a real pool's file is a few KiB).
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
@@ -66,7 +75,7 @@ fn check_name(field: String, name: &str) -> Result<(), GeometryError> {
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FileV1 {
+struct FileDoc {
     schema: String,
     #[serde(default)]
     name: String,
@@ -87,6 +96,24 @@ struct BufferFile {
     page_align_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     page_stride_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    page_size_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    attention: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    layer_ids: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shard: Option<ShardFile>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShardFile {
+    tp_size: u64,
+    rank: u64,
+    split: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    heads_total: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -99,6 +126,8 @@ struct SectionFile {
     scales: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     block_elems: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    order: Option<String>,
 }
 
 /// Reads and validates a geometry file.
@@ -116,7 +145,7 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
             "the top level must be an object {\"schema\": ..., \"buffers\": [...]}",
         ));
     }
-    let file: FileV1 = serde_path_to_error::deserialize(value).map_err(|e| {
+    let file: FileDoc = serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." {
             "json".to_string()
@@ -134,12 +163,16 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
             ),
         ));
     }
-    if file.schema != SCHEMA {
-        return Err(GeometryError::new(
-            "schema",
-            format!("unknown schema {:?} (expected \"{SCHEMA}\")", file.schema),
-        ));
-    }
+    let v2 = match file.schema.as_str() {
+        SCHEMA => false,
+        SCHEMA_V2 => true,
+        other => {
+            return Err(GeometryError::new(
+                "schema",
+                format!("unknown schema {other:?} (expected \"{SCHEMA}\" or \"{SCHEMA_V2}\")"),
+            ));
+        }
+    };
     let memory_layout = MemoryLayout::from_name(&file.memory_layout).ok_or_else(|| {
         GeometryError::new(
             "memory_layout",
@@ -153,7 +186,7 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
         .buffers
         .into_iter()
         .enumerate()
-        .map(|(i, b)| buffer_from_file(i, b))
+        .map(|(i, b)| buffer_from_file(i, b, v2))
         .collect::<Result<Vec<_>, _>>()?;
     let pool = PoolGeometry {
         name: file.name,
@@ -166,9 +199,96 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
     Ok(pool)
 }
 
-fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryError> {
+/// Refuses v2 field `field` of a v1 file, naming the schema it needs.
+fn needs_v2(v2: bool, present: bool, field: impl FnOnce() -> String) -> Result<(), GeometryError> {
+    if present && !v2 {
+        return Err(GeometryError::new(
+            field(),
+            format!("needs \"schema\": \"{SCHEMA_V2}\" (this file says \"{SCHEMA}\")"),
+        ));
+    }
+    Ok(())
+}
+
+fn attention_from_file(path: &str, value: &Value) -> Result<Attention, GeometryError> {
+    let field = format!("{path}.attention");
+    let expected =
+        "expected \"full\", \"state\", {\"sliding_window_tokens\": W} or {\"chunk_tokens\": C}";
+    match value {
+        Value::String(name) => match name.as_str() {
+            "full" => Ok(Attention::Full),
+            "state" => Ok(Attention::State),
+            other => Err(GeometryError::new(
+                field,
+                format!("unknown attention {other:?} ({expected})"),
+            )),
+        },
+        Value::Object(map) if map.len() == 1 => {
+            let (key, v) = map.iter().next().expect("one entry");
+            let n = v.as_u64().ok_or_else(|| {
+                GeometryError::new(
+                    format!("{field}.{key}"),
+                    format!("expected a token count, got {v}"),
+                )
+            })?;
+            match key.as_str() {
+                "sliding_window_tokens" => Ok(Attention::SlidingWindow { window_tokens: n }),
+                "chunk_tokens" => Ok(Attention::Chunked { chunk_tokens: n }),
+                other => Err(GeometryError::new(
+                    field,
+                    format!("unknown attention field {other:?} ({expected})"),
+                )),
+            }
+        }
+        other => Err(GeometryError::new(
+            field,
+            format!("{expected}, got {other}"),
+        )),
+    }
+}
+
+fn shard_from_file(path: &str, s: &ShardFile) -> Result<Shard, GeometryError> {
+    let field = format!("{path}.shard");
+    let split = match (s.split.as_str(), s.heads_total) {
+        ("heads", Some(heads_total)) => ShardSplit::Heads { heads_total },
+        ("heads", None) => {
+            return Err(GeometryError::new(
+                format!("{field}.heads_total"),
+                "missing: split \"heads\" needs heads_total",
+            ));
+        }
+        ("replicated", None) => ShardSplit::Replicated,
+        ("replicated", Some(h)) => {
+            return Err(GeometryError::new(
+                format!("{field}.heads_total"),
+                format!(
+                    "heads_total {h} given with split \"replicated\" (only a heads split has it)"
+                ),
+            ));
+        }
+        (other, _) => {
+            return Err(GeometryError::new(
+                format!("{field}.split"),
+                format!("unknown split {other:?} (expected \"heads\" or \"replicated\")"),
+            ));
+        }
+    };
+    Ok(Shard {
+        tp_size: s.tp_size,
+        rank: s.rank,
+        split,
+    })
+}
+
+fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry, GeometryError> {
     check_name(format!("buffers[{i}].name"), &b.name)?;
     let path = format!("buffers[{i}] ({})", b.name);
+    needs_v2(v2, b.page_size_tokens.is_some(), || {
+        format!("{path}.page_size_tokens")
+    })?;
+    needs_v2(v2, b.attention.is_some(), || format!("{path}.attention"))?;
+    needs_v2(v2, b.layer_ids.is_some(), || format!("{path}.layer_ids"))?;
+    needs_v2(v2, b.shard.is_some(), || format!("{path}.shard"))?;
     if b.sections.len() > MAX_SECTIONS {
         return Err(GeometryError::new(
             format!("{path}.sections"),
@@ -274,6 +394,11 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
                 ),
             )
         })?;
+        needs_v2(v2, dtype.is_v2(), || format!("{sp}.dtype {}", dtype.name()))?;
+        needs_v2(v2, s.order.is_some(), || format!("{sp}.order"))?;
+        if let Some(order) = &s.order {
+            check_name(format!("{sp}.order"), order)?;
+        }
         let scale = match (&s.scales, s.block_elems) {
             (None, None) => None,
             (Some(target), Some(block_elems)) => {
@@ -306,8 +431,17 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
             dtype,
             shape: Cow::Owned(s.shape.clone()),
             scale,
+            order: s.order.clone().map(Cow::Owned),
         });
     }
+    let attention = match &b.attention {
+        Some(v) => attention_from_file(&path, v)?,
+        None => Attention::Full,
+    };
+    let shard = match &b.shard {
+        Some(s) => Some(shard_from_file(&path, s)?),
+        None => None,
+    };
     Ok(BufferGeometry {
         name: Cow::Owned(b.name),
         layers: b.layers,
@@ -317,13 +451,19 @@ fn buffer_from_file(i: usize, b: BufferFile) -> Result<BufferGeometry, GeometryE
             page_align_bytes: b.page_align_bytes,
             page_stride_bytes: b.page_stride_bytes,
         },
+        page_size_tokens: b.page_size_tokens,
+        attention,
+        layer_ids: b.layer_ids,
+        shard,
     })
 }
 
-/// Writes a geometry file (pretty JSON, trailing newline).
+/// Writes a geometry file (pretty JSON, trailing newline): `kvlayout.geometry/v1` unless a
+/// buffer needs v2 ([`BufferGeometry::needs_v2_file`]).
 pub fn to_json(pool: &PoolGeometry) -> String {
-    let file = FileV1 {
-        schema: SCHEMA.to_string(),
+    let v2 = pool.buffers.iter().any(BufferGeometry::needs_v2_file);
+    let file = FileDoc {
+        schema: if v2 { SCHEMA_V2 } else { SCHEMA }.to_string(),
         name: pool.name.clone(),
         page_size_tokens: pool.page_size_tokens,
         pages: pool.pages,
@@ -366,9 +506,32 @@ fn buffer_to_file(b: &BufferGeometry) -> BufferFile {
                 shape: s.shape().to_vec(),
                 scales: s.scale.map(|r| name_of(r.target)),
                 block_elems: s.scale.map(|r| r.block_elems),
+                order: s.order().map(str::to_string),
             })
             .collect(),
         page_align_bytes: layout.page_align_bytes,
         page_stride_bytes: layout.page_stride_bytes,
+        page_size_tokens: b.page_size_tokens,
+        attention: match b.attention {
+            Attention::Full => None,
+            Attention::SlidingWindow { window_tokens } => {
+                Some(serde_json::json!({ "sliding_window_tokens": window_tokens }))
+            }
+            Attention::Chunked { chunk_tokens } => {
+                Some(serde_json::json!({ "chunk_tokens": chunk_tokens }))
+            }
+            Attention::State => Some(Value::from("state")),
+        },
+        layer_ids: b.layer_ids.clone(),
+        shard: b.shard.map(|s| ShardFile {
+            tp_size: s.tp_size,
+            rank: s.rank,
+            split: match s.split {
+                ShardSplit::Heads { .. } => "heads",
+                ShardSplit::Replicated => "replicated",
+            }
+            .to_string(),
+            heads_total: s.heads_total(),
+        }),
     }
 }

@@ -18,10 +18,11 @@
 //!   The sum makes the buffer set order-free, as the compatibility check is. `name`, `pages`
 //!   and `memory_layout` are not hashed: exactly the compared fields are.
 
+use crate::buffer::{Attention, BufferGeometry};
 use crate::error::{LayoutError, tri};
 use crate::geometry::PoolGeometry;
-use crate::layout::TokenLayout;
-use crate::section::cow_slice;
+use crate::layout::{Arrangement, TokenLayout};
+use crate::section::{Section, cow_slice};
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -113,7 +114,7 @@ impl TokenLayout {
     }
 }
 
-/// Hash of one buffer of a pool: name, layers, page stride and the layout core hash.
+/// Hash of one v1 buffer of a pool: name, layers, page stride and the layout core hash.
 pub const fn buffer_hash(
     name: &str,
     layers: u64,
@@ -128,6 +129,73 @@ pub const fn buffer_hash(
     Ok(fnv_u64(h, layout_core_hash(layout)))
 }
 
+/// Feeds `attention`: its code and W or C (0 for full and state).
+const fn fnv_attention(h: u64, attention: Attention) -> u64 {
+    fnv_u64(fnv_u64(h, attention.code() as u64), attention.tokens())
+}
+
+/// Feeds `layer_ids`: `0` when absent, else `1`, the count and each id.
+const fn fnv_layer_ids(mut h: u64, ids: Option<&[u32]>) -> u64 {
+    match ids {
+        None => fnv_u64(h, 0),
+        Some(ids) => {
+            h = fnv_u64(fnv_u64(h, 1), ids.len() as u64);
+            let mut i = 0;
+            while i < ids.len() {
+                h = fnv_u64(h, ids[i] as u64);
+                i += 1;
+            }
+            h
+        }
+    }
+}
+
+/// Feeds each section's order: `0` when linear, else `1` and the name.
+const fn fnv_orders(mut h: u64, sections: &[Section]) -> u64 {
+    let mut i = 0;
+    while i < sections.len() {
+        h = match sections[i].order() {
+            None => fnv_u64(h, 0),
+            Some(o) => fnv_str(fnv_u64(h, 1), o),
+        };
+        i += 1;
+    }
+    h
+}
+
+/// Hash of a buffer with v2 fields (see the module docs); `pool_page_size_tokens` is the
+/// pool's page size.
+pub const fn buffer_hash_v2(
+    b: &BufferGeometry,
+    pool_page_size_tokens: u64,
+) -> Result<u64, LayoutError> {
+    let page = b.effective_page_size_tokens(pool_page_size_tokens);
+    let stride = tri!(b.layout.page_stride_bytes(page));
+    let mut h = fnv_str(FNV_OFFSET, "kvlayout.buffer/v2");
+    h = fnv_str(h, b.name());
+    h = fnv_u64(h, b.layers);
+    h = fnv_u64(h, page);
+    h = fnv_u64(h, stride);
+    h = fnv_u64(h, layout_core_hash(&b.layout));
+    h = fnv_attention(h, b.attention);
+    h = fnv_layer_ids(h, b.layer_ids());
+    h = match b.shard {
+        None => fnv_u64(h, 0),
+        Some(s) => {
+            h = fnv_u64(fnv_u64(fnv_u64(h, 1), s.tp_size), s.rank);
+            h = fnv_u64(h, s.split_code() as u64);
+            fnv_u64(
+                h,
+                match s.heads_total() {
+                    Some(t) => t,
+                    None => 0,
+                },
+            )
+        }
+    };
+    Ok(fnv_orders(h, b.layout.sections()))
+}
+
 /// Combines a page size and the buffer hashes (in any order) into a pool fingerprint.
 pub const fn pool_hash(page_size_tokens: u64, buffers: u64, buffer_hash_sum: u64) -> u64 {
     let mut h = fnv_str(FNV_OFFSET, "kvlayout.pool/v1");
@@ -136,23 +204,119 @@ pub const fn pool_hash(page_size_tokens: u64, buffers: u64, buffer_hash_sum: u64
     fnv_u64(h, buffer_hash_sum)
 }
 
+/// The `token`-level fingerprint of buffer `b` (see the module docs).
+pub const fn token_hash(b: &BufferGeometry, pool_page_size_tokens: u64) -> u64 {
+    let layout = &b.layout;
+    let mut h = fnv_str(FNV_OFFSET, "kvlayout.token/v1");
+    h = fnv_str(h, b.name());
+    h = fnv_u64(h, b.layers);
+    h = fnv_attention(h, b.attention);
+    h = fnv_layer_ids(h, b.layer_ids());
+    h = fnv_u64(h, layout.arrangement.code() as u64);
+    let planes = layout.arrangement.planes();
+    if !planes.is_empty() {
+        h = fnv_u64(h, planes.len() as u64);
+        let mut p = 0;
+        while p < planes.len() {
+            let plane = cow_slice(&planes[p]);
+            h = fnv_u64(h, plane.len() as u64);
+            let mut k = 0;
+            while k < plane.len() {
+                h = fnv_u64(h, plane[k] as u64);
+                k += 1;
+            }
+            p += 1;
+        }
+    }
+    let page_bound = matches!(
+        layout.arrangement,
+        Arrangement::SectionMajor | Arrangement::Planes(_)
+    );
+    h = fnv_u64(
+        h,
+        if page_bound {
+            b.effective_page_size_tokens(pool_page_size_tokens)
+        } else {
+            0
+        },
+    );
+    let heads_total = match b.shard {
+        Some(s) => match s.heads_total() {
+            Some(t) => t,
+            None => 0,
+        },
+        None => 0,
+    };
+    h = fnv_u64(h, heads_total);
+    let skip = if heads_total > 0 { 1 } else { 0 };
+    let sections = layout.sections();
+    h = fnv_u64(h, sections.len() as u64);
+    let mut i = 0;
+    while i < sections.len() {
+        let s = &sections[i];
+        h = fnv_u64(h, s.dtype.code() as u64);
+        let shape = s.shape();
+        let from = if shape.len() >= skip {
+            skip
+        } else {
+            shape.len()
+        };
+        h = fnv_u64(h, (shape.len() - from) as u64);
+        let mut d = from;
+        while d < shape.len() {
+            h = fnv_u64(h, shape[d]);
+            d += 1;
+        }
+        match s.scale {
+            None => h = fnv_u64(h, 0),
+            Some(rel) => {
+                h = fnv_u64(h, 1);
+                h = fnv_u64(h, rel.target as u64);
+                h = fnv_u64(h, rel.block_elems);
+            }
+        }
+        i += 1;
+    }
+    fnv_orders(h, sections)
+}
+
 impl PoolGeometry {
-    /// Fingerprint of exactly the compared fields (see the module docs).
+    /// The `pool` fingerprint: exactly the fields the `pool` level compares (see the module
+    /// docs). For v1 content it is the v1 value.
     pub const fn fingerprint(&self) -> Result<u64, LayoutError> {
         let buffers = self.buffers.as_slice();
         let mut sum = 0u64;
         let mut i = 0;
         while i < buffers.len() {
             let b = &buffers[i];
-            let h = tri!(buffer_hash(
-                b.name(),
-                b.layers,
-                &b.layout,
-                self.page_size_tokens
-            ));
+            let h = if b.has_v2_fields(self.page_size_tokens) {
+                tri!(buffer_hash_v2(b, self.page_size_tokens))
+            } else {
+                tri!(buffer_hash(
+                    b.name(),
+                    b.layers,
+                    &b.layout,
+                    self.page_size_tokens
+                ))
+            };
             sum = sum.wrapping_add(h);
             i += 1;
         }
         Ok(pool_hash(self.page_size_tokens, buffers.len() as u64, sum))
+    }
+
+    /// The `storage` fingerprint: the pool fingerprint and the memory layout.
+    pub const fn storage_fingerprint(&self) -> Result<u64, LayoutError> {
+        let pool = tri!(self.fingerprint());
+        let h = fnv_str(FNV_OFFSET, "kvlayout.storage/v1");
+        Ok(fnv_u64(fnv_u64(h, pool), self.memory_layout.code() as u64))
+    }
+
+    /// The `token`-level fingerprint of every buffer, in buffer order.
+    pub fn token_fingerprints(&self) -> Vec<(&str, u64)> {
+        self.buffers
+            .iter()
+            .map(|b| (b.name(), token_hash(b, self.page_size_tokens)))
+            .collect()
     }
 }

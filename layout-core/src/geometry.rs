@@ -10,12 +10,11 @@
 //! - `page_head` (MHA): each buffer a region `[page][head][layer][token][head row]`; a page of
 //!   one layer is `heads` runs, and the layout needs every section shaped `[heads, ...]`.
 
-use std::borrow::Cow;
 use std::fmt;
 
+use crate::buffer::BufferGeometry;
 use crate::error::LayoutError;
-use crate::layout::{Arrangement, PageGeometry, TokenLayout};
-use crate::section::cow_str;
+use crate::layout::{Arrangement, PageGeometry};
 
 /// Where pages of a whole pool sit in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +30,16 @@ pub enum MemoryLayout {
 }
 
 impl MemoryLayout {
+    /// Stable code hashed by the storage fingerprint (never renumber).
+    pub const fn code(self) -> u8 {
+        match self {
+            MemoryLayout::LayerFirst => 1,
+            MemoryLayout::PageFirst => 2,
+            MemoryLayout::PageFirstDirect => 3,
+            MemoryLayout::PageHead => 4,
+        }
+    }
+
     /// Every memory layout.
     pub const ALL: [MemoryLayout; 4] = [
         MemoryLayout::LayerFirst,
@@ -61,32 +70,14 @@ impl fmt::Display for MemoryLayout {
     }
 }
 
-/// One component buffer of a pool (MLA latent, index-K, K, V, ...).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct BufferGeometry {
-    /// Buffer name; compared between geometries (the set of names must match).
-    pub name: Cow<'static, str>,
-    /// Layers holding this buffer (index-K may live in only some layers).
-    pub layers: u64,
-    /// Token layout and page arrangement.
-    pub layout: TokenLayout,
-}
-
-impl BufferGeometry {
-    /// The name as `&str`.
-    pub const fn name(&self) -> &str {
-        cow_str(&self.name)
-    }
-}
-
 /// A pool: page size, page count, memory layout and buffers.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PoolGeometry {
     /// Free text, never compared.
     pub name: String,
-    /// Tokens per page.
+    /// Tokens per page (a buffer may override it: [`BufferGeometry::page_size_tokens`]).
     pub page_size_tokens: u64,
-    /// Pages in the pool (capacity; not compared).
+    /// Pages in the pool (capacity; not compared); for a `state` buffer, request slots.
     pub pages: u64,
     /// Placement of pages in memory (not compared).
     pub memory_layout: MemoryLayout,
@@ -226,8 +217,9 @@ impl PoolGeometry {
                     "must be at least 1, got 0",
                 ));
             }
+            b.check_v2(i)?;
             b.layout
-                .page_geometry(self.page_size_tokens)
+                .page_geometry(b.effective_page_size_tokens(self.page_size_tokens))
                 .map_err(|e| layout_error(i, b, e))?;
             if self.memory_layout == MemoryLayout::PageHead {
                 self.page_head_heads(i)?;
@@ -237,12 +229,20 @@ impl PoolGeometry {
         Ok(())
     }
 
-    /// Sizes of a page of buffer `b`.
+    /// Sizes of a page of buffer `b` (at its effective page size: its own, the pool's, or one
+    /// slot for a `state` buffer).
     pub fn page_geometry(&self, b: usize) -> Result<PageGeometry, GeometryError> {
         let buf = self.buffer(b)?;
         buf.layout
-            .page_geometry(self.page_size_tokens)
+            .page_geometry(self.buffer_page_size_tokens(b)?)
             .map_err(|e| layout_error(b, buf, e))
+    }
+
+    /// Tokens per page of buffer `b`: [`BufferGeometry::effective_page_size_tokens`].
+    pub fn buffer_page_size_tokens(&self, b: usize) -> Result<u64, GeometryError> {
+        Ok(self
+            .buffer(b)?
+            .effective_page_size_tokens(self.page_size_tokens))
     }
 
     /// Buffer `b`, or an error naming the index.
@@ -404,12 +404,12 @@ impl PoolGeometry {
         let sections = buf.layout.sections();
         let heads = sections.first().map(|s| s.heads()).unwrap_or(1);
         for (i, s) in sections.iter().enumerate() {
-            if s.shape().len() < 2 || s.heads() != heads {
+            if s.shape().len() < 2 || s.heads() != heads || heads == 0 {
                 return Err(GeometryError::new(
                     "memory_layout",
                     format!(
-                        "page_head needs every section of {} shaped [heads, ...] with one head count; \
-                         sections[{i}] ({}) has shape {:?}",
+                        "page_head needs every section of {} shaped [heads, ...] with one head count \
+                         of at least 1; sections[{i}] ({}) has shape {:?}",
                         buffer_path(b, buf),
                         s.name(),
                         s.shape()
@@ -433,6 +433,9 @@ impl PoolGeometry {
     /// The contiguous pieces of page `page` of layer `layer` of buffer `b`: one piece of the
     /// page stride for every memory layout but `page_head`, whose pieces map each (head, token,
     /// section) run of the canonical page to its place in `[head][layer][token][head row]`.
+    ///
+    /// Every offset is checked: a geometry whose byte offsets do not fit in 64 bits (say
+    /// `layers = 2^61`, never validated) is an error naming the overflow, never a wrap.
     pub fn page_segments(
         &self,
         b: usize,
@@ -447,16 +450,20 @@ impl PoolGeometry {
                 len_bytes: self.stored_page_bytes(b)?,
             }]);
         }
-        let buf = &self.buffers[b];
+        let buf = self.buffer(b)?;
         let layout = &buf.layout;
         let heads = self.page_head_heads(b)?;
-        let t_count = self.page_size_tokens;
+        let t_count = self.buffer_page_size_tokens(b)?;
         let chunk = self.stored_page_bytes(b)? / heads; // T * head row, all sections
-        let head_row = chunk / t_count;
+        let head_row = chunk / t_count.max(1);
         let err = |e| layout_error(b, buf, e);
+        let f = "page segments";
+        // The last byte of the last head's run must be addressable: checks every product below.
+        let layer_run = ck_mul(buf.layers, chunk, f)?;
+        ck_add(start, ck_mul(heads, layer_run, f)?, f)?;
         let mut out: Vec<Segment> = Vec::new();
         for h in 0..heads {
-            let head_base = start + h * buf.layers * chunk;
+            let head_base = ck_add(start, ck_mul(h, layer_run, f)?, f)?;
             for t in 0..t_count {
                 let mut prefix = 0u64;
                 for s in 0..layout.sections().len() {
@@ -465,21 +472,28 @@ impl PoolGeometry {
                         Arrangement::HeadMajor => {
                             layout.offset_bytes(s, t, h, t_count).map_err(err)?
                         }
-                        _ => layout.offset_bytes(s, t, 0, t_count).map_err(err)? + h * part,
+                        _ => ck_add(
+                            layout.offset_bytes(s, t, 0, t_count).map_err(err)?,
+                            ck_mul(h, part, f)?,
+                            f,
+                        )?,
                     };
+                    let pool_off =
+                        ck_add(ck_add(head_base, ck_mul(t, head_row, f)?, f)?, prefix, f)?;
                     let seg = Segment {
                         page_offset_bytes: page_off,
-                        pool_offset_bytes: head_base + t * head_row + prefix,
+                        pool_offset_bytes: pool_off,
                         len_bytes: part,
                     };
-                    prefix += part;
+                    prefix = ck_add(prefix, part, f)?;
                     match out.last_mut() {
                         Some(last)
-                            if last.page_offset_bytes + last.len_bytes == seg.page_offset_bytes
-                                && last.pool_offset_bytes + last.len_bytes
-                                    == seg.pool_offset_bytes =>
+                            if last.page_offset_bytes.checked_add(last.len_bytes)
+                                == Some(seg.page_offset_bytes)
+                                && last.pool_offset_bytes.checked_add(last.len_bytes)
+                                    == Some(seg.pool_offset_bytes) =>
                         {
-                            last.len_bytes += seg.len_bytes
+                            last.len_bytes = ck_add(last.len_bytes, seg.len_bytes, f)?
                         }
                         _ => out.push(seg),
                     }

@@ -31,6 +31,7 @@
 //! assert_eq!(INDEX_K_FP8.offset_bytes(1, 3, 0, 64), Ok(64 * 128 + 3 * 4));
 //! ```
 
+mod buffer;
 mod diff;
 mod dtype;
 pub mod elem;
@@ -42,13 +43,12 @@ mod geometry;
 mod layout;
 mod section;
 
+pub use buffer::{Attention, BufferGeometry, Shard, ShardSplit};
 pub use diff::{FieldDiff, Mismatch, arrangement_text, compare};
 pub use dtype::Dtype;
 pub use elem::Element;
 pub use error::LayoutError;
-pub use geometry::{
-    BufferGeometry, GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error,
-};
+pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error};
 pub use layout::{Arrangement, PageGeometry, TokenLayout};
 pub use section::{ScaleOf, Section};
 

@@ -26,6 +26,9 @@ pub struct Section {
     pub shape: Cow<'static, [u64]>,
     /// Present on a scale section.
     pub scale: Option<ScaleOf>,
+    /// `kvlayout.geometry/v2`: a named non-linear order of this section's elements across the
+    /// page (a swizzle of scale rows, say); `None` is linear. Compared as a name.
+    pub order: Option<Cow<'static, str>>,
 }
 
 /// A `Cow` slice as a plain slice, in `const` context.
@@ -54,6 +57,7 @@ impl Section {
             dtype,
             shape: Cow::Borrowed(shape),
             scale: None,
+            order: None,
         }
     }
 
@@ -73,6 +77,41 @@ impl Section {
                 target,
                 block_elems,
             }),
+            order: None,
+        }
+    }
+
+    /// A section with owned data (what readers of files and configs build); no scale, no order.
+    pub fn owned(name: impl Into<String>, dtype: Dtype, shape: Vec<u64>) -> Section {
+        Section {
+            name: Cow::Owned(name.into()),
+            dtype,
+            shape: Cow::Owned(shape),
+            scale: None,
+            order: None,
+        }
+    }
+
+    /// This section as a scale of section `target`, one scale per `block_elems` elements.
+    pub fn with_scale(mut self, target: usize, block_elems: u64) -> Section {
+        self.scale = Some(ScaleOf {
+            target,
+            block_elems,
+        });
+        self
+    }
+
+    /// This section with the named element order (`kvlayout.geometry/v2`).
+    pub fn with_order(mut self, order: impl Into<String>) -> Section {
+        self.order = Some(Cow::Owned(order.into()));
+        self
+    }
+
+    /// The order's name, `None` when linear.
+    pub const fn order(&self) -> Option<&str> {
+        match &self.order {
+            Some(o) => Some(cow_str(o)),
+            None => None,
         }
     }
 

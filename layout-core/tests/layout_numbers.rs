@@ -20,6 +20,8 @@ fn dtype_bits_and_names() {
         ("u8", 8),
         ("i8", 8),
         ("f4e2m1", 4),
+        ("i32", 32),
+        ("i64", 64),
     ];
     for (name, bits) in expect {
         let d = Dtype::from_name(name).expect(name);
@@ -27,7 +29,39 @@ fn dtype_bits_and_names() {
         assert_eq!(d.name(), name);
     }
     assert_eq!(Dtype::from_name("fp8"), None);
-    assert_eq!(Dtype::from_name("float8_e4m3fn"), None);
+    assert_eq!(Dtype::from_name("float8"), None);
+    assert_eq!(Dtype::from_name(""), None);
+}
+
+/// The torch / ml_dtypes spellings (torch.float8_e4m3fn, ml_dtypes.float8_e8m0fnu, ...) name the
+/// same dtypes, ASCII case-insensitively, with or without `torch.`.
+#[test]
+fn dtype_torch_spellings_and_case() {
+    let torch = [
+        ("float8_e4m3fn", Dtype::F8E4M3),
+        ("float8_e4m3fnuz", Dtype::F8E4M3Fnuz),
+        ("float8_e5m2", Dtype::F8E5M2),
+        ("float8_e5m2fnuz", Dtype::F8E5M2Fnuz),
+        ("float8_e8m0fnu", Dtype::Ue8m0),
+        ("float4_e2m1fn", Dtype::F4E2M1),
+        ("bfloat16", Dtype::Bf16),
+        ("float16", Dtype::F16),
+        ("float32", Dtype::F32),
+        ("uint8", Dtype::U8),
+        ("int8", Dtype::I8),
+        ("int32", Dtype::I32),
+        ("int64", Dtype::I64),
+        ("torch.bfloat16", Dtype::Bf16),
+        ("BF16", Dtype::Bf16),
+        ("Float8_E4M3FN", Dtype::F8E4M3),
+        ("TORCH.float8_e4m3fn", Dtype::F8E4M3),
+    ];
+    for (name, d) in torch {
+        assert_eq!(Dtype::from_name(name), Some(d), "{name}");
+    }
+    // The file name stays canonical.
+    assert_eq!(Dtype::from_name("bfloat16").map(Dtype::name), Some("bf16"));
+    assert_eq!(Dtype::from_name("torch."), None);
 }
 
 #[test]

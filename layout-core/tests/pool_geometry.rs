@@ -29,16 +29,8 @@ fn small_pool(memory_layout: MemoryLayout) -> PoolGeometry {
         pages: 3,
         memory_layout,
         buffers: vec![
-            BufferGeometry {
-                name: "kv".into(),
-                layers: 2,
-                layout: kv,
-            },
-            BufferGeometry {
-                name: "idx".into(),
-                layers: 1,
-                layout: idx,
-            },
+            BufferGeometry::new("kv", 2, kv),
+            BufferGeometry::new("idx", 1, idx),
         ],
     }
 }
@@ -98,11 +90,7 @@ fn page_head_segments_transpose_heads() {
         page_size_tokens: 2,
         pages: 2,
         memory_layout: MemoryLayout::PageHead,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 3,
-            layout: MHA_BF16_8X128,
-        }],
+        buffers: vec![BufferGeometry::new("kv", 3, MHA_BF16_8X128)],
     };
     g.validate().unwrap();
     let segs = g.page_segments(0, 1, 1).unwrap();
@@ -243,8 +231,8 @@ fn file_errors_name_the_field_and_value() {
         e.contains("memory_layout") && e.contains("layers_first"),
         "{e}"
     );
-    let e = bad("kvlayout.geometry/v1", "kvlayout.geometry/v2");
-    assert!(e.contains("schema") && e.contains("v2"), "{e}");
+    let e = bad("kvlayout.geometry/v1", "kvlayout.geometry/v3");
+    assert!(e.contains("schema") && e.contains("v3"), "{e}");
     let e = bad("\"scales\": \"values\"", "\"scales\": \"valuez\"");
     assert!(e.contains("scales") && e.contains("valuez"), "{e}");
     let e = bad("\"layers\": 61", "\"layers\": 0");
@@ -273,11 +261,11 @@ fn planes_round_trip_by_section_name() {
         page_size_tokens: 64,
         pages: 2,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 61,
-            layout: kvlayout_core::formats::DSV4_MLA_FP8,
-        }],
+        buffers: vec![BufferGeometry::new(
+            "kv",
+            61,
+            kvlayout_core::formats::DSV4_MLA_FP8,
+        )],
     };
     let text = file::to_json(&g);
     assert!(text.contains("\"planes\""), "{text}");
@@ -298,11 +286,11 @@ fn planes_with_other_section_labels_are_compatible() {
         page_size_tokens: 64,
         pages: 2,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry {
-            name: "kv".into(),
-            layers: 61,
-            layout: kvlayout_core::formats::DSV4_MLA_FP8,
-        }],
+        buffers: vec![BufferGeometry::new(
+            "kv",
+            61,
+            kvlayout_core::formats::DSV4_MLA_FP8,
+        )],
     };
     let mut b = a.clone();
     let mut sections = b.buffers[0].layout.sections().to_vec();

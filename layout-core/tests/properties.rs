@@ -73,6 +73,7 @@ fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
                     dtype: *d,
                     shape: Cow::Owned(shape.clone()),
                     scale: None,
+                    order: None,
                 })
                 .collect();
             for (k, (target, block_pick, ue8m0)) in scales.iter().enumerate() {
@@ -98,6 +99,7 @@ fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
                         target: t,
                         block_elems: block,
                     }),
+                    order: None,
                 });
             }
             let n = sections.len();
@@ -163,11 +165,7 @@ fn pool() -> impl Strategy<Value = PoolGeometry> {
                     if page != 4 {
                         layout.page_stride_bytes = None;
                     }
-                    BufferGeometry {
-                        name: Cow::Owned(format!("buf{i}")),
-                        layers,
-                        layout,
-                    }
+                    BufferGeometry::new(Cow::Owned(format!("buf{i}")), layers, layout)
                 })
                 .collect();
             PoolGeometry {

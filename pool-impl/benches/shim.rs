@@ -40,11 +40,7 @@ fn one_buffer_cache(name: &'static str, layout: TokenLayout, pages: u64) -> HiCa
         page_size_tokens: 64,
         pages,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry {
-            name: name.into(),
-            layers: LAYERS,
-            layout,
-        }],
+        buffers: vec![BufferGeometry::new(name, LAYERS, layout)],
     })
     .expect("device pool");
     let host = HostPool::mirror_of(&device, pages, MemoryLayout::PageFirst).expect("host pool");
@@ -180,16 +176,8 @@ fn dsa_cache(checked: bool) -> HiCache {
         pages: 128,
         memory_layout: MemoryLayout::LayerFirst,
         buffers: vec![
-            BufferGeometry {
-                name: "kv".into(),
-                layers: 4,
-                layout: formats::DSA_MLA_FP8,
-            },
-            BufferGeometry {
-                name: "index_k".into(),
-                layers: 4,
-                layout: formats::INDEX_K_BF16,
-            },
+            BufferGeometry::new("kv", 4, formats::DSA_MLA_FP8),
+            BufferGeometry::new("index_k", 4, formats::INDEX_K_BF16),
         ],
     })
     .expect("device pool");

@@ -570,11 +570,7 @@ mod tests {
             page_size_tokens: 64,
             pages: 4,
             memory_layout: MemoryLayout::LayerFirst,
-            buffers: vec![BufferGeometry {
-                name: "index_k".into(),
-                layers: 2,
-                layout: formats::INDEX_K_FP8,
-            }],
+            buffers: vec![BufferGeometry::new("index_k", 2, formats::INDEX_K_FP8)],
         })
         .unwrap();
         let host = HostPool::mirror_of(&device, 6, MemoryLayout::PageFirst).unwrap();
@@ -622,11 +618,7 @@ mod tests {
             page_size_tokens: 64,
             pages: 70,
             memory_layout: m,
-            buffers: vec![BufferGeometry {
-                name: "kv".into(),
-                layers: 1,
-                layout: formats::MHA_BF16_8X128,
-            }],
+            buffers: vec![BufferGeometry::new("kv", 1, formats::MHA_BF16_8X128)],
         };
         let page_bytes = 262_144usize; // 64 tokens x 4096 B
         let make = |backend: FailingCpuBackend| {

@@ -32,7 +32,7 @@
 //!     page_size_tokens: 64,
 //!     pages: 4,
 //!     memory_layout: MemoryLayout::LayerFirst,
-//!     buffers: vec![BufferGeometry { name: "index_k".into(), layers: 2, layout: formats::INDEX_K_BF16 }],
+//!     buffers: vec![BufferGeometry::new("index_k", 2, formats::INDEX_K_BF16)],
 //! })?;
 //! let host = HostPool::mirror_of(&device, 8, MemoryLayout::PageFirst)?;
 //! // 128 bf16 = 256 B/token, from the device instance: a 64-token page is 16384 B.

@@ -537,19 +537,11 @@ impl Model {
             .kv_dtype
             .unwrap_or(if dsa { KvDtype::Fp8 } else { KvDtype::Bf16 });
         let (kv_format, kv_layout) = self.kv_layout(kv)?;
-        let mut buffers = vec![BufferGeometry {
-            name: Cow::Borrowed("kv"),
-            layers,
-            layout: kv_layout,
-        }];
+        let mut buffers = vec![BufferGeometry::new(Cow::Borrowed("kv"), layers, kv_layout)];
         let mut names = vec![kv_format];
         if dsa {
             let (f, l) = self.index_k_layout(opts.index_k)?;
-            buffers.push(BufferGeometry {
-                name: Cow::Borrowed("index_k"),
-                layers,
-                layout: l,
-            });
+            buffers.push(BufferGeometry::new(Cow::Borrowed("index_k"), layers, l));
             names.push(f);
         }
         let geometry = PoolGeometry {
@@ -607,6 +599,7 @@ fn section(
             target,
             block_elems,
         }),
+        order: None,
     }
 }
 

@@ -280,11 +280,7 @@ mod tests {
             memory_layout: m,
             buffers: buffers
                 .iter()
-                .map(|(n, l, layers)| BufferGeometry {
-                    name: (*n).into(),
-                    layers: *layers,
-                    layout: l.clone(),
-                })
+                .map(|(n, l, layers)| BufferGeometry::new(*n, *layers, l.clone()))
                 .collect(),
         }
     }

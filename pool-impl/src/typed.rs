@@ -32,11 +32,11 @@ impl<L: KvLayout> TypedDevicePool<L> {
             page_size_tokens,
             pages,
             memory_layout: MemoryLayout::LayerFirst,
-            buffers: vec![BufferGeometry {
-                name: Cow::Borrowed(L::NAME),
+            buffers: vec![BufferGeometry::new(
+                Cow::Borrowed(L::NAME),
                 layers,
-                layout: L::LAYOUT,
-            }],
+                L::LAYOUT,
+            )],
         };
         Ok(TypedDevicePool {
             pool: DevicePool::new(geometry)?,

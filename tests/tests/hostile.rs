@@ -35,16 +35,8 @@ fn dsa(pages: u64) -> PoolGeometry {
         pages,
         memory_layout: MemoryLayout::LayerFirst,
         buffers: vec![
-            BufferGeometry {
-                name: "kv".into(),
-                layers: LAYERS,
-                layout: formats::DSA_MLA_FP8,
-            },
-            BufferGeometry {
-                name: "index_k".into(),
-                layers: LAYERS,
-                layout: formats::INDEX_K_FP8,
-            },
+            BufferGeometry::new("kv", LAYERS, formats::DSA_MLA_FP8),
+            BufferGeometry::new("index_k", LAYERS, formats::INDEX_K_FP8),
         ],
     }
 }

@@ -21,11 +21,7 @@ fn geometry(buffers: &[(&'static str, TokenLayout)], layers: u64, pages: u64) ->
         memory_layout: MemoryLayout::LayerFirst,
         buffers: buffers
             .iter()
-            .map(|(n, l)| BufferGeometry {
-                name: (*n).into(),
-                layers,
-                layout: l.clone(),
-            })
+            .map(|(n, l)| BufferGeometry::new(*n, layers, l.clone()))
             .collect(),
     }
 }

@@ -1,0 +1,359 @@
+//! `Geometry` (a pool geometry, schema `kvlayout.geometry/v1`), `compare`, `check`,
+//! `describe` and `formats`: the CLI's `check`, `describe --json` and `formats --json` as
+//! Python calls, with the same lines and fingerprints.
+
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+use kvlayout_core::{
+    BufferGeometry, GeometryError, MemoryLayout, PoolGeometry, TokenLayout, arrangement_text, file,
+    formats as builtin,
+};
+use kvlayout_pool::model::{Attention, IndexK, KvDtype, Model, PoolOptions};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyAny;
+use serde_json::{Value, json};
+
+use crate::errors;
+
+/// A pool geometry: page size, page count, memory layout and buffers (each with its layer count
+/// and token layout), validated. Immutable; equal to another when every field is equal.
+///
+/// Build it with `Geometry.from_json(text)`, `Geometry.from_file(path)`,
+/// `kvlayout.describe(model)` or `kvlayout.geometry_from_tensors(...)`.
+#[pyclass(frozen, module = "kvlayout._kvlayout", eq)]
+#[derive(PartialEq)]
+pub struct Geometry {
+    pub(crate) inner: PoolGeometry,
+    pub(crate) fingerprint: u64,
+}
+
+/// `GeometryError` -> `InvalidGeometry(field, problem)`.
+pub fn geometry_err(py: Python<'_>, e: &GeometryError) -> PyErr {
+    errors::invalid_geometry(py, &e.field, &e.problem)
+}
+
+impl Geometry {
+    /// Validates `inner` and computes its fingerprint.
+    pub fn new(py: Python<'_>, inner: PoolGeometry) -> PyResult<Geometry> {
+        inner.validate().map_err(|e| geometry_err(py, &e))?;
+        let fingerprint = inner
+            .fingerprint()
+            .map_err(|e| errors::invalid_geometry(py, "fingerprint", &e.to_string()))?;
+        Ok(Geometry { inner, fingerprint })
+    }
+}
+
+/// A JSON value as the Python object `json.loads` makes of it.
+fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    py.import("json")?.call_method1("loads", (v.to_string(),))
+}
+
+/// The file form (`arrangement`, `sections`, alignment) of one token layout.
+fn layout_json(layout: &TokenLayout) -> Value {
+    let pool = PoolGeometry {
+        name: String::new(),
+        page_size_tokens: 1,
+        pages: 1,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![BufferGeometry {
+            name: Cow::Borrowed("b"),
+            layers: 1,
+            layout: layout.clone(),
+        }],
+    };
+    let mut v: Value = serde_json::from_str(&file::to_json(&pool)).expect("own JSON parses");
+    let mut b = v["buffers"][0].take();
+    if let Value::Object(m) = &mut b {
+        m.remove("name");
+        m.remove("layers");
+    }
+    b
+}
+
+fn geometry_result<T>(py: Python<'_>, r: Result<T, GeometryError>) -> PyResult<T> {
+    r.map_err(|e| geometry_err(py, &e))
+}
+
+#[pymethods]
+impl Geometry {
+    /// Reads and validates a geometry file's text (`kvlayout.geometry/v1`). Raises
+    /// `InvalidGeometry` naming the field and the bad value (unknown schema, dtype or
+    /// arrangement, zero dimension, block that does not divide, odd fp4 count, overflow, JSON
+    /// syntax with line and column).
+    #[staticmethod]
+    fn from_json(py: Python<'_>, text: &str) -> PyResult<Geometry> {
+        let inner = geometry_result(py, file::from_json(text))?;
+        Geometry::new(py, inner)
+    }
+
+    /// Reads a geometry file (at most 16 MiB) from `path` (str or os.PathLike).
+    #[staticmethod]
+    fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Geometry> {
+        let inner = file::read_path(&path).map_err(|e| {
+            errors::invalid_geometry(py, &format!("{}: {}", path.display(), e.field), &e.problem)
+        })?;
+        Geometry::new(py, inner)
+    }
+
+    /// The geometry file (pretty JSON, trailing newline), as `kvlayout describe --json` writes it.
+    fn to_json(&self) -> String {
+        file::to_json(&self.inner)
+    }
+
+    /// The pool fingerprint (64-bit int): FNV-1a over exactly the compared fields; equal to
+    /// the one `kvlayout check` / `kvlayout describe` print (there as hex).
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// Free text, never compared.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Tokens per page.
+    #[getter]
+    fn page_size_tokens(&self) -> u64 {
+        self.inner.page_size_tokens
+    }
+
+    /// Pages in the pool (capacity; not compared).
+    #[getter]
+    fn pages(&self) -> u64 {
+        self.inner.pages
+    }
+
+    /// `layer_first`, `page_first`, `page_first_direct` or `page_head` (not compared at the
+    /// pool level).
+    #[getter]
+    fn memory_layout(&self) -> &'static str {
+        self.inner.memory_layout.name()
+    }
+
+    /// One dict per buffer: `name`, `layers`, `arrangement` (file form), `sections` (file
+    /// form: `name`, `dtype`, `shape` per token, `scales`, `block_elems`), `bytes_per_token`
+    /// (one layer), `bytes_per_page` (payload of one page of one layer), `page_stride_bytes`,
+    /// `layout_fingerprint` (the token layout's own fingerprint, as `kvlayout formats`).
+    #[getter]
+    fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let g = &self.inner;
+        let mut out = Vec::with_capacity(g.buffers.len());
+        for (i, b) in g.buffers.iter().enumerate() {
+            let pg = geometry_result(py, g.page_geometry(i))?;
+            let mut v = layout_json(&b.layout);
+            v["name"] = json!(b.name());
+            v["layers"] = json!(b.layers);
+            v["arrangement_text"] = json!(arrangement_text(&b.layout));
+            v["bytes_per_token"] = json!(pg.bytes_per_token);
+            v["bytes_per_page"] = json!(pg.page_payload_bytes);
+            v["page_stride_bytes"] = json!(pg.page_stride_bytes);
+            v["layout_fingerprint"] = json!(b.layout.fingerprint());
+            out.push(v);
+        }
+        to_py(py, &Value::Array(out))
+    }
+
+    /// Bytes per token over every buffer and layer (sum of bytes per token x layers).
+    #[getter]
+    fn bytes_per_token(&self, py: Python<'_>) -> PyResult<u64> {
+        geometry_result(py, self.inner.bytes_per_token_all_layers())
+    }
+
+    /// Bytes of one page over every buffer and layer, at each buffer's page stride.
+    #[getter]
+    fn bytes_per_page(&self, py: Python<'_>) -> PyResult<u64> {
+        let g = &self.inner;
+        let mut total = 0u64;
+        for (i, b) in g.buffers.iter().enumerate() {
+            let pg = geometry_result(py, g.page_geometry(i))?;
+            total = pg
+                .page_stride_bytes
+                .checked_mul(b.layers)
+                .and_then(|x| x.checked_add(total))
+                .ok_or_else(|| {
+                    errors::invalid_geometry(py, "bytes_per_page", "overflow past 64 bits")
+                })?;
+        }
+        Ok(total)
+    }
+
+    /// Bytes of the whole pool in its memory layout (every buffer, layer and page).
+    #[getter]
+    fn total_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        geometry_result(py, self.inner.total_bytes())
+    }
+
+    fn __repr__(&self) -> String {
+        let names: Vec<&str> = self.inner.buffers.iter().map(|b| b.name()).collect();
+        format!(
+            "Geometry(name={:?}, page_size_tokens={}, pages={}, memory_layout={}, buffers=[{}], fingerprint={:#018x})",
+            self.inner.name,
+            self.inner.page_size_tokens,
+            self.inner.pages,
+            self.inner.memory_layout.name(),
+            names.join(", "),
+            self.fingerprint
+        )
+    }
+
+    fn __hash__(&self) -> u64 {
+        self.fingerprint
+    }
+}
+
+/// The compare levels this build knows.
+const LEVELS: [&str; 1] = ["pool"];
+
+fn check_level(level: &str) -> PyResult<()> {
+    if LEVELS.contains(&level) {
+        Ok(())
+    } else {
+        Err(PyValueError::new_err(format!(
+            "level: unknown compare level {level:?} (expected one of {})",
+            LEVELS.join(", ")
+        )))
+    }
+}
+
+/// The diff lines of `kvlayout check A B` (one per differing field, `field: A value, B value`);
+/// `[]` when the two pools can exchange pages. `level`: `"pool"`.
+#[pyfunction]
+#[pyo3(signature = (a, b, level = "pool"))]
+pub fn compare(a: &Geometry, b: &Geometry, level: &str) -> PyResult<Vec<String>> {
+    check_level(level)?;
+    Ok(match kvlayout_core::compare(&a.inner, &b.inner) {
+        Ok(()) => Vec::new(),
+        Err(m) => m.diffs.iter().map(ToString::to_string).collect(),
+    })
+}
+
+/// Returns `None` when compatible; raises `Incompatible` (`.lines`: the diff lines of
+/// `compare`, `str()`: a header with both fingerprints, then the lines).
+#[pyfunction]
+#[pyo3(signature = (a, b, level = "pool"))]
+pub fn check(py: Python<'_>, a: &Geometry, b: &Geometry, level: &str) -> PyResult<()> {
+    let lines = compare(a, b, level)?;
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let head = header(lines.len(), a.fingerprint, b.fingerprint);
+    Err(errors::incompatible(py, lines, head))
+}
+
+/// `incompatible: N differing fields (fingerprints A, B)`, as the CLI's first line (without the
+/// file names).
+pub fn header(n: usize, a: u64, b: u64) -> String {
+    format!(
+        "incompatible: {n} differing field{} (fingerprints {a:#018x}, {b:#018x})",
+        if n == 1 { "" } else { "s" }
+    )
+}
+
+/// The device pool geometry of a model, as `kvlayout describe --model M --json`.
+///
+/// `model`: a built-in name (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5, llama-3.1-8b,
+/// llama-3.1-70b, qwen3-8b, qwen3-235b-a22b), a config.json path or a model directory.
+/// `kv_dtype`: "bf16" | "fp8" (default fp8 for DSA models, bf16 otherwise); `index_k`:
+/// "fp8" | "bf16" | "fp4" (DSA models; default fp8; a warning on a model without an indexer);
+/// `tp`, `rank`: tensor-parallel size and rank (default one rank).
+#[pyfunction]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, page_size_tokens = 64, pages = 1024))]
+#[allow(clippy::too_many_arguments)]
+pub fn describe(
+    py: Python<'_>,
+    model: PathBuf,
+    kv_dtype: Option<&str>,
+    index_k: Option<&str>,
+    tp: Option<u64>,
+    rank: Option<u64>,
+    page_size_tokens: u64,
+    pages: u64,
+) -> PyResult<Geometry> {
+    let kv_dtype = match kv_dtype {
+        None => None,
+        Some("bf16") => Some(KvDtype::Bf16),
+        Some("fp8") => Some(KvDtype::Fp8),
+        Some(other) => {
+            return Err(PyValueError::new_err(format!(
+                "kv_dtype: {other:?} (expected \"bf16\" or \"fp8\")"
+            )));
+        }
+    };
+    let index_k_choice = match index_k {
+        None | Some("fp8") => IndexK::Fp8,
+        Some("bf16") => IndexK::Bf16,
+        Some("fp4") => IndexK::Fp4,
+        Some(other) => {
+            return Err(PyValueError::new_err(format!(
+                "index_k: {other:?} (expected \"fp8\", \"bf16\" or \"fp4\")"
+            )));
+        }
+    };
+    match (tp, rank) {
+        (None | Some(1), None | Some(0)) => {}
+        (tp, rank) => {
+            return Err(errors::model_error(
+                py,
+                format!(
+                    "tp {tp:?}, rank {rank:?}: this build's model reader maps one rank only (tp 1, rank 0)"
+                ),
+            ));
+        }
+    }
+    let name = model
+        .to_str()
+        .ok_or_else(|| PyTypeError::new_err("model: not valid UTF-8"))?;
+    let m = Model::load(name).map_err(|e| errors::model_error(py, e.to_string()))?;
+    if index_k.is_some() && m.attention() != Attention::MlaDsa {
+        let msg = format!(
+            "index_k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
+            m.name
+        );
+        let warning = py.get_type::<pyo3::exceptions::PyUserWarning>();
+        PyErr::warn(
+            py,
+            &warning,
+            &std::ffi::CString::new(msg).expect("no NUL"),
+            1,
+        )?;
+    }
+    let opts = PoolOptions {
+        kv_dtype,
+        index_k: index_k_choice,
+        page_size_tokens,
+        pages,
+    };
+    let pool = m
+        .pool(&opts)
+        .map_err(|e| errors::model_error(py, e.to_string()))?;
+    Geometry::new(py, pool.geometry)
+}
+
+/// The built-in token layouts, as `kvlayout formats --json` (fingerprint as an int), each with
+/// its file form (`arrangement`, `sections`, alignment) under `"layout"`.
+#[pyfunction]
+pub fn formats(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    let mut rows = Vec::new();
+    for f in builtin::all() {
+        let l = &f.layout;
+        let bad = |e: kvlayout_core::LayoutError| {
+            errors::invalid_geometry(py, f.name, &format!("built-in format invalid: {e}"))
+        };
+        rows.push(json!({
+            "name": f.name,
+            "bytes_per_token": l.bytes_per_token().map_err(bad)?,
+            "value_bytes_per_token": l.value_bytes_per_token().map_err(bad)?,
+            "scale_bytes_per_token": l.scale_bytes_per_token().map_err(bad)?,
+            "bytes_per_page_64": l.page_stride_bytes(64).map_err(bad)?,
+            "arrangement": arrangement_text(l),
+            "fingerprint": l.fingerprint(),
+            "source": f.source,
+            "layout": layout_json(l),
+        }));
+    }
+    to_py(py, &Value::Array(rows))
+}

@@ -1,0 +1,136 @@
+"""Geometry, compare/check and fingerprints against hand-derived values and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import kvlayout
+from conftest import ROOT, load_json, reference_fingerprint
+
+SEED_HOST = ROOT / "configs" / "geometry" / "host-index-k-fp8-formula.json"
+CASES = ROOT / "cli-tests" / "shared-cases"
+
+# The seed: device index-K bf16, 128 x 2 = 256 B/token, a 64-token page 64 x 256 = 16384 B;
+# host sized by the fp8 formula, 128 x 1 + 128/128 x 4 = 132 B/token, 64 x 132 = 8448 B/page.
+SEED_LINES = [
+    "index_k.sections.count: 1, 2",
+    "index_k.sections[0].dtype: bf16, f8e4m3",
+    "index_k.sections[1]: missing, f32 [1] (scale)",
+    f"index_k.page_stride_bytes: {64 * 128 * 2}, {64 * (128 + 4)}",
+    f"index_k.bytes_per_token: {128 * 2}, {128 + 128 // 128 * 4}",
+    f"index_k.bytes_per_page: {64 * 128 * 2}, {64 * (128 + 4)}",
+]
+
+
+def test_import_pulls_no_tensor_library():
+    code = "import sys, kvlayout; print([m for m in ('torch', 'numpy', 'ml_dtypes') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_seed_refused_with_the_six_cli_lines():
+    device = kvlayout.describe("deepseek-v3.2-exp", index_k="bf16")
+    host = kvlayout.Geometry.from_file(SEED_HOST)
+    assert kvlayout.compare(device, host) == SEED_LINES
+    with pytest.raises(kvlayout.Incompatible) as e:
+        kvlayout.check(device, host)
+    assert e.value.lines == SEED_LINES
+    assert f"{device.fingerprint:#018x}" in e.value.header
+    assert isinstance(e.value, kvlayout.KvLayoutError)
+    with pytest.raises(kvlayout.Incompatible) as g:
+        kvlayout.TransferGuard(device, host)
+    assert g.value.lines == SEED_LINES
+
+
+def test_compatible_is_empty_and_check_returns_none():
+    a = kvlayout.describe("deepseek-v3.2-exp", index_k="bf16")
+    b = kvlayout.Geometry.from_json(a.to_json())
+    assert kvlayout.compare(a, b) == []
+    assert kvlayout.check(a, b) is None
+    assert a == b
+
+
+def test_fingerprint_matches_the_documented_algorithm():
+    for path in [SEED_HOST, *sorted(CASES.glob("*/a.json")), *sorted(CASES.glob("*/b.json"))]:
+        doc = load_json(path)
+        if doc.get("schema") != "kvlayout.geometry/v1":
+            continue
+        if any(not isinstance(b["arrangement"], str) or "page_align_bytes" in b or "page_stride_bytes" in b
+               for b in doc["buffers"]):
+            continue  # planes / alignment: outside the reference's scope
+        try:
+            g = kvlayout.Geometry.from_file(path)
+        except kvlayout.InvalidGeometry:
+            continue  # the invalid cases
+        assert g.fingerprint == reference_fingerprint(doc), path
+
+
+def test_describe_sizes_by_hand():
+    g = kvlayout.describe("deepseek-v3.2-exp", index_k="bf16")
+    # 61 layers x (656 B sparse fp8 MLA row + 256 B bf16 index-K)
+    assert g.bytes_per_token == 61 * (656 + 256)
+    assert g.bytes_per_page == 61 * 64 * (656 + 256)
+    by_name = {b["name"]: b for b in g.buffers}
+    assert by_name["index_k"]["bytes_per_token"] == 128 * 2
+    assert by_name["index_k"]["page_stride_bytes"] == 64 * 256
+    assert by_name["kv"]["bytes_per_token"] == 512 + 4 * 4 + 64 * 2
+    assert g.memory_layout == "layer_first"
+    assert g.page_size_tokens == 64
+
+
+def test_invalid_geometry_names_field_and_value():
+    doc = load_json(SEED_HOST)
+    doc["buffers"][1]["sections"][0]["dtype"] = "f9"
+    with pytest.raises(kvlayout.InvalidGeometry) as e:
+        kvlayout.Geometry.from_json(json.dumps(doc))
+    assert "dtype" in e.value.field and "f9" in str(e.value)
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(kvlayout.InvalidGeometry) as j:
+        kvlayout.Geometry.from_json("{")
+    assert j.value.field == "json"
+
+
+def test_unknown_level_is_a_value_error():
+    g = kvlayout.Geometry.from_file(SEED_HOST)
+    with pytest.raises(ValueError, match="level"):
+        kvlayout.compare(g, g, level="nope")
+
+
+def test_formats_sizes_by_hand():
+    by_name = {f["name"]: f for f in kvlayout.formats()}
+    assert by_name["index_k_fp8"]["bytes_per_token"] == 128 + 4
+    assert by_name["index_k_bf16"]["bytes_per_token"] == 128 * 2
+    assert by_name["index_k_fp4"]["bytes_per_token"] == 128 // 2 + 128 // 32
+    assert by_name["index_k_fp8"]["bytes_per_page_64"] == 64 * 132
+
+
+def _cli() -> str | None:
+    path = os.environ.get("KVLAYOUT_CLI") or str(ROOT / "target" / "debug" / "kvlayout")
+    return path if pathlib.Path(path).is_file() else None
+
+
+@pytest.mark.skipif(_cli() is None, reason="no kvlayout CLI binary (set KVLAYOUT_CLI or cargo build)")
+@pytest.mark.parametrize("model", ["deepseek-v3.2-exp", "deepseek-v3", "kimi-k2", "glm-4.5",
+                                   "llama-3.1-8b", "llama-3.1-70b", "qwen3-8b", "qwen3-235b-a22b"])
+def test_fingerprint_equals_the_cli(model, tmp_path):
+    cli = _cli()
+    text = subprocess.run([cli, "describe", "--model", model, "--json"],
+                          capture_output=True, text=True, check=True).stdout
+    table = subprocess.run([cli, "describe", "--model", model],
+                           capture_output=True, text=True, check=True).stdout
+    g = kvlayout.describe(model)
+    assert f"fingerprint {g.fingerprint:#018x}" in table
+    assert g.to_json() == text
+    host = tmp_path / "host.json"
+    host.write_text(SEED_HOST.read_text())
+    dev = tmp_path / "dev.json"
+    dev.write_text(g.to_json())
+    out = subprocess.run([cli, "check", str(dev), str(host)], capture_output=True, text=True)
+    lines = kvlayout.compare(g, kvlayout.Geometry.from_file(host))
+    assert out.stdout.splitlines()[1:] == lines
