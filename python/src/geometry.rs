@@ -57,11 +57,7 @@ fn layout_json(layout: &TokenLayout) -> Value {
         page_size_tokens: 1,
         pages: 1,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry {
-            name: Cow::Borrowed("b"),
-            layers: 1,
-            layout: layout.clone(),
-        }],
+        buffers: vec![BufferGeometry::new(Cow::Borrowed("b"), 1, layout.clone())],
     };
     let mut v: Value = serde_json::from_str(&file::to_json(&pool)).expect("own JSON parses");
     let mut b = v["buffers"][0].take();
@@ -107,6 +103,27 @@ impl Geometry {
     #[getter]
     fn fingerprint(&self) -> u64 {
         self.fingerprint
+    }
+
+    /// The `storage` fingerprint (64-bit int): the pool fingerprint and the memory layout; two
+    /// stored page objects are interchangeable only when these agree.
+    #[getter]
+    fn storage_fingerprint(&self, py: Python<'_>) -> PyResult<u64> {
+        self.inner
+            .storage_fingerprint()
+            .map_err(|e| errors::invalid_geometry(py, "storage_fingerprint", &e.to_string()))
+    }
+
+    /// The `token`-level fingerprint of each buffer, `{buffer name: int}`: what a transfer
+    /// engine converting between two different pools needs to agree on (attention kind,
+    /// dtypes, per-head shapes, scale relations, orders, arrangement).
+    #[getter]
+    fn token_fingerprints(&self) -> std::collections::BTreeMap<String, u64> {
+        self.inner
+            .token_fingerprints()
+            .into_iter()
+            .map(|(n, f)| (n.to_string(), f))
+            .collect()
     }
 
     /// Free text, never compared.
