@@ -1,17 +1,20 @@
-//! The compatibility check: can two pools exchange pages?
+//! The compatibility check at a [`Level`]: can two pools exchange pages (or stored objects, or
+//! tokens)?
 //!
-//! Compatible iff equal `page_size_tokens`, the same set of buffer names, and per buffer equal
-//! `layers`, arrangement, page stride, and sections equal in order by dtype, shape and scale
-//! relation. `name`, section labels, `pages` and `memory_layout` are not compared.
-//! A mismatch lists every differing field, `buffer.field: A value, B value`, plus both sides'
-//! bytes per token and per page where sizes differ.
+//! A mismatch lists every differing field, `buffer.field: A value, B value`. Sections are
+//! compared by position (labels are never compared); when they differ, the lines align them by
+//! name and scale relation ([`crate::align`]), so one inserted section is one line. A buffer
+//! with a differing field also gets both sides' bytes per token and per page where they
+//! differ, and a buffer on one side only prints its bytes per token and per page.
 
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::buffer::BufferGeometry;
+use crate::align::align;
+use crate::buffer::{Attention, BufferGeometry, ShardSplit};
 use crate::geometry::PoolGeometry;
 use crate::layout::{Arrangement, TokenLayout};
+use crate::level::Level;
 use crate::section::{Section, cow_slice};
 
 /// One differing field: its path and both sides' values.
@@ -42,6 +45,11 @@ impl Mismatch {
     /// Whether a line names `field` exactly.
     pub fn names(&self, field: &str) -> bool {
         self.diffs.iter().any(|d| d.field == field)
+    }
+
+    /// The diff lines, `field: A, B` each.
+    pub fn lines(&self) -> Vec<String> {
+        self.diffs.iter().map(FieldDiff::to_string).collect()
     }
 }
 
@@ -82,8 +90,8 @@ pub fn arrangement_text(layout: &TokenLayout) -> String {
     }
 }
 
-fn shape_text(s: &Section) -> String {
-    let dims: Vec<String> = s.shape().iter().map(u64::to_string).collect();
+fn dims_text(dims: &[u64]) -> String {
+    let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
     format!("[{}]", dims.join(", "))
 }
 
@@ -111,19 +119,53 @@ fn num<T: fmt::Display, E: fmt::Display>(r: Result<T, E>) -> String {
     }
 }
 
-/// Compares two geometries; `Ok(())` when pages can be exchanged.
+/// One side's bytes per token and per page of buffer `b`, for a buffer the other side lacks:
+/// `present (2048 B/token, 32768 B/page of 16 tokens)`, or per slot for a `state` buffer.
+pub fn buffer_summary(pool: &PoolGeometry, b: &BufferGeometry) -> String {
+    let page = b.effective_page_size_tokens(pool.page_size_tokens);
+    let per = num(b.layout.bytes_per_token());
+    match b.attention {
+        Attention::State => format!("present (state, {per} B/slot, {} layers)", b.layers),
+        Attention::Full => format!(
+            "present ({per} B/token, {} B/page of {page} tokens, {} layers)",
+            num(b.layout.page_stride_bytes(page)),
+            b.layers
+        ),
+        windowed => format!(
+            "present ({windowed}, {per} B/token, {} B/page of {page} tokens, {} layers)",
+            num(b.layout.page_stride_bytes(page)),
+            b.layers
+        ),
+    }
+}
+
+/// Compares two geometries at the `pool` level; `Ok(())` when pages can be exchanged.
 pub fn compare(a: &PoolGeometry, b: &PoolGeometry) -> Result<(), Mismatch> {
+    compare_at(a, b, Level::Pool)
+}
+
+/// Compares two geometries at `level` (see [`crate::level`]); `Ok(())` when compatible.
+pub fn compare_at(a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Result<(), Mismatch> {
     let mut diffs = Vec::new();
     let mut push = |field: String, x: String, y: String| {
         if x != y {
             diffs.push(FieldDiff { field, a: x, b: y });
         }
     };
-    push(
-        "page_size_tokens".into(),
-        a.page_size_tokens.to_string(),
-        b.page_size_tokens.to_string(),
-    );
+    if level != Level::Token {
+        push(
+            "page_size_tokens".into(),
+            a.page_size_tokens.to_string(),
+            b.page_size_tokens.to_string(),
+        );
+    }
+    if level == Level::Storage {
+        push(
+            "memory_layout".into(),
+            a.memory_layout.name().into(),
+            b.memory_layout.name().into(),
+        );
+    }
     let index = |g: &PoolGeometry| -> HashMap<String, usize> {
         g.buffers
             .iter()
@@ -134,19 +176,30 @@ pub fn compare(a: &PoolGeometry, b: &PoolGeometry) -> Result<(), Mismatch> {
     let (ia, ib) = (index(a), index(b));
     for ba in &a.buffers {
         if !ib.contains_key(ba.name()) {
-            push(ba.name().to_string(), "present".into(), "missing".into());
+            push(
+                ba.name().to_string(),
+                buffer_summary(a, ba),
+                "missing".into(),
+            );
         }
     }
     for bb in &b.buffers {
         if !ia.contains_key(bb.name()) {
-            push(bb.name().to_string(), "missing".into(), "present".into());
+            push(
+                bb.name().to_string(),
+                "missing".into(),
+                buffer_summary(b, bb),
+            );
         }
     }
     for ba in &a.buffers {
         let Some(&j) = ib.get(ba.name()) else {
             continue;
         };
-        compare_buffer(ba, &b.buffers[j], a, b, &mut push);
+        let lines = compare_buffer(ba, &b.buffers[j], a, b, level);
+        for d in lines {
+            push(d.field, d.a, d.b);
+        }
     }
     if diffs.is_empty() {
         Ok(())
@@ -155,75 +208,236 @@ pub fn compare(a: &PoolGeometry, b: &PoolGeometry) -> Result<(), Mismatch> {
     }
 }
 
+/// Collects the lines of one buffer pair.
+struct Lines(Vec<FieldDiff>);
+
+impl Lines {
+    fn push(&mut self, field: String, a: String, b: String) {
+        if a != b {
+            self.0.push(FieldDiff { field, a, b });
+        }
+    }
+}
+
+fn shard_text(b: &BufferGeometry) -> String {
+    match b.shard {
+        None => "none".into(),
+        Some(s) => s.to_string(),
+    }
+}
+
+/// `heads_total` of a heads split, `None` for an unsharded or replicated buffer.
+fn heads_split(b: &BufferGeometry) -> Option<u64> {
+    b.shard.and_then(|s| match s.split {
+        ShardSplit::Heads { heads_total } => Some(heads_total),
+        ShardSplit::Replicated => None,
+    })
+}
+
 fn compare_buffer(
     ba: &BufferGeometry,
     bb: &BufferGeometry,
     a: &PoolGeometry,
     b: &PoolGeometry,
-    push: &mut impl FnMut(String, String, String),
-) {
+    level: Level,
+) -> Vec<FieldDiff> {
     let n = ba.name();
     let (la, lb) = (&ba.layout, &bb.layout);
-    push(
+    let (pa, pb) = (
+        ba.effective_page_size_tokens(a.page_size_tokens),
+        bb.effective_page_size_tokens(b.page_size_tokens),
+    );
+    let mut out = Lines(Vec::new());
+    out.push(
         format!("{n}.layers"),
         ba.layers.to_string(),
         bb.layers.to_string(),
     );
+    if let (Some(x), Some(y)) = (ba.layer_ids(), bb.layer_ids()) {
+        out.push(format!("{n}.layer_ids"), format!("{x:?}"), format!("{y:?}"));
+    }
+    out.push(
+        format!("{n}.attention"),
+        ba.attention.to_string(),
+        bb.attention.to_string(),
+    );
+    let page_bound = |l: &TokenLayout| {
+        matches!(
+            l.arrangement,
+            Arrangement::SectionMajor | Arrangement::Planes(_)
+        )
+    };
+    // At pool and storage level the pool's page size has its own line; a buffer's own page
+    // size gets one when either side overrides it. At token level only page-bound buffers care.
+    let own_page = ba.page_size_tokens.is_some() || bb.page_size_tokens.is_some();
+    let page_line = match level {
+        Level::Token => page_bound(la) || page_bound(lb),
+        Level::Pool | Level::Storage => own_page,
+    };
+    if page_line {
+        out.push(
+            format!("{n}.page_size_tokens"),
+            pa.to_string(),
+            pb.to_string(),
+        );
+    }
+    // Per-head shapes on a heads split (both sides), else whole shapes.
+    let per_head = level == Level::Token && heads_split(ba).is_some() && heads_split(bb).is_some();
+    if level == Level::Token {
+        let split = |x: &BufferGeometry| match heads_split(x) {
+            Some(h) => format!("heads of {h}"),
+            None => "whole".into(),
+        };
+        out.push(format!("{n}.shard.split"), split(ba), split(bb));
+    } else {
+        out.push(format!("{n}.shard"), shard_text(ba), shard_text(bb));
+    }
     // Planes are compared by section position; their text also shows labels, which are not
     // compared, so compare structurally and only then print.
     if la.arrangement != lb.arrangement {
-        push(
-            format!("{n}.arrangement"),
-            arrangement_text(la),
-            arrangement_text(lb),
+        out.0.push(FieldDiff {
+            field: format!("{n}.arrangement"),
+            a: arrangement_text(la),
+            b: arrangement_text(lb),
+        });
+    }
+    compare_sections(n, la, lb, per_head, &mut out);
+    if level != Level::Token {
+        out.push(
+            format!("{n}.page_stride_bytes"),
+            num(la.page_stride_bytes(pa)),
+            num(lb.page_stride_bytes(pb)),
         );
     }
+    if !out.0.is_empty() {
+        out.push(
+            format!("{n}.bytes_per_token"),
+            num(la.bytes_per_token()),
+            num(lb.bytes_per_token()),
+        );
+        out.push(
+            format!("{n}.bytes_per_page"),
+            num(la.page_payload_bytes(pa)),
+            num(lb.page_payload_bytes(pb)),
+        );
+    }
+    out.0
+}
+
+/// The shape compared: whole, or without the head axis (`per_head`).
+fn shape_of(s: &Section, per_head: bool) -> &[u64] {
+    let shape = s.shape();
+    if per_head && !shape.is_empty() {
+        &shape[1..]
+    } else {
+        shape
+    }
+}
+
+/// Sections equal by position: dtype, shape, scale relation (by index), order.
+fn equal_by_position(sa: &[Section], sb: &[Section], per_head: bool) -> bool {
+    sa.len() == sb.len()
+        && sa.iter().zip(sb).all(|(x, y)| {
+            x.dtype == y.dtype
+                && shape_of(x, per_head) == shape_of(y, per_head)
+                && x.scale == y.scale
+                && x.order == y.order
+        })
+}
+
+fn compare_sections(n: &str, la: &TokenLayout, lb: &TokenLayout, per_head: bool, out: &mut Lines) {
     let (sa, sb) = (la.sections(), lb.sections());
-    push(
+    if equal_by_position(sa, sb, per_head) {
+        return;
+    }
+    let before = out.0.len();
+    out.push(
         format!("{n}.sections.count"),
         sa.len().to_string(),
         sb.len().to_string(),
     );
-    for (i, (x, y)) in sa.iter().zip(sb.iter()).enumerate() {
-        push(
-            format!("{n}.sections[{i}].dtype"),
+    let pairs = align(sa, sb);
+    // A's index -> B's index, to compare scale relations across an insertion.
+    let b_of: HashMap<usize, usize> = pairs
+        .iter()
+        .filter_map(|p| match *p {
+            (Some(i), Some(j)) => Some((i, j)),
+            _ => None,
+        })
+        .collect();
+    let describe =
+        |s: &Section| format!("{} {} ({})", s.dtype.name(), dims_text(s.shape()), s.name());
+    for pair in &pairs {
+        let (i, j) = match *pair {
+            (Some(i), Some(j)) => (i, j),
+            (Some(i), None) => {
+                out.push(
+                    format!("{n}.sections[{i}]"),
+                    describe(&sa[i]),
+                    "missing".into(),
+                );
+                continue;
+            }
+            (None, Some(j)) => {
+                out.push(
+                    format!("{n}.sections[{j}]"),
+                    "missing".into(),
+                    describe(&sb[j]),
+                );
+                continue;
+            }
+            (None, None) => continue,
+        };
+        let (x, y) = (&sa[i], &sb[j]);
+        let path = if i == j {
+            format!("{n}.sections[{i}]")
+        } else {
+            format!("{n}.sections[{i}->{j}] ({})", x.name())
+        };
+        out.push(
+            format!("{path}.dtype"),
             x.dtype.name().into(),
             y.dtype.name().into(),
         );
-        push(
-            format!("{n}.sections[{i}].shape"),
-            shape_text(x),
-            shape_text(y),
+        let shape_field = if per_head { "head_shape" } else { "shape" };
+        out.push(
+            format!("{path}.{shape_field}"),
+            dims_text(shape_of(x, per_head)),
+            dims_text(shape_of(y, per_head)),
         );
-        let (rx, ry) = (x.scale, y.scale);
-        if rx != ry {
-            push(
-                format!("{n}.sections[{i}].scale"),
-                scale_text(la, x),
-                scale_text(lb, y),
-            );
+        let scale_equal = match (x.scale, y.scale) {
+            (None, None) => true,
+            (Some(rx), Some(ry)) => {
+                rx.block_elems == ry.block_elems && b_of.get(&rx.target) == Some(&ry.target)
+            }
+            _ => false,
+        };
+        if !scale_equal {
+            out.0.push(FieldDiff {
+                field: format!("{path}.scale"),
+                a: scale_text(la, x),
+                b: scale_text(lb, y),
+            });
         }
+        out.push(
+            format!("{path}.order"),
+            x.order().unwrap_or("linear").into(),
+            y.order().unwrap_or("linear").into(),
+        );
     }
-    let describe = |s: &Section| format!("{} {} ({})", s.dtype.name(), shape_text(s), s.name());
-    for (i, s) in sa.iter().enumerate().skip(sb.len()) {
-        push(format!("{n}.sections[{i}]"), describe(s), "missing".into());
+    if out.0.len() == before {
+        // Equal after alignment but not by position (only labels moved): say so.
+        out.0.push(FieldDiff {
+            field: format!("{n}.sections"),
+            a: section_list(sa),
+            b: section_list(sb),
+        });
     }
-    for (i, s) in sb.iter().enumerate().skip(sa.len()) {
-        push(format!("{n}.sections[{i}]"), "missing".into(), describe(s));
+    fn section_list(s: &[Section]) -> String {
+        let v: Vec<String> = s
+            .iter()
+            .map(|x| format!("{} {}", x.dtype.name(), dims_text(x.shape())))
+            .collect();
+        v.join(" | ")
     }
-    push(
-        format!("{n}.page_stride_bytes"),
-        num(la.page_stride_bytes(a.page_size_tokens)),
-        num(lb.page_stride_bytes(b.page_size_tokens)),
-    );
-    push(
-        format!("{n}.bytes_per_token"),
-        num(la.bytes_per_token()),
-        num(lb.bytes_per_token()),
-    );
-    push(
-        format!("{n}.bytes_per_page"),
-        num(la.page_payload_bytes(a.page_size_tokens)),
-        num(lb.page_payload_bytes(b.page_size_tokens)),
-    );
 }

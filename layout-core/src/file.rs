@@ -44,8 +44,15 @@ pub const MAX_RANK: usize = 16;
 pub fn read_path(path: &Path) -> Result<PoolGeometry, GeometryError> {
     let file = std::fs::File::open(path)
         .map_err(|e| GeometryError::new("file", format!("cannot read: {e}")))?;
+    read_from(file)
+}
+
+/// Reads a geometry file from `reader` (a file, stdin; at most [`MAX_FILE_BYTES`]) and
+/// validates it.
+pub fn read_from(reader: impl Read) -> Result<PoolGeometry, GeometryError> {
     let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
+    reader
+        .take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| GeometryError::new("file", format!("cannot read: {e}")))?;
     if bytes.len() as u64 > MAX_FILE_BYTES {
@@ -57,6 +64,46 @@ pub fn read_path(path: &Path) -> Result<PoolGeometry, GeometryError> {
     let text = String::from_utf8(bytes)
         .map_err(|e| GeometryError::new("file", format!("not UTF-8: {e}")))?;
     from_json(&text)
+}
+
+/// Keys a Hugging Face `config.json` has and a geometry file never has.
+const MODEL_CONFIG_KEYS: [&str; 6] = [
+    "model_type",
+    "architectures",
+    "num_hidden_layers",
+    "text_config",
+    "hidden_size",
+    "num_attention_heads",
+];
+
+/// The error for an object without `schema`: a model config is named as one.
+fn missing_schema(map: &serde_json::Map<String, Value>) -> GeometryError {
+    let seen: Vec<&str> = MODEL_CONFIG_KEYS
+        .into_iter()
+        .filter(|k| map.contains_key(*k))
+        .collect();
+    if seen.is_empty() {
+        return GeometryError::new(
+            "schema",
+            format!(
+                "missing: expected a kvlayout geometry file with \"schema\": \"{SCHEMA}\" or \"{SCHEMA_V2}\""
+            ),
+        );
+    }
+    let model = map
+        .get("model_type")
+        .and_then(Value::as_str)
+        .map(|m| format!(" (model_type {m:?})"))
+        .unwrap_or_default();
+    GeometryError::new(
+        "schema",
+        format!(
+            "missing: expected a kvlayout geometry file (\"schema\": \"{SCHEMA}\" or \"{SCHEMA_V2}\"), \
+             got what looks like a model config.json{model} (it has {}); \
+             `kvlayout describe --json MODEL` writes a model's geometry file",
+            seen.join(", ")
+        ),
+    )
 }
 
 /// A name that prints on one line as written: not empty, no control characters.
@@ -139,11 +186,14 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let value: Value =
         serde_json::from_str(text).map_err(|e| GeometryError::new("json", e.to_string()))?;
-    if !value.is_object() {
+    let Some(map) = value.as_object() else {
         return Err(GeometryError::new(
             "json",
             "the top level must be an object {\"schema\": ..., \"buffers\": [...]}",
         ));
+    };
+    if !map.contains_key("schema") {
+        return Err(missing_schema(map));
     }
     let file: FileDoc = serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();

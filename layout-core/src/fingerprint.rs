@@ -1,22 +1,52 @@
-//! A stable 64-bit layout fingerprint, computable in `const` context.
+//! Stable 64-bit layout fingerprints, computable in `const` context: `pool`, `storage`, and
+//! `token` per buffer, one per compare level ([`crate::Level`]).
 //!
-//! Algorithm (reproducible in any language): FNV-1a 64 (offset basis `0xcbf29ce484222325`,
-//! prime `0x100000001b3`) over a canonical byte stream; every integer is fed as 8 bytes
-//! little-endian, every string as its length then its UTF-8 bytes.
+//! Algorithm (reproducible in any language; `layout-core/tests/fingerprint_reference.py` does
+//! it in 40 lines of Python): FNV-1a 64 (offset basis `0xcbf29ce484222325`, prime
+//! `0x100000001b3`) over a canonical byte stream. `u64(x)`: `x` as 8 bytes little-endian;
+//! `str(s)`: `u64(byte length)` then the UTF-8 bytes; `FNV(...)`: a fresh hash from the offset
+//! basis over the items in order. Codes: dtype [`crate::Dtype::code`] (f32 1, f16 2, bf16 3,
+//! f8e4m3 4, f8e4m3fnuz 5, f8e5m2 6, f8e5m2fnuz 7, ue8m0 8, u8 9, i8 10, f4e2m1 11, i32 12,
+//! i64 13); arrangement 1 token_major, 2 section_major, 3 head_major, 4 planes; attention
+//! [`crate::Attention::code`] 1 full, 2 sliding window, 3 chunked, 4 state; split 1 heads,
+//! 2 replicated; memory layout 1 layer_first, 2 page_first, 3 page_first_direct, 4 page_head.
 //!
-//! - Layout core hash `core(L)`: `"kvlayout.layout/v1"`, arrangement code (1 token_major,
-//!   2 section_major, 3 head_major, 4 planes), for planes the plane count and for each plane
-//!   its length and section indices; the section count; per section the dtype code
-//!   ([`crate::Dtype::code`]), the rank, each dimension, then `0` for a value section or `1`,
-//!   the scaled section's index and `block_elems` for a scale section. Section labels are not
-//!   hashed.
-//! - [`TokenLayout::fingerprint`] (a layout alone, e.g. a built-in format): `core(L)` then
-//!   `page_align_bytes` and `page_stride_bytes` (0 when absent).
-//! - [`PoolGeometry::fingerprint`] (what pairs, storage keys and handshakes use): per buffer
-//!   `h_b = FNV("kvlayout.buffer/v1", name, layers, page stride bytes, core(L))`; then
-//!   `FNV("kvlayout.pool/v1", page_size_tokens, buffer count, sum of h_b wrapping mod 2^64)`.
-//!   The sum makes the buffer set order-free, as the compatibility check is. `name`, `pages`
-//!   and `memory_layout` are not hashed: exactly the compared fields are.
+//! - Layout core `core(L)` = `FNV(str("kvlayout.layout/v1"), u64(arrangement code),
+//!   [planes only: u64(plane count), per plane u64(length) and u64(each section index)],
+//!   u64(section count), per section: u64(dtype code), u64(rank), u64(each dimension), then
+//!   u64(0) for a value section or u64(1), u64(scaled section index), u64(block_elems))`.
+//!   Section labels and orders are not in it.
+//! - [`TokenLayout::fingerprint`] (a layout alone, e.g. a built-in format): `core(L)`
+//!   continued with `u64(page_align_bytes)`, `u64(page_stride_bytes)` (0 when absent).
+//! - Buffer hash `h_b`, for a buffer with only v1 content (no own page size other than the
+//!   pool's, `full` attention, no `layer_ids`, no `shard`, no section `order`):
+//!   `FNV(str("kvlayout.buffer/v1"), str(name), u64(layers), u64(page stride bytes),
+//!   u64(core(L)))`; the stride at the pool's page size.
+//! - `h_b` for a buffer with a v2 field: `FNV(str("kvlayout.buffer/v2"), str(name),
+//!   u64(layers), u64(effective page size: own, else the pool's, 1 for state),
+//!   u64(page stride bytes at that size), u64(core(L)), u64(attention code), u64(W or C, else 0),
+//!   layer ids: u64(0) | u64(1) u64(count) u64(each id), shard: u64(0) | u64(1) u64(tp_size)
+//!   u64(rank) u64(split code) u64(heads_total, 0 when replicated), then per section: u64(0) when
+//!   linear | u64(1) str(order))`.
+//! - [`PoolGeometry::fingerprint`] (`pool`; pairs, storage keys, handshakes):
+//!   `FNV(str("kvlayout.pool/v1"), u64(page_size_tokens), u64(buffer count),
+//!   u64(sum of h_b wrapping mod 2^64))`. The sum makes the buffer set order-free, as the
+//!   compatibility check is; `name`, `pages` and `memory_layout` are not hashed. A v1 file's
+//!   pool fingerprint is the same under v2 (DeepSeek-V3.2 fp8 + fp8 index-K:
+//!   `0xeb019e4f84ee0658`).
+//! - [`PoolGeometry::storage_fingerprint`]: `FNV(str("kvlayout.storage/v1"), u64(pool
+//!   fingerprint), u64(memory layout code))`.
+//! - Token fingerprint of one buffer ([`token_hash`]): `FNV(str("kvlayout.token/v1"),
+//!   str(name), u64(layers), u64(attention code), u64(W or C), layer ids as above,
+//!   u64(arrangement code), [planes as in core(L)], u64(effective page size for section_major
+//!   and planes, else 0), u64(heads_total for a heads split, else 0), u64(section count),
+//!   per section: u64(dtype code), u64(rank of the per-head shape), u64(each of its dimensions)
+//!   — the shape without its first entry on a heads split —, the scale items as in core(L),
+//!   then the orders as in the v2 buffer hash)`.
+//!
+//! Equal fingerprints at a level imply compatible at that level. The converse holds except for
+//! `layer_ids`, which the check compares only when both sides give them and the fingerprints
+//! hash whenever present (a page of other layers must never be read under a storage key).
 
 use crate::buffer::{Attention, BufferGeometry};
 use crate::error::{LayoutError, tri};
@@ -318,5 +348,56 @@ impl PoolGeometry {
             .iter()
             .map(|b| (b.name(), token_hash(b, self.page_size_tokens)))
             .collect()
+    }
+}
+
+/// Every fingerprint of a pool: `pool`, `storage`, and `token` per buffer (what `check` and
+/// `describe` print). Displays as `pool 0x…, storage 0x…, token kv=0x… index_k=0x…`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fingerprints {
+    /// [`PoolGeometry::fingerprint`].
+    pub pool: u64,
+    /// [`PoolGeometry::storage_fingerprint`].
+    pub storage: u64,
+    /// [`PoolGeometry::token_fingerprints`]: buffer name and its token fingerprint.
+    pub token: Vec<(String, u64)>,
+}
+
+impl PoolGeometry {
+    /// All fingerprints of this pool.
+    pub fn fingerprints(&self) -> Result<Fingerprints, LayoutError> {
+        Ok(Fingerprints {
+            pool: self.fingerprint()?,
+            storage: self.storage_fingerprint()?,
+            token: self
+                .token_fingerprints()
+                .into_iter()
+                .map(|(n, f)| (n.to_string(), f))
+                .collect(),
+        })
+    }
+}
+
+impl Fingerprints {
+    /// The token fingerprints as `kv=0x… index_k=0x…`.
+    pub fn token_text(&self) -> String {
+        let parts: Vec<String> = self
+            .token
+            .iter()
+            .map(|(n, f)| format!("{n}={f:#018x}"))
+            .collect();
+        parts.join(" ")
+    }
+}
+
+impl std::fmt::Display for Fingerprints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pool {:#018x}, storage {:#018x}, token {}",
+            self.pool,
+            self.storage,
+            self.token_text()
+        )
     }
 }

@@ -359,6 +359,8 @@ impl PoolGeometry {
         page: u64,
     ) -> Result<&BufferGeometry, GeometryError> {
         let buf = self.buffer(b)?;
+        // Every offset and offset + length inside the pool then fits in 64 bits.
+        self.total_bytes()?;
         if layer >= buf.layers {
             return Err(GeometryError::new(
                 format!("{}.layers", buffer_path(b, buf)),

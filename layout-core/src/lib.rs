@@ -1,10 +1,13 @@
 //! # kvlayout-core
 //!
 //! The KV-cache layout model: [`Dtype`]s, [`Section`]s, [`TokenLayout`] (one token's entry
-//! and the arrangement of a page), [`PageGeometry`], [`PoolGeometry`] (buffers, layer counts,
-//! page size, memory layout, byte offsets), the compatibility [`compare`] with a field-by-field
-//! [`Mismatch`], a stable const [fingerprint](crate::fingerprint), and the geometry file
-//! [`file`] (`kvlayout.geometry/v1`).
+//! and the arrangement of a page), [`PageGeometry`], [`BufferGeometry`] (with the v2 fields:
+//! own page size, [`Attention`] full / sliding window / chunked / state, layer ids,
+//! tensor-parallel [`Shard`]), [`PoolGeometry`] (buffers, page size, memory layout, byte
+//! offsets), the compatibility check [`compare_at`] at a [`Level`] (`pool`, `storage`,
+//! `token`) with a field-by-field [`Mismatch`], stable const [`fingerprint`]s, parametric
+//! [`formats`] builders, and the geometry file module [`mod@file`]
+//! (`kvlayout.geometry/v1` and `/v2`).
 //!
 //! Every size carries its unit in its name (`_bytes`, `_elems`, `_bits`, `_tokens`, `_pages`),
 //! every computation is checked (an overflow is [`LayoutError::Overflow`], never a wrap), and
@@ -31,6 +34,7 @@
 //! assert_eq!(INDEX_K_FP8.offset_bytes(1, 3, 0, 64), Ok(64 * 128 + 3 * 4));
 //! ```
 
+mod align;
 mod buffer;
 mod diff;
 mod dtype;
@@ -41,16 +45,20 @@ pub mod fingerprint;
 pub mod formats;
 mod geometry;
 mod layout;
+pub mod level;
 mod section;
+mod totals;
 
 pub use buffer::{Attention, BufferGeometry, Shard, ShardSplit};
-pub use diff::{FieldDiff, Mismatch, arrangement_text, compare};
+pub use diff::{FieldDiff, Mismatch, arrangement_text, buffer_summary, compare, compare_at};
 pub use dtype::Dtype;
 pub use elem::Element;
 pub use error::LayoutError;
 pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error};
 pub use layout::{Arrangement, PageGeometry, TokenLayout};
+pub use level::Level;
 pub use section::{ScaleOf, Section};
+pub use totals::Totals;
 
 pub use std::borrow::Cow;
 

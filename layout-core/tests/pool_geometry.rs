@@ -209,8 +209,8 @@ fn every_shared_case_round_trips_through_the_file_format() {
             read += 1;
         }
     }
-    // 13 cases x 2 sides, minus the 3 invalid a.json files.
-    assert_eq!(read, 23);
+    // 24 cases x 2 sides, minus the 3 invalid a.json files (cases 10, 11, 12).
+    assert_eq!(read, 24 * 2 - 3);
 }
 
 #[test]
@@ -261,19 +261,25 @@ fn planes_round_trip_by_section_name() {
         page_size_tokens: 64,
         pages: 2,
         memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![BufferGeometry::new(
-            "kv",
-            61,
-            kvlayout_core::formats::DSV4_MLA_FP8,
-        )],
+        buffers: vec![
+            BufferGeometry::new("kv", 61, kvlayout_core::formats::DSV4_MLA_FP8),
+            BufferGeometry::new("index_k", 61, INDEX_K_FP8),
+        ],
     };
     let text = file::to_json(&g);
     assert!(text.contains("\"planes\""), "{text}");
     assert!(text.contains("\"page_align_bytes\": 576"), "{text}");
+    assert!(text.contains("\"section_major\""), "{text}");
+    assert!(text.contains("kvlayout.geometry/v1"), "{text}");
     let back = file::from_json(&text).unwrap();
     assert_eq!(back, g);
-    assert_eq!(back.page_geometry(0).unwrap().page_stride_bytes, 37440);
-    let _ = INDEX_K_FP8;
+    // 64 x 584 = 37376 rounded up to a multiple of 576 = 65 x 576 = 37440.
+    assert_eq!(back.page_geometry(0).unwrap().page_stride_bytes, 65 * 576);
+    // The plain neighbour is untouched by the planes: 64 x (128 + 4) = 8448.
+    assert_eq!(
+        back.page_geometry(1).unwrap().page_stride_bytes,
+        64 * (128 + 4)
+    );
 }
 
 /// Regression (found by the property tests): plane arrangements were compared by their text,

@@ -1,6 +1,9 @@
 //! Property tests over generated geometries drawn from the whole model: every dtype,
 //! arrangement, plane grouping, scale relation, page stride / alignment, buffer set, layer
-//! count and memory layout.
+//! count and memory layout, and the v2 fields (own page size, attention, layer ids, shard,
+//! section order). At each compare level, every single change of a field the level compares is
+//! detected (a line naming it) and changes that level's fingerprint; changes of fields it does
+//! not compare are neither.
 //!
 //! CI runs `CASES` cases per property (see below); a long run:
 //! `PROPTEST_CASES=200000 cargo test --release -p kvlayout-core --test properties`.
@@ -8,8 +11,8 @@
 use std::collections::BTreeSet;
 
 use kvlayout_core::{
-    Arrangement, BufferGeometry, Cow, Dtype, MemoryLayout, PoolGeometry, ScaleOf, Section,
-    TokenLayout, compare, file,
+    Arrangement, Attention, BufferGeometry, Cow, Dtype, Level, MemoryLayout, PoolGeometry, ScaleOf,
+    Section, Shard, ShardSplit, TokenLayout, compare, compare_at, file,
 };
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -134,6 +137,83 @@ fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
         })
 }
 
+/// The v2 fields of one buffer, drawn independently of its layout.
+#[derive(Clone, Debug)]
+struct V2Spec {
+    attention: u8,
+    window_tokens: u64,
+    own_page: Option<u64>,
+    layer_ids_from: Option<u32>,
+    shard: u8,
+    tp_size: u64,
+    rank: prop::sample::Index,
+    order: Option<(prop::sample::Index, u8)>,
+}
+
+fn v2_spec() -> impl Strategy<Value = V2Spec> {
+    (
+        0u8..6,
+        1u64..=64,
+        prop_oneof![2 => Just(None), 1 => (1u64..=8).prop_map(Some)],
+        prop_oneof![Just(None), (0u32..100).prop_map(Some)],
+        0u8..3,
+        1u64..=4,
+        any::<prop::sample::Index>(),
+        prop_oneof![2 => Just(None), 1 => (any::<prop::sample::Index>(), 0u8..3).prop_map(Some)],
+    )
+        .prop_map(
+            |(attention, window_tokens, own_page, layer_ids_from, shard, tp_size, rank, order)| {
+                V2Spec {
+                    attention,
+                    window_tokens,
+                    own_page,
+                    layer_ids_from,
+                    shard,
+                    tp_size,
+                    rank,
+                    order,
+                }
+            },
+        )
+}
+
+/// Applies `v` to buffer `b` of a pool of `page` tokens per page; `heads` is the head count of
+/// every section when the buffer is MHA-shaped (a heads split needs it).
+fn apply_v2(b: &mut BufferGeometry, v: &V2Spec, page: u64, heads: Option<u64>) {
+    b.attention = match v.attention {
+        0..=2 => Attention::Full,
+        3 => Attention::SlidingWindow {
+            window_tokens: v.window_tokens,
+        },
+        4 => Attention::Chunked {
+            chunk_tokens: v.window_tokens,
+        },
+        _ => Attention::State,
+    };
+    if b.attention != Attention::State {
+        b.page_size_tokens = v.own_page;
+    }
+    b.layer_ids = v
+        .layer_ids_from
+        .map(|from| (from..from + b.layers as u32).collect());
+    let rank = v.rank.index(v.tp_size as usize) as u64;
+    b.shard = match (v.shard, heads) {
+        (0, _) => None,
+        (2, Some(h)) => Some(Shard::heads(v.tp_size, rank, h * v.tp_size)),
+        _ => Some(Shard::replicated(v.tp_size, rank)),
+    };
+    if let Some((at, name)) = &v.order {
+        let mut sections = b.layout.sections().to_vec();
+        let i = at.index(sections.len());
+        sections[i] = sections[i].clone().with_order(format!("swizzle_{name}"));
+        b.layout.sections = Cow::Owned(sections);
+    }
+    // The explicit stride was drawn for 4-token pages.
+    if b.effective_page_size_tokens(page) != 4 {
+        b.layout.page_stride_bytes = None;
+    }
+}
+
 fn pool() -> impl Strategy<Value = PoolGeometry> {
     (
         any::<bool>(),
@@ -145,11 +225,18 @@ fn pool() -> impl Strategy<Value = PoolGeometry> {
         .prop_flat_map(|(mha, heads, page, pages, ml)| {
             let heads = mha.then_some(heads);
             (
-                proptest::collection::vec((token_layout(heads), 1u64..=4), 1..=3),
-                Just((page, pages, ml, mha)),
+                proptest::collection::vec(
+                    (
+                        token_layout(heads),
+                        1u64..=4,
+                        prop_oneof![Just(None), v2_spec().prop_map(Some)],
+                    ),
+                    1..=3,
+                ),
+                Just((page, pages, ml, mha, heads)),
             )
         })
-        .prop_map(|(bufs, (page, pages, ml, mha))| {
+        .prop_map(|(bufs, (page, pages, ml, mha, heads))| {
             let memory_layout = match ml {
                 0 => MemoryLayout::LayerFirst,
                 1 => MemoryLayout::PageFirst,
@@ -160,12 +247,16 @@ fn pool() -> impl Strategy<Value = PoolGeometry> {
             let buffers = bufs
                 .into_iter()
                 .enumerate()
-                .map(|(i, (spec, layers))| {
+                .map(|(i, (spec, layers, v2))| {
                     let mut layout = spec.layout;
                     if page != 4 {
                         layout.page_stride_bytes = None;
                     }
-                    BufferGeometry::new(Cow::Owned(format!("buf{i}")), layers, layout)
+                    let mut b = BufferGeometry::new(Cow::Owned(format!("buf{i}")), layers, layout);
+                    if let Some(v) = v2 {
+                        apply_v2(&mut b, &v, page, heads);
+                    }
+                    b
                 })
                 .collect();
             PoolGeometry {
@@ -179,16 +270,11 @@ fn pool() -> impl Strategy<Value = PoolGeometry> {
         .prop_filter("valid geometry", |g| g.validate().is_ok())
 }
 
-/// Changes only fields the check does not compare.
-fn uncompared_copy(g: &PoolGeometry, pick: usize) -> PoolGeometry {
+/// Changes only fields no level compares: name, pages, section labels, buffer order.
+fn unlabelled_copy(g: &PoolGeometry, pick: usize) -> PoolGeometry {
     let mut c = g.clone();
     c.name = format!("{} (copy)", g.name);
     c.pages = g.pages + 1 + pick as u64;
-    c.memory_layout = [
-        MemoryLayout::LayerFirst,
-        MemoryLayout::PageFirst,
-        MemoryLayout::PageFirstDirect,
-    ][pick % 3];
     for b in &mut c.buffers {
         let mut sections = b.layout.sections().to_vec();
         for s in &mut sections {
@@ -200,65 +286,196 @@ fn uncompared_copy(g: &PoolGeometry, pick: usize) -> PoolGeometry {
     c
 }
 
-/// One change to a compared field; the field path the mismatch must name (a prefix).
-fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> (PoolGeometry, String) {
+/// Changes only fields the `pool` level does not compare (adds the memory layout).
+fn uncompared_copy(g: &PoolGeometry, pick: usize) -> PoolGeometry {
+    let mut c = unlabelled_copy(g, pick);
+    c.memory_layout = [
+        MemoryLayout::LayerFirst,
+        MemoryLayout::PageFirst,
+        MemoryLayout::PageFirstDirect,
+    ][pick % 3];
+    c
+}
+
+/// Number of single-change kinds [`mutate`] knows.
+const MUTATIONS: usize = 14;
+
+/// Which mutations each level compares (the rest of `0..MUTATIONS` it does not, except 0 and
+/// 11 at token level, which depend on the arrangement and are left out there).
+fn compared_at(level: Level, which: usize) -> bool {
+    match level {
+        Level::Pool => which != 12,
+        Level::Storage => true,
+        Level::Token => matches!(which, 1 | 2 | 3 | 4 | 5 | 7 | 8 | 10 | 13),
+    }
+}
+
+/// Mutations a level does not compare (for the "not detected" property).
+fn uncompared_at(level: Level, which: usize) -> bool {
+    match level {
+        Level::Pool => which == 12,
+        Level::Storage => false,
+        Level::Token => matches!(which, 6 | 9 | 12),
+    }
+}
+
+/// One change to one field; the field path the mismatch must name (a prefix). `None` when the
+/// change does not apply to this geometry (a buffer without layer ids, say).
+fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> Option<(PoolGeometry, String)> {
     let mut c = g.clone();
     let bi = pick % c.buffers.len();
     let bname = c.buffers[bi].name.to_string();
-    match which % 7 {
+    let page = g.buffer_page_size_tokens(bi).unwrap();
+    let b = &mut c.buffers[bi];
+    let field = match which % MUTATIONS {
         0 => {
             c.page_size_tokens += 1;
             for b in &mut c.buffers {
                 b.layout.page_stride_bytes = None;
             }
-            (c, "page_size_tokens".into())
+            "page_size_tokens".to_string()
         }
         1 => {
-            c.buffers[bi].layers += 1;
-            (c, format!("{bname}.layers"))
+            b.layers += 1;
+            if let Some(ids) = &mut b.layer_ids {
+                ids.push(ids.iter().max().unwrap() + 1);
+            }
+            format!("{bname}.layers")
         }
         2 => {
-            c.buffers[bi].name = Cow::Owned(format!("{bname}_other"));
-            (c, bname)
+            b.name = Cow::Owned(format!("{bname}_other"));
+            bname
         }
         3 => {
-            let l = &mut c.buffers[bi].layout;
+            let l = &mut b.layout;
             l.arrangement = match l.arrangement {
                 Arrangement::TokenMajor => Arrangement::SectionMajor,
                 _ => Arrangement::TokenMajor,
             };
-            (c, format!("{bname}.arrangement"))
+            format!("{bname}.arrangement")
         }
         4 => {
-            let l = &mut c.buffers[bi].layout;
+            let l = &mut b.layout;
             let mut sections = l.sections().to_vec();
             let si = pick % sections.len();
             let d = sections[si].dtype;
             sections[si].dtype =
-                Dtype::ALL[(Dtype::ALL.iter().position(|x| *x == d).unwrap() + 1 + pick % 10)
+                Dtype::ALL[(Dtype::ALL.iter().position(|x| *x == d).unwrap() + 1 + pick % 12)
                     % Dtype::ALL.len()];
             l.sections = Cow::Owned(sections);
-            (c, format!("{bname}.sections[{si}].dtype"))
+            format!("{bname}.sections[{si}].dtype")
         }
         5 => {
-            let l = &mut c.buffers[bi].layout;
+            // Under a heads split every section leads with this rank's heads.
+            let local = b.shard.and_then(|s| s.heads_total().map(|h| h / s.tp_size));
+            let l = &mut b.layout;
             let mut sections = l.sections().to_vec();
-            sections.push(Section::new("extra", Dtype::U8, &[2]));
+            let shape = match local {
+                Some(h) => vec![h, 2],
+                None => vec![2],
+            };
+            sections.push(Section::owned("extra", Dtype::U8, shape));
             if let Arrangement::Planes(p) = &l.arrangement {
                 let mut p = p.to_vec();
                 p.push(Cow::Owned(vec![sections.len() - 1]));
                 l.arrangement = Arrangement::Planes(Cow::Owned(p));
             }
             l.sections = Cow::Owned(sections);
-            (c, format!("{bname}.sections"))
+            format!("{bname}.sections")
         }
-        _ => {
-            let l = &mut c.buffers[bi].layout;
-            let payload = l.page_payload_bytes(g.page_size_tokens).unwrap();
-            let old = l.page_stride_bytes(g.page_size_tokens).unwrap();
+        6 => {
+            let l = &mut b.layout;
+            let payload = l.page_payload_bytes(page).unwrap();
+            let old = l.page_stride_bytes(page).unwrap();
             l.page_align_bytes = None;
             l.page_stride_bytes = Some(old.max(payload) + 8);
-            (c, format!("{bname}.page_stride_bytes"))
+            format!("{bname}.page_stride_bytes")
+        }
+        7 => {
+            b.attention = match b.attention {
+                Attention::Full => Attention::SlidingWindow { window_tokens: 64 },
+                Attention::SlidingWindow { window_tokens } => Attention::SlidingWindow {
+                    window_tokens: window_tokens + 1,
+                },
+                Attention::Chunked { chunk_tokens } => Attention::Chunked {
+                    chunk_tokens: chunk_tokens + 1,
+                },
+                Attention::State => Attention::Full,
+            };
+            if b.effective_page_size_tokens(c.page_size_tokens) != page {
+                b.layout.page_stride_bytes = None;
+            }
+            format!("{bname}.attention")
+        }
+        8 => {
+            for id in b.layer_ids.as_mut()? {
+                *id += 1000;
+            }
+            format!("{bname}.layer_ids")
+        }
+        9 => {
+            b.shard = Some(match b.shard {
+                None => Shard::replicated(2, 1),
+                Some(s) => match s.split {
+                    ShardSplit::Replicated => Shard::replicated(s.tp_size + 1, s.rank),
+                    ShardSplit::Heads { .. } if s.tp_size > 1 => Shard {
+                        rank: (s.rank + 1) % s.tp_size,
+                        ..s
+                    },
+                    ShardSplit::Heads { .. } => return None,
+                },
+            });
+            format!("{bname}.shard")
+        }
+        10 => {
+            let mut sections = b.layout.sections().to_vec();
+            let order = match sections[0].order() {
+                None => "swizzle_z".to_string(),
+                Some(o) => format!("{o}_2"),
+            };
+            sections[0] = sections[0].clone().with_order(order);
+            b.layout.sections = Cow::Owned(sections);
+            format!("{bname}.sections[0].order")
+        }
+        11 => {
+            if b.attention == Attention::State {
+                return None;
+            }
+            b.page_size_tokens = Some(page + 1);
+            b.layout.page_stride_bytes = None;
+            format!("{bname}.page_size_tokens")
+        }
+        12 => {
+            c.memory_layout = match g.memory_layout {
+                MemoryLayout::LayerFirst => MemoryLayout::PageFirst,
+                _ => MemoryLayout::LayerFirst,
+            };
+            "memory_layout".to_string()
+        }
+        _ => {
+            // heads_total doubled with tp_size: this rank's heads and shapes are unchanged.
+            let s = b.shard?;
+            let heads_total = s.heads_total()?;
+            b.shard = Some(Shard::heads(s.tp_size * 2, s.rank, heads_total * 2));
+            format!("{bname}.shard")
+        }
+    };
+    Some((c, field))
+}
+
+/// The fingerprint a level stands on: pool, storage, or the set of token fingerprints.
+fn level_fingerprint(g: &PoolGeometry, level: Level) -> Vec<(String, u64)> {
+    match level {
+        Level::Pool => vec![(String::new(), g.fingerprint().unwrap())],
+        Level::Storage => vec![(String::new(), g.storage_fingerprint().unwrap())],
+        Level::Token => {
+            let mut v: Vec<(String, u64)> = g
+                .token_fingerprints()
+                .into_iter()
+                .map(|(n, f)| (n.to_string(), f))
+                .collect();
+            v.sort();
+            v
         }
     }
 }
@@ -279,28 +496,63 @@ proptest! {
     #![proptest_config(config())]
 
     /// (a) + (c): compatible with itself and with copies changing only uncompared fields;
-    /// fingerprints equal.
+    /// fingerprints equal. The copy is a valid geometry too (only page_head constrains shapes,
+    /// and the copy never uses it).
     #[test]
     fn uncompared_changes_are_compatible(g in pool(), pick in 0usize..16) {
-        prop_assert_eq!(compare(&g, &g), Ok(()));
+        for level in Level::ALL {
+            prop_assert_eq!(compare_at(&g, &g, level), Ok(()));
+        }
         let c = uncompared_copy(&g, pick);
-        prop_assert!(c.validate().is_ok() || c.memory_layout != g.memory_layout);
+        prop_assert_eq!(c.validate(), Ok(()));
         prop_assert_eq!(compare(&g, &c), Ok(()));
         prop_assert_eq!(g.fingerprint(), c.fingerprint());
+        let u = unlabelled_copy(&g, pick);
+        prop_assert_eq!(u.validate(), Ok(()));
+        for level in Level::ALL {
+            prop_assert_eq!(compare_at(&g, &u, level), Ok(()));
+            prop_assert_eq!(level_fingerprint(&g, level), level_fingerprint(&u, level));
+        }
+        // layer_ids are compared only when both sides give them.
+        let mut n = g.clone();
+        for b in &mut n.buffers {
+            b.layer_ids = None;
+        }
+        for level in Level::ALL {
+            prop_assert_eq!(compare_at(&g, &n, level), Ok(()));
+        }
     }
 
-    /// (b) + (c): any single change of a compared field is detected, named, and changes the
-    /// fingerprint.
+    /// (b) + (c): at every level, any single change of a field that level compares is
+    /// detected, named, and changes that level's fingerprint.
     #[test]
-    fn compared_changes_are_detected(g in pool(), which in 0usize..7, pick in 0usize..64) {
-        let (c, field) = mutate(&g, which, pick);
+    fn compared_changes_are_detected(g in pool(), which in 0usize..MUTATIONS, pick in 0usize..64) {
+        let Some((c, field)) = mutate(&g, which, pick) else {
+            return Ok(());
+        };
         prop_assume!(c.validate().is_ok());
-        let m = compare(&g, &c).expect_err("a compared field changed");
-        prop_assert!(
-            m.diffs.iter().any(|d| d.field.starts_with(&field)),
-            "expected a line for {}, got\n{}", field, m
-        );
-        prop_assert_ne!(g.fingerprint(), c.fingerprint());
+        for level in Level::ALL.into_iter().filter(|l| compared_at(*l, which)) {
+            let m = compare_at(&g, &c, level).expect_err("a compared field changed");
+            prop_assert!(
+                m.diffs.iter().any(|d| d.field.starts_with(&field)),
+                "level {}: expected a line for {}, got\n{}", level, field, m
+            );
+            prop_assert_ne!(level_fingerprint(&g, level), level_fingerprint(&c, level), "level {}", level);
+        }
+    }
+
+    /// (c'): a change of a field a level does not compare is not detected at that level and
+    /// leaves its fingerprint alone.
+    #[test]
+    fn changes_a_level_does_not_compare_pass(g in pool(), which in 0usize..MUTATIONS, pick in 0usize..64) {
+        let Some((c, _)) = mutate(&g, which, pick) else {
+            return Ok(());
+        };
+        prop_assume!(c.validate().is_ok());
+        for level in Level::ALL.into_iter().filter(|l| uncompared_at(*l, which)) {
+            prop_assert_eq!(compare_at(&g, &c, level), Ok(()), "level {}", level);
+            prop_assert_eq!(level_fingerprint(&g, level), level_fingerprint(&c, level), "level {}", level);
+        }
     }
 
     /// (d): the geometry file round trip is lossless.
@@ -314,9 +566,9 @@ proptest! {
     /// they cover the page payload exactly.
     #[test]
     fn page_offsets_tile_the_payload(g in pool()) {
-        for b in &g.buffers {
+        for (bi, b) in g.buffers.iter().enumerate() {
             let l = &b.layout;
-            let t = g.page_size_tokens;
+            let t = g.buffer_page_size_tokens(bi).unwrap();
             let mut iv = Vec::new();
             for s in 0..l.sections().len() {
                 let run = l.run_bytes(s).unwrap();

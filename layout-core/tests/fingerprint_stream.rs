@@ -1,0 +1,229 @@
+//! The fingerprints recomputed from the byte streams documented in `src/fingerprint.rs`, with
+//! an FNV-1a written here (not the crate's), so the documentation is what another language
+//! would implement. (`tests/fingerprint_reference.py` does the pool stream in Python.)
+
+use kvlayout_core::{PoolGeometry, file};
+
+/// FNV-1a 64 over a stream of items, written independently of the crate.
+#[derive(Default)]
+struct Stream(Vec<u8>);
+
+impl Stream {
+    fn u(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn s(self, text: &str) -> Self {
+        let mut me = self.u(text.len() as u64);
+        me.0.extend_from_slice(text.as_bytes());
+        me
+    }
+    fn all(mut self, vs: &[u64]) -> Self {
+        for &v in vs {
+            self = self.u(v);
+        }
+        self
+    }
+    fn hash(&self) -> u64 {
+        let mut h: u64 = 14695981039346656037; // 0xcbf29ce484222325
+        for &b in &self.0 {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(1099511628211); // 0x100000001b3
+        }
+        h
+    }
+}
+
+fn case(name: &str, side: &str) -> PoolGeometry {
+    let path = format!(
+        "{}/../cli-tests/shared-cases/{name}/{side}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    file::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+// Codes from the module docs.
+const F32: u64 = 1;
+const BF16: u64 = 3;
+const F8E4M3: u64 = 4;
+const TOKEN_MAJOR: u64 = 1;
+const SECTION_MAJOR: u64 = 2;
+
+/// DeepSeek-V3.2, fp8 latent (FlashMLA `fp8_ds_mla`, 656 B/token) + fp8 index-K (132 B/token),
+/// 61 layers each, 64-token pages (case 14, side A).
+#[test]
+fn deepseek_v32_pool_fingerprint_from_the_documented_stream() {
+    let kv_core = Stream::default()
+        .s("kvlayout.layout/v1")
+        .u(TOKEN_MAJOR)
+        .u(3)
+        .all(&[F8E4M3, 1, 512, 0])
+        .all(&[F32, 1, 4, 1, 0, 128])
+        .all(&[BF16, 1, 64, 0])
+        .hash();
+    let idx_core = Stream::default()
+        .s("kvlayout.layout/v1")
+        .u(SECTION_MAJOR)
+        .u(2)
+        .all(&[F8E4M3, 1, 128, 0])
+        .all(&[F32, 1, 1, 1, 0, 128])
+        .hash();
+    // Strides: 64 x (512 + 16 + 128) = 41984, 64 x (128 + 4) = 8448.
+    let h_kv = Stream::default()
+        .s("kvlayout.buffer/v1")
+        .s("kv")
+        .u(61)
+        .u(64 * (512 + 4 * 4 + 64 * 2))
+        .u(kv_core)
+        .hash();
+    let h_idx = Stream::default()
+        .s("kvlayout.buffer/v1")
+        .s("index_k")
+        .u(61)
+        .u(64 * (128 + 4))
+        .u(idx_core)
+        .hash();
+    let pool = Stream::default()
+        .s("kvlayout.pool/v1")
+        .u(64)
+        .u(2)
+        .u(h_kv.wrapping_add(h_idx))
+        .hash();
+    let g = case("14-namespace-label-only-same-geometry", "a");
+    assert_eq!(g.fingerprint(), Ok(pool));
+    // The storage key value published for v1 (README): unchanged by v2.
+    assert_eq!(pool, 0xeb01_9e4f_84ee_0658);
+    // Storage: the pool fingerprint and layer_first (code 1).
+    let storage = Stream::default()
+        .s("kvlayout.storage/v1")
+        .u(pool)
+        .u(1)
+        .hash();
+    assert_eq!(g.storage_fingerprint(), Ok(storage));
+    // Token, index_k: no layer ids (0), section_major page-bound at 64 tokens, no split (0).
+    let token_idx = Stream::default()
+        .s("kvlayout.token/v1")
+        .s("index_k")
+        .u(61)
+        .all(&[1, 0]) // attention full, W 0
+        .u(0) // no layer_ids
+        .u(SECTION_MAJOR)
+        .u(64)
+        .u(0)
+        .u(2)
+        .all(&[F8E4M3, 1, 128, 0])
+        .all(&[F32, 1, 1, 1, 0, 128])
+        .all(&[0, 0]) // both sections linear
+        .hash();
+    assert_eq!(g.token_fingerprints()[1], ("index_k", token_idx));
+}
+
+/// gpt-oss-20b's sliding group (case 15 A, buffer `swa`): a v2 buffer stream. 2 sections
+/// `[8, 64]` bf16, token_major, 12 layers, window 128, 16-token pages: stride 16 x 2048.
+#[test]
+fn a_sliding_window_buffer_uses_the_v2_stream() {
+    let core = |_: ()| {
+        Stream::default()
+            .s("kvlayout.layout/v1")
+            .u(TOKEN_MAJOR)
+            .u(2)
+            .all(&[BF16, 2, 8, 64, 0])
+            .all(&[BF16, 2, 8, 64, 0])
+            .hash()
+    };
+    let h_full = Stream::default()
+        .s("kvlayout.buffer/v1")
+        .s("full")
+        .u(12)
+        .u(16 * 2 * 8 * 64 * 2)
+        .u(core(()))
+        .hash();
+    let h_swa = Stream::default()
+        .s("kvlayout.buffer/v2")
+        .s("swa")
+        .u(12)
+        .u(16) // effective page size
+        .u(16 * 2 * 8 * 64 * 2)
+        .u(core(()))
+        .all(&[2, 128]) // sliding window, W
+        .u(0) // no layer_ids
+        .u(0) // no shard
+        .all(&[0, 0]) // orders
+        .hash();
+    let pool = Stream::default()
+        .s("kvlayout.pool/v1")
+        .u(16)
+        .u(2)
+        .u(h_full.wrapping_add(h_swa))
+        .hash();
+    assert_eq!(
+        case("15-gpt-oss-sliding-group-missing", "a").fingerprint(),
+        Ok(pool)
+    );
+}
+
+/// Case 22 B, buffer `fa`: a heads split hashes the shard in the pool stream and, at token
+/// level, heads_total and the per-head shapes `[128]`.
+#[test]
+fn a_heads_split_in_the_pool_and_token_streams() {
+    let g = case("22-hetero-tp-1-to-2-token-level", "b");
+    let core = Stream::default()
+        .s("kvlayout.layout/v1")
+        .u(SECTION_MAJOR)
+        .u(2)
+        .all(&[BF16, 2, 4, 128, 0])
+        .all(&[BF16, 2, 4, 128, 0])
+        .hash();
+    let h_fa = Stream::default()
+        .s("kvlayout.buffer/v2")
+        .s("fa")
+        .u(4)
+        .u(16)
+        .u(16 * 2 * 4 * 128 * 2)
+        .u(core)
+        .all(&[1, 0]) // full
+        .u(0) // no layer_ids
+        .all(&[1, 2, 0, 1, 8]) // shard: tp_size 2, rank 0, heads, heads_total 8
+        .all(&[0, 0])
+        .hash();
+    let mla_core = Stream::default()
+        .s("kvlayout.layout/v1")
+        .u(TOKEN_MAJOR)
+        .u(1)
+        .all(&[BF16, 1, 576, 0])
+        .hash();
+    let h_mla = Stream::default()
+        .s("kvlayout.buffer/v2")
+        .s("mla")
+        .u(20)
+        .u(16)
+        .u(16 * 576 * 2)
+        .u(mla_core)
+        .all(&[1, 0])
+        .u(0)
+        .all(&[1, 2, 0, 2, 0]) // shard: tp_size 2, rank 0, replicated
+        .u(0)
+        .hash();
+    let pool = Stream::default()
+        .s("kvlayout.pool/v1")
+        .u(16)
+        .u(2)
+        .u(h_mla.wrapping_add(h_fa))
+        .hash();
+    assert_eq!(g.fingerprint(), Ok(pool));
+    let token_fa = Stream::default()
+        .s("kvlayout.token/v1")
+        .s("fa")
+        .u(4)
+        .all(&[1, 0])
+        .u(0)
+        .u(SECTION_MAJOR)
+        .u(16)
+        .u(8) // heads_total
+        .u(2)
+        .all(&[BF16, 1, 128, 0])
+        .all(&[BF16, 1, 128, 0])
+        .all(&[0, 0])
+        .hash();
+    assert_eq!(g.token_fingerprints()[1], ("fa", token_fa));
+}
