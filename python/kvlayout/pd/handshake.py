@@ -79,17 +79,15 @@ def parse_message(raw: bytes) -> dict:
     return msg
 
 
-def _raw_buffers(geometry_json: str) -> dict[str, dict]:
-    return {b["name"]: b for b in json.loads(geometry_json)["buffers"]}
-
-
 def choose_level(peer_json: str, local_json: str) -> str:
     """`token` when a buffer present on both sides has another page size or another
-    tensor-parallel split (tp_size or rank of a heads-split buffer); `pool` otherwise."""
+    tensor-parallel split (tp_size, or rank of a heads-split buffer); `pool` otherwise."""
     peer, local = json.loads(peer_json), json.loads(local_json)
-    pb, lb = _raw_buffers(peer_json), _raw_buffers(local_json)
-    for name in pb.keys() & lb.keys():
-        a, b = pb[name], lb[name]
+    local_buffers = {b["name"]: b for b in local["buffers"]}
+    for a in peer["buffers"]:
+        b = local_buffers.get(a["name"])
+        if b is None:
+            continue
         if a.get("page_size_tokens", peer["page_size_tokens"]) != b.get(
             "page_size_tokens", local["page_size_tokens"]
         ):
