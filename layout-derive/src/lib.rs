@@ -65,6 +65,9 @@ mod expand;
 mod fallback;
 mod valid;
 
+#[cfg(test)]
+mod output_tests;
+
 use proc_macro::TokenStream;
 use syn::{DeriveInput, parse_macro_input};
 

@@ -9,9 +9,13 @@ neither torch nor numpy nor ml_dtypes.
 >>> import kvlayout
 >>> dev = kvlayout.describe("deepseek-v3.2-exp", index_k="bf16")
 >>> host = kvlayout.Geometry.from_file("configs/geometry/host-index-k-fp8-formula.json")
->>> kvlayout.compare(dev, host)          # the CLI's diff lines; [] when compatible
+>>> kvlayout.compare(dev, host)[4]       # the CLI's diff lines; [] when compatible
+'index_k.bytes_per_token: 256, 132'
 >>> guard = kvlayout.TransferGuard(dev, dev)
->>> guard.check_pages("load", None, host_pages, device_pages)   # raises TransferRefused
+>>> guard.check_pages("load", None, [3, 4], [0, 0])
+Traceback (most recent call last):
+...
+kvlayout.errors.TransferRefused: pairs[1]: device page 0 is already the destination of pairs[0]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ._kvlayout import (
     describe,
     formats,
 )
+from .tensors import TensorBuffer, geometry_from_tensors
 from .errors import (
     Incompatible,
     InvalidGeometry,
@@ -44,6 +49,8 @@ __all__ = [
     "compare",
     "describe",
     "formats",
+    "geometry_from_tensors",
+    "TensorBuffer",
     "Incompatible",
     "InvalidGeometry",
     "KvLayoutError",

@@ -152,8 +152,9 @@ def _declared(buf: TensorBuffer) -> tuple[Optional[list[dict]], Any, Optional[in
     return buf.sections, buf.arrangement, buf.page_align_bytes
 
 
-def _buffer_doc(buf: TensorBuffer, page_size_tokens: int) -> tuple[dict, int]:
+def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, int]:
     """The geometry-file buffer object and the pages the tensors hold."""
+    page_size_tokens = int(buf.extra.get("page_size_tokens", pool_page_size_tokens))
     per_layer = _is_layer_list(buf.tensors)
     if per_layer:
         if not buf.tensors:
@@ -202,7 +203,9 @@ def _buffer_doc(buf: TensorBuffer, page_size_tokens: int) -> tuple[dict, int]:
             return strides[axis] // dims["layer"]
         return strides[axis]
 
-    page_head = "page" in dims and "page_token" in dims and "layer" in dims and any(
+    # Heads outside the token axis inside a page: vLLM's HND, SGLang's page_head. The row is
+    # not one run; the arrangement (head_major) or memory layout (page_head) places it.
+    page_head = "page" in dims and "page_token" in dims and any(
         strides[a] > strides["page_token"] for a in content)
     if not page_head:
         # Content dims are innermost and packed: the row is one contiguous run.
@@ -270,7 +273,7 @@ def _buffer_doc(buf: TensorBuffer, page_size_tokens: int) -> tuple[dict, int]:
     if align:
         doc["page_align_bytes"] = align
     doc.update(buf.extra)
-    declared = _probe(doc, page_size_tokens)
+    declared = _probe(doc, pool_page_size_tokens)
     if declared["bytes_per_token"] != row_bytes:
         raise _refuse(buf.name, "bytes_per_token", f"{declared['bytes_per_token']} B/token"
                       f"{' (' + buf.format + ')' if buf.format else ''}",

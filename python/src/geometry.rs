@@ -6,13 +6,13 @@ use std::borrow::Cow;
 use std::path::PathBuf;
 
 use kvlayout_core::{
-    BufferGeometry, GeometryError, MemoryLayout, PoolGeometry, TokenLayout, arrangement_text, file,
-    formats as builtin,
+    BufferGeometry, GeometryError, Level, MemoryLayout, PoolGeometry, TokenLayout,
+    arrangement_text, compare_at, file, formats as builtin,
 };
 use kvlayout_pool::model::{Attention, IndexK, KvDtype, Model, PoolOptions};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyAny;
+use pyo3::types::{PyAny, PyDict};
 use serde_json::{Value, json};
 
 use crate::errors;
@@ -117,13 +117,14 @@ impl Geometry {
     /// The `token`-level fingerprint of each buffer, `{buffer name: int}`: what a transfer
     /// engine converting between two different pools needs to agree on (attention kind,
     /// dtypes, per-head shapes, scale relations, orders, arrangement).
+    /// In buffer order.
     #[getter]
-    fn token_fingerprints(&self) -> std::collections::BTreeMap<String, u64> {
-        self.inner
-            .token_fingerprints()
-            .into_iter()
-            .map(|(n, f)| (n.to_string(), f))
-            .collect()
+    fn token_fingerprints<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (n, f) in self.inner.token_fingerprints() {
+            d.set_item(n, f)?;
+        }
+        Ok(d)
     }
 
     /// Free text, never compared.
@@ -151,19 +152,24 @@ impl Geometry {
         self.inner.memory_layout.name()
     }
 
-    /// One dict per buffer: `name`, `layers`, `arrangement` (file form), `sections` (file
-    /// form: `name`, `dtype`, `shape` per token, `scales`, `block_elems`), `bytes_per_token`
+    /// One dict per buffer: the geometry file's buffer object (`name`, `layers`, `arrangement`,
+    /// `sections` with `name`, `dtype`, `shape` per token, `scales`, `block_elems`, and the v2
+    /// fields where present: `page_size_tokens`, `attention`, `layer_ids`, `shard`), plus
+    /// `arrangement_text` (as diff lines print it), `bytes_per_token`
     /// (one layer), `bytes_per_page` (payload of one page of one layer), `page_stride_bytes`,
     /// `layout_fingerprint` (the token layout's own fingerprint, as `kvlayout formats`).
     #[getter]
     fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let g = &self.inner;
+        let file: Value = serde_json::from_str(&file::to_json(g)).expect("own JSON parses");
         let mut out = Vec::with_capacity(g.buffers.len());
-        for (i, b) in g.buffers.iter().enumerate() {
+        for (i, (b, mut v)) in g
+            .buffers
+            .iter()
+            .zip(file["buffers"].as_array().cloned().unwrap_or_default())
+            .enumerate()
+        {
             let pg = geometry_result(py, g.page_geometry(i))?;
-            let mut v = layout_json(&b.layout);
-            v["name"] = json!(b.name());
-            v["layers"] = json!(b.layers);
             v["arrangement_text"] = json!(arrangement_text(&b.layout));
             v["bytes_per_token"] = json!(pg.bytes_per_token);
             v["bytes_per_page"] = json!(pg.page_payload_bytes);
@@ -222,51 +228,71 @@ impl Geometry {
     }
 }
 
-/// The compare levels this build knows.
-const LEVELS: [&str; 1] = ["pool"];
+fn parse_level(level: &str) -> PyResult<Level> {
+    level
+        .parse::<Level>()
+        .map_err(|e| PyValueError::new_err(format!("level: {e}")))
+}
 
-fn check_level(level: &str) -> PyResult<()> {
-    if LEVELS.contains(&level) {
-        Ok(())
-    } else {
-        Err(PyValueError::new_err(format!(
-            "level: unknown compare level {level:?} (expected one of {})",
-            LEVELS.join(", ")
-        )))
+/// The diff lines of `compare_at`, as `kvlayout check --level` prints them.
+fn diff_lines(a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Vec<String> {
+    match compare_at(a, b, level) {
+        Ok(()) => Vec::new(),
+        Err(m) => m.diffs.iter().map(ToString::to_string).collect(),
     }
 }
 
-/// The diff lines of `kvlayout check A B` (one per differing field, `field: A value, B value`);
-/// `[]` when the two pools can exchange pages. `level`: `"pool"`.
+/// The diff lines of `kvlayout check --level LEVEL A B` (one per differing field,
+/// `field: A value, B value`); `[]` when the two pools are compatible at that level.
+/// `level`: `"pool"` (whole pages move between the pools; default), `"storage"` (`pool` plus
+/// `memory_layout`: stored page objects interchangeable) or `"token"` (tokens convertible per
+/// head, any page size: prefill/decode at different TP sizes).
 #[pyfunction]
 #[pyo3(signature = (a, b, level = "pool"))]
 pub fn compare(a: &Geometry, b: &Geometry, level: &str) -> PyResult<Vec<String>> {
-    check_level(level)?;
-    Ok(match kvlayout_core::compare(&a.inner, &b.inner) {
-        Ok(()) => Vec::new(),
-        Err(m) => m.diffs.iter().map(ToString::to_string).collect(),
-    })
+    Ok(diff_lines(&a.inner, &b.inner, parse_level(level)?))
 }
 
-/// Returns `None` when compatible; raises `Incompatible` (`.lines`: the diff lines of
-/// `compare`, `str()`: a header with both fingerprints, then the lines).
+/// Returns `None` when compatible at `level`; raises `Incompatible` (`.lines`: the diff lines
+/// of `compare`; `.header`: the count, the level and both sides' fingerprints at that level).
 #[pyfunction]
 #[pyo3(signature = (a, b, level = "pool"))]
 pub fn check(py: Python<'_>, a: &Geometry, b: &Geometry, level: &str) -> PyResult<()> {
-    let lines = compare(a, b, level)?;
+    let level = parse_level(level)?;
+    let lines = diff_lines(&a.inner, &b.inner, level);
     if lines.is_empty() {
         return Ok(());
     }
-    let head = header(lines.len(), a.fingerprint, b.fingerprint);
+    let head = header(lines.len(), &a.inner, &b.inner, level);
     Err(errors::incompatible(py, lines, head))
 }
 
-/// `incompatible: N differing fields (fingerprints A, B)`, as the CLI's first line (without the
-/// file names).
-pub fn header(n: usize, a: u64, b: u64) -> String {
+/// A side's fingerprint at `level`, as the CLI prints it (per buffer for `token`).
+fn level_fingerprint(g: &PoolGeometry, level: Level) -> String {
+    let hex = |r: Result<u64, kvlayout_core::LayoutError>| match r {
+        Ok(f) => format!("{f:#018x}"),
+        Err(e) => format!("invalid ({e})"),
+    };
+    match level {
+        Level::Pool => hex(g.fingerprint()),
+        Level::Storage => hex(g.storage_fingerprint()),
+        Level::Token => g
+            .token_fingerprints()
+            .into_iter()
+            .map(|(n, f)| format!("{n}={f:#018x}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+/// `incompatible: N differing fields at level L (L fingerprints A, B)`, the CLI's first line
+/// without the file names.
+pub fn header(n: usize, a: &PoolGeometry, b: &PoolGeometry, level: Level) -> String {
     format!(
-        "incompatible: {n} differing field{} (fingerprints {a:#018x}, {b:#018x})",
-        if n == 1 { "" } else { "s" }
+        "incompatible: {n} differing field{} at level {level} ({level} fingerprints {}, {})",
+        if n == 1 { "" } else { "s" },
+        level_fingerprint(a, level),
+        level_fingerprint(b, level)
     )
 }
 

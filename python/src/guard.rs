@@ -3,6 +3,7 @@
 //! (`kvlayout_pool::shim`: layer present, list no longer than the destination pool, every page
 //! in range on both sides, no destination page named twice) before the engine moves a byte.
 
+use kvlayout_core::Level;
 use kvlayout_pool::shim::{check_layer, check_pair_pages};
 use kvlayout_pool::{Direction, Layers, PagePair, TransferError};
 use pyo3::exceptions::PyValueError;
@@ -27,7 +28,14 @@ pub struct TransferGuard {
     /// Pairs of the transfer being checked; kept between calls so a warm check allocates
     /// nothing (16 B per page, bounded by the destination pool's page count).
     scratch: Vec<PagePair>,
+    /// One bit per page of the larger pool: destinations seen in the list being checked (all
+    /// clear between calls). Finds a duplicate destination in O(n); the shim then names it.
+    seen: Vec<u64>,
 }
+
+/// Pools up to this many pages get the duplicate bitmap (8 MiB at most); larger ones use the
+/// shim's own duplicate search (sorting lists longer than 32 pairs).
+const BITMAP_MAX_PAGES: u64 = 1 << 26;
 
 fn kind(e: &TransferError) -> &'static str {
     match e {
@@ -41,6 +49,75 @@ fn kind(e: &TransferError) -> &'static str {
 
 fn refused(py: Python<'_>, e: TransferError) -> PyErr {
     errors::transfer_refused(py, e.to_string(), kind(&e))
+}
+
+/// Reads both lists into `scratch` as (device page, host page) pairs; a negative index is
+/// refused by name.
+fn fill(
+    py: Python<'_>,
+    direction: Direction,
+    src: &PageList<'_>,
+    dst: &PageList<'_>,
+    scratch: &mut Vec<PagePair>,
+) -> PyResult<()> {
+    scratch.clear();
+    if let (Some(s), Some(d)) = (src.raw(), dst.raw()) {
+        // Both in memory: a tight loop over the two strided runs.
+        for i in 0..src.len() {
+            // SAFETY: `i < len` for both (lengths checked equal by the caller).
+            let (sv, dv) = unsafe { (s.read(i), d.read(i)) };
+            if (sv | dv) < 0 {
+                return Err(negative(py, i, sv, dv));
+            }
+            scratch.push(match direction {
+                Direction::Backup => PagePair::new(sv as u64, dv as u64),
+                Direction::Load => PagePair::new(dv as u64, sv as u64),
+            });
+        }
+        return Ok(());
+    }
+    for i in 0..src.len() {
+        scratch.push(read_pair(py, direction, src, dst, i)?);
+    }
+    Ok(())
+}
+
+#[cold]
+fn negative(py: Python<'_>, i: usize, s: i64, d: i64) -> PyErr {
+    let (what, v) = if s < 0 {
+        ("src_pages", s)
+    } else {
+        ("dst_pages", d)
+    };
+    errors::transfer_refused(
+        py,
+        format!("{what}[{i}]: page {v} is negative"),
+        "page_out_of_range",
+    )
+}
+
+/// Whether a destination page appears twice (pages already range-checked: every page fits
+/// `seen`). Leaves `seen` all clear.
+fn has_duplicate_destination(direction: Direction, pairs: &[PagePair], seen: &mut [u64]) -> bool {
+    let dst = |p: &PagePair| match direction {
+        Direction::Backup => p.host_page,
+        Direction::Load => p.device_page,
+    } as usize;
+    let mut found = false;
+    let mut marked = 0;
+    for p in pairs {
+        let (w, bit) = (dst(p) / 64, 1u64 << (dst(p) % 64));
+        if seen[w] & bit != 0 {
+            found = true;
+            break;
+        }
+        seen[w] |= bit;
+        marked += 1;
+    }
+    for p in &pairs[..marked] {
+        seen[dst(p) / 64] = 0;
+    }
+    found
 }
 
 fn read_pair(
@@ -75,9 +152,9 @@ impl TransferGuard {
     #[new]
     fn new(py: Python<'_>, device: Py<Geometry>, host: Py<Geometry>) -> PyResult<TransferGuard> {
         let (d, h) = (device.get(), host.get());
-        if let Err(m) = kvlayout_core::compare(&d.inner, &h.inner) {
+        if let Err(m) = kvlayout_core::compare_at(&d.inner, &h.inner, Level::Pool) {
             let lines: Vec<String> = m.diffs.iter().map(ToString::to_string).collect();
-            let head = header(lines.len(), d.fingerprint, h.fingerprint);
+            let head = header(lines.len(), &d.inner, &h.inner, Level::Pool);
             return Err(errors::incompatible(py, lines, head));
         }
         let deepest_layers = d.inner.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
@@ -85,6 +162,10 @@ impl TransferGuard {
             device_pages: d.inner.pages,
             host_pages: h.inner.pages,
             deepest_layers,
+            seen: match d.inner.pages.max(h.inner.pages) {
+                p if p <= BITMAP_MAX_PAGES => vec![0; p.div_ceil(64) as usize],
+                _ => Vec::new(),
+            },
             device,
             host,
             scratch: Vec::new(),
@@ -147,7 +228,7 @@ impl TransferGuard {
         };
         check_layer(layers, self.deepest_layers).map_err(|e| refused(py, e))?;
         let (device_pages, host_pages) = (self.device_pages, self.host_pages);
-        let scratch = &mut self.scratch;
+        let (scratch, seen) = (&mut self.scratch, &mut self.seen);
         with_pages(src_pages, "src_pages", |src| {
             with_pages(dst_pages, "dst_pages", |dst| {
                 if src.len() != dst.len() {
@@ -177,12 +258,16 @@ impl TransferGuard {
                         },
                     ));
                 }
-                scratch.clear();
-                for i in 0..src.len() {
-                    scratch.push(read_pair(py, direction, src, dst, i)?);
+                fill(py, direction, src, dst, scratch)?;
+                // The shim's range checks (both sides), then duplicates through the bitmap; a
+                // duplicate found re-runs the shim's own duplicate check, which names it.
+                check_pair_pages(direction, device_pages, host_pages, scratch, false)
+                    .map_err(|e| refused(py, e))?;
+                if seen.is_empty() || has_duplicate_destination(direction, scratch, seen) {
+                    check_pair_pages(direction, device_pages, host_pages, scratch, true)
+                        .map_err(|e| refused(py, e))?;
                 }
-                check_pair_pages(direction, device_pages, host_pages, scratch, true)
-                    .map_err(|e| refused(py, e))
+                Ok(())
             })
         })
     }

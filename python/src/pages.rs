@@ -85,8 +85,10 @@ const DL_INT: u8 = 0;
 
 /// One page-index list, borrowed: reading element `i` needs no allocation.
 pub enum PageList<'a> {
-    /// A list or tuple: each element converted when read.
-    Seq(&'a Bound<'a, PyAny>, usize),
+    /// A list: each element converted when read.
+    List(&'a Bound<'a, PyList>),
+    /// A tuple: each element converted when read.
+    Tuple(&'a Bound<'a, PyTuple>),
     /// Strided int64 memory, alive for `'a`.
     Raw {
         ptr: *const u8,
@@ -95,11 +97,46 @@ pub enum PageList<'a> {
     },
 }
 
+/// A strided run of int64 in memory.
+#[derive(Clone, Copy)]
+pub struct Raw {
+    ptr: *const u8,
+    stride_bytes: isize,
+}
+
+impl Raw {
+    /// Element `i`.
+    ///
+    /// # Safety
+    /// `i` must be below the list's length.
+    #[inline(always)]
+    pub unsafe fn read(self, i: usize) -> i64 {
+        // SAFETY: the exporter guarantees `len` elements at `ptr + k * stride_bytes`; unaligned
+        // reads are allowed.
+        unsafe { (self.ptr.offset(i as isize * self.stride_bytes) as *const i64).read_unaligned() }
+    }
+}
+
 impl PageList<'_> {
+    /// The in-memory run, when the list is an array.
+    #[inline]
+    pub fn raw(&self) -> Option<Raw> {
+        match self {
+            PageList::Raw {
+                ptr, stride_bytes, ..
+            } => Some(Raw {
+                ptr: *ptr,
+                stride_bytes: *stride_bytes,
+            }),
+            PageList::List(_) | PageList::Tuple(_) => None,
+        }
+    }
+
     /// Number of indices.
     pub fn len(&self) -> usize {
         match self {
-            PageList::Seq(_, n) => *n,
+            PageList::List(l) => l.len(),
+            PageList::Tuple(t) => t.len(),
             PageList::Raw { len, .. } => *len,
         }
     }
@@ -108,14 +145,8 @@ impl PageList<'_> {
     #[inline]
     pub fn get(&self, i: usize) -> PyResult<i64> {
         match self {
-            PageList::Seq(seq, _) => {
-                let item = if let Ok(list) = seq.cast::<PyList>() {
-                    list.get_item(i)?
-                } else {
-                    seq.cast::<PyTuple>()?.get_item(i)?
-                };
-                item.extract::<i64>()
-            }
+            PageList::List(l) => l.get_item(i)?.extract::<i64>(),
+            PageList::Tuple(t) => t.get_item(i)?.extract::<i64>(),
             PageList::Raw {
                 ptr, stride_bytes, ..
             } => {
@@ -138,16 +169,20 @@ impl Drop for BufferGuard {
     }
 }
 
-fn is_int64_format(format: &str) -> bool {
-    let f = format.trim_start_matches(['@', '=']);
-    let f = if cfg!(target_endian = "little") {
-        f.trim_start_matches('<')
+/// `q`, or `l` where a C long is 8 bytes, with an optional native or native-endian prefix.
+fn is_int64_format(format: &[u8]) -> bool {
+    let native_order: &[u8] = if cfg!(target_endian = "little") {
+        b"@=<"
     } else {
-        f.trim_start_matches(['>', '!'])
+        b"@=>!"
+    };
+    let f = match format {
+        [p, rest @ ..] if native_order.contains(p) => rest,
+        f => f,
     };
     match f {
-        "q" => true,
-        "l" => std::mem::size_of::<std::ffi::c_long>() == 8,
+        b"q" => true,
+        b"l" => std::mem::size_of::<std::ffi::c_long>() == 8,
         _ => false,
     }
 }
@@ -158,11 +193,11 @@ pub fn with_pages<R>(
     what: &str,
     f: impl FnOnce(&PageList<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
-    if obj.is_instance_of::<PyList>() {
-        return f(&PageList::Seq(obj, obj.cast::<PyList>()?.len()));
+    if let Ok(list) = obj.cast::<PyList>() {
+        return f(&PageList::List(list));
     }
-    if obj.is_instance_of::<PyTuple>() {
-        return f(&PageList::Seq(obj, obj.cast::<PyTuple>()?.len()));
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return f(&PageList::Tuple(tuple));
     }
     // SAFETY: `obj` is a live object and the GIL is held.
     if unsafe { PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
@@ -190,17 +225,16 @@ fn with_buffer<R>(
     // SAFETY: initialised by the successful call above.
     let view = BufferGuard(unsafe { view.assume_init() });
     let v = &view.0;
-    let format = if v.format.is_null() {
-        "B".to_string()
+    let format: &[u8] = if v.format.is_null() {
+        b"B"
     } else {
-        // SAFETY: a NUL-terminated format string owned by the view.
-        unsafe { CStr::from_ptr(v.format) }
-            .to_string_lossy()
-            .into_owned()
+        // SAFETY: a NUL-terminated format string owned by the view, alive while it is held.
+        unsafe { CStr::from_ptr(v.format) }.to_bytes()
     };
-    if v.itemsize != 8 || !is_int64_format(&format) {
+    if v.itemsize != 8 || !is_int64_format(format) {
         return Err(PyTypeError::new_err(format!(
-            "{what}: page indices must be int64, got buffer format {format:?} ({} bytes per item)",
+            "{what}: page indices must be int64, got buffer format {:?} ({} bytes per item)",
+            String::from_utf8_lossy(format),
             v.itemsize
         )));
     }

@@ -86,3 +86,46 @@ def dsa_host(device, pages=16, layout="layer_first"):
         token_stride_size=dim, index_head_dim=128, quant_block_size=128,
         indexer_page_stride_size=stride, indexer_dtype=np.dtype(np.uint8),
         index_k_with_scale_buffer=np.zeros(idx_dims, np.uint8))
+
+
+# vLLM (vllm/v1/kv_cache_interface.py): the spec classes by name, with their fields.
+class FullAttentionSpec(types.SimpleNamespace):
+    pass
+
+
+class SlidingWindowSpec(types.SimpleNamespace):
+    pass
+
+
+class MLAAttentionSpec(types.SimpleNamespace):
+    pass
+
+
+class MambaSpec(types.SimpleNamespace):
+    pass
+
+
+def spec(cls=FullAttentionSpec, block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, **kw):
+    return cls(block_size=block_size, num_kv_heads=num_kv_heads, head_size=head_size,
+               dtype=np.dtype(dtype), **kw)
+
+
+def kv_cache_config(num_blocks, groups):
+    """KVCacheConfig(num_blocks, kv_cache_groups=[KVCacheGroupSpec(layer_names, kv_cache_spec)])."""
+    return types.SimpleNamespace(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[types.SimpleNamespace(layer_names=names, kv_cache_spec=s) for names, s in groups])
+
+
+def flash_attn_cache(num_blocks, s, hnd=False):
+    """FlashAttention: [2, num_blocks, block_size, num_kv_heads, head_size]; HND strides put
+    heads outside the block's tokens (allocated [2, blocks, heads, block, dim], then permuted)."""
+    if hnd:
+        a = np.zeros((2, num_blocks, s.num_kv_heads, s.block_size, s.head_size), s.dtype)
+        return a.transpose(0, 1, 3, 2, 4)
+    return np.zeros((2, num_blocks, s.block_size, s.num_kv_heads, s.head_size), s.dtype)
+
+
+def flashinfer_cache(num_blocks, s):
+    """FlashInfer: [num_blocks, 2, block_size, num_kv_heads, head_size]."""
+    return np.zeros((num_blocks, 2, s.block_size, s.num_kv_heads, s.head_size), s.dtype)

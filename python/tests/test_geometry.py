@@ -133,4 +133,22 @@ def test_fingerprint_equals_the_cli(model, tmp_path):
     dev.write_text(g.to_json())
     out = subprocess.run([cli, "check", str(dev), str(host)], capture_output=True, text=True)
     lines = kvlayout.compare(g, kvlayout.Geometry.from_file(host))
-    assert out.stdout.splitlines()[1:] == lines
+    if lines:
+        assert out.returncode == 1
+        assert out.stdout.splitlines()[1:] == lines
+    else:
+        assert out.returncode == 0 and out.stdout.startswith("compatible")
+        token = " ".join(f"{n}={f:#018x}" for n, f in g.token_fingerprints.items())
+        assert (f"A fingerprints: pool {g.fingerprint:#018x}, storage "
+                f"{g.storage_fingerprint:#018x}, token {token}") in out.stdout
+
+
+def test_describe_errors_and_warnings():
+    with pytest.raises(kvlayout.ModelError, match="not-a-model"):
+        kvlayout.describe("not-a-model")
+    with pytest.raises(ValueError, match="kv_dtype"):
+        kvlayout.describe("llama-3.1-8b", kv_dtype="fp4")
+    with pytest.warns(UserWarning, match="index_k ignored"):
+        g = kvlayout.describe("llama-3.1-8b", index_k="bf16")
+    # Llama-3.1-8B: 32 layers x (K + V) 8 x 128 bf16 = 32 x 4096 B/token
+    assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
