@@ -35,6 +35,19 @@ def _set(path: tuple, value):
     return edit
 
 
+def _drop_buffer(name: str):
+    def edit(g: dict) -> None:
+        g["buffers"] = [b for b in g["buffers"] if b["name"] != name]
+
+    return edit
+
+
+# Pages each side allocates, and the pages moved (source -> destination; not the identity).
+POOL_PAGES = 8
+SRC_PAGES = [1, 2, 3, 6]
+DST_PAGES = [0, 5, 6, 7]
+
+
 @dataclass
 class Case:
     name: str
@@ -46,6 +59,8 @@ class Case:
     decode_edits: list = field(default_factory=list)
     publish_geometry: bool = True
     require: bool = False
+    src_pages: list = field(default_factory=lambda: list(SRC_PAGES))
+    dst_pages: list = field(default_factory=lambda: list(DST_PAGES))
 
 
 CASES = [
@@ -68,12 +83,16 @@ CASES = [
     Case("no-geometry-require", DSV32, DSV32, "refused",
          "prefill publishes no geometry; decode asks require=True",
          publish_geometry=False, require=True),
+    Case("page-ratio-32-to-64", DSV32, DSV32, "moved",
+         "DeepSeek-V3.2 MLA buffer only, prefill 32-token pages, decode 64: four source pages "
+         "glued into two destination pages (token level)",
+         prefill_edits=[_drop_buffer("index_k"), _set(("page_size_tokens",), 32)],
+         decode_edits=[_drop_buffer("index_k")], dst_pages=[3, 4]),
+    Case("page-ratio-section-major-index-k", DSV32, DSV32, "refused",
+         "the whole DeepSeek-V3.2 pool at 32 vs 64 tokens: a section_major index-K page cannot "
+         "be cut or glued",
+         prefill_edits=[_set(("page_size_tokens",), 32)], dst_pages=[3, 4]),
 ]
-
-# Pages each side allocates, and the pages moved (source -> destination; not the identity).
-POOL_PAGES = 8
-SRC_PAGES = [1, 2, 3, 6]
-DST_PAGES = [0, 5, 6, 7]
 
 
 def find_repo(start: Path | None = None) -> Path | None:
@@ -127,7 +146,7 @@ def _stop(proc: subprocess.Popen | None) -> None:
 def run_case(case: Case, engine: str, repo: Path, opts, index: int, logdir: Path) -> dict:
     base_port = opts.base_port + 10 * index
     common = {"engine": engine, "case": case.name, "seed": 1000 + index,
-              "src_pages": SRC_PAGES, "dst_pages": DST_PAGES, "timeout_s": opts.timeout_s,
+              "src_pages": case.src_pages, "dst_pages": case.dst_pages, "timeout_s": opts.timeout_s,
               "metadata_url": f"http://{opts.prefill_addr}:{base_port + 2}/metadata"}
     p_cfg = {**common, "role": "prefill", "addr": opts.prefill_addr, "port": base_port,
              "peer_addr": opts.decode_addr, "peer_port": base_port + 1,
