@@ -7,11 +7,13 @@ with `prep_xfer_dlist` from each side's geometry (as vLLM's NixlConnector prepar
 descriptors), a transfer selecting 64 shuffled source pages into 64 shuffled destination pages.
 "With the check" adds, before every transfer, the whole handshake check (`check_peer`: the
 peer's geometry re-read, its fingerprint recomputed, the pool-level compare) and the page checks
-(every page in range on both sides, no repeated destination), each timed on its own. It is an
+(`kvlayout.TransferGuard.check_pages`: every page in range on both sides, no repeated
+destination), each timed on its own. It is an
 upper bound: an engine runs `check_peer` once per peer, and only the page checks per transfer.
 `check_share_of_transfer` = (median handshake check + median page check) / median transfer
-without the check; `median_ratio_with_over_without` is the whole-transfer ratio (it carries the
-transfers' own run-to-run spread).
+without the check; `median_ratio_with_over_without` and `paired_ratio_median` (median over iterations of
+checked / the unchecked transfer just before it) are whole-transfer ratios: they carry the
+transfers' own run-to-run spread, given as `without_check_iqr_over_median`.
 """
 
 from __future__ import annotations
@@ -55,15 +57,6 @@ def _indices(layouts, pages: np.ndarray) -> np.ndarray:
     return np.concatenate(out).astype(np.int32)
 
 
-def _page_check(src_pages: np.ndarray, dst_pages: np.ndarray, src_n: int, dst_n: int) -> None:
-    if len(src_pages) != len(dst_pages):
-        raise kvlayout.TransferRefused("page lists differ in length", "length")
-    if src_pages.min() < 0 or src_pages.max() >= src_n or dst_pages.min() < 0 or dst_pages.max() >= dst_n:
-        raise kvlayout.TransferRefused("page out of range", "page_out_of_range")
-    if len(np.unique(dst_pages)) != len(dst_pages):
-        raise kvlayout.TransferRefused("repeated destination page", "duplicate_destination")
-
-
 def main(opts) -> int:
     repo = find_repo(Path(opts.repo) if opts.repo else None)
     if repo is None:
@@ -91,6 +84,7 @@ def main(opts) -> int:
         peer, _table(peer_layouts, {n: r[0] for n, r in msg["regions"].items()}), "DRAM")
     local_h = side.agent.prep_xfer_dlist(
         "NIXL_INIT_AGENT", _table(layouts, {n: a.ctypes.data for n, a in regions.items()}), "DRAM")
+    guard = kvlayout.TransferGuard(local, peer_geo)
     rng = np.random.default_rng(11)
     n = opts.pages
 
@@ -100,8 +94,8 @@ def main(opts) -> int:
         if checked:
             handshake.check_peer(local, msg)
         th = time.perf_counter()
-        if checked:
-            _page_check(src_pages, dst_pages, n, n)
+        if checked:  # host = the peer's pool (source), device = ours (destination)
+            guard.check_pages("load", None, src_pages, dst_pages)
         t1 = time.perf_counter()
         h = side.agent.make_prepped_xfer("READ", local_h, _indices(layouts, dst_pages),
                                          remote_h, _indices(peer_layouts, src_pages))
@@ -125,6 +119,7 @@ def main(opts) -> int:
     page_bytes = sum(lay.layers * lay.page_stride_bytes for lay in layouts.values())
     mp, mc = statistics.median(plain), statistics.median(checked)
     mh, mg = statistics.median(hs_only), statistics.median(pg_only)
+    q = statistics.quantiles(plain, n=4)
     out = {
         "bench": "nixl-64-page-transfers", "model_pool": DSV32, "pool_pages": n,
         "pages_per_transfer": 64, "bytes_per_page_all_layers": page_bytes,
@@ -135,6 +130,8 @@ def main(opts) -> int:
         "check_share_of_transfer": (mh + mg) / mp,
         "page_check_share_of_transfer": mg / mp,
         "median_ratio_with_over_without": mc / mp,
+        "paired_ratio_median": statistics.median(c / p for c, p in zip(checked, plain)),
+        "without_check_iqr_over_median": (q[2] - q[0]) / mp,
     }
     print(json.dumps(out), flush=True)
     prefill.stdin.write("exit\n")
