@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import kvlayout
+import pytest
 from conftest import ROOT
 from kvlayout.pd import handshake
 from kvlayout.pd.handshake import PeerRefused, UncheckedPeerWarning

@@ -8,9 +8,7 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import ROOT
-
 from kvlayout.pd.plan import page_plan, token_plan
 from kvlayout.pd.regions import LayoutError, buffer_layouts
 from kvlayout.pd.verify import pattern, verify
@@ -42,13 +40,25 @@ def tp_pair(rank=0):
     return a, b
 
 
-def one_buffer(page_tokens, arrangement="token_major", sections=None, pages=4, layers=2, shard=None):
-    buf = {"name": "kv", "layers": layers, "arrangement": arrangement,
-           "sections": sections or [{"name": "k", "dtype": "bf16", "shape": [64]}]}
+def one_buffer(
+    page_tokens, arrangement="token_major", sections=None, pages=4, layers=2, shard=None
+):
+    buf = {
+        "name": "kv",
+        "layers": layers,
+        "arrangement": arrangement,
+        "sections": sections or [{"name": "k", "dtype": "bf16", "shape": [64]}],
+    }
     if shard:
         buf["shard"] = shard
-    return {"schema": "kvlayout.geometry/v2", "name": "t", "page_size_tokens": page_tokens,
-            "pages": pages, "memory_layout": "layer_first", "buffers": [buf]}
+    return {
+        "schema": "kvlayout.geometry/v2",
+        "name": "t",
+        "page_size_tokens": page_tokens,
+        "pages": pages,
+        "memory_layout": "layer_first",
+        "buffers": [buf],
+    }
 
 
 def test_dsv32_page_strides_and_offsets():
@@ -71,7 +81,9 @@ def test_core_figures_agree_with_pd_layout():
     assert lay["index_k"].bytes_per_token == IK_TOKEN_BYTES
     bad = copy.deepcopy(g.buffers)
     bad[1]["page_stride_bytes"] = 8_449
-    with pytest.raises(LayoutError, match="index_k.page_stride_bytes: pd layout 8448, kvlayout core 8449"):
+    with pytest.raises(
+        LayoutError, match="index_k.page_stride_bytes: pd layout 8448, kvlayout core 8449"
+    ):
         buffer_layouts(json.loads(g.to_json()), bad)
 
 
@@ -83,12 +95,21 @@ def test_piece_runs_per_arrangement():
     # token_major: row per token, scale after the token's 128 values
     assert tm.piece_runs(5, 1, 0, 1) == [(5 * IK_TOKEN_BYTES + 128, 4)]
     # head_major: [heads][tokens][head_bytes]; 8 heads x 16 bf16 per head = 32 B per head
-    hm = buffer_layouts(one_buffer(16, "head_major", [{"name": "k", "dtype": "bf16", "shape": [8, 16]}],
-                                   shard={"tp_size": 1, "rank": 0, "split": "heads", "heads_total": 8}))["kv"]
+    hm = buffer_layouts(
+        one_buffer(
+            16,
+            "head_major",
+            [{"name": "k", "dtype": "bf16", "shape": [8, 16]}],
+            shard={"tp_size": 1, "rank": 0, "split": "heads", "heads_total": 8},
+        )
+    )["kv"]
     assert hm.piece_runs(3, 0, 2, 4) == [(2 * 16 * 32 + 3 * 32, 32), (3 * 16 * 32 + 3 * 32, 32)]
     # planes: group [a, c] token-major (4 + 8 B rows), then group [b] (2 B rows)
-    secs = [{"name": "a", "dtype": "f32", "shape": [1]}, {"name": "b", "dtype": "u8", "shape": [2]},
-            {"name": "c", "dtype": "f32", "shape": [2]}]
+    secs = [
+        {"name": "a", "dtype": "f32", "shape": [1]},
+        {"name": "b", "dtype": "u8", "shape": [2]},
+        {"name": "c", "dtype": "f32", "shape": [2]},
+    ]
     pl = buffer_layouts(one_buffer(16, {"planes": [["a", "c"], ["b"]]}, secs))["kv"]
     assert pl.piece_runs(3, 2, 0, 1) == [(3 * 12 + 4, 8)]
     assert pl.piece_runs(3, 1, 0, 1) == [(16 * 12 + 3 * 2, 2)]
@@ -121,8 +142,11 @@ def test_token_plan_head_slices_tp1_to_tp2(rank):
     src_row, dst_row = 8 * head_bytes, 4 * head_bytes  # fa k (or v) per token: TP1 8 heads, TP2 4
     src_page, dst_page = 2 * 16 * src_row, 2 * 16 * dst_row  # k then v, 16 tokens each
     # fa section_major, layer 0, token 3 of section v: src page 2, dst page 1
-    want = (2 * src_page + 16 * src_row + 3 * src_row + heads_lo * head_bytes,
-            1 * dst_page + 16 * dst_row + 3 * dst_row, 4 * head_bytes)
+    want = (
+        2 * src_page + 16 * src_row + 3 * src_row + heads_lo * head_bytes,
+        1 * dst_page + 16 * dst_row + 3 * dst_row,
+        4 * head_bytes,
+    )
     assert want in plan.runs["fa"]
     # mla is replicated: the whole page, one run per layer
     assert len(plan.runs["mla"]) == 20
@@ -175,7 +199,10 @@ def test_layout_errors_name_the_field():
     g["memory_layout"] = "page_head"
     with pytest.raises(LayoutError, match="memory_layout: 'page_head'"):
         buffer_layouts(g)
-    bad = one_buffer(16, sections=[{"name": "k", "dtype": "bf16", "shape": [3, 64]}],
-                     shard={"tp_size": 2, "rank": 0, "split": "heads", "heads_total": 8})
+    bad = one_buffer(
+        16,
+        sections=[{"name": "k", "dtype": "bf16", "shape": [3, 64]}],
+        shard={"tp_size": 2, "rank": 0, "split": "heads", "heads_total": 8},
+    )
     with pytest.raises(LayoutError, match=r"kv.k.shape\[0\]: 3 heads, shard implies 8 / 2 = 4"):
         token_plan(buffer_layouts(bad), buffer_layouts(bad), [0], [0])

@@ -7,22 +7,30 @@ package imports no engine; `python -m kvlayout.pd selftest --engine nixl|mooncak
 four contract cases (and two more) across two processes.
 """
 
-from .handshake import PeerRefused, UncheckedPeerWarning, Verdict, check_peer, choose_level, make_message, parse_message
+from .handshake import (
+    PeerRefused,
+    UncheckedPeerWarning,
+    Verdict,
+    check_peer,
+    choose_level,
+    make_message,
+    parse_message,
+)
 from .plan import Plan, page_plan, token_plan
 from .regions import BufferLayout, LayoutError, buffer_layouts
 
 __all__ = [
+    "BufferLayout",
+    "LayoutError",
     "PeerRefused",
+    "Plan",
     "UncheckedPeerWarning",
     "Verdict",
+    "buffer_layouts",
     "check_peer",
     "choose_level",
     "make_message",
-    "parse_message",
-    "Plan",
     "page_plan",
+    "parse_message",
     "token_plan",
-    "BufferLayout",
-    "LayoutError",
-    "buffer_layouts",
 ]

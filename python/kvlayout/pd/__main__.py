@@ -17,7 +17,11 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--repo", help="repository root holding the case geometry files")
     st.add_argument("--prefill-addr", default="127.0.0.1")
     st.add_argument("--decode-addr", default="127.0.0.1")
-    st.add_argument("--prefill-prefix", default="", help="command prefix for the prefill side, e.g. 'ip netns exec pd-a'")
+    st.add_argument(
+        "--prefill-prefix",
+        default="",
+        help="command prefix for the prefill side, e.g. 'ip netns exec pd-a'",
+    )
     st.add_argument("--decode-prefix", default="", help="command prefix for the decode side")
     st.add_argument("--base-port", type=int, default=17300)
     st.add_argument("--timeout-s", type=float, default=60.0)
@@ -27,7 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--repo")
     bn.add_argument("--pages", type=int, default=64)
     bn.add_argument("--iters", type=int, default=30)
-    bn.add_argument("--role", choices=["driver", "prefill"], default="driver", help=argparse.SUPPRESS)
+    bn.add_argument(
+        "--role", choices=["driver", "prefill"], default="driver", help=argparse.SUPPRESS
+    )
     bn.add_argument("--port", type=int, default=17900)
     return ap
 
@@ -43,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(opts)
-    from .selftest import env_ready, main as selftest_main
+    from .selftest import env_ready
+    from .selftest import main as selftest_main
 
     why = env_ready(opts.engine)
     if why is not None:

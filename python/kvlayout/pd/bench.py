@@ -65,11 +65,26 @@ def main(opts) -> int:
     g = json.loads((repo / DSV32).read_text())
     g["pages"] = opts.pages
     text = json.dumps(g)
-    cfg = {"engine": "nixl", "case": "bench", "seed": 7, "role": "prefill", "addr": "127.0.0.1",
-           "port": opts.port, "peer_addr": "127.0.0.1", "peer_port": opts.port + 1,
-           "geometry": text, "timeout_s": 60, "src_pages": [], "dst_pages": []}
-    prefill = subprocess.Popen([sys.executable, "-m", "kvlayout.pd", "worker", json.dumps(cfg)],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    cfg = {
+        "engine": "nixl",
+        "case": "bench",
+        "seed": 7,
+        "role": "prefill",
+        "addr": "127.0.0.1",
+        "port": opts.port,
+        "peer_addr": "127.0.0.1",
+        "peer_port": opts.port + 1,
+        "geometry": text,
+        "timeout_s": 60,
+        "src_pages": [],
+        "dst_pages": [],
+    }
+    prefill = subprocess.Popen(
+        [sys.executable, "-m", "kvlayout.pd", "worker", json.dumps(cfg)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     local = kvlayout.Geometry.from_json(text)
     layouts = buffer_layouts(json.loads(local.to_json()), local.buffers)
     regions = {n: np.zeros(lay.region_bytes, dtype=np.uint8) for n, lay in layouts.items()}
@@ -81,9 +96,11 @@ def main(opts) -> int:
     peer_geo = kvlayout.Geometry.from_json(msg["geometry"])
     peer_layouts = buffer_layouts(json.loads(peer_geo.to_json()), peer_geo.buffers)
     remote_h = side.agent.prep_xfer_dlist(
-        peer, _table(peer_layouts, {n: r[0] for n, r in msg["regions"].items()}), "DRAM")
+        peer, _table(peer_layouts, {n: r[0] for n, r in msg["regions"].items()}), "DRAM"
+    )
     local_h = side.agent.prep_xfer_dlist(
-        "NIXL_INIT_AGENT", _table(layouts, {n: a.ctypes.data for n, a in regions.items()}), "DRAM")
+        "NIXL_INIT_AGENT", _table(layouts, {n: a.ctypes.data for n, a in regions.items()}), "DRAM"
+    )
     guard = kvlayout.TransferGuard(local, peer_geo)
     rng = np.random.default_rng(11)
     n = opts.pages
@@ -97,8 +114,13 @@ def main(opts) -> int:
         if checked:  # host = the peer's pool (source), device = ours (destination)
             guard.check_pages("load", None, src_pages, dst_pages)
         t1 = time.perf_counter()
-        h = side.agent.make_prepped_xfer("READ", local_h, _indices(layouts, dst_pages),
-                                         remote_h, _indices(peer_layouts, src_pages))
+        h = side.agent.make_prepped_xfer(
+            "READ",
+            local_h,
+            _indices(layouts, dst_pages),
+            remote_h,
+            _indices(peer_layouts, src_pages),
+        )
         state = side.agent.transfer(h)
         while state == "PROC":
             state = side.agent.check_xfer_state(h)
@@ -121,12 +143,19 @@ def main(opts) -> int:
     mh, mg = statistics.median(hs_only), statistics.median(pg_only)
     q = statistics.quantiles(plain, n=4)
     out = {
-        "bench": "nixl-64-page-transfers", "model_pool": DSV32, "pool_pages": n,
-        "pages_per_transfer": 64, "bytes_per_page_all_layers": page_bytes,
-        "iters_each": opts.iters, "ucx_tls": os.environ.get("UCX_TLS"),
-        "median_s_without_check": mp, "median_s_with_check": mc,
-        "pages_per_s_without_check": 64 / mp, "pages_per_s_with_check": 64 / mc,
-        "median_handshake_check_s": mh, "median_page_check_s": mg,
+        "bench": "nixl-64-page-transfers",
+        "model_pool": DSV32,
+        "pool_pages": n,
+        "pages_per_transfer": 64,
+        "bytes_per_page_all_layers": page_bytes,
+        "iters_each": opts.iters,
+        "ucx_tls": os.environ.get("UCX_TLS"),
+        "median_s_without_check": mp,
+        "median_s_with_check": mc,
+        "pages_per_s_without_check": 64 / mp,
+        "pages_per_s_with_check": 64 / mc,
+        "median_handshake_check_s": mh,
+        "median_page_check_s": mg,
         "check_share_of_transfer": (mh + mg) / mp,
         "page_check_share_of_transfer": mg / mp,
         "median_ratio_with_over_without": mc / mp,

@@ -31,7 +31,9 @@ def wait_for_store(metadata_url: str, timeout_s: float) -> None:
             return
         except OSError:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Mooncake metadata store {metadata_url} did not answer") from None
+                raise TimeoutError(
+                    f"Mooncake metadata store {metadata_url} did not answer"
+                ) from None
             time.sleep(0.05)
 
 
@@ -47,7 +49,9 @@ class MooncakeSide:
         self.url = metadata_url
         rc = self.engine.initialize(segment, metadata_url, "tcp", "")
         if rc != 0:
-            raise RuntimeError(f"Mooncake initialize({segment!r}, {metadata_url!r}, tcp) returned {rc}")
+            raise RuntimeError(
+                f"Mooncake initialize({segment!r}, {metadata_url!r}, tcp) returned {rc}"
+            )
         self._regions: list[int] = []
 
     def register(self, regions: dict[str, np.ndarray]) -> None:

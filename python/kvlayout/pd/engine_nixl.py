@@ -45,13 +45,19 @@ class NixlSide:
     def metadata(self) -> bytes:
         return self.agent.get_agent_metadata()
 
-    def publish(self, peer_name: str, peer_addr: str, peer_port: int, message: bytes, timeout_s: float) -> None:
+    def publish(
+        self, peer_name: str, peer_addr: str, peer_port: int, message: bytes, timeout_s: float
+    ) -> None:
         """Prefill side: load the peer's metadata (so a notification can reach it), send ours."""
-        self.agent.fetch_remote_metadata(peer_name, peer_addr, peer_port)
         deadline = time.monotonic() + timeout_s
+        asked = 0.0
         while not self.agent.check_remote_metadata(peer_name):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise TimeoutError(f"no NIXL metadata from {peer_name} at {peer_addr}:{peer_port}")
+            if now - asked > 1.0:  # the peer's listener may not be up yet: ask again
+                self.agent.fetch_remote_metadata(peer_name, peer_addr, peer_port)
+                asked = now
             time.sleep(0.005)
         self.agent.send_notif(peer_name, PREFIX + message)
 
@@ -59,7 +65,7 @@ class NixlSide:
         """Decode side: the first handshake notification, from any agent (none is loaded yet)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for _agent, msgs in self.agent.get_new_notifs().items():
+            for msgs in self.agent.get_new_notifs().values():
                 for m in msgs:
                     if m.startswith(PREFIX):
                         return m[len(PREFIX) :]

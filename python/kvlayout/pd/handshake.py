@@ -49,16 +49,16 @@ class UncheckedPeerWarning(UserWarning):
 class Verdict:
     level: str | None  # None: the peer sent no geometry and require was False
     peer: dict  # the whole message
-    peer_geometry: "kvlayout.Geometry | None"
+    peer_geometry: kvlayout.Geometry | None
 
 
-def fingerprints(geometry: "kvlayout.Geometry") -> dict:
+def fingerprints(geometry: kvlayout.Geometry) -> dict:
     """The fingerprints a rank publishes beside its geometry."""
     return {"pool": geometry.fingerprint}
 
 
 def make_message(
-    agent: str, geometry: "kvlayout.Geometry | None", regions: dict, **engine_fields
+    agent: str, geometry: kvlayout.Geometry | None, regions: dict, **engine_fields
 ) -> bytes:
     """The handshake message, UTF-8 JSON. `geometry=None` publishes none (an unchecked peer)."""
     msg = {"schema": SCHEMA, "agent": agent, "regions": regions, **engine_fields}
@@ -100,7 +100,7 @@ def choose_level(peer_json: str, local_json: str) -> str:
     return "pool"
 
 
-def check_peer(local: "kvlayout.Geometry", msg: dict, require: bool = False) -> Verdict:
+def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Verdict:
     """Checks a peer's handshake against the local geometry; raises `PeerRefused` with the diff.
 
     Runs before the peer is registered with the engine: a refusal leaves no trace in it."""
@@ -123,7 +123,9 @@ def check_peer(local: "kvlayout.Geometry", msg: dict, require: bool = False) -> 
     sent = (msg.get("fingerprints") or {}).get("pool")
     if sent != peer.fingerprint:
         raise PeerRefused(
-            [f"fingerprints.pool: sent {sent!r}, computed from the sent geometry {peer.fingerprint:#018x}"],
+            [
+                f"fingerprints.pool: sent {sent!r}, computed from the sent geometry {peer.fingerprint:#018x}"
+            ],
             "handshake",
         )
     level = choose_level(text, local.to_json())

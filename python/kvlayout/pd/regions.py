@@ -135,8 +135,7 @@ class BufferLayout:
             row_bytes = sum(self.sections[i].bytes_per_token for i in members)
             if section_idx in members:
                 within = sum(
-                    self.sections[i].bytes_per_token
-                    for i in members[: members.index(section_idx)]
+                    self.sections[i].bytes_per_token for i in members[: members.index(section_idx)]
                 )
                 start = group_start + token * row_bytes + within
                 return [(start + head_lo * head_bytes, (head_hi - head_lo) * head_bytes)]
@@ -156,7 +155,9 @@ def _section(buf_name: str, raw: dict) -> Section:
         elems *= x
     bits = elems * DTYPE_BITS[dtype]
     if bits % 8:
-        raise LayoutError(f"{buf_name}.{raw.get('name')}.shape: {elems} {dtype} elements are not whole bytes")
+        raise LayoutError(
+            f"{buf_name}.{raw.get('name')}.shape: {elems} {dtype} elements are not whole bytes"
+        )
     return Section(raw.get("name", ""), dtype, shape, bits // 8)
 
 
@@ -173,7 +174,9 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def buffer_layouts(geometry: dict, core_buffers: list[dict] | None = None) -> dict[str, BufferLayout]:
+def buffer_layouts(
+    geometry: dict, core_buffers: list[dict] | None = None
+) -> dict[str, BufferLayout]:
     """Per-buffer layouts of a geometry JSON object, keyed by buffer name, in file order.
 
     `core_buffers`: `kvlayout.Geometry.buffers` of the same geometry (the Rust core's bytes per
@@ -207,7 +210,11 @@ def buffer_layouts(geometry: dict, core_buffers: list[dict] | None = None) -> di
             if core is None:
                 raise LayoutError(f"{name}: buffer absent from the core geometry")
             for label, here, there in (
-                ("bytes_per_token", sum(s.bytes_per_token for s in sections), core["bytes_per_token"]),
+                (
+                    "bytes_per_token",
+                    sum(s.bytes_per_token for s in sections),
+                    core["bytes_per_token"],
+                ),
                 ("page_stride_bytes", stride, core["page_stride_bytes"]),
             ):
                 if here != there:

@@ -64,34 +64,79 @@ class Case:
 
 
 CASES = [
-    Case("compatible", DSV32, DSV32, "moved",
-         "DeepSeek-V3.2 pool both sides; prefill page_first, decode layer_first (pool level "
-         "ignores memory layout; each side's offsets come from its own geometry)",
-         prefill_edits=[_set(("memory_layout",), "page_first")],
-         decode_edits=[_set(("memory_layout",), "layer_first")]),
-    Case("seed-index-k-bf16-vs-fp8-host", SEED_A, SEED_B, "refused",
-         "device bf16 index-K (256 B/token) vs fp8 formula (132 B/token)"),
-    Case("same-length-other-arrangement", DSV32, DSV32, "refused",
-         "fp8 index-K token_major vs section_major: both 64 x 132 = 8,448 B/page",
-         prefill_edits=[_set(("buffers", "index_k", "arrangement"), "token_major")]),
-    Case("hetero-tp-1-to-2", TP1, TP2_R0, "moved",
-         "prefill TP1 -> decode TP2 rank 0: mla whole, fa heads 0-3 of 8 (token level)"),
-    Case("hetero-tp-1-to-2-rank-1", TP1, TP2_R0, "moved",
-         "the same pair, decode rank 1: fa heads 4-7 of 8",
-         decode_edits=[_set(("buffers", "fa", "shard", "rank"), 1),
-                       _set(("buffers", "mla", "shard", "rank"), 1)]),
-    Case("no-geometry-require", DSV32, DSV32, "refused",
-         "prefill publishes no geometry; decode asks require=True",
-         publish_geometry=False, require=True),
-    Case("page-ratio-32-to-64", DSV32, DSV32, "moved",
-         "DeepSeek-V3.2 MLA buffer only, prefill 32-token pages, decode 64: four source pages "
-         "glued into two destination pages (token level)",
-         prefill_edits=[_drop_buffer("index_k"), _set(("page_size_tokens",), 32)],
-         decode_edits=[_drop_buffer("index_k")], dst_pages=[3, 4]),
-    Case("page-ratio-section-major-index-k", DSV32, DSV32, "refused",
-         "the whole DeepSeek-V3.2 pool at 32 vs 64 tokens: a section_major index-K page cannot "
-         "be cut or glued",
-         prefill_edits=[_set(("page_size_tokens",), 32)], dst_pages=[3, 4]),
+    Case(
+        "compatible",
+        DSV32,
+        DSV32,
+        "moved",
+        "DeepSeek-V3.2 pool both sides; prefill page_first, decode layer_first (pool level "
+        "ignores memory layout; each side's offsets come from its own geometry)",
+        prefill_edits=[_set(("memory_layout",), "page_first")],
+        decode_edits=[_set(("memory_layout",), "layer_first")],
+    ),
+    Case(
+        "seed-index-k-bf16-vs-fp8-host",
+        SEED_A,
+        SEED_B,
+        "refused",
+        "device bf16 index-K (256 B/token) vs fp8 formula (132 B/token)",
+    ),
+    Case(
+        "same-length-other-arrangement",
+        DSV32,
+        DSV32,
+        "refused",
+        "fp8 index-K token_major vs section_major: both 64 x 132 = 8,448 B/page",
+        prefill_edits=[_set(("buffers", "index_k", "arrangement"), "token_major")],
+    ),
+    Case(
+        "hetero-tp-1-to-2",
+        TP1,
+        TP2_R0,
+        "moved",
+        "prefill TP1 -> decode TP2 rank 0: mla whole, fa heads 0-3 of 8 (token level)",
+    ),
+    Case(
+        "hetero-tp-1-to-2-rank-1",
+        TP1,
+        TP2_R0,
+        "moved",
+        "the same pair, decode rank 1: fa heads 4-7 of 8",
+        decode_edits=[
+            _set(("buffers", "fa", "shard", "rank"), 1),
+            _set(("buffers", "mla", "shard", "rank"), 1),
+        ],
+    ),
+    Case(
+        "no-geometry-require",
+        DSV32,
+        DSV32,
+        "refused",
+        "prefill publishes no geometry; decode asks require=True",
+        publish_geometry=False,
+        require=True,
+    ),
+    Case(
+        "page-ratio-32-to-64",
+        DSV32,
+        DSV32,
+        "moved",
+        "DeepSeek-V3.2 MLA buffer only, prefill 32-token pages, decode 64: four source pages "
+        "glued into two destination pages (token level)",
+        prefill_edits=[_drop_buffer("index_k"), _set(("page_size_tokens",), 32)],
+        decode_edits=[_drop_buffer("index_k")],
+        dst_pages=[3, 4],
+    ),
+    Case(
+        "page-ratio-section-major-index-k",
+        DSV32,
+        DSV32,
+        "refused",
+        "the whole DeepSeek-V3.2 pool at 32 vs 64 tokens: a section_major index-K page cannot "
+        "be cut or glued",
+        prefill_edits=[_set(("page_size_tokens",), 32)],
+        dst_pages=[3, 4],
+    ),
 ]
 
 
@@ -130,7 +175,9 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> dict | None:
 
 def _spawn(prefix: list[str], cfg: dict, log: Path, stdin=None) -> subprocess.Popen:
     cmd = [*prefix, sys.executable, "-m", "kvlayout.pd", "worker", json.dumps(cfg)]
-    return subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=log.open("wb"), text=True)
+    return subprocess.Popen(
+        cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=log.open("wb"), text=True
+    )
 
 
 def _stop(proc: subprocess.Popen | None) -> None:
@@ -145,32 +192,68 @@ def _stop(proc: subprocess.Popen | None) -> None:
 
 def run_case(case: Case, engine: str, repo: Path, opts, index: int, logdir: Path) -> dict:
     base_port = opts.base_port + 10 * index
-    common = {"engine": engine, "case": case.name, "seed": 1000 + index,
-              "src_pages": case.src_pages, "dst_pages": case.dst_pages, "timeout_s": opts.timeout_s,
-              "metadata_url": f"http://{opts.prefill_addr}:{base_port + 2}/metadata"}
-    p_cfg = {**common, "role": "prefill", "addr": opts.prefill_addr, "port": base_port,
-             "peer_addr": opts.decode_addr, "peer_port": base_port + 1,
-             "geometry": load_geometry(repo, case.prefill, case.prefill_edits),
-             "publish_geometry": case.publish_geometry}
-    d_cfg = {**common, "role": "decode", "addr": opts.decode_addr, "port": base_port + 1,
-             "peer_addr": opts.prefill_addr, "peer_port": base_port,
-             "geometry": load_geometry(repo, case.decode, case.decode_edits),
-             "require": case.require}
+    common = {
+        "engine": engine,
+        "case": case.name,
+        "seed": 1000 + index,
+        "src_pages": case.src_pages,
+        "dst_pages": case.dst_pages,
+        "timeout_s": opts.timeout_s,
+        "metadata_url": f"http://{opts.prefill_addr}:{base_port + 2}/metadata",
+    }
+    p_cfg = {
+        **common,
+        "role": "prefill",
+        "addr": opts.prefill_addr,
+        "port": base_port,
+        "peer_addr": opts.decode_addr,
+        "peer_port": base_port + 1,
+        "geometry": load_geometry(repo, case.prefill, case.prefill_edits),
+        "publish_geometry": case.publish_geometry,
+    }
+    d_cfg = {
+        **common,
+        "role": "decode",
+        "addr": opts.decode_addr,
+        "port": base_port + 1,
+        "peer_addr": opts.prefill_addr,
+        "peer_port": base_port,
+        "geometry": load_geometry(repo, case.decode, case.decode_edits),
+        "require": case.require,
+    }
     server = prefill = decode = None
     try:
         if engine == "mooncake":
             server = subprocess.Popen(
-                [*opts.prefill_prefix, sys.executable, "-m", "mooncake.http_metadata_server",
-                 "--host", opts.prefill_addr, "--port", str(base_port + 2), "--log-level", "WARNING"],
-                stdout=subprocess.DEVNULL, stderr=(logdir / f"{case.name}.metadata.log").open("wb"))
+                [
+                    *opts.prefill_prefix,
+                    sys.executable,
+                    "-m",
+                    "mooncake.http_metadata_server",
+                    "--host",
+                    opts.prefill_addr,
+                    "--port",
+                    str(base_port + 2),
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=(logdir / f"{case.name}.metadata.log").open("wb"),
+            )
         decode = _spawn(opts.decode_prefix, d_cfg, logdir / f"{case.name}.decode.log")
-        prefill = _spawn(opts.prefill_prefix, p_cfg, logdir / f"{case.name}.prefill.log",
-                         stdin=subprocess.PIPE)
+        prefill = _spawn(
+            opts.prefill_prefix, p_cfg, logdir / f"{case.name}.prefill.log", stdin=subprocess.PIPE
+        )
         result = _read_line(decode, opts.timeout_s + 30)
         if result is None:
-            result = {"case": case.name, "engine": engine, "verdict": "error", "bytes_moved": 0,
-                      "bytes_verified_equal": 0,
-                      "lines": [f"decode side gave no result (logs in {logdir})"]}
+            result = {
+                "case": case.name,
+                "engine": engine,
+                "verdict": "error",
+                "bytes_moved": 0,
+                "bytes_verified_equal": 0,
+                "lines": [f"decode side gave no result (logs in {logdir})"],
+            }
     finally:
         if prefill is not None:
             try:
@@ -190,8 +273,11 @@ def judge(case: Case, result: dict) -> bool:
     if result.get("verdict") != case.expect:
         return False
     if case.expect == "moved":
-        return (result["bytes_moved"] > 0 and result["bytes_verified_equal"] == result["bytes_moved"]
-                and result.get("stray_bytes") == 0)
+        return (
+            result["bytes_moved"] > 0
+            and result["bytes_verified_equal"] == result["bytes_moved"]
+            and result.get("stray_bytes") == 0
+        )
     return result["bytes_moved"] == 0 and result.get("stray_bytes") == 0 and bool(result["lines"])
 
 
@@ -206,8 +292,14 @@ def main(opts) -> int:
     for i, case in enumerate(selected):
         missing = [p for p in (case.prefill, case.decode) if not (repo / p).is_file()]
         if missing:
-            result = {"case": case.name, "engine": opts.engine, "verdict": "error", "bytes_moved": 0,
-                      "bytes_verified_equal": 0, "lines": [f"missing geometry file {m}" for m in missing]}
+            result = {
+                "case": case.name,
+                "engine": opts.engine,
+                "verdict": "error",
+                "bytes_moved": 0,
+                "bytes_verified_equal": 0,
+                "lines": [f"missing geometry file {m}" for m in missing],
+            }
         else:
             result = run_case(case, opts.engine, repo, opts, i, logdir)
         result["expected"] = case.expect
@@ -215,8 +307,10 @@ def main(opts) -> int:
         ok_all &= result["ok"]
         print(json.dumps(result), flush=True)
     if not ok_all:
-        print(f"selftest: some verdicts differ from the expected ones; worker logs in {logdir}",
-              file=sys.stderr)
+        print(
+            f"selftest: some verdicts differ from the expected ones; worker logs in {logdir}",
+            file=sys.stderr,
+        )
     return 0 if ok_all else 1
 
 
@@ -225,9 +319,9 @@ def env_ready(engine: str) -> str | None:
     mod = "nixl_cu12" if engine == "nixl" else "mooncake.engine"
     try:
         __import__(mod)
-    except Exception as e:  # ImportError, or a missing libibverbs1 (OSError)
+    except (ImportError, OSError) as e:  # OSError: a missing libibverbs1
         return f"{mod} not importable: {type(e).__name__}: {e}"
     return None
 
 
-__all__ = ["CASES", "Case", "main", "env_ready", "find_repo", "load_geometry"]
+__all__ = ["CASES", "Case", "env_ready", "find_repo", "load_geometry", "main"]

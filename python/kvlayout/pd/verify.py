@@ -40,7 +40,9 @@ def sections(layout: BufferLayout, region: np.ndarray) -> list[np.ndarray]:
     sizes = [s.bytes_per_token for s in layout.sections]
     arr = layout.arrangement
     if arr in ("token_major", "section_major", "head_major"):
-        groups = [[i] for i in range(len(sizes))] if arr != "token_major" else [list(range(len(sizes)))]
+        groups = (
+            [[i] for i in range(len(sizes))] if arr != "token_major" else [list(range(len(sizes)))]
+        )
     else:
         groups = [[layout.section_index(n) for n in g] for g in arr["planes"]]
     start = 0

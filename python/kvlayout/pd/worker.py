@@ -25,7 +25,7 @@ from .regions import buffer_layouts
 from .verify import pattern, verify
 
 
-def _layouts(geometry: "kvlayout.Geometry"):
+def _layouts(geometry: kvlayout.Geometry):
     return buffer_layouts(json.loads(geometry.to_json()), geometry.buffers)
 
 
@@ -54,12 +54,17 @@ def prefill(cfg: dict) -> None:
     published = geometry if cfg.get("publish_geometry", True) else None
     if cfg["engine"] == "nixl":
         msg = handshake.make_message(
-            side.name, published, addrs, seed=cfg["seed"],
+            side.name,
+            published,
+            addrs,
+            seed=cfg["seed"],
             agent_metadata=base64.b64encode(side.metadata()).decode(),
         )
         side.publish("kvlayout-decode", cfg["peer_addr"], cfg["peer_port"], msg, cfg["timeout_s"])
     else:
-        msg = handshake.make_message(side.segment, published, addrs, seed=cfg["seed"], segment=side.segment)
+        msg = handshake.make_message(
+            side.segment, published, addrs, seed=cfg["seed"], segment=side.segment
+        )
         side.publish(msg)
     _emit({"event": "published"})
     sys.stdin.readline()  # the orchestrator says when the decode side is done
@@ -74,7 +79,9 @@ def _descriptors(plan, src_regions: dict, dst_regions: dict) -> tuple[np.ndarray
         for s_off, d_off, n in runs:
             local.append((dbase + d_off, n, 0))
             remote.append((sbase + s_off, n, 0))
-    return np.array(local, dtype=np.uint64).reshape(-1, 3), np.array(remote, dtype=np.uint64).reshape(-1, 3)
+    return np.array(local, dtype=np.uint64).reshape(-1, 3), np.array(
+        remote, dtype=np.uint64
+    ).reshape(-1, 3)
 
 
 def decode(cfg: dict) -> dict:
@@ -96,8 +103,15 @@ def decode(cfg: dict) -> dict:
     except handshake.PeerRefused as e:
         stray = sum(int(np.count_nonzero(a)) for a in regions.values())
         side.close()
-        return {**result, "verdict": "refused", "bytes_moved": 0, "bytes_verified_equal": 0,
-                "lines": e.lines, "level": e.level, "stray_bytes": stray}
+        return {
+            **result,
+            "verdict": "refused",
+            "bytes_moved": 0,
+            "bytes_verified_equal": 0,
+            "lines": e.lines,
+            "level": e.level,
+            "stray_bytes": stray,
+        }
     if verdict.peer_geometry is None:  # unchecked peer: the engine assumes it mirrors us
         peer_layouts = layouts
     else:
@@ -110,14 +124,32 @@ def decode(cfg: dict) -> dict:
         moved = side.read(peer, local, remote)
     else:
         moved = side.read(msg["segment"], local, remote)
-    src_regions = {n: pattern(lay, msg["seed"], i) for i, (n, lay) in enumerate(peer_layouts.items())}
-    equal, stray = verify(peer_layouts, src_regions, layouts, regions,
-                          cfg["src_pages"], cfg["dst_pages"], whole_pages=plan.level == "pool")
+    src_regions = {
+        n: pattern(lay, msg["seed"], i) for i, (n, lay) in enumerate(peer_layouts.items())
+    }
+    equal, stray = verify(
+        peer_layouts,
+        src_regions,
+        layouts,
+        regions,
+        cfg["src_pages"],
+        cfg["dst_pages"],
+        whole_pages=plan.level == "pool",
+    )
     side.close()
-    return {**result, "verdict": "moved", "bytes_moved": moved, "bytes_verified_equal": equal,
-            "lines": [str(w.message) for w in caught if issubclass(w.category, handshake.UncheckedPeerWarning)], "level": verdict.level,
-            "runs": plan.run_count, "stray_bytes": stray,
-            "head_ranges": {k: list(v) for k, v in plan.head_ranges.items()}}
+    return {
+        **result,
+        "verdict": "moved",
+        "bytes_moved": moved,
+        "bytes_verified_equal": equal,
+        "lines": [
+            str(w.message) for w in caught if issubclass(w.category, handshake.UncheckedPeerWarning)
+        ],
+        "level": verdict.level,
+        "runs": plan.run_count,
+        "stray_bytes": stray,
+        "head_ranges": {k: list(v) for k, v in plan.head_ranges.items()},
+    }
 
 
 def main(cfg: dict) -> None:
@@ -125,8 +157,14 @@ def main(cfg: dict) -> None:
         prefill(cfg)
     try:
         out = decode(cfg)
-    except Exception as e:  # reported as the case's result; the orchestrator fails the case
-        out = {"case": cfg["case"], "engine": cfg["engine"], "verdict": "error",
-               "bytes_moved": 0, "bytes_verified_equal": 0, "lines": [f"{type(e).__name__}: {e}"]}
+    except Exception as e:  # noqa: BLE001 -- any failure is the case's result line
+        out = {
+            "case": cfg["case"],
+            "engine": cfg["engine"],
+            "verdict": "error",
+            "bytes_moved": 0,
+            "bytes_verified_equal": 0,
+            "lines": [f"{type(e).__name__}: {e}"],
+        }
     _emit(out)
     os._exit(0)
