@@ -30,16 +30,17 @@ fn replay(target: &str, entry: fn(&[u8])) -> usize {
 
 #[test]
 fn geometry_file_corpus() {
-    // At least the 52 distinct seed files: 13 shared + 21 repo cases, two sides each = 68,
-    // stored by content hash, so identical sides count once.
+    // At least the distinct seed files: 24 shared + 21 repo cases, two sides each, stored by
+    // content hash (identical sides count once), plus 3 hand-made v2 seeds.
     let n = replay("geometry_file", fuzz_entry::geometry_file);
-    assert!(n >= 52, "{n} inputs");
+    assert!(n >= 90, "{n} inputs");
 }
 
 #[test]
 fn check_pair_corpus() {
+    // 24 shared + 21 repo case pairs, 2 hand-made v2 pairs.
     let n = replay("check_pair", fuzz_entry::check_pair);
-    assert!(n >= 34, "{n} inputs");
+    assert!(n >= 47, "{n} inputs");
 }
 
 #[test]

@@ -38,4 +38,5 @@ pub use kvlayout_derive::KvLayout;
 /// The layout model crate, for paths the derive generates.
 pub use kvlayout_core as core;
 /// Device and host pools, HiCache transfers, the shim.
+pub use kvlayout_models as models;
 pub use kvlayout_pool as pool;

@@ -1,10 +1,10 @@
 //! Fuzz entry points, shared by the cargo-fuzz targets (fuzz/fuzz_targets) and by the corpus
-//! replay test that CI runs (tests/tests/fuzz_corpus.rs includes this file).
+//! replay test that CI runs (cli-tests/fuzz_corpus.rs includes this file).
 //!
 //! Each entry takes arbitrary bytes and must never panic, hang, or allocate in proportion to a
 //! number read from the input; the assertions below are the invariants checked on every input.
 
-use kvlayout_core::{PoolGeometry, compare, file};
+use kvlayout_core::{Level, PoolGeometry, compare, compare_at, file};
 
 /// Reads a geometry file; on success checks the invariants every valid geometry must hold.
 pub fn geometry_file(data: &[u8]) {
@@ -17,8 +17,8 @@ pub fn geometry_file(data: &[u8]) {
     valid_geometry_invariants(&g);
 }
 
-/// Splits the input at its first NUL byte into two geometry files and runs the whole
-/// `kvlayout check` comparison both ways.
+/// Splits the input at its first NUL byte into two geometry files (v1 or v2) and runs the
+/// whole `kvlayout check` comparison both ways at every level.
 pub fn check_pair(data: &[u8]) {
     let Some(cut) = data.iter().position(|&b| b == 0) else {
         return;
@@ -32,32 +32,58 @@ pub fn check_pair(data: &[u8]) {
     let (Ok(a), Ok(b)) = (file::from_json(a), file::from_json(b)) else {
         return;
     };
-    let ab = compare(&a, &b);
-    let ba = compare(&b, &a);
-    assert_eq!(ab.is_ok(), ba.is_ok(), "compare is symmetric");
-    if let (Err(x), Err(y)) = (&ab, &ba) {
-        assert_eq!(
-            x.diffs.len(),
-            y.diffs.len(),
-            "same number of differing fields"
-        );
-        let _ = x.to_string();
+    let mut compatible = Vec::new();
+    for level in Level::ALL {
+        let ab = compare_at(&a, &b, level);
+        let ba = compare_at(&b, &a, level);
+        assert_eq!(ab.is_ok(), ba.is_ok(), "compare is symmetric at {level}");
+        if let (Err(x), Err(y)) = (&ab, &ba) {
+            assert_eq!(
+                x.diffs.len(),
+                y.diffs.len(),
+                "same number of differing fields at {level}"
+            );
+            assert!(!x.diffs.is_empty(), "a mismatch has a line");
+            let _ = x.to_string();
+        }
+        compatible.push(ab.is_ok());
     }
-    if ab.is_ok() {
+    let [pool, storage, token] = compatible[..] else {
+        unreachable!("three levels")
+    };
+    assert!(!storage || pool, "storage-compatible => pool-compatible");
+    assert!(!pool || token, "pool-compatible => token-compatible");
+    assert_eq!(compare(&a, &b).is_ok(), pool, "compare is the pool level");
+    // Layer ids are compared only when both sides give them, and hashed whenever present.
+    let one_sided_layer_ids = a.buffers.iter().any(|x| {
+        b.buffers
+            .iter()
+            .any(|y| y.name() == x.name() && x.layer_ids.is_some() != y.layer_ids.is_some())
+    });
+    if pool && !one_sided_layer_ids {
         assert_eq!(
             a.fingerprint(),
             b.fingerprint(),
             "compatible => equal fingerprints"
         );
     }
+    if storage && !one_sided_layer_ids {
+        assert_eq!(a.storage_fingerprint(), b.storage_fingerprint());
+    }
 }
 
 fn valid_geometry_invariants(g: &PoolGeometry) {
-    assert_eq!(
-        compare(g, g),
-        Ok(()),
-        "a geometry is compatible with itself"
-    );
+    for level in Level::ALL {
+        assert_eq!(
+            compare_at(g, g, level),
+            Ok(()),
+            "a geometry is compatible with itself at {level}"
+        );
+    }
+    let _ = g
+        .fingerprints()
+        .expect("validated geometry has fingerprints");
+    let _ = g.totals(); // may overflow (an error), never panic
     let again = file::from_json(&file::to_json(g)).expect("a written geometry reads back");
     assert_eq!(&again, g, "lossless round trip");
     let total = g.total_bytes().expect("validated geometry has a total");
@@ -72,6 +98,11 @@ fn valid_geometry_invariants(g: &PoolGeometry) {
             if g.memory_layout != kvlayout_core::MemoryLayout::PageHead {
                 assert!(off + stored <= total, "page inside the pool");
             }
+            if g.page_geometry(b).expect("page").page_payload_bytes <= 1 << 16 {
+                for s in g.page_segments(b, layer, page).expect("segments") {
+                    assert!(s.pool_offset_bytes + s.len_bytes <= total, "segment inside");
+                }
+            }
         }
     }
 }
@@ -80,7 +111,7 @@ fn valid_geometry_invariants(g: &PoolGeometry) {
 /// a geometry that comes out must be valid and its per-token total must be the sum of its
 /// buffers' layers x bytes per token.
 pub fn model_config(data: &[u8]) {
-    use kvlayout_pool::model::{IndexK, KvDtype, Model, PoolOptions};
+    use kvlayout_models::{IndexK, KvDtype, Model, PoolOptions};
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
@@ -94,6 +125,7 @@ pub fn model_config(data: &[u8]) {
                 index_k,
                 page_size_tokens: 64,
                 pages: 16,
+                ..PoolOptions::default()
             };
             let Ok(pool) = model.pool(&opts) else {
                 continue;

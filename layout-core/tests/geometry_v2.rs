@@ -260,7 +260,7 @@ fn attention_layer_ids_and_order_at_the_pool_level() {
     assert_eq!(m.lines(), ["full.sections[0].order: linear, swizzle"]);
 }
 
-/// DESIGN's `--totals` figures, by hand. gpt-oss-20b (case 15 A): 12 full + 12 sliding layers
+/// The `--totals` figures (docs/DESIGN.md), by hand. gpt-oss-20b (case 15 A): 12 full + 12 sliding layers
 /// of 2 (K, V) x 8 KV heads x 64 x 2 B (bf16) = 2,048 B/token/layer; window 128.
 #[test]
 fn totals_of_a_hybrid_pool() {

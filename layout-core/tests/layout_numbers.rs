@@ -1,5 +1,5 @@
 //! Token-layout arithmetic against numbers worked by hand from the engines' sources
-//! (../shared/DESIGN-facts.md). Each expected value is written out as its formula.
+//! (docs/DESIGN-facts.md, with the public engine files each number comes from). Each expected value is written out as its formula.
 
 use kvlayout_core::formats::{
     DSA_MLA_FP8, DSV4_MLA_FP8, INDEX_K_BF16, INDEX_K_FP4, INDEX_K_FP8, MHA_MXFP8_8X128, MLA_BF16,

@@ -1,5 +1,5 @@
-//! The shim's cost against the transfer it guards (DESIGN.md "The runtime shim"; issue 5,
-//! "Cost on the hot path"). Figures and commands: BENCHMARKS.md, section "CPU".
+//! The shim's cost against the transfer it guards (the checks listed in `kvlayout_pool::shim`).
+//! Figures and commands: BENCHMARKS.md, section "CPU".
 //!
 //! Groups `one page, one layer: ...`: a backup of one page of one layer (layer 2 of 4) of
 //! - index-K fp8 (`INDEX_K_FP8`: 128 B e4m3 + 4 B f32 scale = 132 B/token; 64 x 132 = 8,448 B),
@@ -16,8 +16,8 @@
 //!
 //! each "hot" (the same page every iteration: the copy is cache-resident, the hardest case
 //! for the ratio) and, for `memcpy` and `transfer`, "cycling" through every page of the pools
-//! (16.9 MB and 21.5 MB per pool: past L2). Build with and without the `verify` feature to
-//! measure what the checks add.
+//! (16.9 MB and 21.5 MB per pool: past L2). Build with and without the opt-out feature
+//! `unchecked` to measure what the identity and range checks add.
 //!
 //! Group `32 pages x 4 layers`: the inspection path (the full checked plan) vs the legacy
 //! plan, and a whole backup of a DeepSeek-V3.2 pool (32 x 4 x (41,984 + 16,384) = 7,471,104 B).
@@ -69,7 +69,7 @@ fn one_page(c: &mut Criterion, label: &str, name: &'static str, layout: TokenLay
     let fill: Vec<u8> = (0..cache.device().memory().len())
         .map(|i| (i % 251) as u8 + 1)
         .collect();
-    cache.device_mut().write_bytes(0, &fill).expect("fill");
+    cache.device_writer().write_bytes(0, &fill).expect("fill");
     let all: Vec<PagePair> = (0..pages).map(|p| PagePair::new(p, p)).collect();
     cache.backup(&all).expect("warm backup");
     let hot = PagePair::new(3, 5);

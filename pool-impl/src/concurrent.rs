@@ -5,30 +5,28 @@
 //! forward pass writes other device pages. The radix tree guarantees the pages they touch are
 //! disjoint; [`ConcurrentHiCache`] takes that as a checked rule instead of a promise: each
 //! transfer claims its destination pages exclusively and its source pages shared (one atomic
-//! per page of each pool) before any byte moves, and a transfer that would touch a page
-//! claimed by another in a conflicting way is refused with [`TransferError::Busy`] — nothing
-//! moved. Distinct (buffer, layer, page) ranges of a pool never overlap (a geometry rule,
-//! property-tested in `layout-core`), and every run of a pair lies in that pair's pages, so
-//! claimed-disjoint transfers touch disjoint bytes and run in parallel without locks.
+//! per page of each pool, [`crate::claim`]) before any byte moves, and a transfer that would
+//! touch a page claimed by another in a conflicting way is refused with
+//! [`TransferError::Busy`] — nothing moved. Distinct (buffer, layer, page) ranges of a pool
+//! never overlap (a geometry rule, property-tested in `layout-core`), and every run of a pair
+//! lies in that pair's pages, so claimed-disjoint transfers touch disjoint bytes and run in
+//! parallel without locks.
 //!
-//! CPU backend only: a CUDA backend gets the same overlap from streams.
+//! CPU backend only: there is no concurrent path for the CUDA backend (it has one context and
+//! one stream; transfers on it go through [`HiCache`], one at a time).
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use kvlayout_core::PoolGeometry;
 
-use crate::backend::{BackendError, CpuBackend, check_range};
-use crate::hicache::{
-    HiCache, TransferStats, check_run_ranges, check_transfer, chunk_pairs, interrupted,
-};
+use crate::backend::{BackendError, CpuBackend, check_range, check_runs};
+use crate::claim::{AtomicU32, Claims};
+use crate::error::{PoolError, TransferError};
+use crate::hicache::HiCache;
 use crate::plan::{CopyRun, Direction, Layers, PagePair, Transferred};
-use crate::pool::{KvPool, PoolError};
+use crate::pool::KvPool;
 use crate::route::Routes;
-use crate::shim::{CHECKS_COMPILED, TransferError};
-
-/// A claim word: 0 free, `WRITER` held by one writer, otherwise the number of readers.
-const WRITER: u32 = u32::MAX;
+use crate::transfer::{TransferStats, check_transfer, facts_of, run_transfer};
 
 /// A [`HiCache`] (CPU backend, checked pairing) shared by reference between threads:
 /// [`backup`](Self::backup) / [`load`](Self::load) (and `_layer`) take `&self`, and the model
@@ -36,7 +34,7 @@ const WRITER: u32 = u32::MAX;
 /// time on disjoint pages. Two transfers conflict when one's destination page is the other's
 /// source or destination page on the same side; the later claim is refused with
 /// [`TransferError::Busy`] and moves no byte. Memory: one 4-byte claim word per page of each
-/// pool.
+/// pool. The pools stay paired: no method hands out a pool, mutable or not.
 pub struct ConcurrentHiCache {
     cache: HiCache<CpuBackend>,
     routes: Routes,
@@ -53,62 +51,16 @@ struct Region {
     len_bytes: u64,
 }
 
-// SAFETY: `Region` points into a `Vec<u8>` owned by the `ConcurrentHiCache` that holds it, never
-// moved or resized while shared. Bytes are written only by the holder of the exclusive claim
-// of the page containing them and read only under a shared or exclusive claim of their page;
-// pages' byte ranges are disjoint. So no two threads access a byte with one of them writing.
-unsafe impl Send for ConcurrentHiCache {}
-// SAFETY: as above.
-unsafe impl Sync for ConcurrentHiCache {}
-
-/// Claims taken by one transfer, released on drop (also on error or panic).
-struct Claims<'a> {
-    taken: Vec<(&'a AtomicU32, bool)>,
-}
-
-impl Claims<'_> {
-    fn release(&mut self) {
-        for (word, exclusive) in self.taken.drain(..) {
-            if exclusive {
-                word.store(0, Ordering::Release);
-            } else {
-                word.fetch_sub(1, Ordering::Release);
-            }
-        }
-    }
-}
-
-impl Drop for Claims<'_> {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-impl<'a> Claims<'a> {
-    fn exclusive(&mut self, word: &'a AtomicU32) -> bool {
-        let ok = word
-            .compare_exchange(0, WRITER, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok();
-        if ok {
-            self.taken.push((word, true));
-        }
-        ok
-    }
-
-    fn shared(&mut self, word: &'a AtomicU32) -> bool {
-        let ok = word
-            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
-                // Lazily: `then_some(n + 1)` would compute `WRITER + 1` (an overflow) while a
-                // writer holds the page.
-                (n < WRITER - 1).then(|| n + 1)
-            })
-            .is_ok();
-        if ok {
-            self.taken.push((word, false));
-        }
-        ok
-    }
-}
+// SAFETY: a `Region` points into a `Vec<u8>` owned by the `HiCache` inside the
+// `ConcurrentHiCache` that holds the region; the vector is never moved, resized or accessed
+// through the `HiCache` while the region exists (the cache is private and only read for its
+// geometry and fingerprints). Through the region, bytes are written only by the holder of the
+// exclusive claim of the page containing them and read only under a shared or exclusive claim
+// of their page, and pages' byte ranges are disjoint; so no two threads access a byte with one
+// of them writing, whichever thread holds the region.
+unsafe impl Send for Region {}
+// SAFETY: as above: shared access goes through the page claims.
+unsafe impl Sync for Region {}
 
 fn claim_words(pages: u64, side: &'static str) -> Result<Box<[AtomicU32]>, TransferError> {
     let n = usize::try_from(pages).map_err(|_| {
@@ -133,8 +85,8 @@ impl ConcurrentHiCache {
                 host: "unverified".into(),
             });
         };
-        let device_claims = claim_words(routes.device_pages, "device")?;
-        let host_claims = claim_words(routes.host_pages, "host")?;
+        let device_claims = claim_words(routes.device.pages, "device")?;
+        let host_claims = claim_words(routes.host.pages, "host")?;
         let (d, h) = cache.parts_mut();
         let device = Region {
             len_bytes: d.len_bytes(),
@@ -200,9 +152,8 @@ impl ConcurrentHiCache {
         self.transfer(Direction::Load, Layers::One(layer), pairs)
     }
 
-    /// The checks of [`HiCache::transfer`] (always including the duplicate-destination check:
-    /// a page is claimed once), then the page claims, then the copy. Refusals, including
-    /// [`TransferError::Busy`], move no byte; an empty list is a no-op.
+    /// The checks of [`HiCache::transfer`], then the page claims, then the copy. Refusals,
+    /// including [`TransferError::Busy`], move no byte; an empty list is a no-op.
     pub fn transfer(
         &self,
         direction: Direction,
@@ -210,30 +161,10 @@ impl ConcurrentHiCache {
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
         let result = self.transfer_claimed(direction, layers, pairs);
-        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-        match &result {
-            Ok(t) if t.pairs == 0 => {}
-            Ok(t) => {
-                let pages = match layers {
-                    Layers::All | Layers::One(0) => t.pairs,
-                    Layers::One(_) => 0,
-                };
-                match direction {
-                    Direction::Backup => {
-                        s.backups += 1;
-                        s.pages_backed_up += pages;
-                        s.bytes_backed_up = s.bytes_backed_up.saturating_add(t.bytes);
-                    }
-                    Direction::Load => {
-                        s.loads += 1;
-                        s.pages_loaded += pages;
-                        s.bytes_loaded = s.bytes_loaded.saturating_add(t.bytes);
-                    }
-                }
-            }
-            Err(TransferError::Interrupted { .. }) => s.interrupted += 1,
-            Err(_) => s.refused += 1,
-        }
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(direction, layers, &result);
         result
     }
 
@@ -243,38 +174,13 @@ impl ConcurrentHiCache {
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
-        let routes = &self.routes;
-        let d = self.cache.device();
-        let h = self.cache.host();
         check_transfer(
-            routes,
-            (d.fingerprint(), h.fingerprint()),
+            &self.routes,
+            (facts_of(self.cache.device()), facts_of(self.cache.host())),
             direction,
             layers,
             pairs,
         )?;
-        if !CHECKS_COMPILED
-            && let Some((pair, first, page)) =
-                crate::shim::first_duplicate_destination(direction, pairs)
-        {
-            return Err(TransferError::DuplicateDestination {
-                pair,
-                first,
-                side: direction.destination(),
-                page,
-            });
-        }
-        let mut done = Transferred {
-            direction,
-            layers,
-            pairs: 0,
-            runs: 0,
-            bytes: 0,
-            verified: CHECKS_COMPILED,
-        };
-        if pairs.is_empty() {
-            return Ok(done);
-        }
         let (src_claims, dst_claims, src, dst) = match direction {
             Direction::Backup => (
                 &self.device_claims,
@@ -289,12 +195,14 @@ impl ConcurrentHiCache {
                 &self.device,
             ),
         };
-        let mut claims = Claims {
-            taken: Vec::with_capacity(pairs.len() * 2),
-        };
+        let mut claims = Claims::with_capacity(pairs.len().saturating_mul(2));
         for (i, p) in pairs.iter().enumerate() {
-            let (sp, dp) = pages_of(direction, p);
-            // In range: checked above.
+            let (sp, dp) = match direction {
+                Direction::Backup => (p.device_page, p.host_page),
+                Direction::Load => (p.host_page, p.device_page),
+            };
+            // In range: checked above (pages < the claim words' counts, which are the
+            // routes' page counts).
             if !claims.exclusive(&dst_claims[dp as usize]) {
                 return Err(TransferError::Busy {
                     pair: i,
@@ -310,36 +218,17 @@ impl ConcurrentHiCache {
                 });
             }
         }
-        let per_pair = routes.runs_per_pair(layers);
-        let chunk_pairs = chunk_pairs(pairs.len(), per_pair);
         let mut runs: Vec<CopyRun> = Vec::new();
-        for chunk in pairs.chunks(chunk_pairs) {
-            runs.clear();
-            for &p in chunk {
-                routes.push_pair_runs(direction, layers, p, &mut runs);
-            }
-            if let Err(e) = check_run_ranges(direction, routes, &runs) {
-                return Err(match e {
-                    TransferError::Range { source, .. } if done.runs > 0 => {
-                        interrupted(pairs, per_pair, done.runs, source)
-                    }
-                    e => e,
-                });
-            }
-            if let Err(e) = copy_shared(direction, src, dst, &runs) {
-                return Err(interrupted(pairs, per_pair, done.runs, e));
-            }
-            done.pairs += chunk.len() as u64;
-            done.runs += runs.len() as u64;
-            done.bytes += runs.iter().map(|r| r.len_bytes).sum::<u64>();
-        }
+        let done = run_transfer(&self.routes, direction, layers, pairs, &mut runs, |runs| {
+            copy_shared(direction, src, dst, runs)
+        });
         drop(claims);
-        Ok(done)
+        done
     }
 
     /// Writes one canonical page payload of `layer` of buffer `buffer` into device page
     /// `page` (what the model does while transfers run), under an exclusive claim of the
-    /// page: [`TransferError::Busy`] if a transfer holds it. `data` must be the page payload
+    /// page: [`PoolError::PageBusy`] if a transfer holds it. `data` must be the page payload
     /// (`page_size_tokens * bytes_per_token` bytes).
     pub fn write_device_page(
         &self,
@@ -358,15 +247,18 @@ impl ConcurrentHiCache {
                 got: data.len() as u64,
             });
         }
-        // Device pools are `layer_first`: the canonical page is one run at its offset.
+        // Device pools are `layer_first`: the canonical page is one run at its offset
+        // (`page_offset_bytes` refuses a page out of range).
         let off = g.page_offset_bytes(buffer, layer, page)?;
         check_range("device", off, payload, self.device.len_bytes)?;
-        let mut claims = Claims { taken: Vec::new() };
+        let mut claims = Claims::with_capacity(1);
+        // `page` is in range: `page_offset_bytes` refused it otherwise.
         if !claims.exclusive(&self.device_claims[page as usize]) {
             return Err(PoolError::PageBusy { page });
         }
         // SAFETY: `[off, off + payload)` is inside the device region (checked) and inside
-        // device page `page`, which this thread holds exclusively.
+        // device page `page`, which this thread holds exclusively. Raw pointers, not slices of
+        // the region: other threads access other pages of it at the same time.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),
@@ -378,34 +270,17 @@ impl ConcurrentHiCache {
     }
 }
 
-fn pages_of(direction: Direction, p: &PagePair) -> (u64, u64) {
-    match direction {
-        Direction::Backup => (p.device_page, p.host_page),
-        Direction::Load => (p.host_page, p.device_page),
-    }
-}
-
-/// Copies `runs` from `src` to `dst` through the shared regions.
+/// Copies `runs` from `src` to `dst` through the shared regions: every run checked against
+/// both regions first (nothing moves if one is out), then copied through raw pointers (other
+/// threads access other pages of the same regions meanwhile, so no slice of a whole region is
+/// made).
 fn copy_shared(
     direction: Direction,
     src: &Region,
     dst: &Region,
     runs: &[CopyRun],
 ) -> Result<(), BackendError> {
-    for r in runs {
-        check_range(
-            direction.source(),
-            r.src_offset_bytes,
-            r.len_bytes,
-            src.len_bytes,
-        )?;
-        check_range(
-            direction.destination(),
-            r.dst_offset_bytes,
-            r.len_bytes,
-            dst.len_bytes,
-        )?;
-    }
+    check_runs(direction, src.len_bytes, dst.len_bytes, runs)?;
     for r in runs {
         // SAFETY: both ranges are inside their regions (checked above) and inside pages this
         // transfer has claimed (the source page shared, the destination page exclusive), so no
@@ -419,33 +294,4 @@ fn copy_shared(
         };
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Regression: a shared claim on a page a writer held computed `u32::MAX + 1` (a panic in
-    /// debug builds, found by `conflicting_transfers_are_refused_or_serialized_never_torn`
-    /// when a backup met a load on the same host page).
-    #[test]
-    fn claims_exclude_writers_and_count_readers() {
-        let word = AtomicU32::new(0);
-        let mut writer = Claims { taken: Vec::new() };
-        assert!(writer.exclusive(&word));
-        assert_eq!(word.load(Ordering::SeqCst), WRITER);
-        let mut reader = Claims { taken: Vec::new() };
-        assert!(!reader.shared(&word), "a reader got a page a writer holds");
-        assert!(!reader.exclusive(&word));
-        drop(writer);
-        assert_eq!(word.load(Ordering::SeqCst), 0);
-        // Two readers (one transfer naming the page twice, or two transfers) then a writer.
-        assert!(reader.shared(&word) && reader.shared(&word));
-        assert_eq!(word.load(Ordering::SeqCst), 2);
-        let mut writer = Claims { taken: Vec::new() };
-        assert!(!writer.exclusive(&word), "a writer got a page being read");
-        drop(reader);
-        assert_eq!(word.load(Ordering::SeqCst), 0);
-        assert!(writer.exclusive(&word));
-    }
 }

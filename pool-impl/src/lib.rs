@@ -20,8 +20,12 @@
 //!   pairs untouched ([`CpuBackend::failing_after`] injects such a fault).
 //! - [`ConcurrentHiCache`]: backup, load and model writes from several threads at once on
 //!   disjoint pages (checked page claims; conflicts refused as [`TransferError::Busy`]).
-//! - [`model`]: Hugging Face `config.json` -> pool geometry for the models in `configs/`;
-//!   [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`.
+//! - A paired pool cannot be replaced or resized: caches hand out `&DevicePool` / `&HostPool`
+//!   and write-only [`PoolWriter`]s. The per-transfer checks are on in every build; the cargo
+//!   feature `unchecked` compiles out the identity and byte-range checks ([`shim`] lists
+//!   which check runs where).
+//! - [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`
+//!   (model configs are read by the `kvlayout-models` crate).
 //!
 //! ```
 //! use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
@@ -46,23 +50,34 @@
 //! [`PoolGeometry`]: kvlayout_core::PoolGeometry
 
 #![warn(missing_docs)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+// Offsets and lengths are `u64` (the geometry's unit) and index memory as `usize` after they
+// are checked against a region's length; on a 64-bit target that conversion cannot truncate.
+const _: () = assert!(
+    usize::BITS == 64,
+    "kvlayout-pool needs a 64-bit target: u64 offsets index memory as usize"
+);
 
 pub mod backend;
+mod claim;
 pub mod codec;
 mod concurrent;
+mod error;
 mod hicache;
-pub mod model;
 pub mod plan;
 mod pool;
 pub mod replay;
 mod route;
 pub mod shim;
+mod transfer;
 mod typed;
 
 pub use backend::{Backend, BackendError, CpuBackend, FailingCpuBackend, Memory};
 pub use concurrent::ConcurrentHiCache;
-pub use hicache::{HiCache, PairError, TransferMode, TransferStats};
+pub use error::{PairError, PoolError, PoolFact, TransferError};
+pub use hicache::{HiCache, TransferMode};
 pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
-pub use pool::{DevicePool, HostPool, KvPool, PoolError};
-pub use shim::TransferError;
+pub use pool::{DevicePool, HostPool, KvPool, PoolWriter};
+pub use transfer::TransferStats;
 pub use typed::{TypedDevicePool, TypedHiCache, TypedHostPool};

@@ -9,61 +9,10 @@
 //!
 //! [`TokenLayout::offset_bytes`]: kvlayout_core::TokenLayout::offset_bytes
 
-use kvlayout_core::{GeometryError, LayoutError, MemoryLayout, PoolGeometry, layout_error};
+use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, layout_error};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory};
-
-/// An error building or accessing a pool.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum PoolError {
-    /// The geometry breaks a rule, or an index is out of range (the message names the field
-    /// and both values).
-    #[error("geometry: {0}")]
-    Geometry(#[from] GeometryError),
-    /// A device pool must be `layer_first`.
-    #[error("device pool memory_layout: expected layer_first, got {got}")]
-    DeviceLayout {
-        /// The layout asked for.
-        got: MemoryLayout,
-    },
-    /// A device page is claimed by a transfer in flight ([`crate::ConcurrentHiCache`]): retry
-    /// once the transfer ends.
-    #[error("device page {page} is in use by a transfer (retry when it ends)")]
-    PageBusy {
-        /// The device page.
-        page: u64,
-    },
-    /// The geometry's pool fingerprint cannot be computed.
-    #[error("fingerprint: {0}")]
-    Fingerprint(LayoutError),
-    /// `write_token` got the wrong number of sections, or a section of the wrong length.
-    #[error("{buffer}.{field}: expected {expected}, got {got}")]
-    TokenShape {
-        /// Buffer name.
-        buffer: String,
-        /// `sections` or `sections[i] (name) bytes`.
-        field: String,
-        /// What the layout says.
-        expected: u64,
-        /// What was passed.
-        got: u64,
-    },
-    /// A byte range that does not fit the page.
-    #[error("{buffer}: bytes [{start_bytes}, {end_bytes}) outside the {page_bytes}-byte page")]
-    PageRange {
-        /// Buffer name.
-        buffer: String,
-        /// First byte inside the page.
-        start_bytes: u64,
-        /// One past the last byte.
-        end_bytes: u64,
-        /// Page payload bytes.
-        page_bytes: u64,
-    },
-    /// The memory backend refused.
-    #[error("backend: {0}")]
-    Backend(#[from] BackendError),
-}
+pub use crate::error::PoolError;
 
 /// What device and host pools share: geometry, fingerprint, byte access, and token / page
 /// accessors that place bytes by the geometry (the Rust counterpart of SGLang's
@@ -145,7 +94,8 @@ pub trait KvPool {
         Ok(())
     }
 
-    /// The canonical page payload (`page_size_tokens * bytes_per_token` bytes).
+    /// The canonical page payload (the buffer's page size in tokens x bytes per token; a
+    /// `state` buffer's page is one slot).
     fn read_page(&self, buffer: usize, layer: u64, page: u64) -> Result<Vec<u8>, PoolError> {
         let g = self.geometry().page_geometry(buffer)?;
         let mut out = vec![0u8; g.page_payload_bytes as usize];
@@ -185,7 +135,7 @@ pub trait KvPool {
         let geom = self.geometry();
         let buf = geom.buffer(buffer)?;
         let layout = &buf.layout;
-        let t = geom.page_size_tokens;
+        let t = geom.buffer_page_size_tokens(buffer)?;
         let err = |e| PoolError::Geometry(layout_error(buffer, buf, e));
         let mut out = Vec::with_capacity(layout.sections().len());
         for s in 0..layout.sections().len() {
@@ -220,7 +170,7 @@ pub trait KvPool {
     ) -> Result<(), PoolError> {
         let buf = self.geometry().buffer(buffer)?.clone();
         let layout = &buf.layout;
-        let t = self.geometry().page_size_tokens;
+        let t = self.geometry().buffer_page_size_tokens(buffer)?;
         let err = |e| PoolError::Geometry(layout_error(buffer, &buf, e));
         if sections.len() != layout.sections().len() {
             return Err(PoolError::TokenShape {
@@ -309,6 +259,66 @@ fn page_ranges(
     }
     out.sort_unstable();
     Ok(out)
+}
+
+/// Write access to the bytes of one paired pool ([`crate::HiCache::device_writer`],
+/// [`crate::HiCache::host_writer`]): raw bytes, canonical pages and tokens, placed by the
+/// pool's geometry. It holds the pool but never hands it out, so the pool cannot be replaced
+/// or resized through it.
+pub struct PoolWriter<'a, P: KvPool> {
+    pool: &'a mut P,
+}
+
+impl<'a, P: KvPool> PoolWriter<'a, P> {
+    pub(crate) fn new(pool: &'a mut P) -> Self {
+        PoolWriter { pool }
+    }
+
+    /// The pool, read only.
+    pub fn pool(&self) -> &P {
+        self.pool
+    }
+
+    /// [`KvPool::write_bytes`].
+    pub fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError> {
+        self.pool.write_bytes(offset_bytes, data)
+    }
+
+    /// [`KvPool::write_page_bytes`].
+    pub fn write_page_bytes(
+        &mut self,
+        buffer: usize,
+        layer: u64,
+        page: u64,
+        page_offset_bytes: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        self.pool
+            .write_page_bytes(buffer, layer, page, page_offset_bytes, data)
+    }
+
+    /// [`KvPool::write_page`].
+    pub fn write_page(
+        &mut self,
+        buffer: usize,
+        layer: u64,
+        page: u64,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        self.pool.write_page(buffer, layer, page, data)
+    }
+
+    /// [`KvPool::write_token`].
+    pub fn write_token(
+        &mut self,
+        buffer: usize,
+        layer: u64,
+        page: u64,
+        token: u64,
+        sections: &[&[u8]],
+    ) -> Result<(), PoolError> {
+        self.pool.write_token(buffer, layer, page, token, sections)
+    }
 }
 
 fn fingerprint_of(geometry: &PoolGeometry) -> Result<u64, PoolError> {

@@ -31,10 +31,10 @@ use serde::Serialize;
 use crate::backend::{Backend, CpuBackend};
 use crate::codec::{self, CodecError};
 use crate::hicache::{HiCache, PairError, TransferMode};
-use crate::model::{Model, ModelError, PoolOptions};
 use crate::plan::PagePair;
 use crate::pool::{DevicePool, HostPool, KvPool, PoolError};
 use crate::shim::TransferError;
+use kvlayout_models::{Model, ModelError, PoolOptions};
 
 /// Workload parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -688,9 +688,7 @@ impl<B: Backend> Sim<'_, B> {
                 let bytes =
                     codec::encode_token(&buf.layout, |s, e| self.source.value(key, l, b, s, e))?;
                 let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
-                self.cache
-                    .device_mut()
-                    .write_token(b, l, dev, slot, &slices)?;
+                self.cache.write_token(b, l, dev, slot, &slices)?;
             }
         }
         let p = &mut self.pages[id];

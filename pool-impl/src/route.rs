@@ -14,8 +14,9 @@
 
 use kvlayout_core::{GeometryError, PoolGeometry};
 
+use crate::backend::{BackendError, check_range};
 use crate::plan::{CopyRun, Direction, Layers, PagePair};
-use crate::shim::TransferError;
+use crate::shim::{self, TransferError};
 
 /// `base + page * page_step + layer * layer_step`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,25 +84,41 @@ struct Piece {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct BufferRoute {
+    name: String,
     layers: u64,
     device: Affine,
     host: Affine,
     /// One piece of the whole stored page, except under a `page_head` host.
     pieces: Vec<Piece>,
+    /// The largest end of a piece inside the device page (canonical bytes) and past the host
+    /// page's start: a page's runs of layer `l` end at most `at(l, page) + end`.
+    device_end_bytes: u64,
+    host_end_bytes: u64,
 }
 
-/// The pairing-time facts of one device/host pair: fingerprints and page counts for the
-/// per-transfer checks, and per buffer the affine page addressing of both sides.
+/// What a pool was at pairing: a transfer re-reads these from the pools and compares
+/// ([`crate::shim::CHECKS_COMPILED`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PoolFacts {
+    /// [`PoolGeometry::fingerprint`].
+    pub fingerprint: u64,
+    /// Pages (of the geometry).
+    pub pages: u64,
+    /// Length of the memory region.
+    pub len_bytes: u64,
+}
+
+/// The pairing-time facts of one device/host pair: what each pool was, for the per-transfer
+/// checks, and per buffer the affine page addressing of both sides.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Routes {
-    pub device_fingerprint: u64,
-    pub host_fingerprint: u64,
-    pub device_pages: u64,
-    pub host_pages: u64,
-    pub device_len_bytes: u64,
-    pub host_len_bytes: u64,
+    pub device: PoolFacts,
+    pub host: PoolFacts,
     /// Largest layer count of any buffer.
     pub deepest_layers: u64,
+    /// `{buffer}.layer_ids` of the first buffer giving model layer ids (either side): one-layer
+    /// transfers are refused on such pools (see [`Routes::check_layer`]).
+    layer_ids_field: Option<String>,
     buffers: Vec<BufferRoute>,
 }
 
@@ -132,11 +149,10 @@ impl Routes {
     /// Routes of every device buffer onto the host buffer of the same name. Both geometries
     /// must have passed [`kvlayout_core::compare`] (same buffers, strides, layers).
     pub fn new(
-        device: (&PoolGeometry, u64, u64),
-        host: (&PoolGeometry, u64, u64),
+        (dg, device): (&PoolGeometry, PoolFacts),
+        (hg, host): (&PoolGeometry, PoolFacts),
     ) -> Result<Routes, TransferError> {
-        let (dg, device_fingerprint, device_len_bytes) = device;
-        let (hg, host_fingerprint, host_len_bytes) = host;
+        let (device_len_bytes, host_len_bytes) = (device.len_bytes, host.len_bytes);
         let mut buffers = Vec::with_capacity(dg.buffers.len());
         for (bi, db) in dg.buffers.iter().enumerate() {
             let Some(hi) = hg.buffer_index(db.name()) else {
@@ -187,22 +203,46 @@ impl Routes {
             )?;
             corner_end(&host_a, layers, hg.pages, host_end, "host", host_len_bytes)?;
             buffers.push(BufferRoute {
+                name: db.name().to_string(),
                 layers,
                 device: device_a,
                 host: host_a,
                 pieces,
+                device_end_bytes: dev_end,
+                host_end_bytes: host_end,
             });
         }
+        let layer_ids_field = dg
+            .buffers
+            .iter()
+            .chain(&hg.buffers)
+            .find(|b| b.layer_ids.is_some())
+            .map(|b| format!("{}.layer_ids", b.name()));
         Ok(Routes {
-            device_fingerprint,
-            host_fingerprint,
-            device_pages: dg.pages,
-            host_pages: hg.pages,
-            device_len_bytes,
-            host_len_bytes,
+            device,
+            host,
+            layer_ids_field,
             deepest_layers: dg.buffers.iter().map(|b| b.layers).max().unwrap_or(0),
             buffers,
         })
+    }
+
+    /// The layer asked for exists in some buffer. A one-layer transfer names a buffer-local
+    /// layer index (layer `l` of every buffer with more than `l` layers); where a buffer gives
+    /// `layer_ids` (v2: the model layers it serves) a layer means a model layer, which the
+    /// routes do not map yet, so one-layer transfers are refused naming the field (all-layer
+    /// transfers are served).
+    #[inline]
+    pub fn check_layer(&self, layers: Layers) -> Result<(), TransferError> {
+        if let (Layers::One(_), Some(field)) = (layers, &self.layer_ids_field) {
+            return Err(TransferError::Unsupported {
+                field: field.clone(),
+                reason: "a one-layer transfer on buffers with model layer ids is not \
+                         supported yet (its layer would be a buffer-local index); transfer \
+                         all layers",
+            });
+        }
+        shim::check_layer(layers, self.deepest_layers)
     }
 
     /// Runs one pair contributes for `layers` (every buffer holding the layer, each of its
@@ -221,6 +261,82 @@ impl Routes {
             .sum()
     }
 
+    /// Every run of every pair inside both regions, before any byte moves: per pair and
+    /// buffer, the deepest layer the transfer touches, at the pair's page, plus the largest
+    /// piece end, with checked arithmetic, against the paired regions' lengths. Steps are
+    /// non-negative, so that end bounds every run of the pair. Pages must be in range. Implied
+    /// by the routes (the corner proven at pairing); a failure means the routes or the pools
+    /// changed after pairing.
+    #[inline]
+    pub fn check_pair_ranges(
+        &self,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<(), TransferError> {
+        for b in &self.buffers {
+            let last = match layers {
+                Layers::All => b.layers - 1,
+                Layers::One(l) if l < b.layers => l,
+                Layers::One(_) => continue,
+            };
+            for (i, p) in pairs.iter().enumerate() {
+                let d = b.device.checked_at(last, p.device_page);
+                let h = b.host.checked_at(last, p.host_page);
+                let fits = |at: Option<u64>, end: u64, len: u64| {
+                    at.and_then(|a| a.checked_add(end))
+                        .is_some_and(|e| e <= len)
+                };
+                if !(fits(d, b.device_end_bytes, self.device.len_bytes)
+                    && fits(h, b.host_end_bytes, self.host.len_bytes))
+                {
+                    return Err(self.pair_range_error(b, i, (d, h)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pair_range_error(
+        &self,
+        b: &BufferRoute,
+        pair: usize,
+        (d, h): (Option<u64>, Option<u64>),
+    ) -> TransferError {
+        // The device side first; the host's when the device side fits.
+        let source = check_range(
+            "device",
+            d.unwrap_or(u64::MAX),
+            b.device_end_bytes,
+            self.device.len_bytes,
+        )
+        .and_then(|()| {
+            check_range(
+                "host",
+                h.unwrap_or(u64::MAX),
+                b.host_end_bytes,
+                self.host.len_bytes,
+            )
+        });
+        TransferError::PairRange {
+            pair,
+            buffer: b.name.clone(),
+            source: source.err().unwrap_or(BackendError::OutOfRange {
+                side: "host",
+                start_bytes: h.unwrap_or(u64::MAX),
+                end_bytes: u64::MAX,
+                len_bytes: self.host.len_bytes,
+            }),
+        }
+    }
+
+    /// Moves buffer `b`'s host addressing by `by_bytes` (tests corrupt routes with it).
+    #[cfg(test)]
+    pub(crate) fn shift_host_base(&mut self, b: usize, by_bytes: u64) {
+        self.buffers[b].host.base_bytes += by_bytes;
+    }
+
     /// Appends the runs of one pair, in (buffer, layer, piece) order. The pair's pages must
     /// be in range (checked by the caller), which bounds every offset (see the module doc).
     #[inline]
@@ -231,7 +347,7 @@ impl Routes {
         pair: PagePair,
         out: &mut Vec<CopyRun>,
     ) {
-        debug_assert!(pair.device_page < self.device_pages && pair.host_page < self.host_pages);
+        debug_assert!(pair.device_page < self.device.pages && pair.host_page < self.host.pages);
         for b in &self.buffers {
             let (first, end) = match layers {
                 Layers::All => (0, b.layers),
@@ -285,8 +401,15 @@ mod tests {
         }
     }
 
-    fn side(g: &PoolGeometry) -> (&PoolGeometry, u64, u64) {
-        (g, g.fingerprint().unwrap(), g.total_bytes().unwrap())
+    fn side(g: &PoolGeometry) -> (&PoolGeometry, PoolFacts) {
+        (
+            g,
+            PoolFacts {
+                fingerprint: g.fingerprint().unwrap(),
+                pages: g.pages,
+                len_bytes: g.total_bytes().unwrap(),
+            },
+        )
     }
 
     /// Every (buffer, layer, page) of both sides: the route's offsets and pieces equal the
@@ -341,13 +464,11 @@ mod tests {
                 };
                 let d = Side {
                     geometry: &dg,
-                    fingerprint: r.device_fingerprint,
-                    len_bytes: r.device_len_bytes,
+                    len_bytes: r.device.len_bytes,
                 };
                 let h = Side {
                     geometry: &hg,
-                    fingerprint: r.host_fingerprint,
-                    len_bytes: r.host_len_bytes,
+                    len_bytes: r.host.len_bytes,
                 };
                 let plan = shim::checked_plan(direction, d, h, layers, pairs).unwrap();
                 let mut want = plan.flat_runs();
@@ -401,5 +522,51 @@ mod tests {
         assert_eq!(r.runs_per_pair(Layers::One(1)), 2);
         assert_eq!(r.runs_per_pair(Layers::One(2)), 1);
         assert_eq!(r.runs_per_pair(Layers::One(3)), 0);
+    }
+
+    /// The per-pair range check cannot fail on routes laid at pairing (the corner is proven
+    /// then); corrupted routes show it works. DSA fp8, 3 kv layers and 2 index_k layers, 4
+    /// device pages and 4 host pages (`page_first`): the host region is 4 x (3 x 41,984 + 2 x
+    /// 8,448) = 4 x 142,848 = 571,392 B.
+    #[test]
+    fn corrupted_routes_fail_the_pair_range_check_naming_pair_buffer_and_range() {
+        let bufs = [
+            ("kv", formats::DSA_MLA_FP8, 3),
+            ("index_k", formats::INDEX_K_FP8, 2),
+        ];
+        let g = pool(&bufs, 4, MemoryLayout::LayerFirst);
+        let h = pool(&bufs, 4, MemoryLayout::PageFirst);
+        let mut r = Routes::new(side(&g), side(&h)).unwrap();
+        let pairs = [PagePair::new(0, 0), PagePair::new(3, 3)];
+        assert_eq!(r.host.len_bytes, 571_392);
+        r.check_pair_ranges(Layers::All, &pairs).unwrap();
+        // Shift index_k's host base by one page of one layer (8,448 B): host page 3, its last
+        // layer (1), ends 8,448 B past the region.
+        r.buffers[1].host.base_bytes += 8_448;
+        let err = r.check_pair_ranges(Layers::All, &pairs).unwrap_err();
+        // page_first: index_k starts after kv's 4 x 3 x 41,984 = 503,808 B; host page 3 layer 1
+        // at 503,808 + (3 x 2 + 1) x 8,448 = 562,944, shifted 571,392, ending 579,840.
+        assert_eq!(
+            err,
+            TransferError::PairRange {
+                pair: 1,
+                buffer: "index_k".into(),
+                source: BackendError::OutOfRange {
+                    side: "host",
+                    start_bytes: 571_392,
+                    end_bytes: 579_840,
+                    len_bytes: 571_392,
+                },
+            }
+        );
+        // Layer 2 is kv's only: index_k is not checked, and kv fits.
+        r.check_pair_ranges(Layers::One(2), &pairs).unwrap();
+        // An overflowing step is an error, not a wrap.
+        r.buffers[0].device.page_step_bytes = u64::MAX;
+        let err = r.check_pair_ranges(Layers::One(2), &pairs).unwrap_err();
+        assert!(
+            matches!(&err, TransferError::PairRange { pair: 1, buffer, .. } if buffer == "kv"),
+            "{err}"
+        );
     }
 }

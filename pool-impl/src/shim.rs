@@ -1,173 +1,58 @@
-//! The runtime shim: before **every** transfer, the checks DESIGN.md "The runtime shim" lists,
-//! then the plan. Checks run in debug builds and, in release, with the cargo feature `verify`
-//! (the `kvlayout` CLI turns it on by default); [`CHECKS_COMPILED`] says which.
+//! The runtime shim: the checks made before a transfer moves a byte, and the plans a transfer
+//! executes.
 //!
 //! Where each check runs, all before any byte moves:
 //! - once, at pairing ([`crate::HiCache::pair`]): the full geometry comparison
 //!   ([`kvlayout_core::compare`]: page size, buffer names, per buffer layer count,
-//!   arrangement, bytes per token, page stride), and the page routes every transfer uses,
-//!   with the last page of each side proven inside its region (checked arithmetic);
-//! - every transfer, always (also without `verify`: they bound the work and keep every offset
-//!   in range): the layer asked for exists; the list is no longer than the destination pool's
-//!   page count ([`TransferError::TooManyPairs`], O(1), before the list is read); every page
-//!   index in range on both sides;
-//! - every transfer, with the checks compiled in: the pools' fingerprints against the
-//!   pairing's; no destination page named twice; every run's byte range inside both regions.
+//!   arrangement, bytes per token, page stride, sections), equal pool fingerprints, and the page
+//!   routes every transfer uses, with the last page of each side proven inside its region
+//!   (checked arithmetic);
+//! - every transfer, in every build: the layer asked for exists; the list is no longer than the
+//!   destination pool's page count ([`TransferError::TooManyPairs`], O(1), before the list is
+//!   read); every page index in range on both sides; no destination page named twice;
+//! - every transfer, unless the crate is built with the opt-out feature `unchecked`
+//!   ([`CHECKS_COMPILED`]): the pools are the paired ones (each pool's fingerprint, page count
+//!   and region length re-read and compared with the pairing's:
+//!   [`TransferError::PoolChanged`]), and every run of every pair inside both regions
+//!   ([`TransferError::PairRange`]).
 //!
-//! Measured cost (BENCHMARKS.md, "CPU"): about 2 ns per one-page transfer with `verify`,
-//! 1 ns without.
+//! A paired pool cannot be replaced or resized through the API (the caches hand out shared
+//! references and write-only handles), so the identity checks guard against a bug in this
+//! crate, not a caller; they cost about a nanosecond (BENCHMARKS.md, "CPU").
 //!
 //! The full plan ([`checked_plan`], what [`crate::HiCache::plan`] shows) is built from each
 //! side's own geometry ([`PoolGeometry::page_offset_bytes`], [`PoolGeometry::page_segments`])
-//! with [`check_geometry`] and [`check_pages`] re-run: the device page's canonical bytes map to
-//! the host page's segments, so a `page_head` host or a padded device stride are placed exactly.
-//! Transfers execute the same runs, laid from the routes.
+//! with [`check_geometry`] (the field-by-field comparison) and [`check_pages`] re-run: the
+//! device page's canonical bytes map to the host page's segments, so a `page_head` host or a
+//! padded device stride are placed exactly. Transfers execute the same runs, laid from the
+//! routes.
 //!
 //! [`legacy_plan`] is the unverified path SGLang's HiCache kernel took: one item size, the
 //! host's page bytes, used as the length *and* the page stride on both sides, with no geometry
 //! check. With a host sized by the fp8 formula (8448 B/page) and a bf16 device (16384 B/page) it
 //! truncates and misaddresses — the seed bug, reproduced.
 
-use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, arrangement_text};
+use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, compare};
 
-use crate::backend::{BackendError, check_range};
+pub use crate::error::{PoolFact, TransferError};
+
+use crate::backend::check_range;
 use crate::plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan};
 
-/// Whether the per-transfer checks are compiled in (debug builds, or the `verify` feature).
-pub const CHECKS_COMPILED: bool = cfg!(any(debug_assertions, feature = "verify"));
-
-/// Why the shim refused a transfer. Every variant names the field or pages and both values.
-/// A refused transfer moved no byte.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TransferError {
-    /// The pools' fingerprints differ.
-    #[error("fingerprint: device {device:#018x}, host {host:#018x}")]
-    Fingerprint {
-        /// Device pool fingerprint.
-        device: u64,
-        /// Host pool fingerprint.
-        host: u64,
-    },
-    /// A compared geometry field differs (`page_size_tokens`, `index_k.bytes_per_token`, ...).
-    #[error("{field}: device {device}, host {host}")]
-    Field {
-        /// Field path.
-        field: String,
-        /// Device value.
-        device: String,
-        /// Host value.
-        host: String,
-    },
-    /// The layer asked for is past every buffer's layer count.
-    #[error("layer {layer} out of range (the deepest buffer has {layers} layers)")]
-    Layer {
-        /// Requested layer.
-        layer: u64,
-        /// Largest layer count.
-        layers: u64,
-    },
-    /// A page index past the end of one side.
-    #[error("pairs[{pair}]: {side} page {page} out of range ({side} pool has {pages} pages)")]
-    PageOutOfRange {
-        /// Index in the pair list.
-        pair: usize,
-        /// `device` or `host`.
-        side: &'static str,
-        /// The page asked for.
-        page: u64,
-        /// Pages of that pool.
-        pages: u64,
-    },
-    /// Two pairs write the same destination page.
-    #[error("pairs[{pair}]: {side} page {page} is already the destination of pairs[{first}]")]
-    DuplicateDestination {
-        /// Index of the second pair.
-        pair: usize,
-        /// Index of the first pair.
-        first: usize,
-        /// `device` or `host`.
-        side: &'static str,
-        /// The page.
-        page: u64,
-    },
-    /// A run reaches outside one region.
-    #[error("{buffer} run {run}: {source}")]
-    Range {
-        /// Buffer name.
-        buffer: String,
-        /// Index of the run in the buffer's plan.
-        run: usize,
-        /// The range and the region.
-        #[source]
-        source: BackendError,
-    },
-    /// Offsets could not be computed (overflow, index out of range).
-    #[error("geometry: {0}")]
-    Geometry(#[from] GeometryError),
-    /// The backend failed executing a checked plan; no byte moved.
-    #[error("backend: {0}")]
-    Backend(BackendError),
-    /// More pairs than the destination pool has pages: some destination page would be named
-    /// twice. Refused before any work proportional to the list.
-    #[error(
-        "{pairs} pairs for a {side} pool of {pages} pages: a destination page would be named twice"
-    )]
-    TooManyPairs {
-        /// Pairs in the list.
-        pairs: u64,
-        /// The destination side, `device` or `host`.
-        side: &'static str,
-        /// Pages of the destination pool.
-        pages: u64,
-    },
-    /// The backend failed part way through a checked transfer. Runs execute pair by pair
-    /// (every buffer and layer of a pair, then the next pair), so `moved_pairs` (a prefix of
-    /// the list) were copied in full, `torn_pair` (the next one, if any) in part — its
-    /// destination page holds old and new bytes and must not be trusted — and every later
-    /// pair's destination page is untouched.
-    #[error(
-        "interrupted after {} pair(s) moved in full{}: {source}",
-        moved_pairs.len(),
-        torn_pair.map_or_else(String::new, |p| format!(
-            ", pair (device {}, host {}) torn", p.device_page, p.host_page
-        ))
-    )]
-    Interrupted {
-        /// Pairs copied in full, in list order (a prefix of the list).
-        moved_pairs: Vec<PagePair>,
-        /// The pair being copied when the backend failed, if the failure fell inside a pair.
-        torn_pair: Option<PagePair>,
-        /// Runs copied in full.
-        moved_runs: u64,
-        /// The backend's error.
-        #[source]
-        source: BackendError,
-    },
-    /// A concurrent transfer holds a page this one needs (a destination page is being read or
-    /// written, or a source page is being written, by another transfer). Nothing moved.
-    #[error("pairs[{pair}]: {side} page {page} is in use by another transfer")]
-    Busy {
-        /// Index in the pair list.
-        pair: usize,
-        /// `device` or `host`.
-        side: &'static str,
-        /// The page.
-        page: u64,
-    },
-}
+/// Whether the per-transfer identity and byte-range checks are compiled in: true unless the
+/// crate is built with the opt-out feature `unchecked`, in debug and release builds alike.
+pub const CHECKS_COMPILED: bool = !cfg!(feature = "unchecked");
 
 /// One side of a transfer, as the shim sees it.
 #[derive(Clone, Copy)]
 pub struct Side<'a> {
     /// Its geometry.
     pub geometry: &'a PoolGeometry,
-    /// Its fingerprint (computed when the pool was built).
-    pub fingerprint: u64,
     /// Length of its region.
     pub len_bytes: u64,
 }
 
-fn field(field: String, device: impl ToString, host: impl ToString) -> TransferError {
+fn field(field: String, device: &str, host: &str) -> TransferError {
     TransferError::Field {
         field,
         device: device.to_string(),
@@ -175,63 +60,12 @@ fn field(field: String, device: impl ToString, host: impl ToString) -> TransferE
     }
 }
 
-/// The geometry checks of every transfer: fingerprint, page size, buffer set, and per buffer
-/// layers, arrangement, bytes per token and page stride.
-pub fn check_geometry(device: Side<'_>, host: Side<'_>) -> Result<(), TransferError> {
-    if device.fingerprint != host.fingerprint {
-        return Err(TransferError::Fingerprint {
-            device: device.fingerprint,
-            host: host.fingerprint,
-        });
-    }
-    let (d, h) = (device.geometry, host.geometry);
-    if d.page_size_tokens != h.page_size_tokens {
-        return Err(field(
-            "page_size_tokens".into(),
-            d.page_size_tokens,
-            h.page_size_tokens,
-        ));
-    }
-    if d.buffers.len() != h.buffers.len() {
-        return Err(field(
-            "buffers.count".into(),
-            d.buffers.len(),
-            h.buffers.len(),
-        ));
-    }
-    for (bi, db) in d.buffers.iter().enumerate() {
-        let n = db.name();
-        let Some(hi) = h.buffer_index(n) else {
-            return Err(field(n.to_string(), "present", "missing"));
-        };
-        let hb = &h.buffers[hi];
-        if db.layers != hb.layers {
-            return Err(field(format!("{n}.layers"), db.layers, hb.layers));
-        }
-        if db.layout.arrangement != hb.layout.arrangement {
-            return Err(field(
-                format!("{n}.arrangement"),
-                arrangement_text(&db.layout),
-                arrangement_text(&hb.layout),
-            ));
-        }
-        let (dg, hg) = (d.page_geometry(bi)?, h.page_geometry(hi)?);
-        if dg.bytes_per_token != hg.bytes_per_token {
-            return Err(field(
-                format!("{n}.bytes_per_token"),
-                dg.bytes_per_token,
-                hg.bytes_per_token,
-            ));
-        }
-        if dg.page_stride_bytes != hg.page_stride_bytes {
-            return Err(field(
-                format!("{n}.page_stride_bytes"),
-                dg.page_stride_bytes,
-                hg.page_stride_bytes,
-            ));
-        }
-    }
-    Ok(())
+/// The geometry comparison of a pairing, re-run by the inspection path: [`compare`] at level
+/// `pool` (page sizes, buffer set, per buffer layers, arrangement, page stride, sections,
+/// attention, shard, `layer_ids` when both sides give them), every differing field in
+/// [`TransferError::Mismatch`].
+pub fn check_geometry(device: &PoolGeometry, host: &PoolGeometry) -> Result<(), TransferError> {
+    compare(device, host).map_err(TransferError::Mismatch)
 }
 
 /// Pairs of a list longer than the destination pool's page count: at least one destination
@@ -532,35 +366,7 @@ pub fn plan(
     layers: Layers,
     pairs: &[PagePair],
 ) -> Result<TransferPlan, TransferError> {
-    let mut buffers = Vec::with_capacity(device.buffers.len());
-    for (bi, db) in device.buffers.iter().enumerate() {
-        let Some(hi) = host.buffer_index(db.name()) else {
-            return Err(field(db.name().to_string(), "present", "missing"));
-        };
-        let item_bytes = host.stored_page_bytes(hi)?;
-        let layer_ids = layer_list(layers, db.layers);
-        // Reserve at most 64 Ki runs up front: the list's length is the caller's.
-        let mut runs = Vec::with_capacity(layer_ids.len().saturating_mul(pairs.len()).min(1 << 16));
-        for &l in &layer_ids {
-            for p in pairs {
-                let dev_page = device.page_offset_bytes(bi, l, p.device_page)?;
-                push_page_runs(&mut runs, direction, dev_page, host, hi, l, p.host_page)?;
-            }
-        }
-        buffers.push(BufferPlan {
-            buffer: db.name().to_string(),
-            item_bytes,
-            layers: layer_ids,
-            runs,
-        });
-    }
-    Ok(TransferPlan {
-        direction,
-        layers,
-        pairs: pairs.to_vec(),
-        buffers,
-        verified: false,
-    })
+    plan_buffers(direction, device, host, layers, pairs, false)
 }
 
 /// The unverified plan SGLang's HiCache transfer kernel executes: per buffer one item size —
@@ -576,24 +382,43 @@ pub fn legacy_plan(
     layers: Layers,
     pairs: &[PagePair],
 ) -> Result<TransferPlan, TransferError> {
+    plan_buffers(direction, device, host, layers, pairs, true)
+}
+
+/// [`plan`] (`legacy` false) or [`legacy_plan`] (true): they differ in where the device page
+/// is and in what a buffer or layer missing on the host means.
+fn plan_buffers(
+    direction: Direction,
+    device: &PoolGeometry,
+    host: &PoolGeometry,
+    layers: Layers,
+    pairs: &[PagePair],
+    legacy: bool,
+) -> Result<TransferPlan, TransferError> {
     let mut buffers = Vec::with_capacity(device.buffers.len());
     for (bi, db) in device.buffers.iter().enumerate() {
-        let Some(hi) = host.buffer_index(db.name()) else {
-            continue;
+        let hi = match host.buffer_index(db.name()) {
+            Some(hi) => hi,
+            None if legacy => continue,
+            None => return Err(field(db.name().to_string(), "present", "missing")),
         };
         let item_bytes = host.stored_page_bytes(hi)?;
         let layer_ids: Vec<u64> = layer_list(layers, db.layers)
             .into_iter()
-            .filter(|&l| l < host.buffers[hi].layers)
+            .filter(|&l| !legacy || l < host.buffers[hi].layers)
             .collect();
-        let mut runs = Vec::new();
+        // Reserve at most 64 Ki runs up front: the list's length is the caller's.
+        let mut runs = Vec::with_capacity(layer_ids.len().saturating_mul(pairs.len()).min(1 << 16));
         for &l in &layer_ids {
-            let layer_base = device.page_offset_bytes(bi, l, 0)?;
             for p in pairs {
-                let item_off = p.device_page.checked_mul(item_bytes).ok_or_else(|| {
-                    GeometryError::new("transfer plan", "overflow computing a run offset")
-                })?;
-                let dev_page = ck_add(layer_base, item_off)?;
+                let dev_page = if legacy {
+                    let item_off = p.device_page.checked_mul(item_bytes).ok_or_else(|| {
+                        GeometryError::new("transfer plan", "overflow computing a run offset")
+                    })?;
+                    ck_add(device.page_offset_bytes(bi, l, 0)?, item_off)?
+                } else {
+                    device.page_offset_bytes(bi, l, p.device_page)?
+                };
                 push_page_runs(&mut runs, direction, dev_page, host, hi, l, p.host_page)?;
             }
         }
@@ -613,9 +438,9 @@ pub fn legacy_plan(
     })
 }
 
-/// Checks and plans one transfer (the verified path): geometry, pages, then the plan, then its
-/// byte ranges. With the checks compiled out ([`CHECKS_COMPILED`] false) only the plan is built
-/// (its offsets still come from the geometry, and the backend still bounds every run).
+/// Checks and plans one transfer (the inspection path, [`crate::HiCache::plan`]): geometry
+/// field by field, pages, then the plan, then its byte ranges, in every build (the opt-out
+/// feature `unchecked` concerns the transfer hot path only).
 pub fn checked_plan(
     direction: Direction,
     device: Side<'_>,
@@ -623,24 +448,11 @@ pub fn checked_plan(
     layers: Layers,
     pairs: &[PagePair],
 ) -> Result<TransferPlan, TransferError> {
-    if CHECKS_COMPILED {
-        check_geometry(device, host)?;
-        check_pages(direction, device.geometry, host.geometry, layers, pairs)?;
-    } else {
-        // Always: indices in range and the list bounded by the destination's page count.
-        check_pair_pages(
-            direction,
-            device.geometry.pages,
-            host.geometry.pages,
-            pairs,
-            false,
-        )?;
-    }
+    check_geometry(device.geometry, host.geometry)?;
+    check_pages(direction, device.geometry, host.geometry, layers, pairs)?;
     let mut p = plan(direction, device.geometry, host.geometry, layers, pairs)?;
-    if CHECKS_COMPILED {
-        check_ranges(&p, device.len_bytes, host.len_bytes)?;
-        p.verified = true;
-    }
+    check_ranges(&p, device.len_bytes, host.len_bytes)?;
+    p.verified = true;
     Ok(p)
 }
 

@@ -15,8 +15,10 @@ use std::marker::PhantomData;
 use kvlayout_core::{BufferGeometry, KvLayout, MemoryLayout, PoolGeometry};
 
 use crate::backend::CpuBackend;
+use crate::error::{PairError, PoolError, TransferError};
 use crate::hicache::HiCache;
-use crate::pool::{DevicePool, HostPool, PoolError};
+use crate::plan::{Direction, Layers, PagePair, Transferred};
+use crate::pool::{DevicePool, HostPool, PoolWriter};
 
 /// A device pool of one buffer laid out as `L` (buffer name `L::NAME`).
 pub struct TypedDevicePool<L: KvLayout> {
@@ -49,7 +51,7 @@ impl<L: KvLayout> TypedDevicePool<L> {
         &self.pool
     }
 
-    /// The untyped pool, mutable.
+    /// The untyped pool, mutable (not paired yet: write its bytes before pairing).
     pub fn pool_mut(&mut self) -> &mut DevicePool<CpuBackend> {
         &mut self.pool
     }
@@ -80,7 +82,17 @@ impl<L: KvLayout> TypedHostPool<L> {
     }
 }
 
-/// A [`HiCache`] over a device and a host pool of the same layout `L`.
+/// A [`HiCache`] over a device and a host pool of the same layout `L`. It hands out the cache
+/// read only (and write-only handles), so neither a pool nor the whole cache can be replaced by
+/// one of another layout:
+///
+/// ```compile_fail
+/// # use kvlayout_core::formats::{IndexKBf16, IndexKFp8};
+/// # use kvlayout_pool::{HiCache, TypedHiCache};
+/// fn swap(typed: &mut TypedHiCache<IndexKFp8>, bf16: HiCache) -> HiCache {
+///     std::mem::replace(typed.cache(), bf16) // a shared reference
+/// }
+/// ```
 pub struct TypedHiCache<L: KvLayout> {
     cache: HiCache<CpuBackend>,
     layout: PhantomData<L>,
@@ -88,19 +100,48 @@ pub struct TypedHiCache<L: KvLayout> {
 
 impl<L: KvLayout> TypedHiCache<L> {
     /// Pairs two pools of layout `L`. Both were built from `L`'s descriptor (the host mirrors
-    /// the device), so they match by construction; the geometry is still compared once, and
-    /// the shim still checks every transfer.
-    pub fn pair(device: TypedDevicePool<L>, host: TypedHostPool<L>) -> Self {
-        let cache = HiCache::pair(device.pool, host.pool)
-            .expect("pools of one KvLayout type have one geometry");
-        TypedHiCache {
-            cache,
+    /// the device), so they match by construction; the geometry is still compared once (an
+    /// error here would be a bug in the descriptor's geometry), and the shim still checks every
+    /// transfer.
+    pub fn pair(device: TypedDevicePool<L>, host: TypedHostPool<L>) -> Result<Self, PairError> {
+        Ok(TypedHiCache {
+            cache: HiCache::pair(device.pool, host.pool)?,
             layout: PhantomData,
-        }
+        })
     }
 
-    /// The untyped HiCache (backup, load, pools).
-    pub fn cache(&mut self) -> &mut HiCache<CpuBackend> {
-        &mut self.cache
+    /// The untyped HiCache, read only (pools, stats, plans).
+    pub fn cache(&self) -> &HiCache<CpuBackend> {
+        &self.cache
+    }
+
+    /// [`HiCache::transfer`].
+    pub fn transfer(
+        &mut self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<Transferred, TransferError> {
+        self.cache.transfer(direction, layers, pairs)
+    }
+
+    /// [`HiCache::backup`].
+    pub fn backup(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
+        self.cache.backup(pairs)
+    }
+
+    /// [`HiCache::load`].
+    pub fn load(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
+        self.cache.load(pairs)
+    }
+
+    /// [`HiCache::device_writer`].
+    pub fn device_writer(&mut self) -> PoolWriter<'_, DevicePool<CpuBackend>> {
+        self.cache.device_writer()
+    }
+
+    /// [`HiCache::host_writer`].
+    pub fn host_writer(&mut self) -> PoolWriter<'_, HostPool<CpuBackend>> {
+        self.cache.host_writer()
     }
 }

@@ -1,17 +1,25 @@
-//! `kvlayout describe --model NAME|PATH [--kv-dtype bf16|fp8] [--index-k fp8|bf16|fp4]
-//! [--page-size 64] [--pages N] [--json]`: a real model's device pool geometry — per buffer the
-//! format, layers, bytes per token per layer, page stride and all-layer bytes per token, and the
-//! all-layer total — or, with `--json`, the geometry file (`kvlayout.geometry/v1`).
+//! `kvlayout describe --model NAME|PATH|DIR [--kv-dtype bf16|fp8] [--index-k fp8|bf16|fp4]
+//! [--state-dtype f32|bf16|f16] [--tp N --rank r] [--page-size 64] [--pages N]
+//! [--json | --totals]`: a real model's pool geometry for one rank — per buffer the format,
+//! what it keeps (all tokens, a window, a chunk, a state slot), layers, bytes per token per
+//! layer, page stride and all-layer bytes — or, with `--json`, the geometry file, or, with
+//! `--totals`, DESIGN.md's totals object. The mapping lives in the `kvlayout-models` crate.
 
 use kvlayout_core::file;
-use kvlayout_pool::model::{Attention, IndexK, KvDtype, Model, PoolOptions};
+use kvlayout_models::{
+    Attention, BufferAttention, BufferSummary, IndexK, KvDtype, LayerKind, Model, Options, Shard,
+    StateDtype, Tp, summary,
+};
 
-/// `--kv-dtype` values.
+/// `--kv-dtype` values (case-insensitive; torch spellings accepted).
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
+#[value(rename_all = "lower")]
 pub enum KvDtypeArg {
     /// bfloat16.
+    #[value(alias = "bfloat16")]
     Bf16,
     /// fp8 e4m3 (DSA models: FlashMLA's 656-B sparse row).
+    #[value(alias = "float8_e4m3fn", alias = "f8e4m3")]
     Fp8,
 }
 
@@ -28,8 +36,10 @@ impl From<KvDtypeArg> for KvDtype {
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum IndexKArg {
     /// 128 e4m3 + one f32 scale per 128: 132 B/token.
+    #[value(alias = "float8_e4m3fn")]
     Fp8,
     /// 128 bf16: 256 B/token.
+    #[value(alias = "bfloat16")]
     Bf16,
     /// 128 e2m1 + 4 ue8m0: 68 B/token.
     Fp4,
@@ -45,28 +55,73 @@ impl From<IndexKArg> for IndexK {
     }
 }
 
+/// `--state-dtype` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum StateDtypeArg {
+    /// float32 (SGLang's default).
+    #[value(alias = "float32", alias = "fp32")]
+    F32,
+    /// bfloat16 (vLLM's default for a bf16 model).
+    #[value(alias = "bfloat16")]
+    Bf16,
+    /// float16.
+    #[value(alias = "float16", alias = "fp16")]
+    F16,
+}
+
+impl From<StateDtypeArg> for StateDtype {
+    fn from(a: StateDtypeArg) -> StateDtype {
+        match a {
+            StateDtypeArg::F32 => StateDtype::F32,
+            StateDtypeArg::Bf16 => StateDtype::Bf16,
+            StateDtypeArg::F16 => StateDtype::F16,
+        }
+    }
+}
+
 /// Arguments of `kvlayout describe`.
 #[derive(clap::Args)]
 pub struct DescribeArgs {
-    /// Built-in model name (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5, llama-3.1-8b,
-    /// llama-3.1-70b, qwen3-8b, qwen3-235b-a22b) or a path to a Hugging Face config.json.
+    /// Built-in model name, case-insensitive (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5,
+    /// llama-3.1-8b, llama-3.1-70b, qwen3-8b, qwen3-235b-a22b, gpt-oss-20b, qwen3-coder-next,
+    /// gemma-3-4b-it, gemma-4-26b-a4b, nemotron-nano-9b-v2, llama-4-scout), a path to a Hugging Face config.json, or
+    /// a model directory holding one (DIR/config.json).
     #[arg(long)]
     pub model: String,
     /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, ignore_case = true)]
     pub kv_dtype: Option<KvDtypeArg>,
     /// Index-K dtype (DSA models) [default: fp8].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, ignore_case = true)]
     pub index_k: Option<IndexKArg>,
+    /// Linear-attention recurrent-state dtype [default: the config's mamba_ssm_dtype, else f32
+    /// as SGLang].
+    #[arg(long, value_enum, ignore_case = true)]
+    pub state_dtype: Option<StateDtypeArg>,
+    /// Tensor-parallel ranks: describe one rank's pool (KV heads split, replicated when fewer
+    /// than ranks; MLA latent and index-K replicated).
+    #[arg(long)]
+    pub tp: Option<u64>,
+    /// The rank to describe, 0..tp [default: 0].
+    #[arg(long, requires = "tp")]
+    pub rank: Option<u64>,
     /// Tokens per page.
     #[arg(long, default_value_t = 64)]
     pub page_size: u64,
     /// Device pool pages (for the pool's total bytes).
     #[arg(long, default_value_t = 1024)]
     pub pages: u64,
-    /// Print the geometry file instead of the table.
+    /// Give every token buffer's page the bytes of the largest by raising its tokens per page,
+    /// as vLLM's hybrid KV-cache allocator does (default: one page size, as SGLang).
     #[arg(long)]
+    pub equal_page_bytes: bool,
+    /// Print the geometry file instead of the table.
+    #[arg(long, conflicts_with = "totals")]
     pub json: bool,
+    /// Print one JSON object: full_bytes_per_token, window_bytes_per_request_max,
+    /// state_bytes_per_request, layers_by_attention.
+    #[arg(long)]
+    pub totals: bool,
 }
 
 /// `48068` -> `48,068`.
@@ -94,75 +149,68 @@ pub fn index_k_for(model: &Model, arg: Option<IndexKArg>) -> IndexK {
     arg.unwrap_or(IndexKArg::Fp8).into()
 }
 
-/// Runs the subcommand: 0 on success, 2 on bad input.
-pub fn run(args: &DescribeArgs) -> u8 {
-    let model = match Model::load(&args.model) {
-        Ok(m) => m,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
-    };
-    let opts = PoolOptions {
-        kv_dtype: args.kv_dtype.map(Into::into),
-        index_k: index_k_for(&model, args.index_k),
-        page_size_tokens: args.page_size,
-        pages: args.pages,
-    };
-    let pool = match model.pool(&opts) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
-    };
-    if args.json {
-        print!("{}", file::to_json(&pool.geometry));
-        return 0;
+fn attention_text(a: BufferAttention) -> String {
+    match a {
+        BufferAttention::Full => "full".into(),
+        BufferAttention::SlidingWindow { window_tokens } => format!("window {window_tokens}"),
+        BufferAttention::Chunked { chunk_tokens } => format!("chunk {chunk_tokens}"),
+        BufferAttention::State => "state".into(),
     }
-    let (rows, total, pool_bytes, fingerprint) = match (
-        pool.summary(),
-        pool.geometry.bytes_per_token_all_layers(),
-        pool.geometry.total_bytes(),
-        pool.geometry.fingerprint(),
-    ) {
-        (Ok(r), Ok(t), Ok(b), Ok(f)) => (r, t, b, f),
-        (r, t, b, f) => {
-            let e = [r.err(), t.err(), b.err()]
-                .into_iter()
-                .flatten()
-                .map(|e| e.to_string())
-                .chain(f.err().map(|e| e.to_string()))
-                .collect::<Vec<_>>()
-                .join("; ");
-            eprintln!("error: {e}");
-            return 2;
+}
+
+fn shard_text(s: Shard) -> String {
+    match s {
+        Shard::Heads {
+            tp,
+            heads_total,
+            local,
+            first,
+            replicas,
+        } => {
+            let heads = if local == 1 {
+                format!("head {first}")
+            } else {
+                format!("heads {first}-{}", first + local - 1)
+            };
+            let rep = if replicas > 1 {
+                format!(", each head on {replicas} ranks")
+            } else {
+                String::new()
+            };
+            format!(
+                "rank {} of {}: {heads} of {heads_total}{rep}",
+                tp.rank, tp.size
+            )
         }
-    };
-    let g = &pool.geometry;
-    println!("model {} ({})", model.name, model.source);
-    println!(
-        "pool: page_size_tokens {}, pages {}, memory_layout {}, fingerprint {fingerprint:#018x}",
-        g.page_size_tokens, g.pages, g.memory_layout
-    );
-    println!(
-        "{:<8} {:<16} {:>6} {:>14} {:>14} {:>18}",
-        "buffer", "format", "layers", "B/token/layer", "page stride B", "B/token (layers)"
-    );
-    for r in &rows {
-        println!(
-            "{:<8} {:<16} {:>6} {:>14} {:>14} {:>18}",
-            r.name,
-            r.format,
-            r.layers,
-            thousands(r.bytes_per_token),
-            thousands(r.page_stride_bytes),
-            thousands(r.bytes_per_token_all_layers)
-        );
+        Shard::Replicated { tp } => format!("rank {} of {}: replicated", tp.rank, tp.size),
     }
-    let per_layer: Vec<String> = rows.iter().map(|r| r.bytes_per_token.to_string()).collect();
+}
+
+fn fail(e: impl std::fmt::Display) -> u8 {
+    eprintln!("error: {e}");
+    2
+}
+
+fn layer_counts(kinds: &[LayerKind]) -> String {
+    let mut parts = Vec::new();
+    for key in ["full", "sliding", "chunked", "linear", "mamba", "no_cache"] {
+        let n = kinds.iter().filter(|k| k.key() == key).count();
+        if n > 0 {
+            let span = kinds.iter().find(|k| k.key() == key).and_then(|k| match k {
+                LayerKind::Sliding { window_tokens } => Some(format!(" (window {window_tokens})")),
+                LayerKind::Chunked { chunk_tokens } => Some(format!(" (chunk {chunk_tokens})")),
+                _ => None,
+            });
+            parts.push(format!("{n} {key}{}", span.unwrap_or_default()));
+        }
+    }
+    parts.join(", ")
+}
+
+fn formula(rows: &[&BufferSummary]) -> String {
     let same_layers = rows.iter().all(|r| r.layers == rows[0].layers);
-    let formula = if same_layers && rows.len() > 1 {
+    let per_layer: Vec<String> = rows.iter().map(|r| r.bytes_per_token.to_string()).collect();
+    if same_layers && rows.len() > 1 {
         format!("{} x ({})", rows[0].layers, per_layer.join(" + "))
     } else if same_layers {
         format!("{} x {}", rows[0].layers, per_layer[0])
@@ -171,16 +219,167 @@ pub fn run(args: &DescribeArgs) -> u8 {
             .map(|r| format!("{} x {}", r.layers, r.bytes_per_token))
             .collect::<Vec<_>>()
             .join(" + ")
+    }
+}
+
+/// Runs the subcommand: 0 on success, 2 on bad input.
+pub fn run(args: &DescribeArgs) -> u8 {
+    let model = match Model::load(&args.model) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
     };
+    let tp = match args
+        .tp
+        .map(|n| Tp::new(n, args.rank.unwrap_or(0)))
+        .transpose()
+    {
+        Ok(tp) => tp,
+        Err(e) => return fail(e),
+    };
+    let opts = Options {
+        kv_dtype: args.kv_dtype.map(Into::into),
+        index_k: index_k_for(&model, args.index_k),
+        page_size_tokens: args.page_size,
+        pages: args.pages,
+        tp,
+        state_dtype: args.state_dtype.map(Into::into),
+        equal_page_bytes: args.equal_page_bytes,
+    };
+    if args.totals {
+        return match model.totals(&opts) {
+            Ok(t) => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&t).expect("totals serialize")
+                );
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    if args.json {
+        return match model.pool(&opts) {
+            Ok(p) => {
+                print!("{}", file::to_json(&p.geometry));
+                0
+            }
+            Err(e) => fail(e),
+        };
+    }
+    let (kinds, buffers) = match (model.layer_kinds(), model.plan(&opts)) {
+        (Ok(k), Ok(b)) => (k, b),
+        (Err(e), _) | (_, Err(e)) => return fail(e),
+    };
+    let rows = match summary(&buffers, args.page_size) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    println!("model {} ({})", model.name, model.source);
+    println!("layers: {}", layer_counts(&kinds));
+    let pool = model.pool(&opts);
+    match &pool {
+        Ok(p) => match p.geometry.fingerprints() {
+            Ok(f) => {
+                println!(
+                    "pool: page_size_tokens {}, pages {}, memory_layout {}, fingerprint {:#018x}",
+                    p.geometry.page_size_tokens, p.geometry.pages, p.geometry.memory_layout, f.pool
+                );
+                println!("fingerprints: {f}");
+            }
+            Err(e) => return fail(e),
+        },
+        Err(e) => println!(
+            "pool: page_size_tokens {}, pages {} (no geometry file: {e})",
+            args.page_size, args.pages
+        ),
+    }
     println!(
-        "total: {formula} = {} B/token, all layers",
-        thousands(total)
+        "{:<9} {:<34} {:<11} {:>6} {:>14} {:>14} {:>18}",
+        "buffer", "format", "keeps", "layers", "B/token/layer", "page stride B", "B/token (layers)"
     );
-    println!(
-        "pool bytes ({} pages x {} tokens): {}",
-        g.pages,
-        g.page_size_tokens,
-        thousands(pool_bytes)
-    );
+    for r in &rows {
+        println!(
+            "{:<9} {:<34} {:<11} {:>6} {:>14} {:>14} {:>18}",
+            r.name,
+            r.format,
+            attention_text(r.attention),
+            r.layers,
+            thousands(r.bytes_per_token),
+            thousands(r.page_stride_bytes),
+            thousands(r.bytes_per_token_all_layers)
+        );
+    }
+    if rows.iter().any(|r| r.attention == BufferAttention::State) {
+        println!(
+            "(state rows: bytes per request slot per layer, not per token; a page is one slot)"
+        );
+    }
+    for b in &buffers {
+        if let Some(t) = b.page_size_tokens {
+            println!("page {}: {t} tokens (equal page bytes)", b.name);
+        }
+    }
+    for b in &buffers {
+        if let Some(s) = b.shard {
+            println!("shard {}: {}", b.name, shard_text(s));
+        }
+    }
+    let totals = match model.totals(&opts) {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let full: Vec<&BufferSummary> = rows
+        .iter()
+        .filter(|r| r.attention == BufferAttention::Full)
+        .collect();
+    let hybrid = full.len() != rows.len();
+    if !full.is_empty() {
+        let scope = if hybrid {
+            "in full-attention layers"
+        } else {
+            "all layers"
+        };
+        println!(
+            "total: {} = {} B/token, {scope}",
+            formula(&full),
+            thousands(totals.full_bytes_per_token)
+        );
+    }
+    let windowed: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let w = r.attention.tokens();
+            (w > 0).then(|| format!("{} x {} x {w}", r.layers, r.bytes_per_token))
+        })
+        .collect();
+    if !windowed.is_empty() {
+        println!(
+            "window: {} = {} B/request at most, windowed/chunked layers",
+            windowed.join(" + "),
+            thousands(totals.window_bytes_per_request_max)
+        );
+    }
+    let state: Vec<&BufferSummary> = rows
+        .iter()
+        .filter(|r| r.attention == BufferAttention::State)
+        .collect();
+    if !state.is_empty() {
+        println!(
+            "state: {} = {} B/request, linear-attention / Mamba layers",
+            formula(&state),
+            thousands(totals.state_bytes_per_request)
+        );
+    }
+    if let Ok(p) = &pool {
+        match p.geometry.total_bytes() {
+            Ok(b) => println!(
+                "pool bytes ({} pages x {} tokens): {}",
+                p.geometry.pages,
+                p.geometry.page_size_tokens,
+                thousands(b)
+            ),
+            Err(e) => return fail(e),
+        }
+    }
     0
 }

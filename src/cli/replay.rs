@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlayout_core::MemoryLayout;
-use kvlayout_pool::model::{Model, PoolOptions};
+use kvlayout_models::{Model, PoolOptions};
 use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
 
 use super::describe::{IndexKArg, KvDtypeArg, thousands};

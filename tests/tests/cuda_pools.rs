@@ -13,22 +13,21 @@
 //! still be poison, the source must be untouched, and both pools must equal, byte for byte, the
 //! pools of the same transfer on the CPU backend.
 //!
-//! Geometries (hand-worked from DESIGN-facts.md, as in `pools.rs`):
+//! Geometries (fixtures of tests/src/lib.rs, per-token sizes worked there):
 //! - DSA (DeepSeek-V3.2): `kv` dsa_mla_fp8 656 B/token -> 64 x 656 = 41,984 B per page per
 //!   layer; `index_k` bf16 128 x 2 = 256 B/token -> 64 x 256 = 16,384 B; 2 layers, device 4
 //!   pages, host 8 pages. Host region: 8 x 2 x (41,984 + 16,384) = 933,888 B.
 //! - MHA bf16 8 heads x 128 (K plane then V plane, 4096 B/token), 3 layers, for `page_head`.
 
-use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, file, formats};
+use kvlayout_core::{MemoryLayout, PoolGeometry, file, formats};
+use kvlayout_models::{IndexK, Model, PoolOptions};
 use kvlayout_pool::backend::{CudaBackend, KernelError};
-use kvlayout_pool::model::{IndexK, Model, PoolOptions};
 use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, Workload};
 use kvlayout_pool::{
     Backend, BackendError, CopyRun, CpuBackend, DevicePool, Direction, HiCache, HostPool, KvPool,
-    Layers, PagePair, TransferError,
+    Layers, PagePair, PoolWriter, TransferError,
 };
 
-const PAGE_TOKENS: u64 = 64;
 const DEVICE_PAGES: u64 = 4;
 const HOST_PAGES: u64 = 8;
 const POISON: u8 = 0xA5;
@@ -54,32 +53,12 @@ fn gpu(test: &str) -> Option<CudaBackend> {
     }
 }
 
-fn geometry(buffers: &[(&'static str, TokenLayout)], layers: u64, pages: u64) -> PoolGeometry {
-    PoolGeometry {
-        name: "cuda pools".into(),
-        page_size_tokens: PAGE_TOKENS,
-        pages,
-        memory_layout: MemoryLayout::LayerFirst,
-        buffers: buffers
-            .iter()
-            .map(|(n, l)| BufferGeometry::new(*n, layers, l.clone()))
-            .collect(),
-    }
-}
-
 fn dsa_bf16() -> PoolGeometry {
-    geometry(
-        &[
-            ("kv", formats::DSA_MLA_FP8),
-            ("index_k", formats::INDEX_K_BF16),
-        ],
-        2,
-        DEVICE_PAGES,
-    )
+    kvlayout_tests::dsa(formats::INDEX_K_BF16, 2, DEVICE_PAGES)
 }
 
 fn mha() -> PoolGeometry {
-    geometry(&[("kv", formats::MHA_BF16_8X128)], 3, DEVICE_PAGES)
+    kvlayout_tests::mha_bf16(3, DEVICE_PAGES)
 }
 
 /// `n` random bytes (xorshift64*), none of them 0 or [`POISON`].
@@ -98,13 +77,13 @@ fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
-fn fill_random(pool: &mut impl KvPool, seed: u64) {
-    let n = pool.len_bytes() as usize;
+fn fill_random<P: KvPool>(mut pool: PoolWriter<'_, P>, seed: u64) {
+    let n = pool.pool().len_bytes() as usize;
     pool.write_bytes(0, &random_bytes(seed, n)).unwrap();
 }
 
-fn poison(pool: &mut impl KvPool) {
-    let n = pool.len_bytes() as usize;
+fn poison<P: KvPool>(mut pool: PoolWriter<'_, P>) {
+    let n = pool.pool().len_bytes() as usize;
     pool.write_bytes(0, &vec![POISON; n]).unwrap();
 }
 
@@ -217,12 +196,12 @@ fn transfer_case<B: Backend>(
     let seed = 7 + case.layout as u64;
     match direction {
         Direction::Backup => {
-            fill_random(cache.device_mut(), seed);
-            poison(cache.host_mut());
+            fill_random(cache.device_writer(), seed);
+            poison(cache.host_writer());
         }
         Direction::Load => {
-            fill_random(cache.host_mut(), seed);
-            poison(cache.device_mut());
+            fill_random(cache.host_writer(), seed);
+            poison(cache.device_writer());
         }
     }
     let (device_before, host_before) = snapshots(&cache);
@@ -346,8 +325,8 @@ fn gpu_every_host_layout_and_direction_matches_the_cpu_backend() {
 fn out_of_range_refused<B: Backend>(backend: B) {
     let case = &cases()[1]; // DSA, host page_first: device 4 pages, host 8.
     let mut cache = cache_on(backend, case);
-    fill_random(cache.device_mut(), 11);
-    fill_random(cache.host_mut(), 12);
+    fill_random(cache.device_writer(), 11);
+    fill_random(cache.host_writer(), 12);
     let before = snapshots(&cache);
     let attempts: [(Direction, Vec<PagePair>, TransferError); 4] = [
         // Pair 1 names host page 8 of 8 (pages 0..=7).
@@ -416,8 +395,15 @@ fn out_of_range_refused<B: Backend>(backend: B) {
         }
     }
     // A layer past the pool's 2 layers is refused too, moving nothing.
-    assert!(cache.load_layer(2, &[PagePair::new(0, 0)]).is_err());
-    assert!(cache.backup_layer(2, &[PagePair::new(0, 0)]).is_err());
+    let layer_2 = TransferError::Layer {
+        layer: 2,
+        layers: 2,
+    };
+    assert_eq!(
+        cache.load_layer(2, &[PagePair::new(0, 0)]),
+        Err(layer_2.clone())
+    );
+    assert_eq!(cache.backup_layer(2, &[PagePair::new(0, 0)]), Err(layer_2));
     assert!(snapshots(&cache) == before);
 }
 

@@ -6,7 +6,7 @@
 //! memories compared), every completed or partial one byte for byte against pools built
 //! independently with the expected pages.
 //!
-//! The pool (hand-worked from DESIGN-facts.md): DeepSeek-V3.2 DSA, 64-token pages, 2 layers,
+//! The pool (per-token sizes worked in tests/src/lib.rs): DeepSeek-V3.2 DSA, 64-token pages, 2 layers,
 //! `kv` = dsa_mla_fp8 656 B/token -> 64 x 656 = 41,984 B per page per layer, `index_k` =
 //! fp8 128 B values + 4 B scale = 132 B/token -> 64 x 132 = 8,448 B per page per layer. One
 //! page of both buffers and both layers: 2 x (41,984 + 8,448) = 100,864 B in 4 runs (one per
@@ -14,11 +14,12 @@
 
 use std::sync::Arc;
 
-use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
+use kvlayout_core::{MemoryLayout, PoolGeometry, formats};
 use kvlayout_pool::{
     Backend, BackendError, ConcurrentHiCache, CpuBackend, DevicePool, Direction, HiCache, HostPool,
     KvPool, Layers, PagePair, TransferError, Transferred,
 };
+use kvlayout_tests::{fill_pool as fill, page_pattern, snapshots};
 
 const LAYERS: u64 = 2;
 const DEVICE_PAGES: u64 = 48;
@@ -29,39 +30,7 @@ const PAIR_BYTES: u64 = 100_864;
 const PAIR_RUNS: u64 = 4;
 
 fn dsa(pages: u64) -> PoolGeometry {
-    PoolGeometry {
-        name: "hostile".into(),
-        page_size_tokens: 64,
-        pages,
-        memory_layout: MemoryLayout::LayerFirst,
-        buffers: vec![
-            BufferGeometry::new("kv", LAYERS, formats::DSA_MLA_FP8),
-            BufferGeometry::new("index_k", LAYERS, formats::INDEX_K_FP8),
-        ],
-    }
-}
-
-/// A byte unique to (tag, buffer, layer, page, byte) modulo 251, never zero.
-fn pattern(tag: u64, b: usize, l: u64, p: u64, i: usize) -> u8 {
-    (((tag * 97 + b as u64 * 131 + l * 31 + p * 7 + i as u64 * 13) % 251) + 1) as u8
-}
-
-fn page_pattern(tag: u64, g: &PoolGeometry, b: usize, l: u64, p: u64) -> Vec<u8> {
-    let n = g.page_geometry(b).unwrap().page_payload_bytes as usize;
-    (0..n).map(|i| pattern(tag, b, l, p, i)).collect()
-}
-
-/// Every page of every buffer and layer of `pool` written with pattern `tag`.
-fn fill(pool: &mut impl KvPool, tag: u64) {
-    let g = pool.geometry().clone();
-    for b in 0..g.buffers.len() {
-        for l in 0..LAYERS {
-            for p in 0..g.pages {
-                pool.write_page(b, l, p, &page_pattern(tag, &g, b, l, p))
-                    .unwrap();
-            }
-        }
-    }
+    kvlayout_tests::dsa(formats::INDEX_K_FP8, LAYERS, pages)
 }
 
 const DEVICE_TAG: u64 = 1;
@@ -77,13 +46,6 @@ fn cache_on<B: Backend<DeviceMem = Vec<u8>, HostMem = Vec<u8>>>(backend: B) -> H
 
 fn cache() -> HiCache {
     cache_on(CpuBackend)
-}
-
-fn snapshots<B: Backend>(cache: &HiCache<B>) -> (Vec<u8>, Vec<u8>) {
-    (
-        cache.device().snapshot().unwrap(),
-        cache.host().snapshot().unwrap(),
-    )
 }
 
 /// Asserts `f` is refused with `want` and moves no byte of either pool.
@@ -555,7 +517,9 @@ fn conflicting_transfers_are_refused_or_serialized_never_torn() {
     // loads host page 0 into device page 2, all started together: each call either completes
     // or is refused as Busy (nothing moved); host page 0 and device page 2 end whole copies of
     // one source page. (Whether a conflict happens in a given run is up to the scheduler; the
-    // claim rules themselves are unit-tested in `kvlayout-pool`'s `concurrent` module.)
+    // claim protocol itself is model-checked under every interleaving with `loom` in
+    // kvlayout-pool's `claim` module: RUSTFLAGS="--cfg loom" cargo test -p kvlayout-pool
+    // --release loom.)
     let shared = ConcurrentHiCache::new(cache()).unwrap();
     let start = std::sync::Barrier::new(3);
     std::thread::scope(|scope| {

@@ -1,7 +1,7 @@
 //! Regressions from the new-user review: configs that used to map silently to a wrong layout
 //! (notes F3, F6, F14, F15).
 
-use kvlayout_pool::model::{IndexK, Model, PoolOptions};
+use kvlayout_models::{IndexK, Model, PoolOptions};
 
 fn parse(text: &str) -> Result<Model, String> {
     Model::parse("test", "test", text).map_err(|e| e.to_string())

@@ -2,55 +2,18 @@
 //! through every host memory layout, the fp8-formula host refused, fp8 unaffected), refused
 //! transfers moving no byte, and every host memory layout round-tripping MHA, MLA and DSA.
 //!
-//! Every expected size is worked by hand in a comment from DESIGN-facts.md.
+//! Every expected size is worked by hand in a comment (per-token sizes: tests/src/lib.rs).
 
-use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, file, formats};
+use kvlayout_core::{Attention, BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_pool::shim::{self, Side};
 use kvlayout_pool::{
     DevicePool, Direction, HiCache, HostPool, KvPool, Layers, PagePair, PairError, PoolError,
     TransferError,
 };
-
-const PAGE_TOKENS: u64 = 64;
-
-fn geometry(buffers: &[(&'static str, TokenLayout)], layers: u64, pages: u64) -> PoolGeometry {
-    PoolGeometry {
-        name: "test device".into(),
-        page_size_tokens: PAGE_TOKENS,
-        pages,
-        memory_layout: MemoryLayout::LayerFirst,
-        buffers: buffers
-            .iter()
-            .map(|(n, l)| BufferGeometry::new(*n, layers, l.clone()))
-            .collect(),
-    }
-}
-
-/// DeepSeek-V3.2 DSA pool: `kv` 656 B/token + `index_k` (bf16 256 / fp8 132 B/token).
-fn dsa(index_k: TokenLayout, layers: u64, pages: u64) -> PoolGeometry {
-    geometry(
-        &[("kv", formats::DSA_MLA_FP8), ("index_k", index_k)],
-        layers,
-        pages,
-    )
-}
-
-/// A byte pattern unique to (buffer, layer, page, byte), never zero.
-fn pattern(b: usize, l: u64, p: u64, i: usize) -> u8 {
-    (((b as u64 * 131 + l * 31 + p * 7 + i as u64 * 13) % 251) + 1) as u8
-}
+use kvlayout_tests::{PAGE_TOKENS, dsa, fill_pool, fp8_formula_host, pattern, pool as geometry};
 
 fn fill(pool: &mut DevicePool) {
-    let g = pool.geometry().clone();
-    for (b, buf) in g.buffers.iter().enumerate() {
-        let payload = g.page_geometry(b).unwrap().page_payload_bytes as usize;
-        for l in 0..buf.layers {
-            for p in 0..g.pages {
-                let data: Vec<u8> = (0..payload).map(|i| pattern(b, l, p, i)).collect();
-                pool.write_page(b, l, p, &data).unwrap();
-            }
-        }
-    }
+    fill_pool(pool, 0);
 }
 
 fn page_bytes(pool: &impl KvPool, b: usize, l: u64, p: u64) -> Vec<u8> {
@@ -88,10 +51,7 @@ fn round_trip(device_geometry: PoolGeometry, host_layout: MemoryLayout) {
         let payload = g.page_geometry(b).unwrap().page_payload_bytes as usize;
         for l in 0..g.buffers[b].layers {
             for p in [0, 2, 3] {
-                cache
-                    .device_mut()
-                    .write_page(b, l, p, &vec![0xee; payload])
-                    .unwrap();
+                cache.write_page(b, l, p, &vec![0xee; payload]).unwrap();
             }
         }
     }
@@ -150,21 +110,11 @@ fn seed_bf16_host_mirror_takes_256_bytes_per_token_from_the_device() {
     assert_eq!(host.len_bytes(), 933_888);
 }
 
-/// The seed's host geometry (shared case 00 b.json), with its page count cut to 4 so the test
-/// allocates 4 x 61 x (41984 + 8448) = 12,305,408 B instead of 4096 pages' 12.6 GB (pages are
-/// not compared).
-fn fp8_formula_host() -> PoolGeometry {
-    let text = include_str!("../../configs/geometry/host-index-k-fp8-formula.json");
-    let mut g = file::from_json(text).unwrap();
-    assert_eq!(g.pages, 4096);
-    g.pages = 4;
-    g
-}
-
 #[test]
 fn seed_fp8_formula_host_refused_at_pairing_with_the_full_mismatch() {
     let device = DevicePool::new(dsa(formats::INDEX_K_BF16, 61, 2)).unwrap();
-    let host = HostPool::from_geometry(fp8_formula_host()).unwrap();
+    let host = HostPool::from_geometry(fp8_formula_host(4)).unwrap();
+    // 4 pages x 61 layers x (41,984 + 8,448) B.
     assert_eq!(host.len_bytes(), 12_305_408);
     let Err(PairError::Mismatch(m)) = HiCache::pair(device, host) else {
         panic!("pairing a bf16 index-K device with the fp8-formula host must be refused");
@@ -190,7 +140,7 @@ fn seed_fp8_index_k_unaffected_with_the_fp8_formula_host() {
     let mut device = device;
     fill(&mut device);
     let page0_l60 = page_bytes(&device, 1, 60, 0);
-    let host = HostPool::from_geometry(fp8_formula_host()).unwrap();
+    let host = HostPool::from_geometry(fp8_formula_host(4)).unwrap();
     assert!(!host.is_mirror());
     let mut cache = HiCache::pair(device, host).unwrap();
     let plan = cache.backup(&[PagePair::new(0, 3)]).unwrap();
@@ -259,12 +209,7 @@ fn small_cache() -> HiCache {
     HiCache::pair(device, host).unwrap()
 }
 
-fn snapshots(cache: &HiCache) -> (Vec<u8>, Vec<u8>) {
-    (
-        cache.device().snapshot().unwrap(),
-        cache.host().snapshot().unwrap(),
-    )
-}
+use kvlayout_tests::snapshots;
 
 #[test]
 fn host_page_out_of_range_refused_and_no_byte_moves() {
@@ -361,37 +306,36 @@ fn layer_out_of_range_refused() {
     assert_eq!(snapshots(&cache), before);
 }
 
+/// The inspection path ([`HiCache::plan`] -> `shim::checked_plan`) compares the geometries
+/// field by field. Transfers compare them once, at pairing (seed tests above), and before each
+/// transfer re-check that the pools are the paired ones (fingerprint, pages, region length:
+/// unit-tested through `transfer` in kvlayout-pool's `hicache` module, since a paired pool
+/// cannot be swapped through the public API).
 #[test]
-fn shim_refuses_different_geometries_before_each_transfer() {
+fn checked_plan_refuses_different_geometries_naming_the_field() {
     let bf16 = dsa(formats::INDEX_K_BF16, 2, 4);
     let fp8 = dsa(formats::INDEX_K_FP8, 2, 4);
-    let (fb, ff) = (bf16.fingerprint().unwrap(), fp8.fingerprint().unwrap());
-    let side = |g, fingerprint| Side {
+    let side = |g| Side {
         geometry: g,
-        fingerprint,
         len_bytes: u64::MAX,
     };
     let err = shim::checked_plan(
         Direction::Load,
-        side(&bf16, fb),
-        side(&fp8, ff),
+        side(&bf16),
+        side(&fp8),
         Layers::All,
         &[PagePair::new(0, 0)],
     )
     .unwrap_err();
-    assert_eq!(
-        err,
-        TransferError::Fingerprint {
-            device: fb,
-            host: ff
-        }
-    );
-    // Even with a forged equal fingerprint, the per-buffer check names the field and both
-    // values: 256 vs 132 bytes per token.
-    let err = shim::check_geometry(side(&bf16, fb), side(&fp8, fb)).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "index_k.bytes_per_token: device 256, host 132"
+    let TransferError::Mismatch(m) = &err else {
+        panic!("{err}")
+    };
+    // bf16 128 x 2 = 256 B/token, fp8 128 + 4 = 132 B/token; pages of 64 tokens.
+    assert!(m.names("index_k.bytes_per_token"), "{err}");
+    assert!(
+        m.lines()
+            .contains(&"index_k.page_stride_bytes: 16384, 8448".to_string()),
+        "{err}"
     );
 }
 
@@ -423,13 +367,107 @@ fn typed_pools_pair_and_round_trip() {
     use kvlayout_core::formats::IndexKBf16;
     use kvlayout_pool::{TypedDevicePool, TypedHiCache, TypedHostPool};
     let mut device = TypedDevicePool::<IndexKBf16>::new(2, 4, PAGE_TOKENS).unwrap();
-    let data: Vec<u8> = (0..16_384).map(|i| pattern(0, 1, 2, i)).collect();
+    let data: Vec<u8> = (0..16_384).map(|i| pattern(0, 0, 1, 2, i)).collect();
     device.pool_mut().write_page(0, 1, 2, &data).unwrap();
     let host = TypedHostPool::mirror_of(&device, 8, MemoryLayout::PageFirstDirect).unwrap();
     // 8 pages x 2 layers x 16384 B.
     assert_eq!(host.pool().len_bytes(), 262_144);
-    let mut cache = TypedHiCache::pair(device, host);
-    cache.cache().backup(&[PagePair::new(2, 7)]).unwrap();
-    cache.cache().load(&[PagePair::new(0, 7)]).unwrap();
+    let mut cache = TypedHiCache::pair(device, host).unwrap();
+    cache.backup(&[PagePair::new(2, 7)]).unwrap();
+    // Written through the pairing's handle: the host copy is overwritten on load.
+    cache
+        .device_writer()
+        .write_page(0, 1, 0, &vec![0xee; 16_384])
+        .unwrap();
+    cache.load(&[PagePair::new(0, 7)]).unwrap();
     assert_eq!(cache.cache().device().read_page(0, 1, 0).unwrap(), data);
+}
+
+// ---------------------------------------------------------------------------------------
+// Geometry v2 (issue 8, item 5): per-buffer page sizes, windows and state slots.
+
+/// A hybrid pool in the shape of gpt-oss (full + sliding-window layers) and Qwen3-Next (a
+/// recurrent state per request), 2 layers:
+/// - `full`: MHA bf16 8 x 128 (K and V, 2 x 8 x 128 x 2 = 4,096 B/token), the pool's 64-token
+///   pages: 64 x 4,096 = 262,144 B per page;
+/// - `swa`: the same layout, a 128-token window, its own 16-token pages: 16 x 4,096 = 65,536 B;
+/// - `state`: one slot per request (a page is one slot) holding an MLA bf16 row, 512 + 64 bf16
+///   = 1,152 B.
+///
+/// One pair of both layers: 2 x (262,144 + 65,536 + 1,152) = 657,664 B in 6 runs.
+fn hybrid(layer_ids: bool) -> PoolGeometry {
+    let mut full = BufferGeometry::new("full", 2, formats::MHA_BF16_8X128);
+    let mut swa = BufferGeometry::new("swa", 2, formats::MHA_BF16_8X128)
+        .with_page_size_tokens(16)
+        .with_attention(Attention::SlidingWindow { window_tokens: 128 });
+    if layer_ids {
+        full = full.with_layer_ids(vec![1, 3]);
+        swa = swa.with_layer_ids(vec![0, 2]);
+    }
+    let state = BufferGeometry::new("state", 2, formats::MLA_BF16).with_attention(Attention::State);
+    let mut g = geometry(&[], 2, 4);
+    g.buffers = vec![full, swa, state];
+    g
+}
+
+#[test]
+fn v2_hybrid_pool_round_trips_through_every_host_layout_but_page_head() {
+    let g = hybrid(false);
+    assert_eq!(g.stored_page_bytes(0).unwrap(), 262_144);
+    assert_eq!(g.stored_page_bytes(1).unwrap(), 65_536);
+    assert_eq!(g.stored_page_bytes(2).unwrap(), 1_152);
+    for layout in NOT_PAGE_HEAD {
+        round_trip(hybrid(false), layout);
+    }
+}
+
+#[test]
+fn v2_a_pair_moves_each_buffer_at_its_page_size_and_state_as_whole_slots() {
+    let mut device = DevicePool::new(hybrid(false)).unwrap();
+    fill(&mut device);
+    let slot = device.read_page(2, 1, 3).unwrap();
+    let host = HostPool::mirror_of(&device, 8, MemoryLayout::PageFirst).unwrap();
+    let mut cache = HiCache::pair(device, host).unwrap();
+    let done = cache.backup(&[PagePair::new(3, 6)]).unwrap();
+    assert_eq!((done.runs, done.bytes), (6, 657_664));
+    assert_eq!(cache.host().read_page(2, 1, 6).unwrap(), slot);
+    // One layer: 262,144 + 65,536 + 1,152 = 328,832 B in 3 runs.
+    let done = cache.load_layer(1, &[PagePair::new(0, 6)]).unwrap();
+    assert_eq!((done.runs, done.bytes), (3, 328_832));
+    assert_eq!(cache.device().read_page(2, 1, 0).unwrap(), slot);
+    // A state slot holds one token: token 1 of it does not exist.
+    let row = [0u8; 1_024];
+    let rope = [0u8; 128];
+    assert!(cache.write_token(2, 0, 0, 1, &[&row, &rope]).is_err());
+    cache.write_token(2, 0, 0, 0, &[&row, &rope]).unwrap();
+}
+
+#[test]
+fn v2_one_layer_transfers_are_refused_naming_layer_ids_all_layers_are_served() {
+    let mut device = DevicePool::new(hybrid(true)).unwrap();
+    fill(&mut device);
+    let host = HostPool::mirror_of(&device, 8, MemoryLayout::PageFirst).unwrap();
+    let mut cache = HiCache::pair(device, host).unwrap();
+    let before = kvlayout_tests::snapshots(&cache);
+    let err = cache.load_layer(0, &[PagePair::new(0, 0)]).unwrap_err();
+    assert!(
+        matches!(&err, TransferError::Unsupported { field, .. } if field == "full.layer_ids"),
+        "{err}"
+    );
+    assert!(kvlayout_tests::snapshots(&cache) == before);
+    assert_eq!(cache.backup(&[PagePair::new(1, 2)]).unwrap().bytes, 657_664);
+}
+
+/// `layer_ids` given on one side only are not compared (level `pool`), so the pools pair even
+/// though their fingerprints differ; transfers check each pool against its own pairing-time
+/// fingerprint, not one side against the other.
+#[test]
+fn v2_layer_ids_on_one_side_pair_and_transfer_all_layers() {
+    let device = DevicePool::new(hybrid(true)).unwrap();
+    let mut hg = hybrid(false);
+    hg.memory_layout = MemoryLayout::PageFirstDirect;
+    let host = HostPool::from_geometry(hg).unwrap();
+    assert_ne!(device.fingerprint(), host.fingerprint());
+    let mut cache = HiCache::pair(device, host).unwrap();
+    assert_eq!(cache.backup(&[PagePair::new(0, 0)]).unwrap().bytes, 657_664);
 }

@@ -6,7 +6,7 @@
 //! pages are backed up while the other batches run and loaded back on its next turn.
 
 use kvlayout_core::{MemoryLayout, file};
-use kvlayout_pool::model::{IndexK, Model, PoolOptions};
+use kvlayout_models::{IndexK, Model, PoolOptions};
 use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
 
 fn fp8_formula_host() -> HostSource {

@@ -3,7 +3,7 @@
 //! small workload of tests/tests/replay.rs (8 sessions, 2 layers, device pool of 14 pages).
 
 use kvlayout_core::file;
-use kvlayout_pool::model::{IndexK, Model, PoolOptions};
+use kvlayout_models::{IndexK, Model, PoolOptions};
 use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
 
 const FP8_FORMULA_HOST: &str = include_str!("../../configs/geometry/host-index-k-fp8-formula.json");

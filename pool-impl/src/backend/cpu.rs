@@ -1,8 +1,8 @@
 //! The CPU backend: every pool is one zeroed `Vec<u8>`; copies are `copy_from_slice` per run.
 //! The device pool then lives in ordinary memory and behaves byte for byte like a GPU pool.
 
-use super::{Backend, BackendError, Memory, check_range};
-use crate::plan::CopyRun;
+use super::{Backend, BackendError, Memory, check_range, check_runs};
+use crate::plan::{CopyRun, Direction};
 
 /// Pools in ordinary memory (the embedded default).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -14,7 +14,7 @@ impl Memory for Vec<u8> {
     }
 }
 
-pub(super) fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
     let err = |reason: &str| BackendError::Alloc {
         side,
         len_bytes,
@@ -38,40 +38,39 @@ pub(super) fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, Backe
     Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
 }
 
-pub(super) fn read(
-    side: &'static str,
-    mem: &[u8],
-    offset: u64,
-    out: &mut [u8],
-) -> Result<(), BackendError> {
+fn read(side: &'static str, mem: &[u8], offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
     check_range(side, offset, out.len() as u64, mem.len() as u64)?;
     let start = offset as usize;
     out.copy_from_slice(&mem[start..start + out.len()]);
     Ok(())
 }
 
-pub(super) fn write(
-    side: &'static str,
-    mem: &mut [u8],
-    offset: u64,
-    data: &[u8],
-) -> Result<(), BackendError> {
+fn write(side: &'static str, mem: &mut [u8], offset: u64, data: &[u8]) -> Result<(), BackendError> {
     check_range(side, offset, data.len() as u64, mem.len() as u64)?;
     let start = offset as usize;
     mem[start..start + data.len()].copy_from_slice(data);
     Ok(())
 }
 
-pub(super) fn copy_runs(
-    (src_side, src): (&'static str, &[u8]),
-    (dst_side, dst): (&'static str, &mut [u8]),
+/// The CPU run copy, the one every CPU path uses (this backend, the fault-injecting one, and
+/// the kernels crate's tests as the reference of its GPU copy).
+///
+/// Contract: copies `len_bytes` from `src[src_offset_bytes..]` to `dst[dst_offset_bytes..]`
+/// for every run, in list order, after checking every run first: on error no byte is written.
+/// The error is [`BackendError::OutOfRange`] for the first run, in list order, whose source
+/// range (named `direction.source()`: `device` for a backup) or destination range
+/// (`direction.destination()`) reaches past its slice, with its range computed without
+/// overflow (`end_bytes` saturates). Where destination ranges overlap, the later run wins.
+/// An empty list copies nothing and succeeds.
+pub fn copy_runs(
+    direction: Direction,
+    src: &[u8],
+    dst: &mut [u8],
     runs: &[CopyRun],
 ) -> Result<(), BackendError> {
+    check_runs(direction, src.len() as u64, dst.len() as u64, runs)?;
     for r in runs {
-        check_range(src_side, r.src_offset_bytes, r.len_bytes, src.len() as u64)?;
-        check_range(dst_side, r.dst_offset_bytes, r.len_bytes, dst.len() as u64)?;
-    }
-    for r in runs {
+        // In range: checked above against both lengths (both fit a usize: they are slices).
         let (s, d, n) = (
             r.src_offset_bytes as usize,
             r.dst_offset_bytes as usize,
@@ -125,7 +124,7 @@ impl Backend for CpuBackend {
         dst: &mut Vec<u8>,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
-        copy_runs(("device", src), ("host", dst), runs)
+        copy_runs(Direction::Backup, src, dst, runs)
     }
 
     fn host_to_device(
@@ -134,7 +133,7 @@ impl Backend for CpuBackend {
         dst: &mut Vec<u8>,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
-        copy_runs(("host", src), ("device", dst), runs)
+        copy_runs(Direction::Load, src, dst, runs)
     }
 }
 

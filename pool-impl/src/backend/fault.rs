@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::cpu::{alloc, copy_runs, read, write};
-use super::{Backend, BackendError, CpuBackend, check_range};
-use crate::plan::CopyRun;
+use super::{Backend, BackendError, CpuBackend, check_runs, copy_runs};
+use crate::plan::{CopyRun, Direction};
 
 /// A [`CpuBackend`] that copies `n_runs` runs in total (over all copies, shared by every clone:
 /// the device and host pools of one HiCache count together) and then fails: the copy that
@@ -42,17 +41,16 @@ impl FailingCpuBackend {
         self.runs_left.fetch_add(n_runs, Ordering::SeqCst);
     }
 
+    /// [`copy_runs`] of the runs the budget still allows, then the failure if it ran out.
     fn copy(
         &self,
-        src: (&'static str, &[u8]),
-        dst: (&'static str, &mut [u8]),
+        direction: Direction,
+        src: &[u8],
+        dst: &mut [u8],
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         // The same contract as the CPU backend: every run checked before any byte moves.
-        for r in runs {
-            check_range(src.0, r.src_offset_bytes, r.len_bytes, src.1.len() as u64)?;
-            check_range(dst.0, r.dst_offset_bytes, r.len_bytes, dst.1.len() as u64)?;
-        }
+        check_runs(direction, src.len() as u64, dst.len() as u64, runs)?;
         let total = runs.len() as u64;
         let taken = self
             .runs_left
@@ -61,7 +59,8 @@ impl FailingCpuBackend {
             })
             .unwrap_or(0)
             .min(total);
-        copy_runs(src, dst, &runs[..taken as usize])?;
+        // `taken <= runs.len()`, so it fits a usize.
+        copy_runs(direction, src, dst, &runs[..taken as usize])?;
         if taken < total {
             return Err(BackendError::Interrupted {
                 completed_runs: taken,
@@ -73,6 +72,7 @@ impl FailingCpuBackend {
     }
 }
 
+/// Everything but the run copies is the CPU backend's.
 impl Backend for FailingCpuBackend {
     type DeviceMem = Vec<u8>;
     type HostMem = Vec<u8>;
@@ -82,15 +82,15 @@ impl Backend for FailingCpuBackend {
     }
 
     fn alloc_device(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
-        alloc("device", len_bytes)
+        CpuBackend.alloc_device(len_bytes)
     }
 
     fn alloc_host(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
-        alloc("host", len_bytes)
+        CpuBackend.alloc_host(len_bytes)
     }
 
     fn read_device(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
-        read("device", mem, offset, out)
+        CpuBackend.read_device(mem, offset, out)
     }
 
     fn write_device(
@@ -99,15 +99,15 @@ impl Backend for FailingCpuBackend {
         offset: u64,
         data: &[u8],
     ) -> Result<(), BackendError> {
-        write("device", mem, offset, data)
+        CpuBackend.write_device(mem, offset, data)
     }
 
     fn read_host(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
-        read("host", mem, offset, out)
+        CpuBackend.read_host(mem, offset, out)
     }
 
     fn write_host(&self, mem: &mut Vec<u8>, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        write("host", mem, offset, data)
+        CpuBackend.write_host(mem, offset, data)
     }
 
     fn device_to_host(
@@ -116,7 +116,7 @@ impl Backend for FailingCpuBackend {
         dst: &mut Vec<u8>,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
-        self.copy(("device", src), ("host", dst), runs)
+        self.copy(Direction::Backup, src, dst, runs)
     }
 
     fn host_to_device(
@@ -125,7 +125,7 @@ impl Backend for FailingCpuBackend {
         dst: &mut Vec<u8>,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
-        self.copy(("host", src), ("device", dst), runs)
+        self.copy(Direction::Load, src, dst, runs)
     }
 }
 

@@ -13,12 +13,12 @@ mod cpu;
 mod cuda;
 mod fault;
 
-pub use cpu::CpuBackend;
+pub use cpu::{CpuBackend, copy_runs};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaDeviceMem, CudaHostMem, KernelError};
 pub use fault::FailingCpuBackend;
 
-use crate::plan::CopyRun;
+use crate::plan::{CopyRun, Direction};
 
 /// A pool's memory region as a backend holds it.
 pub trait Memory {
@@ -145,6 +145,24 @@ pub fn check_range(
         Some(end) if end <= region_bytes => Ok(()),
         end => Err(out_of_range(side, start_bytes, end, region_bytes)),
     }
+}
+
+/// Every run inside a source of `src_len_bytes` and a destination of `dst_len_bytes`, or
+/// [`BackendError::OutOfRange`] for the first run, in list order, that is not (its source range
+/// checked before its destination range; sides named by `direction`).
+#[inline]
+pub fn check_runs(
+    direction: Direction,
+    src_len_bytes: u64,
+    dst_len_bytes: u64,
+    runs: &[CopyRun],
+) -> Result<(), BackendError> {
+    let (src_side, dst_side) = (direction.source(), direction.destination());
+    for r in runs {
+        check_range(src_side, r.src_offset_bytes, r.len_bytes, src_len_bytes)?;
+        check_range(dst_side, r.dst_offset_bytes, r.len_bytes, dst_len_bytes)?;
+    }
+    Ok(())
 }
 
 #[cold]

@@ -1,7 +1,12 @@
 //! Built-in token layouts of real engines, with their sources and numbers (bytes per token per
 //! layer). Each is a `#[derive(KvLayout)]` token-row struct (the descriptor) and a
 //! `pub const` [`TokenLayout`] taken from it; every figure below is worked by hand from the
-//! source named.
+//! source named. The builders (`build.rs`) give the same formats as functions of their sizes (re-exported
+//! here: `formats::mha(kv_heads, head_dim, dtype)`, ...), for the sizes a model config picks.
+
+mod build;
+
+pub use build::{dsa_mla_fp8, dsv4_mla_fp8, index_k, mha, mha_mxfp8, mla, single};
 
 use kvlayout_derive::KvLayout;
 

@@ -1,0 +1,234 @@
+//! `kvlayout describe` as a user runs it: exit codes, the `--totals` object, the messages for
+//! refused configs (exit 2 naming the field), and what `--help` promises.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn describe(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .arg("describe")
+        .args(args)
+        .output()
+        .expect("run kvlayout");
+    (
+        out.status.code().expect("exit code"),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "kvlayout-cli-describe-{tag}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn totals_is_the_design_contract() {
+    let (code, out, err) = describe(&["--model", "gpt-oss-20b", "--totals"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // 12 full layers x 2 x 8 x 64 x 2 B; 12 sliding layers x 2,048 B x window 128.
+    assert_eq!(v["model"], "gpt-oss-20b");
+    assert_eq!(v["full_bytes_per_token"], 12 * 2 * 8 * 64 * 2);
+    assert_eq!(v["window_bytes_per_request_max"], 12 * 2_048 * 128);
+    assert_eq!(v["state_bytes_per_request"], 0);
+    assert_eq!(
+        v["layers_by_attention"],
+        serde_json::json!({"full": 12, "sliding": 12, "chunked": 0, "linear": 0, "mamba": 0, "no_cache": 0})
+    );
+    // Llama-3.1-8B, one rank of two: 32 x 2 x 4 x 128 x 2 = 65,536.
+    let (code, out, _) = describe(&[
+        "--model",
+        "Llama-3.1-8B",
+        "--tp",
+        "2",
+        "--rank",
+        "0",
+        "--totals",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["full_bytes_per_token"], 65_536);
+}
+
+#[test]
+fn table_prints_the_three_fingerprint_levels() {
+    // DeepSeek-V3.2 fp8/fp8 keeps its v1 pool fingerprint; storage and per-buffer token
+    // fingerprints follow (DESIGN.md "Compare levels").
+    let (code, out, err) = describe(&["--model", "deepseek-v3.2-exp"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("fingerprints: pool 0xeb019e4f84ee0658, storage 0x"),
+        "{out}"
+    );
+    assert!(out.contains(" token kv=0x"), "{out}");
+    assert!(out.contains(" index_k=0x"), "{out}");
+    assert!(
+        out.contains("total: 61 x (656 + 132) = 48,068 B/token, all layers"),
+        "{out}"
+    );
+}
+
+#[test]
+fn json_of_a_hybrid_is_a_v2_geometry_that_check_reads() {
+    let (code, out, err) = describe(&["--model", "qwen3-coder-next", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["schema"], "kvlayout.geometry/v2");
+    let names: Vec<&str> = v["buffers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["conv", "temporal", "full"]);
+    assert_eq!(v["buffers"][1]["attention"], "state");
+    let dir = temp_dir("json");
+    let path = dir.join("qwen3-coder-next.json");
+    std::fs::write(&path, &out).unwrap();
+    let check = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .arg("check")
+        .arg(&path)
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn refused_configs_exit_2_naming_the_field() {
+    let dir = temp_dir("refused");
+    let cases = [
+        (
+            r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+                "layer_types": ["full_attention", "cross_attention"]}"#,
+            "layer_types[1]: \"cross_attention\" is not a layer type",
+        ),
+        (
+            r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+                "num_kv_shared_layers": 1}"#,
+            "num_kv_shared_layers = 1",
+        ),
+        (
+            r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+                "hybrid_override_pattern": "MX"}"#,
+            "hybrid_override_pattern[1]: 'X' is not a layer",
+        ),
+    ];
+    for (i, (config, want)) in cases.into_iter().enumerate() {
+        let path = dir.join(format!("config-{i}.json"));
+        std::fs::write(&path, config).unwrap();
+        let (code, _, err) = describe(&["--model", path.to_str().unwrap()]);
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(want), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn directory_without_config_and_geometry_file_say_what_was_expected() {
+    let dir = temp_dir("dir");
+    let (code, _, err) = describe(&["--model", dir.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains(&format!("looked for {}", dir.join("config.json").display())),
+        "{err}"
+    );
+    let geometry = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("configs/geometry/host-index-k-fp8-formula.json");
+    let (code, _, err) = describe(&["--model", geometry.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("geometry file"), "{err}");
+    assert!(err.contains("Hugging Face config.json"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn help_names_every_builtin_model_and_model_directories() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["describe", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for (name, _, _) in kvlayout_models::BUILTIN {
+        assert!(help.contains(name), "--help lacks {name}:\n{help}");
+    }
+    assert!(help.contains("model directory"), "{help}");
+    assert!(help.contains("case-insensitive"), "{help}");
+}
+
+#[test]
+fn dtype_names_are_case_insensitive_like_model_names() {
+    // bf16 KV, torch spelling in capitals: Llama-3.1-8B 32 x 4,096 = 131,072.
+    let (code, out, err) = describe(&[
+        "--model",
+        "LLAMA-3.1-8B",
+        "--kv-dtype",
+        "BFloat16",
+        "--totals",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["full_bytes_per_token"], 131_072);
+    // fp8: 32 x 2,048 = 65,536.
+    let (code, out, _) = describe(&[
+        "--model",
+        "llama-3.1-8b",
+        "--kv-dtype",
+        "float8_e4m3fn",
+        "--totals",
+    ]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["full_bytes_per_token"], 65_536);
+}
+
+#[test]
+fn the_worked_example_in_docs_is_what_describe_prints() {
+    let doc = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/describe-hybrid.md"),
+    )
+    .unwrap();
+    for args in [
+        &["--model", "qwen3-coder-next"][..],
+        &["--model", "qwen3-coder-next", "--totals"][..],
+    ] {
+        let prompt = format!("$ kvlayout describe {}\n", args.join(" "));
+        let start = doc
+            .find(&prompt)
+            .unwrap_or_else(|| panic!("docs lack {prompt}"))
+            + prompt.len();
+        let rest = &doc[start..];
+        let end = rest.find("\n$ ").or_else(|| rest.find("\n```")).unwrap();
+        let (code, out, err) = describe(args);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out.trim_end(), rest[..end].trim_end(), "{prompt}");
+    }
+}
+
+#[test]
+fn bad_tp_and_rank_exit_2() {
+    let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--tp", "0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--tp must be at least 1, got 0"), "{err}");
+    let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--tp", "2", "--rank", "2"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--rank 2 is not below --tp 2"), "{err}");
+    // 8 KV heads on 3 ranks: the engines refuse it, and so does describe.
+    let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--tp", "3"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("do not split evenly over --tp 3"), "{err}");
+    // --rank needs --tp (clap's usage error, exit 2).
+    let (code, _, _) = describe(&["--model", "llama-3.1-8b", "--rank", "1"]);
+    assert_eq!(code, 2);
+}

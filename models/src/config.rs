@@ -1,0 +1,289 @@
+//! Reading a Hugging Face `config.json`: the object engines read (`text_config` when the
+//! model is multimodal, as vLLM's `get_text_config` and SGLang do), the fields that shape the
+//! KV cache, and a refusal for the fields that change the cache but are not modelled.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::ModelError;
+
+/// The cache-relevant fields of a Hugging Face `config.json` (its `text_config` when nested);
+/// other fields are ignored, except those [`UNMODELLED`] names (refused).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// `model_type` (`deepseek_v32`, `llama`, `gemma3_text`, ...).
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// `architectures` (`DeepseekV32ForCausalLM`, `LlamaForCausalLM`, ...); taken from the
+    /// outer object when the config is nested.
+    #[serde(default)]
+    pub architectures: Option<Vec<String>>,
+    /// Transformer layers.
+    pub num_hidden_layers: u64,
+    /// Query heads.
+    pub num_attention_heads: u64,
+    /// KV heads (GQA); absent means MHA (= `num_attention_heads`).
+    #[serde(default)]
+    pub num_key_value_heads: Option<u64>,
+    /// Model width.
+    #[serde(default)]
+    pub hidden_size: Option<u64>,
+    /// Head dimension; absent means `hidden_size / num_attention_heads`.
+    #[serde(default)]
+    pub head_dim: Option<u64>,
+    /// MLA compressed KV rank (latent elements per token).
+    #[serde(default)]
+    pub kv_lora_rank: Option<u64>,
+    /// MLA decoupled RoPE key elements per token.
+    #[serde(default)]
+    pub qk_rope_head_dim: Option<u64>,
+    /// DSA indexer heads.
+    #[serde(default)]
+    pub index_n_heads: Option<u64>,
+    /// DSA indexer key elements per token.
+    #[serde(default)]
+    pub index_head_dim: Option<u64>,
+    /// DSA tokens selected per query.
+    #[serde(default)]
+    pub index_topk: Option<u64>,
+    /// Per-layer attention kind (`full_attention`, `sliding_attention`, `chunked_attention`,
+    /// `linear_attention`).
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    /// Sliding-window length in tokens.
+    #[serde(default)]
+    pub sliding_window: Option<u64>,
+    /// Gemma 3: every `sliding_window_pattern`-th layer is global (`(i + 1) % p == 0`).
+    #[serde(default)]
+    pub sliding_window_pattern: Option<u64>,
+    /// `false` turns `sliding_window` off (Qwen2/Qwen3 configs carry a window they do not use).
+    #[serde(default)]
+    pub use_sliding_window: Option<bool>,
+    /// Qwen2: with `use_sliding_window`, the first layers stay full (not modelled: refused).
+    #[serde(default)]
+    pub max_window_layers: Option<u64>,
+    /// Llama 4: chunk length of the chunked local attention of RoPE layers.
+    #[serde(default)]
+    pub attention_chunk_size: Option<u64>,
+    /// Llama 4: `1` = RoPE layer (chunked), `0` = NoPE layer (global); empty = from the interval.
+    #[serde(default)]
+    pub no_rope_layers: Option<Vec<u64>>,
+    /// Llama 4: every `no_rope_layer_interval`-th layer is NoPE (default 4).
+    #[serde(default)]
+    pub no_rope_layer_interval: Option<u64>,
+    /// Gemma 4: head dimension of the full-attention (global) layers.
+    #[serde(default)]
+    pub global_head_dim: Option<u64>,
+    /// Gemma 4: KV heads of the global layers when `attention_k_eq_v`.
+    #[serde(default)]
+    pub num_global_key_value_heads: Option<u64>,
+    /// Gemma 4: global layers compute V with the K projection.
+    #[serde(default)]
+    pub attention_k_eq_v: Option<bool>,
+    /// Qwen3-Next: every `full_attention_interval`-th layer is full attention, others linear.
+    #[serde(default)]
+    pub full_attention_interval: Option<u64>,
+    /// Gated DeltaNet key heads.
+    #[serde(default)]
+    pub linear_num_key_heads: Option<u64>,
+    /// Gated DeltaNet value heads.
+    #[serde(default)]
+    pub linear_num_value_heads: Option<u64>,
+    /// Gated DeltaNet key head dimension.
+    #[serde(default)]
+    pub linear_key_head_dim: Option<u64>,
+    /// Gated DeltaNet value head dimension.
+    #[serde(default)]
+    pub linear_value_head_dim: Option<u64>,
+    /// Gated DeltaNet causal-conv kernel width.
+    #[serde(default)]
+    pub linear_conv_kernel_dim: Option<u64>,
+    /// Nemotron-H: one character per layer, `M` Mamba2, `*` attention, `-` MLP, `E` MoE.
+    #[serde(default)]
+    pub hybrid_override_pattern: Option<String>,
+    /// Mamba2 heads.
+    #[serde(default)]
+    pub mamba_num_heads: Option<u64>,
+    /// Mamba2 head dimension.
+    #[serde(default)]
+    pub mamba_head_dim: Option<u64>,
+    /// Mamba2 B/C groups.
+    #[serde(default)]
+    pub n_groups: Option<u64>,
+    /// Mamba2 state size per head element.
+    #[serde(default)]
+    pub ssm_state_size: Option<u64>,
+    /// Mamba2 causal-conv kernel width.
+    #[serde(default)]
+    pub conv_kernel: Option<u64>,
+    /// SGLang's recurrent-state dtype field (`float32`, `bfloat16`, `float16`).
+    #[serde(default)]
+    pub mamba_ssm_dtype: Option<String>,
+    /// The model dtype (`torch_dtype`, or `dtype` in newer files): the engines' default KV dtype.
+    #[serde(default)]
+    pub torch_dtype: Option<String>,
+    /// Newer spelling of `torch_dtype`.
+    #[serde(default)]
+    pub dtype: Option<String>,
+}
+
+/// Fields that change the KV cache but are not modelled, with what they change. Present with a
+/// value other than `null`, `false`, `0`, `""` or `[]`, they refuse the config.
+pub const UNMODELLED: &[(&str, &str)] = &[
+    (
+        "num_kv_shared_layers",
+        "the last layers reuse earlier layers' KV (Gemma 3n/4 KV sharing)",
+    ),
+    ("layers_block_type", "per-layer Mamba / attention blocks"),
+    (
+        "attn_layer_period",
+        "attention every N layers, Mamba elsewhere (Jamba)",
+    ),
+    ("attn_layer_offset", "attention layer offset (Jamba)"),
+    ("mamba_d_state", "Mamba state per request"),
+    (
+        "linear_attn_config",
+        "Kimi linear-attention state per request",
+    ),
+    (
+        "cross_attention_layers",
+        "cross-attention layers keep encoder KV per request",
+    ),
+    (
+        "interleaved_sliding_window",
+        "interleaved sliding-window layers",
+    ),
+    (
+        "multi_query_group_num",
+        "KV heads under another name (ChatGLM)",
+    ),
+    (
+        "multi_query",
+        "one KV head shared by all query heads (Falcon, GPT-BigCode)",
+    ),
+    ("num_kv_heads", "KV heads under another name (Falcon)"),
+    ("n_head_kv", "KV heads under another name (Falcon)"),
+    (
+        "attn_type_list",
+        "per-layer lightning (linear) or softmax attention (MiniMax)",
+    ),
+    ("use_cla", "cross-layer KV sharing (Hunyuan CLA)"),
+    (
+        "kv_cache_scheme",
+        "a quantized KV cache dtype and scales (compressed-tensors); use --kv-dtype",
+    ),
+];
+
+fn is_live(v: &Value) -> bool {
+    match v {
+        Value::Null | Value::Bool(false) => false,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        Value::Bool(true) => true,
+    }
+}
+
+/// Refuses the first field of [`UNMODELLED`] set in `text` (the text config), the outer object,
+/// or either's `quantization_config`.
+fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), ModelError> {
+    let mut places = vec![("", text)];
+    if !std::ptr::eq(outer, text) {
+        places.push(("", outer));
+    }
+    for (_, obj) in places.clone() {
+        if let Some(q) = obj.get("quantization_config") {
+            places.push(("quantization_config.", q));
+        }
+    }
+    for (prefix, obj) in places {
+        for (field, why) in UNMODELLED {
+            if let Some(v) = obj.get(*field).filter(|v| is_live(v)) {
+                return Err(ModelError::Unmodelled {
+                    name: name.to_string(),
+                    field: format!("{prefix}{field}"),
+                    value: v.to_string(),
+                    why: (*why).to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parses `config.json` text: a JSON object (BOM allowed); a `kvlayout` geometry file is
+/// refused saying which kind of file was expected; the text config is the `text_config` object
+/// when there is one.
+pub fn parse(name: &str, text: &str) -> Result<ModelConfig, ModelError> {
+    let parse_err = |reason: String| ModelError::Parse {
+        name: name.to_string(),
+        reason,
+    };
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let outer: Value = serde_json::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+    let Some(obj) = outer.as_object() else {
+        return Err(parse_err("a config.json must be a JSON object".into()));
+    };
+    if obj.contains_key("buffers") || obj.get("schema").is_some_and(Value::is_string) {
+        let schema = obj.get("schema").and_then(Value::as_str).unwrap_or("none");
+        return Err(parse_err(format!(
+            "this is a kvlayout geometry file (schema {schema}), not a model config: --model expects \
+             a built-in name, a Hugging Face config.json, or a model directory holding one; \
+             compare geometry files with `kvlayout check A.json B.json`"
+        )));
+    }
+    let (inner, prefix) = match obj.get("text_config") {
+        Some(t) if t.is_object() => (t, "text_config."),
+        Some(t) if !t.is_null() => {
+            return Err(parse_err(format!(
+                "text_config: expected an object, got {t}"
+            )));
+        }
+        _ => (&outer, ""),
+    };
+    refuse_unmodelled(name, &outer, inner)?;
+    let mut config: ModelConfig = serde_path_to_error::deserialize(inner.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            // serde's "missing field `x`": say where it was looked for.
+            parse_err(format!("{}{}", e.inner(), where_looked(prefix)))
+        } else {
+            parse_err(format!("{prefix}{path}: {}", e.inner()))
+        }
+    })?;
+    if config.architectures.is_none() {
+        config.architectures = obj
+            .get("architectures")
+            .and_then(|a| serde_json::from_value(a.clone()).ok());
+    }
+    if config.torch_dtype.is_none() && config.dtype.is_none() {
+        config.torch_dtype = obj
+            .get("torch_dtype")
+            .or_else(|| obj.get("dtype"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    if config.mamba_ssm_dtype.is_none() {
+        config.mamba_ssm_dtype = obj
+            .get("mamba_ssm_dtype")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    Ok(config)
+}
+
+fn where_looked(prefix: &str) -> String {
+    if prefix.is_empty() {
+        String::new()
+    } else {
+        " (in text_config, where the model's text fields are)".to_string()
+    }
+}
+
+impl ModelConfig {
+    /// The model dtype as written (`torch_dtype`, else `dtype`).
+    pub fn model_dtype(&self) -> Option<&str> {
+        self.torch_dtype.as_deref().or(self.dtype.as_deref())
+    }
+}

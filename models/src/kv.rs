@@ -1,0 +1,174 @@
+//! Per-token layouts of attention layers, built by layout-core's parametric format builders
+//! (`kvlayout_core::formats::{mha, mla, dsa_mla_fp8, index_k}`, equal to the derived
+//! descriptors at the standard sizes):
+//! - GQA/MHA: sections `k` and `v` of `[kv heads on this rank, head_dim]`, K plane then V
+//!   plane in a page (`section_major`; vLLM `[blocks, 2, block, heads, dim]`), bf16 or e4m3.
+//!   `head_dim` = `hidden_size / num_attention_heads` when absent (Llama-3.1). Global
+//!   (full-attention) layers of Gemma 4 use `global_head_dim`, and with `attention_k_eq_v` the
+//!   `num_global_key_value_heads` (vLLM `gemma4.py` `Gemma4DecoderLayer`).
+//!   `attention_k_eq_v` keeps **both** K and V planes: the V projection reuses the K weights,
+//!   but the cached values differ (K gets `k_norm` and RoPE, V a scale-free `v_norm` and no
+//!   RoPE), and vLLM loads the K weights into both slots of one QKV projection and caches K and
+//!   V as usual; so the cache is 2 x heads x `global_head_dim`, as for any other layer.
+//! - MLA (`kv_lora_rank`): buffer `kv`, one row per token: bf16 latent + rope (`mla_bf16`,
+//!   1152 B for 512 + 64), plain fp8 (`mla_fp8`, 576 B), or for DSA models in fp8 FlashMLA's
+//!   sparse row (`dsa_mla_fp8`, 656 B).
+//! - DSA (`index_head_dim`): plus buffer `index_k`, `index_k_fp8` 132 B, `index_k_bf16` 256 B
+//!   or `index_k_fp4` 68 B for `index_head_dim` 128, values then scales.
+
+use kvlayout_core::{Dtype, LayoutError, TokenLayout, formats};
+
+use crate::shard::{Shard, Tp, divide_evenly, split_heads};
+use crate::{IndexK, KvDtype, ModelConfig, ModelError};
+
+/// A layout with its format name and how it is sharded.
+pub(crate) struct Built {
+    pub format: String,
+    pub layout: TokenLayout,
+    pub shard: Option<Shard>,
+}
+
+pub(crate) struct Kv<'a> {
+    pub name: &'a str,
+    pub c: &'a ModelConfig,
+    pub tp: Option<Tp>,
+}
+
+impl Kv<'_> {
+    fn err(&self, field: &str, problem: impl Into<String>) -> ModelError {
+        ModelError::field(self.name, field, problem)
+    }
+
+    /// A layout the builder refused, blamed on the config field that sized it.
+    fn layout_err(&self, field: &str, value: u64, e: LayoutError) -> ModelError {
+        self.err(field, format!("{value} gives an invalid layout: {e}"))
+    }
+
+    pub fn positive(&self, field: &str, v: Option<u64>) -> Result<u64, ModelError> {
+        match v {
+            Some(0) => Err(self.err(field, "must be at least 1, got 0")),
+            Some(v) => Ok(v),
+            None => Err(self.err(field, "missing")),
+        }
+    }
+
+    /// `head_dim`, else `hidden_size / num_attention_heads` (exact).
+    pub fn head_dim(&self) -> Result<u64, ModelError> {
+        if let Some(d) = self.c.head_dim {
+            return self.positive("head_dim", Some(d));
+        }
+        let hidden = self.positive("hidden_size", self.c.hidden_size)?;
+        let heads = self.positive("num_attention_heads", Some(self.c.num_attention_heads))?;
+        if hidden % heads != 0 {
+            return Err(self.err(
+                "hidden_size",
+                format!("{hidden} is not a multiple of num_attention_heads {heads}"),
+            ));
+        }
+        Ok(hidden / heads)
+    }
+
+    /// K and V of a GQA layer; `global` picks Gemma 4's global-layer head shape.
+    pub fn gqa(&self, kv: KvDtype, global: bool) -> Result<Built, ModelError> {
+        let c = self.c;
+        let q_heads = self.positive("num_attention_heads", Some(c.num_attention_heads))?;
+        let k_eq_v = global && c.attention_k_eq_v == Some(true);
+        let (heads_field, heads) = if k_eq_v && c.num_global_key_value_heads.is_some() {
+            ("num_global_key_value_heads", c.num_global_key_value_heads)
+        } else {
+            (
+                "num_key_value_heads",
+                Some(c.num_key_value_heads.unwrap_or(c.num_attention_heads)),
+            )
+        };
+        let heads = self.positive(heads_field, heads)?;
+        if q_heads % heads != 0 {
+            return Err(self.err(
+                heads_field,
+                format!(
+                    "{heads} does not divide num_attention_heads {q_heads} (each KV head serves a whole group of query heads)"
+                ),
+            ));
+        }
+        let dim = match c.global_head_dim {
+            Some(d) if global => self.positive("global_head_dim", Some(d))?,
+            _ => self.head_dim()?,
+        };
+        let (local, shard) = match self.tp {
+            Some(tp) => {
+                divide_evenly(self.name, "num_attention_heads", q_heads, tp)?;
+                let shard = split_heads(self.name, heads_field, heads, tp)?;
+                let Shard::Heads { local, .. } = shard else {
+                    unreachable!("split_heads returns Heads")
+                };
+                (local, Some(shard))
+            }
+            None => (heads, None),
+        };
+        let (dtype, tag) = match kv {
+            KvDtype::Bf16 => (Dtype::Bf16, "bf16"),
+            KvDtype::Fp8 => (Dtype::F8E4M3, "fp8"),
+        };
+        let format = format!("mha_{tag}_{local}x{dim}");
+        let layout =
+            formats::mha(local, dim, dtype).map_err(|e| self.layout_err(heads_field, heads, e))?;
+        Ok(Built {
+            format,
+            layout,
+            shard,
+        })
+    }
+
+    /// The MLA latent row (replicated under TP).
+    pub fn mla(&self, kv: KvDtype, dsa: bool) -> Result<Built, ModelError> {
+        let c = self.c;
+        let rank = self.positive("kv_lora_rank", c.kv_lora_rank)?;
+        let rope = self.positive("qk_rope_head_dim", c.qk_rope_head_dim)?;
+        let standard = (rank, rope) == (512, 64);
+        let (name, built) = match (kv, dsa) {
+            (KvDtype::Bf16, _) => ("mla_bf16", formats::mla(rank, rope, Dtype::Bf16)),
+            (KvDtype::Fp8, false) => ("mla_fp8", formats::mla(rank, rope, Dtype::F8E4M3)),
+            (KvDtype::Fp8, true) => ("dsa_mla_fp8", formats::dsa_mla_fp8(rank, rope)),
+        };
+        let layout = built.map_err(|e| self.layout_err("kv_lora_rank", rank, e))?;
+        // Not the standard 512 + 64: the name says the dimensions.
+        let format = if standard {
+            name.to_string()
+        } else {
+            format!("{name}_{rank}_{rope}")
+        };
+        Ok(Built {
+            format,
+            layout,
+            shard: self.tp.map(|tp| Shard::Replicated { tp }),
+        })
+    }
+
+    /// The DSA indexer keys (replicated under TP).
+    pub fn index_k(&self, index_k: IndexK) -> Result<Built, ModelError> {
+        let dim = self.positive("index_head_dim", self.c.index_head_dim)?;
+        let (name, built) = match index_k {
+            IndexK::Fp8 => (
+                "index_k_fp8",
+                formats::index_k(Dtype::F8E4M3, dim, Some((Dtype::F32, 128))),
+            ),
+            IndexK::Bf16 => ("index_k_bf16", formats::index_k(Dtype::Bf16, dim, None)),
+            IndexK::Fp4 => (
+                "index_k_fp4",
+                formats::index_k(Dtype::F4E2M1, dim, Some((Dtype::Ue8m0, 32))),
+            ),
+        };
+        let layout = built.map_err(|e| self.layout_err("index_head_dim", dim, e))?;
+        // Not the built-in 128-dim format: the name says the dimension.
+        let format = if dim == 128 {
+            name.to_string()
+        } else {
+            format!("{name}_{dim}")
+        };
+        Ok(Built {
+            format,
+            layout,
+            shard: self.tp.map(|tp| Shard::Replicated { tp }),
+        })
+    }
+}

@@ -1,0 +1,337 @@
+//! Layer kinds: which attention each model layer runs, read the way the engines read it.
+//!
+//! In order of precedence:
+//! 1. `layer_types` (one entry per layer): `full_attention`, `sliding_attention` (window
+//!    `sliding_window`), `chunked_attention` (chunk `attention_chunk_size`), `linear_attention`
+//!    (a per-request recurrent state); any other value is refused naming it.
+//! 2. `hybrid_override_pattern` (Nemotron-H, vLLM `nemotron_h.py`): one character per layer,
+//!    `M` a Mamba2 mixer (state per request), `*` attention, `-` MLP and `E` MoE (no cache);
+//!    any other character is refused naming it.
+//! 3. `full_attention_interval` (Qwen3-Next, SGLang `configs/qwen3_next.py`
+//!    `layers_block_type`): layer `i` is full iff `(i + 1) % interval == 0`, else linear.
+//! 4. `attention_chunk_size` (Llama 4, transformers `Llama4TextConfig`, vLLM `llama4.py`):
+//!    `no_rope_layers[i] == 1` is a RoPE layer with chunked local attention, `0` a NoPE layer
+//!    attending globally; an empty or absent list is `(i + 1) % no_rope_layer_interval != 0`
+//!    (interval 4 by default: layers 3, 7, 11, ... are global).
+//! 5. `sliding_window` (unless `use_sliding_window` is `false`): with `sliding_window_pattern`
+//!    `p` (Gemma 3) layer `i` is global iff `(i + 1) % p == 0`; without it Gemma 2 alternates
+//!    (`p` = 2) and Gemma 3 uses the transformers default `p` = 6; any other model windows every
+//!    layer (Mistral-7B-v0.1). `use_sliding_window: true` with `max_window_layers` (Qwen2) is
+//!    refused.
+//! 6. Otherwise every layer is full attention.
+//!
+//! When both `layer_types` and a pattern field are given they must agree (the first layer where
+//! they differ is named).
+
+use crate::{ModelConfig, ModelError};
+
+/// Most layers a config may declare (bounds memory; real models have at most a few hundred).
+pub const MAX_LAYERS: u64 = 1 << 16;
+
+/// The attention one layer runs, with its span in tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// Attends to every past token.
+    Full,
+    /// Attends to the last `window_tokens` tokens.
+    Sliding {
+        /// `sliding_window`.
+        window_tokens: u64,
+    },
+    /// Chunked local attention: tokens of the current `chunk_tokens`-token chunk.
+    Chunked {
+        /// `attention_chunk_size`.
+        chunk_tokens: u64,
+    },
+    /// Linear attention (Gated DeltaNet): a fixed-size state per request, no per-token cache.
+    Linear,
+    /// A Mamba2 mixer (Nemotron-H `M`): a fixed-size state per request.
+    Mamba,
+    /// No cache at all (Nemotron-H `-` MLP and `E` MoE layers).
+    NoCache,
+}
+
+impl LayerKind {
+    /// The `layers_by_attention` key: `full`, `sliding`, `chunked`, `linear`.
+    pub const fn key(self) -> &'static str {
+        match self {
+            LayerKind::Full => "full",
+            LayerKind::Sliding { .. } => "sliding",
+            LayerKind::Chunked { .. } => "chunked",
+            LayerKind::Linear => "linear",
+            LayerKind::Mamba => "mamba",
+            LayerKind::NoCache => "no_cache",
+        }
+    }
+}
+
+struct Ctx<'a> {
+    name: &'a str,
+    c: &'a ModelConfig,
+}
+
+impl Ctx<'_> {
+    fn err(&self, field: impl Into<String>, problem: impl Into<String>) -> ModelError {
+        ModelError::field(self.name, field, problem)
+    }
+
+    fn positive(&self, field: &str, v: Option<u64>, needed_by: &str) -> Result<u64, ModelError> {
+        match v {
+            Some(0) => Err(self.err(field, format!("must be at least 1, got 0 ({needed_by})"))),
+            Some(v) => Ok(v),
+            None => Err(self.err(field, format!("missing ({needed_by})"))),
+        }
+    }
+
+    fn window(&self, why: &str) -> Result<LayerKind, ModelError> {
+        Ok(LayerKind::Sliding {
+            window_tokens: self.positive("sliding_window", self.c.sliding_window, why)?,
+        })
+    }
+
+    fn chunk(&self, why: &str) -> Result<LayerKind, ModelError> {
+        Ok(LayerKind::Chunked {
+            chunk_tokens: self.positive(
+                "attention_chunk_size",
+                self.c.attention_chunk_size,
+                why,
+            )?,
+        })
+    }
+
+    fn kinds_of_layer_types(
+        &self,
+        types: &[String],
+        layers: u64,
+    ) -> Result<Vec<LayerKind>, ModelError> {
+        if types.len() as u64 != layers {
+            return Err(self.err(
+                "layer_types",
+                format!(
+                    "{} entries, but num_hidden_layers is {layers} (one entry per layer)",
+                    types.len()
+                ),
+            ));
+        }
+        types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t.as_str() {
+                "full_attention" => Ok(LayerKind::Full),
+                "sliding_attention" => {
+                    self.window(&format!("layer_types[{i}] is sliding_attention"))
+                }
+                "chunked_attention" => {
+                    self.chunk(&format!("layer_types[{i}] is chunked_attention"))
+                }
+                "linear_attention" => Ok(LayerKind::Linear),
+                other => Err(self.err(
+                    format!("layer_types[{i}]"),
+                    format!(
+                        "\"{other}\" is not a layer type kvlayout models (full_attention, \
+                         sliding_attention, chunked_attention, linear_attention)"
+                    ),
+                )),
+            })
+            .collect()
+    }
+
+    fn every(
+        &self,
+        field: &str,
+        period: Option<u64>,
+        layers: u64,
+    ) -> Result<Vec<bool>, ModelError> {
+        let p = self.positive(field, period, "a layer pattern period")?;
+        Ok((0..layers).map(|i| (i + 1) % p == 0).collect())
+    }
+
+    fn llama4(&self, layers: u64) -> Result<Vec<LayerKind>, ModelError> {
+        let rope: Vec<bool> = match self.c.no_rope_layers.as_deref() {
+            Some(list) if !list.is_empty() => {
+                if list.len() as u64 != layers {
+                    return Err(self.err(
+                        "no_rope_layers",
+                        format!(
+                            "{} entries, but num_hidden_layers is {layers} (one entry per layer)",
+                            list.len()
+                        ),
+                    ));
+                }
+                list.iter()
+                    .enumerate()
+                    .map(|(i, &v)| match v {
+                        0 => Ok(false),
+                        1 => Ok(true),
+                        v => Err(self.err(
+                            format!("no_rope_layers[{i}]"),
+                            format!("{v}: expected 1 (RoPE, chunked) or 0 (NoPE, global)"),
+                        )),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            _ => self
+                .every(
+                    "no_rope_layer_interval",
+                    Some(self.c.no_rope_layer_interval.unwrap_or(4)),
+                    layers,
+                )?
+                .into_iter()
+                .map(|nope| !nope)
+                .collect(),
+        };
+        rope.into_iter()
+            .map(|r| {
+                if r {
+                    self.chunk("RoPE layers of a Llama 4 config")
+                } else {
+                    Ok(LayerKind::Full)
+                }
+            })
+            .collect()
+    }
+
+    fn sliding_period(&self) -> Option<u64> {
+        if self.c.sliding_window_pattern.is_some() {
+            return self.c.sliding_window_pattern;
+        }
+        match self.c.model_type.as_deref() {
+            Some(t) if t.starts_with("gemma2") => Some(2),
+            Some(t) if t.starts_with("gemma3") => Some(6),
+            _ => None,
+        }
+    }
+
+    fn nemotron_h(&self, pattern: &str, layers: u64) -> Result<Vec<LayerKind>, ModelError> {
+        if pattern.chars().count() as u64 != layers {
+            return Err(self.err(
+                "hybrid_override_pattern",
+                format!(
+                    "{} characters, but num_hidden_layers is {layers} (one per layer)",
+                    pattern.chars().count()
+                ),
+            ));
+        }
+        pattern
+            .chars()
+            .enumerate()
+            .map(|(i, ch)| match ch {
+                'M' => Ok(LayerKind::Mamba),
+                '*' => Ok(LayerKind::Full),
+                '-' | 'E' => Ok(LayerKind::NoCache),
+                other => Err(self.err(
+                    format!("hybrid_override_pattern[{i}]"),
+                    format!(
+                        "'{other}' is not a layer kvlayout models (M Mamba2, * attention, - MLP, E MoE)"
+                    ),
+                )),
+            })
+            .collect()
+    }
+
+    fn kinds_from_patterns(&self, layers: u64) -> Result<Option<Vec<LayerKind>>, ModelError> {
+        let c = self.c;
+        if let Some(p) = c.hybrid_override_pattern.as_deref() {
+            return self.nemotron_h(p, layers).map(Some);
+        }
+        if c.full_attention_interval.is_some() {
+            let full = self.every("full_attention_interval", c.full_attention_interval, layers)?;
+            return Ok(Some(
+                full.into_iter()
+                    .map(|f| {
+                        if f {
+                            LayerKind::Full
+                        } else {
+                            LayerKind::Linear
+                        }
+                    })
+                    .collect(),
+            ));
+        }
+        if c.attention_chunk_size.is_some() {
+            return self.llama4(layers).map(Some);
+        }
+        if c.sliding_window.is_some() && c.use_sliding_window != Some(false) {
+            if c.use_sliding_window == Some(true) && c.max_window_layers.is_some() {
+                return Err(ModelError::Unmodelled {
+                    name: self.name.to_string(),
+                    field: "max_window_layers".into(),
+                    value: format!("{}", c.max_window_layers.unwrap_or_default()),
+                    why: "Qwen2-style windowing of only some layers".into(),
+                });
+            }
+            return Ok(Some(match self.sliding_period() {
+                Some(p) => {
+                    let global = self.every("sliding_window_pattern", Some(p), layers)?;
+                    global
+                        .into_iter()
+                        .map(|g| {
+                            if g {
+                                Ok(LayerKind::Full)
+                            } else {
+                                self.window("sliding layers")
+                            }
+                        })
+                        .collect::<Result<_, _>>()?
+                }
+                None => (0..layers)
+                    .map(|_| self.window("every layer windowed"))
+                    .collect::<Result<_, _>>()?,
+            }));
+        }
+        Ok(None)
+    }
+}
+
+/// The attention kind of every layer (length `num_hidden_layers`).
+pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelError> {
+    let cx = Ctx { name, c };
+    let layers = c.num_hidden_layers;
+    if layers == 0 {
+        return Err(cx.err("num_hidden_layers", "must be at least 1, got 0"));
+    }
+    if layers > MAX_LAYERS {
+        return Err(cx.err(
+            "num_hidden_layers",
+            format!("{layers} is more than the {MAX_LAYERS} layers kvlayout accepts"),
+        ));
+    }
+    let Some(types) = c.layer_types.as_deref() else {
+        return Ok(cx
+            .kinds_from_patterns(layers)?
+            .unwrap_or_else(|| vec![LayerKind::Full; layers as usize]));
+    };
+    // With layer_types, a pattern field given explicitly must agree with it.
+    let explicit = c.hybrid_override_pattern.is_some()
+        || c.full_attention_interval.is_some()
+        || c.attention_chunk_size.is_some()
+        || (c.sliding_window_pattern.is_some() && c.sliding_window.is_some());
+    let from_pattern = if explicit {
+        cx.kinds_from_patterns(layers)?
+    } else {
+        None
+    };
+    let kinds = cx.kinds_of_layer_types(types, layers)?;
+    if let Some(pattern) = from_pattern {
+        let field = if c.hybrid_override_pattern.is_some() {
+            "hybrid_override_pattern"
+        } else if c.full_attention_interval.is_some() {
+            "full_attention_interval"
+        } else if c.attention_chunk_size.is_some() {
+            "no_rope_layers"
+        } else {
+            "sliding_window_pattern"
+        };
+        if let Some(i) = (0..kinds.len()).find(|&i| kinds[i].key() != pattern[i].key()) {
+            return Err(cx.err(
+                field,
+                format!(
+                    "gives layer {i} {} attention but layer_types[{i}] is \"{}\"",
+                    pattern[i].key(),
+                    types[i]
+                ),
+            ));
+        }
+    }
+    Ok(kinds)
+}

@@ -1,0 +1,218 @@
+//! Linear-attention (Gated DeltaNet, Qwen3-Next) state: one fixed-size slot per request per
+//! linear layer, following SGLang `python/sglang/srt/configs/qwen3_next.py`
+//! (`mamba2_cache_params`) and `configs/mamba_utils.py` (`Mamba2StateShape.create`,
+//! `mamba2_state_dtype`); vLLM `layers/mamba/mamba_utils.py` `gated_delta_net_state_shape`
+//! gives the same element counts.
+//!
+//! With `kh` = `linear_num_key_heads`, `vh` = `linear_num_value_heads`, `dk` / `dv` the key /
+//! value head dims, `K` = `linear_conv_kernel_dim` and `N` ranks:
+//! - buffer `conv`: the causal-conv window, `conv_dim = 2*kh*dk + vh*dv` channels x `K - 1`
+//!   positions, SGLang's `(conv_dim / N, K - 1)` tensor, channels ordered query, key, value.
+//!   Written as three sections whose first axis is the key-head group, so a rank's part is a
+//!   head range: `q [kh/N, dk, K-1]`, `k [kh/N, dk, K-1]`, `v [kh/N, (vh/kh)*dv, K-1]` (the
+//!   same bytes in the same order). dtype bf16 (SGLang's `SGLANG_MAMBA_CONV_DTYPE` default).
+//! - buffer `temporal`: the recurrent state `[vh/N, dv, dk]`, f32 by default (SGLang's
+//!   `mamba2_state_dtype`: the config's `mamba_ssm_dtype`, else float32), or `--state-dtype`.
+//!   vLLM's default conv layout is the transpose, `(K - 1, conv_dim / N)` ("SD",
+//!   `VLLM_SSM_CONV_STATE_LAYOUT`); its "DS" layout is the one written here.
+//!   vLLM instead defaults both to the model dtype (`mamba_ssm_cache_dtype` "auto"); pass
+//!   `--state-dtype bf16` for a vLLM pool.
+//!
+//! Mamba2 (Nemotron-H; vLLM `mamba_utils.py` `mamba2_state_shape`, SGLang
+//! `Mamba2StateShape.create`), with `h` = `mamba_num_heads`, `p` = `mamba_head_dim`, `g` =
+//! `n_groups`, `s` = `ssm_state_size`, `K` = `conv_kernel`:
+//! - `conv`: `conv_dim = h*p + 2*g*s` channels (x, then B, then C) x `K - 1`, bf16, written per
+//!   group: `x [g/N, (h/g)*p, K-1]`, `b [g/N, s, K-1]`, `c [g/N, s, K-1]`;
+//! - `temporal`: `[h/N, p, s]`, f32 by default (as above).
+//!
+//! `n_groups` must divide by `N` (SGLang's group replication for other splits is not modelled).
+//!
+//! Qwen3-Coder-Next (kh 16, vh 32, dk = dv = 128, K 4), one rank: conv 2 x 16 x 128 x 3 +
+//! 32 x 128 x 3 = 24,576 bf16 = 49,152 B; temporal 32 x 128 x 128 f32 = 2,097,152 B.
+
+use std::borrow::Cow;
+
+use kvlayout_core::{Arrangement, Dtype, Section, TokenLayout, formats};
+
+use crate::kv::{Built, Kv};
+use crate::shard::{Shard, Tp, divide_evenly};
+use crate::{ModelError, StateDtype};
+
+fn temporal_dtype(kv: &Kv<'_>, state_dtype: Option<StateDtype>) -> Result<StateDtype, ModelError> {
+    match (state_dtype, kv.c.mamba_ssm_dtype.as_deref()) {
+        (Some(d), _) => Ok(d),
+        (None, None) => Ok(StateDtype::F32),
+        (None, Some(s)) => StateDtype::from_name(s).ok_or_else(|| {
+            ModelError::field(
+                kv.name,
+                "mamba_ssm_dtype",
+                format!("\"{s}\": expected float32, bfloat16 or float16"),
+            )
+        }),
+    }
+}
+
+fn kernel(kv: &Kv<'_>, field: &str, v: Option<u64>) -> Result<u64, ModelError> {
+    let k = kv.positive(field, v)?;
+    if k < 2 {
+        return Err(ModelError::field(
+            kv.name,
+            field,
+            format!("{k}: a causal conv keeps K - 1 past positions, so K must be at least 2"),
+        ));
+    }
+    Ok(k)
+}
+
+/// Three bf16 conv sections whose first axis is the head group, so a rank's part is a head
+/// range (the same bytes as the engines' one `[conv_dim / N, K - 1]` tensor, in the same order).
+fn conv_layout(
+    kv: &Kv<'_>,
+    field: &str,
+    parts: [(&'static str, Vec<u64>); 3],
+) -> Result<TokenLayout, ModelError> {
+    let layout = TokenLayout {
+        arrangement: Arrangement::TokenMajor,
+        sections: Cow::Owned(
+            parts
+                .into_iter()
+                .map(|(n, shape)| Section::owned(n, Dtype::Bf16, shape))
+                .collect(),
+        ),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    };
+    layout
+        .validate()
+        .map_err(|e| ModelError::field(kv.name, field, format!("gives an invalid layout: {e}")))?;
+    Ok(layout)
+}
+
+fn ssm_layout(
+    kv: &Kv<'_>,
+    field: &str,
+    dtype: StateDtype,
+    shape: Vec<u64>,
+) -> Result<TokenLayout, ModelError> {
+    formats::single("ssm", dtype.dtype(), shape)
+        .map_err(|e| ModelError::field(kv.name, field, format!("gives an invalid layout: {e}")))
+}
+
+fn heads_shard(tp: Option<Tp>, total: u64, local: u64) -> Option<Shard> {
+    tp.map(|tp| Shard::Heads {
+        tp,
+        heads_total: total,
+        local,
+        first: tp.rank * local,
+        replicas: 1,
+    })
+}
+
+fn ratio_width(
+    kv: &Kv<'_>,
+    field: &str,
+    num: u64,
+    den: u64,
+    den_field: &str,
+    dim: u64,
+) -> Result<u64, ModelError> {
+    if !num.is_multiple_of(den) {
+        return Err(ModelError::field(
+            kv.name,
+            field,
+            format!("{num} is not a multiple of {den_field} {den}"),
+        ));
+    }
+    (num / den)
+        .checked_mul(dim)
+        .ok_or_else(|| ModelError::field(kv.name, field, format!("{num}: overflow")))
+}
+
+/// The conv and temporal buffers of one linear-attention (Gated DeltaNet) layer.
+pub(crate) fn gated_delta_net(
+    kv: &Kv<'_>,
+    state_dtype: Option<StateDtype>,
+) -> Result<(Built, Built), ModelError> {
+    let c = kv.c;
+    let kh = kv.positive("linear_num_key_heads", c.linear_num_key_heads)?;
+    let vh = kv.positive("linear_num_value_heads", c.linear_num_value_heads)?;
+    let dk = kv.positive("linear_key_head_dim", c.linear_key_head_dim)?;
+    let dv = kv.positive("linear_value_head_dim", c.linear_value_head_dim)?;
+    let k = kernel(kv, "linear_conv_kernel_dim", c.linear_conv_kernel_dim)?;
+    let v_width = ratio_width(
+        kv,
+        "linear_num_value_heads",
+        vh,
+        kh,
+        "linear_num_key_heads",
+        dv,
+    )?;
+    let dtype = temporal_dtype(kv, state_dtype)?;
+    let tp = kv.tp.unwrap_or(Tp::SINGLE);
+    let kh_local = divide_evenly(kv.name, "linear_num_key_heads", kh, tp)?;
+    let vh_local = divide_evenly(kv.name, "linear_num_value_heads", vh, tp)?;
+    let window = k - 1;
+    let conv = conv_layout(
+        kv,
+        "linear_num_key_heads",
+        [
+            ("q", vec![kh_local, dk, window]),
+            ("k", vec![kh_local, dk, window]),
+            ("v", vec![kh_local, v_width, window]),
+        ],
+    )?;
+    let temporal = ssm_layout(kv, "linear_num_value_heads", dtype, vec![vh_local, dv, dk])?;
+    Ok((
+        Built {
+            format: format!("gdn_conv_bf16_{kh_local}x{dk}+{vh_local}x{dv}_k{k}"),
+            layout: conv,
+            shard: heads_shard(kv.tp, kh, kh_local),
+        },
+        Built {
+            format: format!("gdn_state_{}_{vh_local}x{dv}x{dk}", dtype.name()),
+            layout: temporal,
+            shard: heads_shard(kv.tp, vh, vh_local),
+        },
+    ))
+}
+
+/// The conv and temporal buffers of one Mamba2 layer.
+pub(crate) fn mamba2(
+    kv: &Kv<'_>,
+    state_dtype: Option<StateDtype>,
+) -> Result<(Built, Built), ModelError> {
+    let c = kv.c;
+    let h = kv.positive("mamba_num_heads", c.mamba_num_heads)?;
+    let p = kv.positive("mamba_head_dim", c.mamba_head_dim)?;
+    let g = kv.positive("n_groups", c.n_groups)?;
+    let s = kv.positive("ssm_state_size", c.ssm_state_size)?;
+    let k = kernel(kv, "conv_kernel", c.conv_kernel)?;
+    let x_width = ratio_width(kv, "mamba_num_heads", h, g, "n_groups", p)?;
+    let dtype = temporal_dtype(kv, state_dtype)?;
+    let tp = kv.tp.unwrap_or(Tp::SINGLE);
+    let g_local = divide_evenly(kv.name, "n_groups", g, tp)?;
+    let h_local = divide_evenly(kv.name, "mamba_num_heads", h, tp)?;
+    let window = k - 1;
+    let conv = conv_layout(
+        kv,
+        "mamba_num_heads",
+        [
+            ("x", vec![g_local, x_width, window]),
+            ("b", vec![g_local, s, window]),
+            ("c", vec![g_local, s, window]),
+        ],
+    )?;
+    let temporal = ssm_layout(kv, "mamba_num_heads", dtype, vec![h_local, p, s])?;
+    Ok((
+        Built {
+            format: format!("mamba2_conv_bf16_{h_local}x{p}+2x{g_local}x{s}_k{k}"),
+            layout: conv,
+            shard: heads_shard(kv.tp, g, g_local),
+        },
+        Built {
+            format: format!("mamba2_state_{}_{h_local}x{p}x{s}", dtype.name()),
+            layout: temporal,
+            shard: heads_shard(kv.tp, h, h_local),
+        },
+    ))
+}

@@ -1,0 +1,78 @@
+//! `kvlayout describe --totals` (DESIGN.md contract): one JSON object for the pool of one rank.
+//!
+//! - `full_bytes_per_token`: sum over full-attention buffers of bytes per token x layers;
+//! - `window_bytes_per_request_max`: sum over sliding / chunked buffers of bytes per token x
+//!   layers x window (or chunk) tokens, no page rounding;
+//! - `state_bytes_per_request`: sum over state buffers of slot bytes x layers;
+//! - `layers_by_attention`: model layers per kind (`full`, `sliding`, `chunked`, `linear`, and
+//!   `mamba`, `no_cache` for Nemotron-H).
+
+use serde::Serialize;
+
+use crate::ModelError;
+use crate::layers::LayerKind;
+use kvlayout_core::PoolGeometry;
+
+/// Model layers per attention kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LayersByAttention {
+    /// Full attention.
+    pub full: u64,
+    /// Sliding window.
+    pub sliding: u64,
+    /// Chunked local attention.
+    pub chunked: u64,
+    /// Linear attention (recurrent state).
+    pub linear: u64,
+    /// Mamba2 mixers (recurrent state).
+    pub mamba: u64,
+    /// Layers without a cache (MLP / MoE only).
+    pub no_cache: u64,
+}
+
+/// The `--totals` object.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Model name (built-in name or the path given).
+    pub model: String,
+    /// Bytes per token of all full-attention layers.
+    pub full_bytes_per_token: u64,
+    /// Bytes one request holds at most in windowed / chunked layers.
+    pub window_bytes_per_request_max: u64,
+    /// Bytes of recurrent state per request.
+    pub state_bytes_per_request: u64,
+    /// Model layers per kind.
+    pub layers_by_attention: LayersByAttention,
+}
+
+/// Totals of `geometry` (layout-core's [`PoolGeometry::totals`], the one computation) with the
+/// model name and its layers per kind.
+pub(crate) fn totals(
+    model: &str,
+    kinds: &[LayerKind],
+    geometry: &PoolGeometry,
+) -> Result<Totals, ModelError> {
+    let bytes = geometry.totals().map_err(|source| ModelError::Geometry {
+        name: model.to_string(),
+        source,
+    })?;
+    let mut t = Totals {
+        model: model.to_string(),
+        full_bytes_per_token: bytes.full_bytes_per_token,
+        window_bytes_per_request_max: bytes.window_bytes_per_request_max,
+        state_bytes_per_request: bytes.state_bytes_per_request,
+        layers_by_attention: LayersByAttention::default(),
+    };
+    for k in kinds {
+        let n = &mut t.layers_by_attention;
+        *match k {
+            LayerKind::Full => &mut n.full,
+            LayerKind::Sliding { .. } => &mut n.sliding,
+            LayerKind::Chunked { .. } => &mut n.chunked,
+            LayerKind::Linear => &mut n.linear,
+            LayerKind::Mamba => &mut n.mamba,
+            LayerKind::NoCache => &mut n.no_cache,
+        } += 1;
+    }
+    Ok(t)
+}

@@ -1,0 +1,246 @@
+//! Unit tests of the pairing and the transfer path, with private access: pools swapped and
+//! routes corrupted inside the crate, which the public API cannot do.
+
+use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, formats};
+
+use super::*;
+use crate::backend::BackendError;
+use crate::error::PoolFact;
+use crate::shim::CHECKS_COMPILED;
+
+fn index_k(layout: TokenLayout, pages: u64) -> PoolGeometry {
+    PoolGeometry {
+        name: "unit".into(),
+        page_size_tokens: 64,
+        pages,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![BufferGeometry::new("index_k", 2, layout)],
+    }
+}
+
+fn cache() -> HiCache {
+    let device = DevicePool::new(index_k(formats::INDEX_K_FP8, 4)).unwrap();
+    let host = HostPool::mirror_of(&device, 6, MemoryLayout::PageFirst).unwrap();
+    HiCache::pair(device, host).unwrap()
+}
+
+/// REVIEW A1, probe 1 (the seed bug through a swapped pool). The public API cannot swap a
+/// paired pool (the `compile_fail` examples on [`HiCache`]); inside the crate it can, and
+/// the per-transfer identity check refuses the transfer before a byte moves: an fp8
+/// index-K device pool (132 B/token) replaced by a bf16 one (256 B/token) of the same page
+/// count. With the opt-out feature `unchecked` the check is compiled out and the routes
+/// laid for 132 B/token move one page of both layers, 2 x 64 x 132 = 16,896 B, into the
+/// 256 B/token pool: what the opt-out gives up, asserted so that both builds are tested.
+#[test]
+fn a_swapped_device_pool_of_another_geometry_is_refused_by_transfer() {
+    let mut c = cache();
+    let bf16 = DevicePool::new(index_k(formats::INDEX_K_BF16, 4)).unwrap();
+    let (fp8_print, bf16_print) = (c.device.fingerprint(), bf16.fingerprint());
+    assert_ne!(fp8_print, bf16_print);
+    c.device = bf16;
+    let before = c.device().snapshot().unwrap();
+    let result = c.load(&[PagePair::new(1, 0)]);
+    if CHECKS_COMPILED {
+        assert_eq!(
+            result,
+            Err(TransferError::PoolChanged {
+                side: "device",
+                fact: PoolFact::Fingerprint,
+                paired: fp8_print,
+                actual: bf16_print,
+            })
+        );
+        assert_eq!(c.device().snapshot().unwrap(), before);
+        assert_eq!(c.stats().refused, 1);
+        assert_eq!(
+            c.check(Direction::Load, Layers::All, &[PagePair::new(1, 0)]),
+            result.map(|_| ())
+        );
+    } else {
+        assert_eq!(result.unwrap().bytes, 2 * 64 * 132);
+    }
+}
+
+/// REVIEW A1, probe 2: a same-geometry device pool with fewer pages (the fingerprint does
+/// not cover `pages`) is refused by the shim's check, naming the page counts — not by the
+/// backend. Unchecked, device page 3 passes the page check (the routes say 4 pages): its
+/// layer-0 run, at 3 x 8,448 = 25,344, lands inside the 2-page region (2 layers x 2 pages x
+/// 8,448 B = 33,792 B: on its layer 1, page 1), and only the layer-1 run, at the routes'
+/// 4-page layer step 4 x 8,448 + 25,344 = 59,136, leaves it; the backend checks every run
+/// before it copies, so nothing moves here — by luck of the numbers, not by a check.
+#[test]
+fn a_swapped_device_pool_with_fewer_pages_is_refused_by_the_shim() {
+    let mut c = cache();
+    c.device = DevicePool::new(index_k(formats::INDEX_K_FP8, 2)).unwrap();
+    let pairs = [PagePair::new(3, 0)];
+    let err = c.load(&pairs).unwrap_err();
+    if CHECKS_COMPILED {
+        let want = TransferError::PoolChanged {
+            side: "device",
+            fact: PoolFact::Pages,
+            paired: 4,
+            actual: 2,
+        };
+        assert_eq!(err, want);
+        assert_eq!(err.to_string(), "device pool pages: 4 at pairing, 2 now");
+        assert_eq!(c.check(Direction::Load, Layers::All, &pairs), Err(want));
+    } else {
+        assert_eq!(
+            err,
+            TransferError::Backend(BackendError::OutOfRange {
+                side: "device",
+                start_bytes: 59_136,
+                end_bytes: 67_584,
+                len_bytes: 33_792,
+            })
+        );
+    }
+    assert_eq!(c.device().snapshot().unwrap(), vec![0u8; 33_792]);
+}
+
+/// A host pool of the same geometry and pages but another region length cannot be built
+/// through the API; a region cut short inside the crate is refused naming the lengths:
+/// 6 pages x 2 layers x 8,448 B = 101,376 B at pairing.
+#[test]
+fn a_host_region_of_another_length_is_refused_naming_both_lengths() {
+    let mut c = cache();
+    c.host.memory_mut().truncate(50_000);
+    // Host page 5 (`page_first`) of layer 0 starts at 5 x 2 x 8,448 = 84,480 > 50,000.
+    let err = c.backup(&[PagePair::new(0, 5)]).unwrap_err();
+    if CHECKS_COMPILED {
+        assert_eq!(
+            err.to_string(),
+            "host pool len_bytes: 101376 at pairing, 50000 now"
+        );
+    } else {
+        assert!(matches!(err, TransferError::Backend(_)), "{err}");
+    }
+}
+
+/// The per-pair range check through `transfer`: routes corrupted inside the crate (the
+/// host base of the buffer shifted by 6 pages x 2 layers x 8,448 = 101,376 B, the whole
+/// region) are refused before a byte moves. Host page 0 of layer 1 (`page_first`) then
+/// starts at 101,376 + 8,448 = 109,824 and ends at 118,272.
+#[test]
+fn corrupted_routes_are_refused_by_transfer_before_a_byte_moves() {
+    let mut c = cache();
+    c.routes.as_mut().unwrap().shift_host_base(0, 101_376);
+    let err = c.backup(&[PagePair::new(0, 0)]).unwrap_err();
+    if CHECKS_COMPILED {
+        assert_eq!(
+            err.to_string(),
+            "pairs[0] index_k: host range [109824, 118272) outside the 101376-byte host \
+             region"
+        );
+    } else {
+        assert!(matches!(err, TransferError::Backend(_)), "{err}");
+    }
+    assert_eq!(c.host().snapshot().unwrap(), vec![0u8; 101_376]);
+}
+
+/// Regression: with the checks compiled out a page out of range used to surface as a bare
+/// geometry error ("pages: page 9 out of range (4 pages)"), naming neither the pair nor
+/// the side. Index checks are on in every build; this test runs in both (`cargo test -p
+/// kvlayout-pool` and `--features unchecked`).
+#[test]
+fn a_page_out_of_range_names_pair_and_side_with_or_without_the_checks() {
+    let mut c = cache();
+    let err = c
+        .load(&[PagePair::new(0, 0), PagePair::new(9, 1)])
+        .unwrap_err();
+    assert_eq!(
+        err,
+        TransferError::PageOutOfRange {
+            pair: 1,
+            side: "device",
+            page: 9,
+            pages: 4
+        }
+    );
+    assert_eq!(c.device().snapshot().unwrap(), vec![0u8; 2 * 4 * 8448]);
+}
+
+/// A fault in the second chunk of a transfer: the first chunk's pairs and the second
+/// chunk's completed pairs are reported moved, the rest untouched.
+///
+/// MHA bf16 8 heads x 128 (`section_major`: the K plane, then the V plane, each
+/// 64 x 8 x 256 B) onto a `page_head` host (`[page][head][layer][token][K_h V_h]`, rows of
+/// 2 x 256 = 512 B): no two pieces are contiguous on both sides, so a page of one layer is
+/// 8 heads x 64 tokens x 2 sections = 1024 runs, and a chunk of 65,536 runs holds 64
+/// pairs. 70 pairs = 71,680 runs: chunk 1 = pairs 0..64, chunk 2 = pairs 64..70 (6,144
+/// runs). A budget of 65,536 + 2 x 1,024 + 100 = 67,684 runs: pairs 0..66 move, pair 66
+/// moves its first 100 runs (head 0, tokens 0..50, K and V: the first 50 x 512 = 25,600 B
+/// of the host page), pairs 67..70 nothing.
+#[test]
+fn a_fault_in_a_later_chunk_reports_every_pair_moved_before_it() {
+    use crate::backend::FailingCpuBackend;
+    let g = |m| PoolGeometry {
+        name: "mha".into(),
+        page_size_tokens: 64,
+        pages: 70,
+        memory_layout: m,
+        buffers: vec![BufferGeometry::new("kv", 1, formats::MHA_BF16_8X128)],
+    };
+    let page_bytes = 262_144usize; // 64 tokens x 4096 B
+    let make = |backend: FailingCpuBackend| {
+        let mut device = DevicePool::new_in(backend.clone(), g(MemoryLayout::LayerFirst)).unwrap();
+        let fill: Vec<u8> = (0..70 * page_bytes).map(|i| (i % 251) as u8 + 1).collect();
+        device.write_bytes(0, &fill).unwrap();
+        let host = HostPool::from_geometry_in(backend, g(MemoryLayout::PageHead)).unwrap();
+        HiCache::pair(device, host).unwrap()
+    };
+    let pairs: Vec<PagePair> = (0..70).map(|p| PagePair::new(p, p)).collect();
+    let mut full = make(CpuBackend::failing_after(u64::MAX));
+    assert_eq!(
+        full.dry_run(Direction::Backup, Layers::All, &pairs)
+            .unwrap()
+            .runs,
+        71_680
+    );
+    full.backup(&pairs).unwrap();
+    let want = full.host().snapshot().unwrap();
+
+    let mut c = make(CpuBackend::failing_after(67_684));
+    let err = c.backup(&pairs).unwrap_err();
+    let TransferError::Interrupted {
+        moved_pairs,
+        torn_pair,
+        moved_runs,
+        source,
+    } = err
+    else {
+        panic!("{err}")
+    };
+    assert_eq!(moved_pairs, pairs[..66]);
+    assert_eq!(torn_pair, Some(PagePair::new(66, 66)));
+    assert_eq!(moved_runs, 67_684);
+    assert!(matches!(
+        source,
+        BackendError::Interrupted {
+            completed_runs: 2_148,
+            total_runs: 6_144,
+            ..
+        }
+    ));
+    let got = c.host().snapshot().unwrap();
+    let page = |m: &[u8], p: usize| m[p * page_bytes..(p + 1) * page_bytes].to_vec();
+    for p in 0..66 {
+        assert!(page(&got, p) == page(&want, p), "host page {p}");
+    }
+    let torn = page(&got, 66);
+    assert!(torn[..25_600] == page(&want, 66)[..25_600]);
+    assert!(torn[25_600..].iter().all(|&b| b == 0));
+    assert!(got[67 * page_bytes..].iter().all(|&b| b == 0));
+}
+
+/// Regression: an empty list used to count as a backup call in the stats, which count
+/// calls that moved data.
+#[test]
+fn an_empty_list_is_not_counted() {
+    let mut c = cache();
+    assert_eq!(c.backup(&[]).unwrap().bytes, 0);
+    assert_eq!(c.stats(), TransferStats::default());
+    // One page of both layers of fp8 index-K: 2 x 64 x 132 = 16,896 B.
+    assert_eq!(c.backup(&[PagePair::new(1, 5)]).unwrap().bytes, 16_896);
+    assert_eq!((c.stats().backups, c.stats().bytes_backed_up), (1, 16_896));
+}

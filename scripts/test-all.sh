@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Every test of the project, as CI runs it (README's test command). A fresh machine needs the
+# Rust toolchain and Python 3.10+ with pip; Debian's libibverbs1 (for the Mooncake wheel) is
+# installed with apt-get when missing and this runs as root.
+#
+#   1. the Rust tests of the whole workspace (unit, integration, compile-fail, doc tests);
+#   2. the pool crate in release with the opt-out feature `unchecked`, so both branches of the
+#      per-transfer checks run (`cargo test --workspace` unifies features and never builds it);
+#   3. loom model-checking of the concurrent page claims;
+#   4. the fingerprint recomputed from its documented byte stream by an independent Python
+#      reference;
+#   5. the Python package (pip install ./python into a venv) and its pytest suite, then the
+#      prefill/decode handshake self-tests over real NIXL and Mooncake wheels.
+# GPU tests are not run here (CI has no GPU; they print why they skip): scripts/gpu-check.sh
+# runs them all with the GPU required.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+step() { printf '\n==== %s\n' "$*"; }
+
+step "cargo test --workspace"
+cargo test --workspace
+
+step "pool crate, release, checks opted out (feature unchecked)"
+cargo test --release -p kvlayout-pool --features unchecked
+
+step "loom: concurrent page claims"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p kvlayout-pool --lib loom
+
+step "fingerprint: independent Python reference"
+python3 layout-core/tests/fingerprint_reference.py
+
+step "Python package and its tests"
+scripts/python-tests.sh
+
+step "prefill/decode handshake over NIXL and Mooncake"
+scripts/pd-ci.sh
+
+printf '\nall tests passed\n'
