@@ -29,6 +29,7 @@ from ._kvlayout import (
     compare,
     describe,
     formats,
+    totals,
 )
 from .tensors import TensorBuffer, geometry_from_tensors
 from .errors import (
@@ -49,6 +50,7 @@ __all__ = [
     "compare",
     "describe",
     "formats",
+    "totals",
     "geometry_from_tensors",
     "TensorBuffer",
     "Incompatible",

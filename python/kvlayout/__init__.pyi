@@ -7,6 +7,7 @@ from ._kvlayout import (
     compare as compare,
     describe as describe,
     formats as formats,
+    totals as totals,
 )
 from .errors import (
     Incompatible as Incompatible,

@@ -46,6 +46,9 @@ class Geometry:
         """All buffers and layers, bytes per page at each buffer's page stride."""
     @property
     def total_bytes(self) -> int: ...
+    def mirror(self, pages: int, memory_layout: Optional[str] = None,
+               name: Optional[str] = None) -> Geometry:
+        """A mirror pool's geometry: every compared field from self; pages, layout, name new."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -78,7 +81,21 @@ def describe(
     index_k: Optional[Literal["fp8", "bf16", "fp4"]] = None,
     tp: Optional[int] = None,
     rank: Optional[int] = None,
+    *,
+    state_dtype: Optional[Literal["f32", "bf16", "f16"]] = None,
     page_size_tokens: int = 64,
     pages: int = 1024,
+    equal_page_bytes: bool = False,
 ) -> Geometry: ...
+def totals(
+    model: Union[str, os.PathLike[str]],
+    kv_dtype: Optional[Literal["bf16", "fp8"]] = None,
+    index_k: Optional[Literal["fp8", "bf16", "fp4"]] = None,
+    tp: Optional[int] = None,
+    rank: Optional[int] = None,
+    *,
+    state_dtype: Optional[Literal["f32", "bf16", "f16"]] = None,
+) -> dict[str, Any]:
+    """`kvlayout describe --totals`: model, full_bytes_per_token, window_bytes_per_request_max,
+    state_bytes_per_request, layers_by_attention."""
 def formats() -> list[dict[str, Any]]: ...

@@ -25,6 +25,8 @@ when ``tensors`` is a list):
   (SGLang's device pools: ``[size + page_size, head_num, head_dim]`` per layer);
 - ``"page"`` and ``"page_token"``: a page, and a token inside it (``page_first_direct``,
   vLLM's ``[num_blocks, block_size, ...]``);
+- ``"slot"``: a state slot (``attention: "state"`` buffers: one slot per request, e.g. vLLM's
+  Mamba / linear-attention state ``[num_blocks, *shape]``);
 - ``"page_bytes"``: one page's content, opaque (SGLang's index-K ``[pages, page_bytes]``):
   bytes per token are the page's bytes / page size;
 - any other name (``"head"``, ``"dim"``, ``"one"``): per-token content, innermost and
@@ -60,7 +62,7 @@ _DTYPES: dict[str, tuple[str, int]] = {
     "int64": ("i64", 1),
 }
 _BYTE_CONTAINERS = {"uint8", "int8"}
-_TOKEN_AXES = {"layer", "token", "page", "page_token", "page_bytes"}
+_TOKEN_AXES = {"layer", "token", "page", "page_token", "page_bytes", "slot"}
 
 
 def dtype_name(t: Any) -> str:
@@ -186,6 +188,9 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         if per_layer:
             raise ValueError(f"{buf.name}.axes: a per-layer list has no 'layer' axis")
         layers = dims["layer"]
+    if layers is None:
+        raise ValueError(f"{buf.name}.axes: {axes} has no 'layer' axis; give a per-layer list "
+                         "of tensors or name the layer axis")
 
     values_per_elem = _DTYPES.get(facts.dtype, (None, 1))[1]
     content = [a for a in axes if a not in _TOKEN_AXES]
@@ -236,7 +241,12 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         row_bytes = content_elems * facts.itemsize_bytes
         content_shape = [dims[a] for a in content] or [1]
         content_shape[-1] *= values_per_elem
-        if "token" in dims:
+        if "slot" in dims:
+            # A state buffer (attention "state"): one slot per request, no token axis.
+            pages = dims["slot"]
+            page_stride = per_layer("slot")
+            token_stride = row_bytes
+        elif "token" in dims:
             token_stride = per_layer("token")
             pages = dims["token"] // page_size_tokens
             page_stride = token_stride * page_size_tokens

@@ -9,8 +9,7 @@ use kvlayout_core::{
     BufferGeometry, GeometryError, Level, MemoryLayout, PoolGeometry, TokenLayout,
     arrangement_text, compare_at, file, formats as builtin,
 };
-use kvlayout_pool::model::{Attention, IndexK, KvDtype, Model, PoolOptions};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict};
 use serde_json::{Value, json};
@@ -46,7 +45,7 @@ impl Geometry {
 }
 
 /// A JSON value as the Python object `json.loads` makes of it.
-fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
     py.import("json")?.call_method1("loads", (v.to_string(),))
 }
 
@@ -210,6 +209,41 @@ impl Geometry {
         geometry_result(py, self.inner.total_bytes())
     }
 
+    /// The geometry of a pool that mirrors this one (a HiCache host pool made from the device
+    /// pool, as `HostPool::mirror_of` does in Rust): every compared field taken from `self`,
+    /// only `pages`, `memory_layout` (default: the same) and `name` differ. Raises
+    /// `InvalidGeometry` when the result breaks a rule (zero pages, `page_head` over a buffer
+    /// without a head axis, overflow).
+    #[pyo3(signature = (pages, memory_layout = None, name = None))]
+    fn mirror(
+        &self,
+        py: Python<'_>,
+        pages: u64,
+        memory_layout: Option<&str>,
+        name: Option<String>,
+    ) -> PyResult<Geometry> {
+        let mut g = self.inner.clone();
+        g.pages = pages;
+        if let Some(m) = memory_layout {
+            g.memory_layout = MemoryLayout::from_name(m).ok_or_else(|| {
+                errors::invalid_geometry(
+                    py,
+                    "memory_layout",
+                    &format!(
+                        "unknown memory layout {m:?} (expected layer_first, page_first, page_first_direct or page_head)"
+                    ),
+                )
+            })?;
+        }
+        g.name = name.unwrap_or_else(|| format!("mirror of {}", self.inner.name));
+        Geometry::new(py, g)
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let from_json = slf.get_type().getattr("from_json")?;
+        Ok((from_json, (slf.get().to_json(),)))
+    }
+
     fn __repr__(&self) -> String {
         let names: Vec<&str> = self.inner.buffers.iter().map(|b| b.name()).collect();
         format!(
@@ -294,86 +328,6 @@ pub fn header(n: usize, a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Str
         level_fingerprint(a, level),
         level_fingerprint(b, level)
     )
-}
-
-/// The device pool geometry of a model, as `kvlayout describe --model M --json`.
-///
-/// `model`: a built-in name (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5, llama-3.1-8b,
-/// llama-3.1-70b, qwen3-8b, qwen3-235b-a22b), a config.json path or a model directory.
-/// `kv_dtype`: "bf16" | "fp8" (default fp8 for DSA models, bf16 otherwise); `index_k`:
-/// "fp8" | "bf16" | "fp4" (DSA models; default fp8; a warning on a model without an indexer);
-/// `tp`, `rank`: tensor-parallel size and rank (default one rank).
-#[pyfunction]
-#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, page_size_tokens = 64, pages = 1024))]
-#[allow(clippy::too_many_arguments)]
-pub fn describe(
-    py: Python<'_>,
-    model: PathBuf,
-    kv_dtype: Option<&str>,
-    index_k: Option<&str>,
-    tp: Option<u64>,
-    rank: Option<u64>,
-    page_size_tokens: u64,
-    pages: u64,
-) -> PyResult<Geometry> {
-    let kv_dtype = match kv_dtype {
-        None => None,
-        Some("bf16") => Some(KvDtype::Bf16),
-        Some("fp8") => Some(KvDtype::Fp8),
-        Some(other) => {
-            return Err(PyValueError::new_err(format!(
-                "kv_dtype: {other:?} (expected \"bf16\" or \"fp8\")"
-            )));
-        }
-    };
-    let index_k_choice = match index_k {
-        None | Some("fp8") => IndexK::Fp8,
-        Some("bf16") => IndexK::Bf16,
-        Some("fp4") => IndexK::Fp4,
-        Some(other) => {
-            return Err(PyValueError::new_err(format!(
-                "index_k: {other:?} (expected \"fp8\", \"bf16\" or \"fp4\")"
-            )));
-        }
-    };
-    match (tp, rank) {
-        (None | Some(1), None | Some(0)) => {}
-        (tp, rank) => {
-            return Err(errors::model_error(
-                py,
-                format!(
-                    "tp {tp:?}, rank {rank:?}: this build's model reader maps one rank only (tp 1, rank 0)"
-                ),
-            ));
-        }
-    }
-    let name = model
-        .to_str()
-        .ok_or_else(|| PyTypeError::new_err("model: not valid UTF-8"))?;
-    let m = Model::load(name).map_err(|e| errors::model_error(py, e.to_string()))?;
-    if index_k.is_some() && m.attention() != Attention::MlaDsa {
-        let msg = format!(
-            "index_k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
-            m.name
-        );
-        let warning = py.get_type::<pyo3::exceptions::PyUserWarning>();
-        PyErr::warn(
-            py,
-            &warning,
-            &std::ffi::CString::new(msg).expect("no NUL"),
-            1,
-        )?;
-    }
-    let opts = PoolOptions {
-        kv_dtype,
-        index_k: index_k_choice,
-        page_size_tokens,
-        pages,
-    };
-    let pool = m
-        .pool(&opts)
-        .map_err(|e| errors::model_error(py, e.to_string()))?;
-    Geometry::new(py, pool.geometry)
 }
 
 /// The built-in token layouts, as `kvlayout formats --json` (fingerprint as an int), each with

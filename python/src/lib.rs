@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 mod errors;
 mod geometry;
 mod guard;
+mod model;
 mod pages;
 
 /// The extension module.
@@ -21,7 +22,8 @@ fn _kvlayout(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<guard::TransferGuard>()?;
     m.add_function(wrap_pyfunction!(geometry::compare, m)?)?;
     m.add_function(wrap_pyfunction!(geometry::check, m)?)?;
-    m.add_function(wrap_pyfunction!(geometry::describe, m)?)?;
+    m.add_function(wrap_pyfunction!(model::describe, m)?)?;
+    m.add_function(wrap_pyfunction!(model::totals, m)?)?;
     m.add_function(wrap_pyfunction!(geometry::formats, m)?)?;
     m.add("SCHEMA", kvlayout_core::file::SCHEMA)?;
     m.add("CHECKS_COMPILED", kvlayout_pool::shim::CHECKS_COMPILED)?;

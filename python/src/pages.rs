@@ -145,8 +145,17 @@ impl PageList<'_> {
     #[inline]
     pub fn get(&self, i: usize) -> PyResult<i64> {
         match self {
-            PageList::List(l) => l.get_item(i)?.extract::<i64>(),
-            PageList::Tuple(t) => t.get_item(i)?.extract::<i64>(),
+            PageList::List(l) => {
+                // SAFETY: the list is alive (borrowed for 'a) and the GIL held; an index past a
+                // list shortened meanwhile returns NULL with IndexError set.
+                let item = unsafe { ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t) };
+                int_at(l.py(), item, i)
+            }
+            PageList::Tuple(t) => {
+                // SAFETY: as for lists; PyTuple_GetItem borrows too.
+                let item = unsafe { ffi::PyTuple_GetItem(t.as_ptr(), i as ffi::Py_ssize_t) };
+                int_at(t.py(), item, i)
+            }
             PageList::Raw {
                 ptr, stride_bytes, ..
             } => {
@@ -157,6 +166,31 @@ impl PageList<'_> {
             }
         }
     }
+}
+
+/// An int64 from a borrowed list/tuple item (NULL: the error already set, e.g. a list that
+/// an item's `__index__` shortened).
+#[inline]
+fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
+    if item.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a live object borrowed from its container, the GIL held. An exact int converts
+    // without running Python code, so the borrow stays valid; anything else may run
+    // `__index__`, which could drop the container's reference: hold our own for that call.
+    let v = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
+        unsafe { ffi::PyLong_AsLongLong(item) }
+    } else {
+        let owned = unsafe { Bound::from_borrowed_ptr(py, item) };
+        unsafe { ffi::PyLong_AsLongLong(owned.as_ptr()) }
+    };
+    if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
+        let e = PyErr::fetch(py);
+        return Err(PyTypeError::new_err(format!(
+            "page index [{i}] is not an int64: {e}"
+        )));
+    }
+    Ok(v)
 }
 
 /// A held buffer view, released on drop.

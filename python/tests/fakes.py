@@ -83,7 +83,7 @@ def dsa_host(device, pages=16, layout="layer_first"):
         device_pool=device, layout=layout, page_size=page, size=size, page_num=pages,
         layer_num=L, kv_lora_rank=512, qk_rope_head_dim=64, kv_cache_dim=dim,
         dtype=np.dtype(np.uint8), kv_buffer=np.zeros(kv_dims, np.uint8),
-        token_stride_size=dim, index_head_dim=128, quant_block_size=128,
+        token_stride_size=dim, index_head_dim=128, indexer_quant_block_size=128,
         indexer_page_stride_size=stride, indexer_dtype=np.dtype(np.uint8),
         index_k_with_scale_buffer=np.zeros(idx_dims, np.uint8))
 

@@ -110,21 +110,31 @@ def test_formats_sizes_by_hand():
     assert by_name["index_k_fp8"]["bytes_per_page_64"] == 64 * 132
 
 
+# every built-in model: configs/NAME.json
+MODELS = sorted(p.stem for p in (ROOT / "configs").glob("*.json"))
+
+
 def _cli() -> str | None:
     path = os.environ.get("KVLAYOUT_CLI") or str(ROOT / "target" / "debug" / "kvlayout")
     return path if pathlib.Path(path).is_file() else None
 
 
 @pytest.mark.skipif(_cli() is None, reason="no kvlayout CLI binary (set KVLAYOUT_CLI or cargo build)")
-@pytest.mark.parametrize("model", ["deepseek-v3.2-exp", "deepseek-v3", "kimi-k2", "glm-4.5",
-                                   "llama-3.1-8b", "llama-3.1-70b", "qwen3-8b", "qwen3-235b-a22b"])
-def test_fingerprint_equals_the_cli(model, tmp_path):
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("tp", [None, 2])
+def test_fingerprint_equals_the_cli(model, tp, tmp_path):
     cli = _cli()
-    text = subprocess.run([cli, "describe", "--model", model, "--json"],
-                          capture_output=True, text=True, check=True).stdout
-    table = subprocess.run([cli, "describe", "--model", model],
+    tp_args = [] if tp is None else ["--tp", str(tp), "--rank", "1"]
+    described = subprocess.run([cli, "describe", "--model", model, "--json", *tp_args],
+                               capture_output=True, text=True)
+    if described.returncode == 2:  # the CLI refuses (e.g. heads that do not split): so must we
+        with pytest.raises((kvlayout.ModelError, ValueError)):
+            kvlayout.describe(model, tp=tp, rank=1)
+        return
+    text = described.stdout
+    table = subprocess.run([cli, "describe", "--model", model, *tp_args],
                            capture_output=True, text=True, check=True).stdout
-    g = kvlayout.describe(model)
+    g = kvlayout.describe(model, tp=tp, rank=None if tp is None else 1)
     assert f"fingerprint {g.fingerprint:#018x}" in table
     assert g.to_json() == text
     host = tmp_path / "host.json"
@@ -152,3 +162,44 @@ def test_describe_errors_and_warnings():
         g = kvlayout.describe("llama-3.1-8b", index_k="bf16")
     # Llama-3.1-8B: 32 layers x (K + V) 8 x 128 bf16 = 32 x 4096 B/token
     assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
+
+
+def test_mirror_takes_every_compared_field_from_the_device():
+    device = kvlayout.describe("deepseek-v3.2-exp", index_k="bf16")
+    host = device.mirror(4096, "page_first")
+    assert kvlayout.compare(device, host) == []
+    assert host.pages == 4096 and host.memory_layout == "page_first"
+    assert host.fingerprint == device.fingerprint
+    assert host.storage_fingerprint != device.storage_fingerprint
+    with pytest.raises(kvlayout.InvalidGeometry, match="pages"):
+        device.mirror(0)
+    with pytest.raises(kvlayout.InvalidGeometry, match="memory_layout"):
+        device.mirror(8, "sideways")
+
+
+def test_geometry_pickles_through_its_json():
+    import pickle
+
+    g = kvlayout.describe("kimi-k2")
+    assert pickle.loads(pickle.dumps(g)) == g
+
+
+def test_tensor_parallel_rank_and_totals():
+    # Llama-3.1-8B, 8 KV heads split over 2 ranks: 4 heads x 128 x 2 B x (K + V) per layer
+    g = kvlayout.describe("llama-3.1-8b", tp=2, rank=1)
+    assert g.bytes_per_token == 32 * 2 * 4 * 128 * 2
+    rank0 = kvlayout.describe("llama-3.1-8b", tp=2, rank=0)
+    # the pool level compares the shard (DESIGN "Compare levels"); the token level converts
+    assert kvlayout.compare(g, rank0) == [
+        "kv.shard: tp_size 2 rank 1 split heads of 8, tp_size 2 rank 0 split heads of 8"]
+    assert kvlayout.compare(g, rank0, level="token") == []
+    with pytest.raises(ValueError, match="rank"):
+        kvlayout.describe("llama-3.1-8b", rank=1)
+    with pytest.raises(ValueError, match="tp"):
+        kvlayout.describe("llama-3.1-8b", tp=2, rank=2)
+    # gpt-oss-20b: 12 sliding-window (128) + 12 full layers, 8 KV heads x 64 bf16:
+    # 2 x 8 x 64 x 2 = 2,048 B/token/layer
+    t = kvlayout.totals("gpt-oss-20b")
+    assert t["full_bytes_per_token"] == 12 * 2048
+    assert t["window_bytes_per_request_max"] == 12 * 2048 * 128
+    assert t["state_bytes_per_request"] == 0

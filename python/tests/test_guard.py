@@ -114,3 +114,10 @@ def test_dlpack_is_read_in_place(guard):
 def test_guard_properties(guard):
     assert guard.fingerprint == guard.device.fingerprint == guard.host.fingerprint
     assert guard.host.pages == HOST_PAGES
+
+
+def test_list_items_that_are_not_int64_are_refused_by_index(guard):
+    with pytest.raises(TypeError, match=r"page index \[1\] is not an int64"):
+        guard.check_pages("load", None, [1, "x"], [0, 1])
+    with pytest.raises(TypeError, match=r"page index \[0\] is not an int64"):
+        guard.check_pages("load", None, (1 << 70,), (0,))

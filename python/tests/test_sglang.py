@@ -106,8 +106,9 @@ def test_transfer_op_gate_checks_item_size_against_strides():
                                         src_layout_dim):
         op(src, dst, src_indices, dst_indices, layer_id, item_size, src_layout_dim)
 
-    ns = {"transfer_kv_per_layer_mla_pf_lf": transfer_kv_per_layer_mla_pf_lf}
-    assert sglang.guard_transfer_ops(ns) == ["transfer_kv_per_layer_mla_pf_lf"]
+    ns = {"__name__": "pool_host.dsa",
+          "transfer_kv_per_layer_mla_pf_lf": transfer_kv_per_layer_mla_pf_lf}
+    assert sglang.guard_transfer_ops(ns) == ["pool_host.dsa.transfer_kv_per_layer_mla_pf_lf"]
     assert sglang.guard_transfer_ops(ns) == []  # already wrapped
     gated = ns["transfer_kv_per_layer_mla_pf_lf"]
     src = host.index_k_with_scale_buffer
@@ -126,3 +127,55 @@ def test_transfer_op_gate_checks_item_size_against_strides():
     assert op.calls == 1
     with pytest.raises(kvlayout.TransferRefused, match="src_layout_dim"):
         gated(src, fp8.index_k_with_scale_buffer[0], None, None, 0, stride, stride)
+
+
+def test_separate_dsa_indexer_host_pool():
+    # Newer SGLang: MLATokenToKVPoolHost for the latent, DSAIndexerPoolHost (pool_host/dsa.py) for
+    # index-K, which reads index_head_dim / quant_block_size from its device_pool.
+    import types
+
+    device = fakes.dsa_device(index_k="bf16")
+    host = fakes.dsa_host(device)
+    indexer = types.SimpleNamespace(
+        device_pool=device, layout=host.layout, page_size=host.page_size,
+        indexer_page_stride_size=host.indexer_page_stride_size,
+        index_k_with_scale_buffer=host.index_k_with_scale_buffer)
+    del host.index_k_with_scale_buffer
+    with pytest.raises(kvlayout.Incompatible) as e:
+        sglang.transfer_guard(device, host, indexer=indexer)
+    assert e.value.lines == SEED_LINES
+    # without the indexer the host has no index_k buffer at all: refused by name
+    with pytest.raises(kvlayout.Incompatible) as missing:
+        sglang.transfer_guard(device, host)
+    # 128 x 2 = 256 B/token, 64 x 256 = 16384 B/page, 3 layers (fakes.dsa_device default)
+    assert missing.value.lines == [
+        "index_k: present (256 B/token, 16384 B/page of 64 tokens, 3 layers), missing"]
+
+
+class _CompiledOp:
+    """Stands for a compiled op: no Python signature (inspect.signature raises)."""
+
+    __signature__ = property(lambda self: (_ for _ in ()).throw(ValueError("no signature")))
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+
+
+def test_gate_binds_positional_arguments_of_a_compiled_op():
+    # MHA per-layer op, positional as SGLang passes them: item_size 2048 (8 x 128 x 2) against
+    # rows of 4096 B (the device K buffer of 16 heads).
+    device = fakes.mha_device(heads=16)
+    op = _CompiledOp()
+    ns = {"transfer_kv_per_layer": op}
+    sglang.guard_transfer_ops(ns)
+    gated = ns["transfer_kv_per_layer"]
+    host = fakes.mha_host(fakes.mha_device(heads=8))
+    k, v = host.kv_buffer[0][0], host.kv_buffer[1][0]
+    with pytest.raises(kvlayout.TransferRefused, match="item_size 2048 B, but dst_k rows are 4096 B"):
+        gated(k, device.k_buffer[0], v, device.v_buffer[0], None, None, 8 * 128 * 2)
+    assert op.calls == 0
+    gated(k, k, v, v, None, None, 8 * 128 * 2)
+    assert op.calls == 1

@@ -95,3 +95,10 @@ def test_per_layer_tensors_must_agree():
     b = np.zeros((128, 512), np.uint8)
     with pytest.raises(kvlayout.TensorMismatch, match=r"kv.tensors\[1\]"):
         geometry_from_tensors([TensorBuffer("kv", [a, b], format="mla_fp8")], page_size_tokens=64)
+
+
+def test_one_tensor_without_a_layer_axis_is_refused_by_name():
+    t = np.zeros((128, 576), np.uint8)
+    with pytest.raises(ValueError, match="no 'layer' axis"):
+        geometry_from_tensors([TensorBuffer("kv", t, axes=("token", "dim"), format="mla_fp8")],
+                              page_size_tokens=64)

@@ -31,7 +31,7 @@ def _dsa_pools(device: str, layers: int = 61, pages: int = 8, page: int = 64):
         device_pool=dev, layout="page_first", page_size=page, size=host_pages * page,
         page_num=host_pages, layer_num=layers, kv_lora_rank=512, qk_rope_head_dim=64,
         kv_cache_dim=656, dtype=torch.uint8, token_stride_size=656, index_head_dim=128,
-        quant_block_size=128, indexer_page_stride_size=stride,
+        indexer_quant_block_size=128, indexer_page_stride_size=stride,
         kv_buffer=torch.zeros((host_pages * page, layers, 1, 656), dtype=torch.uint8),
         index_k_with_scale_buffer=torch.zeros(((host_pages * page + page + 1) // page, layers, 1,
                                                stride), dtype=torch.uint8))

@@ -7,7 +7,7 @@ import pytest
 import kvlayout
 
 np = pytest.importorskip("numpy", reason="numpy not installed: fake caches need it")
-pytest.importorskip("ml_dtypes", reason="ml_dtypes not installed: bf16 arrays need it")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes not installed: bf16 arrays need it")
 
 import fakes  # noqa: E402
 from kvlayout.adapters import vllm  # noqa: E402
@@ -81,10 +81,46 @@ def test_tensor_disagreeing_with_spec_is_refused():
     assert e.value.field == "kv.bytes_per_token"
 
 
-def test_mamba_refused_by_name():
-    m = fakes.MambaSpec(block_size=16, shapes=((4, 128),), dtypes=(np.dtype(np.float32),))
-    with pytest.raises(kvlayout.KvLayoutError, match="MambaSpec"):
-        vllm.geometry({LAYERS[0]: np.zeros((3, 4, 128), np.float32)}, {LAYERS[0]: m})
+def _mamba_states(num_blocks, shapes, dtypes, block_bytes):
+    """vLLM's view of one Mamba layer's raw cache: state j is [num_blocks, *shapes[j]] at
+    offset sum(previous states' bytes) inside each block of block_bytes."""
+    raw = np.zeros(num_blocks * block_bytes, np.uint8)
+    out, offset = [], 0
+    for shape, dtype in zip(shapes, dtypes):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        view = np.lib.stride_tricks.as_strided(
+            raw[offset:].view(np.uint8), shape=(num_blocks, n), strides=(block_bytes, 1))
+        out.append(np.lib.stride_tricks.as_strided(
+            view.view(dtype), shape=(num_blocks, *shape),
+            strides=(block_bytes, *np.zeros(shape, dtype).strides)))
+        offset += n
+    return out
+
+
+def test_mamba_state_groups_next_to_attention():
+    # Qwen3-Next style: linear-attention layers keep a conv state (3 x 1024 bf16 = 6144 B) and
+    # an ssm state (16 x 128 x 128 f32 = 1,048,576 B) per request, padded to the attention page.
+    conv, ssm = (3, 1024), (16, 128, 128)
+    payload = 3 * 1024 * 2 + 16 * 128 * 128 * 4
+    m = fakes.MambaSpec(block_size=1024, shapes=(conv, ssm),
+                        dtypes=(np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)),
+                        page_size_padded=payload + 1024)
+    full = fakes.spec(block_size=64, num_kv_heads=2, head_size=256)
+    attn, linear = LAYERS[3:], LAYERS[:3]
+    caches = {n: fakes.flashinfer_cache(5, full) for n in attn}
+    caches.update({n: _mamba_states(5, (conv, ssm), (ml_dtypes.bfloat16, np.float32), payload + 1024)
+                   for n in linear})
+    g = vllm.geometry(caches, fakes.kv_cache_config(5, [(attn, full), (linear, m)]))
+    by = {b["name"]: b for b in g.buffers}
+    assert by["group1.state1"]["attention"] == "state"
+    assert by["group1.state1"]["bytes_per_token"] == 16 * 128 * 128 * 4
+    assert by["group1.state0"]["page_stride_bytes"] == payload + 1024
+    assert g.page_size_tokens == 64  # the attention group's block size, not the Mamba block
+    # the host copy forgot the ssm state: refused by name
+    host = {n: caches[n] for n in attn}
+    host.update({n: caches[n][:1] for n in linear})
+    with pytest.raises(kvlayout.KvLayoutError, match="2 state tensors"):
+        vllm.geometry(host, fakes.kv_cache_config(5, [(attn, full), (linear, m)]))
 
 
 def test_uint8_needs_kv_cache_dtype():

@@ -29,7 +29,9 @@ Host pools, ``python/sglang/srt/mem_cache/memory_pool_host.py`` (newer releases:
   is the item size its transfer ops use.
 - ``MLATokenToKVPoolHost``: ``kv_buffer`` ``(layer_num, size, 1, kv_cache_dim)``,
   ``(size, layer_num, 1, kv_cache_dim)`` or ``(page_num, layer_num, page_size, 1, kv_cache_dim)``.
-- ``NSATokenToKVPoolHost`` / ``DSAIndexerPoolHost`` (``pool_host/dsa.py``): the host index-K
+- ``NSATokenToKVPoolHost`` (``index_head_dim``, ``indexer_quant_block_size``,
+  ``indexer_dtype``) / ``DSAIndexerPoolHost`` (``pool_host/dsa.py``, reads them from its
+  ``device_pool``): the host index-K
   ``index_k_with_scale_buffer`` ``(layer_num, indexer_page_num, indexer_page_stride_size)`` or
   ``(indexer_page_num, layer_num, 1, indexer_page_stride_size)`` in ``uint8``, sized by the fp8
   formula ``index_head_dim + index_head_dim // quant_block_size * 4`` = 132 B/token for 128
@@ -119,7 +121,11 @@ def _index_k_sections(pool: Any, store: Any) -> list[dict]:
     name = dtype_name(store)
     if name in _WIDE:
         return [{"name": "values", "dtype": _WIDE[name], "shape": [dim]}]
-    block = int(getattr(pool, "quant_block_size", 128))
+    block = getattr(pool, "quant_block_size", None) or getattr(pool, "indexer_quant_block_size", None)
+    if block is None:
+        raise KvLayoutError(f"{type(pool).__name__}: uint8 index-K without quant_block_size "
+                            "(device pool) or indexer_quant_block_size (host pool)")
+    block = int(block)
     return [{"name": "values", "dtype": "f8e4m3", "shape": [dim]},
             {"name": "scale", "dtype": "f32", "shape": [dim // block], "scales": "values",
              "block_elems": block}]
@@ -281,19 +287,38 @@ TRANSFER_OPS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
 }
 
 
+# Positional order of each op's leading parameters (sgl_kernel/kvcacheio.py), for ops whose
+# signature Python cannot read (a compiled op).
+_ORDER: dict[str, tuple[str, ...]] = {
+    "transfer_kv_per_layer": ("src_k", "dst_k", "src_v", "dst_v", "src_indices", "dst_indices",
+                              "item_size"),
+    "transfer_kv_per_layer_pf_lf": ("src_k", "dst_k", "src_v", "dst_v", "src_indices",
+                                    "dst_indices", "layer_id", "item_size", "src_layout_dim"),
+    "transfer_kv_per_layer_mla": ("src", "dst", "src_indices", "dst_indices", "item_size"),
+    "transfer_kv_per_layer_mla_pf_lf": ("src", "dst", "src_indices", "dst_indices", "layer_id",
+                                        "item_size", "src_layout_dim"),
+    "transfer_kv_all_layer_lf_pf": ("src_k_layers", "dst_k", "src_v_layers", "dst_v",
+                                    "src_indices", "dst_indices", "item_size", "dst_layout_dim"),
+    "transfer_kv_all_layer_mla_lf_pf": ("src_layers", "dst", "src_indices", "dst_indices",
+                                        "item_size", "dst_layout_dim"),
+}
+
+
 def _checked(op_name: str, op: Callable) -> Callable:
     rows, dims = TRANSFER_OPS[op_name]
     try:
-        sig = inspect.signature(op)
-    except (TypeError, ValueError):  # a C op without a signature: bind by SGLang's order
+        sig: Optional[inspect.Signature] = inspect.signature(op)
+    except (TypeError, ValueError):  # a compiled op: bind by SGLang's parameter order
         sig = None
+    order = _ORDER[op_name]
 
     @functools.wraps(op)
     def wrapper(*args, **kwargs):
         if sig is not None:
             bound = sig.bind_partial(*args, **kwargs).arguments
         else:
-            bound = dict(kwargs)
+            bound = dict(zip(order, args))
+            bound.update(kwargs)
         item = bound.get("item_size")
         if item is not None:
             for p in rows:
@@ -317,21 +342,27 @@ def _checked(op_name: str, op: Callable) -> Callable:
     return wrapper
 
 
-def guard_transfer_ops(namespace: Any) -> list[str]:
-    """Wraps every SGLang transfer op found in ``namespace`` (a module such as
-    ``sglang.srt.mem_cache.memory_pool_host``, or its ``__dict__``) so that, before the kernel
-    runs, ``item_size`` is checked against the row stride of each layer-first tensor argument and
-    ``src_layout_dim`` / ``dst_layout_dim`` against the page-first tensor's row stride. A mismatch
-    raises ``TransferRefused`` (``kind == "item_size"``) naming the op, the argument and both
-    numbers; nothing is launched. Returns the names wrapped. Ops whose arguments are pointer
-    tables (``transfer_kv_all_layer``, ``transfer_kv_all_layer_mla``) carry no strides and are
-    left as they are: :func:`check_item_sizes` covers them at pool construction."""
-    ns: MutableMapping[str, Any] = namespace if isinstance(namespace, MutableMapping) else vars(namespace)
+def guard_transfer_ops(*namespaces: Any) -> list[str]:
+    """Wraps every SGLang transfer op found in each namespace (a module that imported them, such
+    as ``sglang.srt.mem_cache.memory_pool_host`` or, in newer releases, each of
+    ``sglang.srt.mem_cache.pool_host.{mha,mla,dsa}``; or a module's ``__dict__``) so that, before
+    the kernel runs, ``item_size`` is checked against the row stride of each layer-first tensor
+    argument and ``src_layout_dim`` / ``dst_layout_dim`` against the page-first tensor's row
+    stride. A mismatch raises ``TransferRefused`` (``kind == "item_size"``) naming the op, the
+    argument and both numbers; nothing is launched. Returns the names wrapped (``module.op``).
+    Ops whose arguments are pointer tables (``transfer_kv_all_layer``,
+    ``transfer_kv_all_layer_mla``) carry no strides and are left as they are:
+    :func:`check_item_sizes` covers them once, when the pools are built. Wrapping twice is a
+    no-op."""
     wrapped = []
-    for op_name in TRANSFER_OPS:
-        op = ns.get(op_name)
-        if op is None or hasattr(op, "__kvlayout_unchecked__"):
-            continue
-        ns[op_name] = _checked(op_name, op)
-        wrapped.append(op_name)
+    for namespace in namespaces:
+        ns: MutableMapping[str, Any] = (
+            namespace if isinstance(namespace, MutableMapping) else vars(namespace))
+        label = ns.get("__name__", "namespace")
+        for op_name in TRANSFER_OPS:
+            op = ns.get(op_name)
+            if op is None or hasattr(op, "__kvlayout_unchecked__"):
+                continue
+            ns[op_name] = _checked(op_name, op)
+            wrapped.append(f"{label}.{op_name}")
     return wrapped

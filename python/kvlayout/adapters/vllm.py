@@ -10,8 +10,11 @@ Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in 
   blocks), FlashInfer ``[num_blocks, 2, block_size, num_kv_heads, head_size]`` (per block a K
   plane then a V plane), either with HND strides (heads outside the block's tokens) when
   ``kv_cache_layout`` is HND; MLA ``[num_blocks, block_size, head_size]`` (576 elements, or 656
-  ``uint8`` for ``fp8_ds_mla``); the DeepSeek-V3.2 indexer (``DeepseekV32IndexerCache``)
-  ``[num_blocks, block_size, 132]`` ``uint8`` (128 e4m3 keys + one f32 scale per 128).
+  ``uint8`` for ``fp8_ds_mla``); the DeepSeek-V3.2 indexer (``DeepseekV32IndexerCache`` in
+  ``vllm/model_executor/models/deepseek_v2.py``, layer ``model.layers.N.self_attn.indexer.k_cache``:
+  any layer whose name holds ``indexer``; spec ``MLAAttentionSpec(num_kv_heads=1, head_size=132,
+  dtype=uint8)``) ``[num_blocks, block_size, 132]`` ``uint8`` (128 e4m3 keys + one f32 scale per
+  128), or ``bfloat16`` ``[num_blocks, block_size, 128]`` where the indexer keeps bf16 keys.
 - ``kv_cache_config``: ``KVCacheConfig`` (``vllm/v1/kv_cache_interface.py``) with
   ``num_blocks`` and ``kv_cache_groups``, each a ``KVCacheGroupSpec`` with ``layer_names`` and
   ``kv_cache_spec``; or a ``{layer_name: KVCacheSpec}`` mapping (``get_kv_cache_spec()``), grouped
@@ -19,7 +22,9 @@ Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in 
   ``head_size``, ``head_size_v``, ``dtype``, ``sliding_window``, ``attention_chunk_size``,
   ``page_size_padded``), ``SlidingWindowSpec`` (``sliding_window``),
   ``ChunkedLocalAttentionSpec`` (``attention_chunk_size``), ``MLAAttentionSpec``
-  (``cache_dtype_str``). ``MambaSpec`` (recurrent state) is refused by name: not modelled here.
+  (``cache_dtype_str``), ``MambaSpec`` (``shapes``, ``dtypes``, ``page_size_padded``: per layer
+  a list of state tensors ``[num_blocks, *shape]`` sharing one block, as vLLM's model runner
+  views the raw cache; one ``state`` buffer per state tensor).
 
 Buffers are named ``kv`` for a single KV cache group (``kv.k`` / ``kv.v`` for FlashAttention's
 split layout), as ``kvlayout describe`` names them, and ``group{i}`` (``group{i}.k`` ...) for a
@@ -96,7 +101,7 @@ def _attention(spec: Any) -> Any:
     if chunk:
         return {"chunk_tokens": int(chunk)}
     if "Mamba" in kind:
-        raise KvLayoutError(f"{kind} (recurrent state) is not modelled by the vLLM adapter")
+        return "state"
     return None
 
 
@@ -107,6 +112,8 @@ def _group_buffers(i: int, layers: list[str], spec: Any, kv_caches: Mapping[str,
     missing = [n for n in layers if n not in kv_caches]
     if missing:
         raise KvLayoutError(f"{what}: kv_caches has no tensor for {missing[0]}")
+    if getattr(spec, "shapes", None) is not None:
+        return _state_buffers(base, what, layers, spec, kv_caches, hybrid)
     tensors = [kv_caches[n] for n in layers]
     block = int(spec.block_size)
     extra: dict = {"page_size_tokens": block}
@@ -176,6 +183,47 @@ def _group_buffers(i: int, layers: list[str], spec: Any, kv_caches: Mapping[str,
                          arrangement="head_major" if hnd else "section_major", extra=extra)]
 
 
+def _state_buffers(base: str, what: str, layers: list[str], spec: Any,
+                   kv_caches: Mapping[str, Any], hybrid: bool) -> list[TensorBuffer]:
+    """``MambaSpec``: per layer a list of state tensors ``[num_blocks, *shapes[j]]`` in
+    ``dtypes[j]``, all sharing one block of ``page_size_bytes`` (``page_size_padded`` when set):
+    one ``state`` buffer per state tensor, its slot stride the block."""
+    shapes, dtypes = list(spec.shapes), list(spec.dtypes)
+    item = {"f32": 4, "bf16": 2, "f16": 2}
+    files = [_WIDE.get(_name(d)) for d in dtypes]
+    if None in files:
+        raise KvLayoutError(f"{what}: state dtypes {[_name(d) for d in dtypes]}: only "
+                            f"{', '.join(_WIDE)} are modelled")
+    payload = sum(item[f] * _prod(sh) for f, sh in zip(files, shapes))
+    block = int(getattr(spec, "page_size_padded", None) or payload)
+    ids = [_layer_id(n) for n in layers]
+    out = []
+    for j, (f, shape) in enumerate(zip(files, shapes)):
+        per_layer = []
+        for n in layers:
+            states = kv_caches[n]
+            if not isinstance(states, (list, tuple)) or len(states) != len(shapes):
+                raise KvLayoutError(f"{what}: kv_caches[{n!r}] should be {len(shapes)} state "
+                                    f"tensors (MambaSpec.shapes), got {type(states).__name__}")
+            per_layer.append(states[j])
+        extra: dict = {"attention": "state", "page_stride_bytes": block}
+        if hybrid and all(x is not None for x in ids) and len(set(ids)) == len(ids):
+            extra["layer_ids"] = ids
+        out.append(TensorBuffer(
+            f"{base}.state{j}", per_layer,
+            axes=("slot", *[f"d{k}" for k in range(len(shape))]),
+            sections=[{"name": f"state{j}", "dtype": f, "shape": [int(x) for x in shape]}],
+            extra=extra))
+    return out
+
+
+def _prod(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
 class _Block:
     """A FlashInfer ``[blocks, 2, block_size, heads, head_size]`` tensor seen as
     ``[blocks, block_bytes]`` (the block's K and V planes), for the byte checks; the block must be
@@ -209,7 +257,8 @@ def geometry(kv_caches: Mapping[str, Any], kv_cache_config: Any, *, kv_cache_dty
     for i, (layers, spec) in enumerate(groups):
         buffers.extend(_group_buffers(i, layers, spec, kv_caches, kv_cache_dtype,
                                       qk_rope_head_dim, len(groups) > 1))
-    pool_block = int(groups[0][1].block_size)
+    token_groups = [s for _, s in groups if getattr(s, "shapes", None) is None]
+    pool_block = int((token_groups or [groups[0][1]])[0].block_size)
     for b in buffers:
         if b.extra.get("page_size_tokens") == pool_block:
             del b.extra["page_size_tokens"]
