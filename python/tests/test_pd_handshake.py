@@ -91,3 +91,22 @@ def test_unreadable_messages_are_refused_by_name():
     msg["geometry"] = msg["geometry"].replace('"f8e4m3"', '"f9"', 1)
     with pytest.raises(PeerRefused, match="unreadable"):
         handshake.check_peer(g, msg)
+
+
+def test_published_regions_must_hold_the_geometry():
+    from kvlayout.pd.regions import buffer_layouts
+
+    g = json.loads(DSV32.read_text())
+    g["pages"] = 2
+    layouts = buffer_layouts(g)
+    kv_bytes = 61 * 2 * 64 * (512 + 4 * 4 + 64 * 2)  # layers x pages x page bytes
+    ik_bytes = 61 * 2 * 64 * (128 + 4)
+    ok = {"regions": {"kv": [4096, kv_bytes], "index_k": [8192, ik_bytes]}}
+    handshake.check_regions(ok, layouts)
+    short = {"regions": {"kv": [4096, kv_bytes - 1]}}
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_regions(short, layouts)
+    assert e.value.lines == [
+        f"regions.kv: {kv_bytes - 1} bytes published, geometry lays out {kv_bytes} bytes",
+        f"regions.index_k: missing, geometry lays out {ik_bytes} bytes",
+    ]

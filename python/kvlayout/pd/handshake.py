@@ -139,3 +139,22 @@ def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Ve
             f"{peer.fingerprint:#018x}, local {local.fingerprint:#018x})",
         )
     return Verdict(level, msg, peer)
+
+
+def check_regions(msg: dict, layouts: dict) -> None:
+    """The peer's published regions (`{buffer: [address, length_bytes]}`) must hold what its
+    geometry lays out (`regions.BufferLayout.region_bytes`); raises `PeerRefused` otherwise, so a
+    plan never reads past what the peer registered."""
+    regions = msg.get("regions") or {}
+    lines = []
+    for name, lay in layouts.items():
+        got = regions.get(name)
+        if got is None:
+            lines.append(f"regions.{name}: missing, geometry lays out {lay.region_bytes} bytes")
+        elif int(got[1]) < lay.region_bytes:
+            lines.append(
+                f"regions.{name}: {int(got[1])} bytes published, geometry lays out "
+                f"{lay.region_bytes} bytes"
+            )
+    if lines:
+        raise PeerRefused(lines, "handshake")

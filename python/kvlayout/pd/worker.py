@@ -116,6 +116,19 @@ def decode(cfg: dict) -> dict:
         peer_layouts = layouts
     else:
         peer_layouts = _layouts(verdict.peer_geometry)
+    try:
+        handshake.check_regions(msg, peer_layouts)
+    except handshake.PeerRefused as e:
+        side.close()
+        return {
+            **result,
+            "verdict": "refused",
+            "bytes_moved": 0,
+            "bytes_verified_equal": 0,
+            "lines": e.lines,
+            "level": e.level,
+            "stray_bytes": 0,
+        }
     build = token_plan if verdict.level == "token" else page_plan
     plan = build(peer_layouts, layouts, cfg["src_pages"], cfg["dst_pages"])
     local, remote = _descriptors(plan, msg["regions"], regions)
