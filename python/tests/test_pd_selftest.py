@@ -28,6 +28,7 @@ EXPECTED = {
     "hetero-tp-1-to-2": ("moved", TP_BYTES),
     "hetero-tp-1-to-2-rank-1": ("moved", TP_BYTES),
     "no-geometry-require": ("refused", 0),
+    "no-geometry-warn": ("moved", DSV32_BYTES),
     # 4 source pages x 32 tokens x 61 layers x 656 B (MLA record only)
     "page-ratio-32-to-64": ("moved", 4 * 32 * 61 * (512 + 4 * 4 + 64 * 2)),
     "page-ratio-section-major-index-k": ("refused", 0),
@@ -82,6 +83,8 @@ def test_selftest_cases(engine):
     assert results["hetero-tp-1-to-2"]["level"] == "token"
     assert results["hetero-tp-1-to-2-rank-1"]["head_ranges"] == {"fa": [4, 8]}
     assert results["page-ratio-32-to-64"]["level"] == "token"
+    assert results["no-geometry-warn"]["level"] is None
+    assert any("sent no kvlayout geometry" in ln for ln in results["no-geometry-warn"]["lines"])
     assert any(
         "index_k.page_size_tokens" in ln
         for ln in results["page-ratio-section-major-index-k"]["lines"]

@@ -117,6 +117,14 @@ CASES = [
         require=True,
     ),
     Case(
+        "no-geometry-warn",
+        DSV32,
+        DSV32,
+        "moved",
+        "prefill publishes no geometry; decode warns (UncheckedPeerWarning) and moves unchecked",
+        publish_geometry=False,
+    ),
+    Case(
         "page-ratio-32-to-64",
         DSV32,
         DSV32,
