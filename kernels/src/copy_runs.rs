@@ -1,8 +1,10 @@
 //! Run-list copies: the form `kvlayout-pool`'s shim already produces (a checked
 //! `TransferPlan` flattened to `(src offset, dst offset, length)` runs, one per page of one layer
 //! of one buffer, or per segment under `page_head`). The GPU executes such a list with
-//! [`crate::Gpu::copy_runs`]; [`copy_runs_cpu`] is its CPU reference, with the same checks in the
-//! same order: every run inside both regions first, then the copy, so a bad list moves no byte.
+//! [`crate::Gpu::copy_runs`] (SM kernel), [`crate::Gpu::enqueue_copy_runs_dma`] (copy engines) or
+//! [`crate::Gpu::transfer_runs`] (the chooser); the CPU reference is the pool crate's CPU backend
+//! (`kvlayout_pool::CpuBackend`), which the GPU tests compare against. Every path checks every
+//! run inside both regions first ([`validate_runs`]), so a bad list moves no byte.
 
 use crate::error::KernelError;
 
@@ -55,21 +57,4 @@ pub fn validate_runs(runs: &[ByteRun], src_len: u64, dst_len: u64) -> Result<(),
             bad_count: 1 + bad.count() as u64,
         }),
     }
-}
-
-/// Copies every run from `src` to `dst` after checking all of them ([`validate_runs`]); on
-/// error nothing is written. Destination ranges should not overlap: where they do, the later
-/// run wins here and which one wins on the GPU is unspecified.
-pub fn copy_runs_cpu(src: &[u8], dst: &mut [u8], runs: &[ByteRun]) -> Result<(), KernelError> {
-    validate_runs(runs, src.len() as u64, dst.len() as u64)?;
-    for r in runs {
-        // In range: validate_runs checked every run against both lengths.
-        let (s, d, n) = (
-            r.src_offset_bytes as usize,
-            r.dst_offset_bytes as usize,
-            r.len_bytes as usize,
-        );
-        dst[d..d + n].copy_from_slice(&src[s..s + n]);
-    }
-    Ok(())
 }

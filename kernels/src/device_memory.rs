@@ -178,6 +178,12 @@ impl DeviceRuns {
         &self.host
     }
 
+    /// Device address of the list (`len()` runs of three `u64`: src, dst, len), for kernels
+    /// outside this crate (the benchmark's peer kernel).
+    pub fn device_address(&self) -> u64 {
+        self.address()
+    }
+
     pub(crate) fn address(&self) -> u64 {
         let (ptr, _sync) = self.slice.device_ptr(&self.stream);
         ptr

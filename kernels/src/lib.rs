@@ -61,11 +61,12 @@ pub mod index_k;
 pub mod test_data;
 
 pub use copy_cpu::{copy_items_cpu, validate_index_lists};
-pub use copy_runs::{ByteRun, copy_runs_cpu, validate_runs};
+pub use copy_runs::{ByteRun, validate_runs};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
-    CopyOrder, Gpu, KernelReport, LaunchShape, RunOrder, SELF_CHECK_MAX_ITEMS, driver_present,
-    nvrtc_present,
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, Gpu,
+    KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SELF_CHECK_MAX_ITEMS, SM_BUDGET,
+    TransferPath, driver_present, nvrtc_present,
 };
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};

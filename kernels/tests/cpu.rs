@@ -8,7 +8,7 @@ use kvlayout_kernels::index_k::{
     AMAX_FLOOR, INV_E4M3_MAX, quantize_key, round_scale_ue8m0, scale_for_amax,
 };
 use kvlayout_kernels::test_data::SplitMix64;
-use kvlayout_kernels::{ByteRun, copy_runs_cpu};
+use kvlayout_kernels::{ByteRun, RunOrder, TransferPath, validate_runs};
 use kvlayout_kernels::{
     CopySpec, Gpu, Granularity, IndexKPages, KernelError, ScaleFormat, SideSpec, copy_items_cpu,
     dequantize_index_k_cpu, driver_present, quantize_index_k_cpu,
@@ -480,29 +480,15 @@ fn no_driver_is_a_typed_error_never_a_panic() {
 }
 
 #[test]
-fn run_copies_check_every_run_first() {
-    let src: Vec<u8> = (0..32).collect();
-    let mut dst = vec![0xEE; 16];
-    // Bytes 10..14 -> 0..4, 30..32 -> 14..16.
-    copy_runs_cpu(
-        &src,
-        &mut dst,
-        &[ByteRun::new(10, 0, 4), ByteRun::new(30, 14, 2)],
-    )
-    .unwrap();
-    let mut expect = vec![0xEE; 16];
-    expect[0..4].copy_from_slice(&[10, 11, 12, 13]);
-    expect[14..16].copy_from_slice(&[30, 31]);
-    assert_eq!(dst, expect);
-    // Run 1 ends at byte 17 of a 16-byte dst; run 2's offset + len overflows u64. Nothing moves.
+fn run_lists_are_checked_whole_and_the_first_bad_run_named() {
+    // Run 1 ends at byte 13 + 4 = 17 of a 16-byte dst; run 2's offset + len overflows u64.
     let runs = [
         ByteRun::new(0, 4, 4),
         ByteRun::new(0, 13, 4),
         ByteRun::new(u64::MAX, 0, 2),
     ];
-    let err = copy_runs_cpu(&src, &mut dst, &runs).unwrap_err();
     assert_eq!(
-        err,
+        validate_runs(&runs, 32, 16).unwrap_err(),
         KernelError::RunOutOfRange {
             position: 1,
             run: runs[1],
@@ -511,7 +497,75 @@ fn run_copies_check_every_run_first() {
             bad_count: 2,
         }
     );
-    assert_eq!(dst, expect);
+    // A run ending exactly at both regions' ends fits: 28 + 4 = 32, 12 + 4 = 16.
+    assert_eq!(validate_runs(&[ByteRun::new(28, 12, 4)], 32, 16), Ok(()));
+}
+
+#[test]
+fn ordered_runs_merge_only_neighbours_on_both_sides() {
+    // Three 656-byte token runs of one page (src 1000.., dst 5000..) given out of order, an
+    // empty run, and a run that continues the source but not the destination.
+    let t = |i: u64| ByteRun::new(1000 + i * 656, 5000 + i * 656, 656);
+    let runs = [
+        t(2),
+        t(0),
+        ByteRun::new(9, 9, 0),
+        t(1),
+        ByteRun::new(1000 + 3 * 656, 90_000, 8),
+    ];
+    let merged = RunOrder::SrcAscending.sorted_and_merged(&runs);
+    // 3 x 656 = 1968 bytes from 1000 to 5000; the last run starts a new one (dst 90,000 is not
+    // 5000 + 1968 = 6968).
+    assert_eq!(
+        merged,
+        vec![
+            ByteRun::new(1000, 5000, 3 * 656),
+            ByteRun::new(1000 + 3 * 656, 90_000, 8)
+        ]
+    );
+    // As given: t(2) comes first and continues nothing; t(0) and t(1) are neighbours once the
+    // empty run between them is dropped, so they merge.
+    assert_eq!(
+        RunOrder::AsGiven.sorted_and_merged(&runs),
+        vec![
+            t(2),
+            ByteRun::new(1000, 5000, 2 * 656),
+            ByteRun::new(1000 + 3 * 656, 90_000, 8)
+        ]
+    );
+}
+
+#[test]
+fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budget() {
+    // DeepSeek-V3.2 page runs: 64 x 656 = 41,984 B and 64 x 132 = 8,448 B (mean 25,216 B).
+    let pages = [
+        ByteRun::new(0, 0, 41_984),
+        ByteRun::new(41_984, 41_984, 8_448),
+    ];
+    assert_eq!(
+        TransferPath::for_runs(&pages),
+        TransferPath::CopyEngines { runs: 2 }
+    );
+    // Token runs of index-K: 128-byte values and 4-byte scales (mean 66 B).
+    let tokens = [ByteRun::new(0, 0, 128), ByteRun::new(128, 128, 4)];
+    assert_eq!(
+        TransferPath::for_runs(&tokens),
+        TransferPath::SmKernel {
+            max_sms: kvlayout_kernels::SM_BUDGET,
+            runs: 2
+        }
+    );
+    // The threshold itself: a mean of exactly COPY_ENGINE_MIN_MEAN_RUN_BYTES goes to the
+    // copy engines, one byte less to the kernel.
+    let at = kvlayout_kernels::COPY_ENGINE_MIN_MEAN_RUN_BYTES;
+    assert!(matches!(
+        TransferPath::for_runs(&[ByteRun::new(0, 0, at)]),
+        TransferPath::CopyEngines { .. }
+    ));
+    assert!(matches!(
+        TransferPath::for_runs(&[ByteRun::new(0, 0, at - 1)]),
+        TransferPath::SmKernel { .. }
+    ));
 }
 
 #[test]

@@ -10,11 +10,15 @@ use std::ops::Range;
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
-use kvlayout_kernels::{ByteRun, RunOrder, copy_runs_cpu};
+use kvlayout_kernels::{
+    ByteRun, CopyEngineHint, CopyEngineOptions, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET,
+    TransferPath,
+};
 use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
     LaunchShape, PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
 };
+use kvlayout_pool::{Backend, CopyRun, CpuBackend};
 
 const LAYERS: u64 = 3;
 const HOST_PAGES: u64 = 24;
@@ -487,8 +491,7 @@ fn run_lists_match_cpu_reference() {
         let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
         let src = Buf::new(&gpu, h2d, &src_bytes);
         let mut dst = Buf::new(&gpu, !h2d, &poison);
-        let mut expect = poison.clone();
-        copy_runs_cpu(&src_bytes, &mut expect, &runs).unwrap();
+        let expect = cpu_reference(&src_bytes, &poison, &runs);
         for order in [
             RunOrder::DstAscending,
             RunOrder::SrcAscending,
@@ -554,8 +557,7 @@ fn run_lists_match_cpu_reference() {
         LaunchShape::default(),
     )
     .unwrap();
-    let mut expect = poison.clone();
-    copy_runs_cpu(&src_bytes, &mut expect, &runs).unwrap();
+    let expect = cpu_reference(&src_bytes, &poison, &runs);
     assert!(gpu.read(&dst).unwrap() == expect);
     let mut bad = runs.clone();
     bad[4321] = ByteRun::new(u64::MAX - 8, 0, 40); // offset + len overflows u64
@@ -578,6 +580,203 @@ fn run_lists_match_cpu_reference() {
         ),
         "{err:?}"
     );
+    assert!(gpu.read(&dst).unwrap() == expect);
+}
+
+/// `dst` after `runs` copy `src` into it, by THE CPU run copy: the pool crate's CPU backend.
+fn cpu_reference(src: &[u8], dst: &[u8], runs: &[ByteRun]) -> Vec<u8> {
+    let runs: Vec<CopyRun> = runs
+        .iter()
+        .map(|r| CopyRun {
+            src_offset_bytes: r.src_offset_bytes,
+            dst_offset_bytes: r.dst_offset_bytes,
+            len_bytes: r.len_bytes,
+        })
+        .collect();
+    let mut out = dst.to_vec();
+    CpuBackend
+        .host_to_device(&src.to_vec(), &mut out, &runs)
+        .unwrap();
+    out
+}
+
+/// Page runs of DeepSeek-V3.2's pools (both buffers, every layer) between random pages, the
+/// MLA runs of the first pair split into 656-byte token runs (neighbours the copy engines'
+/// path merges again), and unaligned and empty runs into a page nothing else writes.
+fn mixed_runs(
+    rng: &mut SplitMix64,
+    src_pool: &PoolGeometry,
+    dst_pool: &PoolGeometry,
+) -> Vec<ByteRun> {
+    let src_pages = rng.distinct_below(src_pool.pages, 9);
+    let dst_pages = rng.distinct_below(dst_pool.pages, 9);
+    let mut runs = Vec::new();
+    for b in 0..2usize {
+        let len = src_pool.stored_page_bytes(b).unwrap();
+        for layer in 0..LAYERS {
+            for (i, (&sp, &dp)) in src_pages.iter().zip(&dst_pages).enumerate() {
+                let (s, d) = (
+                    src_pool.page_offset_bytes(b, layer, sp).unwrap(),
+                    dst_pool.page_offset_bytes(b, layer, dp).unwrap(),
+                );
+                if b == 0 && i == 0 {
+                    // 64 tokens of 656 B = 41,984 B, the page.
+                    for t in 0..64 {
+                        runs.push(ByteRun::new(s + t * 656, d + t * 656, 656));
+                    }
+                } else {
+                    runs.push(ByteRun::new(s, d, len));
+                }
+            }
+        }
+    }
+    let free = (0..dst_pool.pages)
+        .find(|p| !dst_pages.contains(p))
+        .unwrap();
+    let base = dst_pool.page_offset_bytes(0, 0, free).unwrap();
+    runs.push(ByteRun::new(8, base + 24, 1000));
+    runs.push(ByteRun::new(4, base + 2004, 12));
+    runs.push(ByteRun::new(3, base + 3001, 333));
+    runs.push(ByteRun::new(77, base + 5000, 0));
+    runs
+}
+
+/// The copy engines' path (`cuMemcpyBatchAsync`, both hints, every order) and the chooser
+/// (`transfer_runs`) against the pool crate's CPU backend, bit for bit, both directions; a
+/// bad run refused by each with the exact error and both sides unchanged; the chooser sends
+/// page runs to the copy engines and 40-byte runs to the SM kernel under the SM budget.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
+    let gpu = gpu();
+    let host = pool(MemoryLayout::PageFirst, HOST_PAGES);
+    let device = pool(MemoryLayout::LayerFirst, DEVICE_PAGES);
+    let mut rng = SplitMix64::new(501);
+    for h2d in [true, false] {
+        let (src_pool, dst_pool) = if h2d {
+            (&host, &device)
+        } else {
+            (&device, &host)
+        };
+        let runs = mixed_runs(&mut rng, src_pool, dst_pool);
+        let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
+        let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
+        let src = Buf::new(&gpu, h2d, &src_bytes);
+        let expect = cpu_reference(&src_bytes, &poison, &runs);
+        let orders = [
+            RunOrder::AsGiven,
+            RunOrder::SrcAscending,
+            RunOrder::DstAscending,
+        ];
+        for order in orders {
+            // One stream, one call; 3 streams; every stream, 7 runs per call.
+            for (hint, lanes, runs_per_call) in [
+                (CopyEngineHint::Default, 1, 1 << 14),
+                (CopyEngineHint::PreferOverlapWithCompute, 3, 1 << 14),
+                (CopyEngineHint::Default, MAX_COPY_ENGINE_LANES, 7),
+            ] {
+                let opts = CopyEngineOptions {
+                    order,
+                    hint,
+                    lanes,
+                    runs_per_call,
+                };
+                let mut dst = Buf::new(&gpu, !h2d, &poison);
+                // SAFETY: finish() waits before src and dst are touched or dropped.
+                unsafe { gpu.enqueue_copy_runs_dma(src.bytes(), dst.bytes_mut(), &runs, opts) }
+                    .unwrap();
+                gpu.finish().unwrap();
+                let got = dst.read(&gpu);
+                let first_diff = got.iter().zip(&expect).position(|(a, b)| a != b);
+                assert!(
+                    first_diff.is_none(),
+                    "dma h2d={h2d} {opts:?}: byte {first_diff:?}"
+                );
+            }
+            let mut dst = Buf::new(&gpu, !h2d, &poison);
+            let path = gpu
+                .transfer_runs(src.bytes(), dst.bytes_mut(), &runs, order)
+                .unwrap();
+            assert!(matches!(path, TransferPath::CopyEngines { .. }), "{path:?}");
+            assert!(dst.read(&gpu) == expect, "chooser h2d={h2d} {order:?}");
+        }
+        // A run one byte past the destination: refused by both, naming its position.
+        let dst_len = dst_pool.total_bytes().unwrap();
+        let mut bad = runs.clone();
+        bad[7] = ByteRun::new(0, dst_len - 10, 11);
+        let want = KernelError::RunOutOfRange {
+            position: 7,
+            run: bad[7],
+            src_len_bytes: src_pool.total_bytes().unwrap(),
+            dst_len_bytes: dst_len,
+            bad_count: 1,
+        };
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        // SAFETY: as above.
+        let err = unsafe {
+            gpu.enqueue_copy_runs_dma(
+                src.bytes(),
+                dst.bytes_mut(),
+                &bad,
+                CopyEngineOptions {
+                    lanes: 2,
+                    ..CopyEngineOptions::chosen(RunOrder::AsGiven)
+                },
+            )
+        }
+        .unwrap_err();
+        assert_eq!(err, want);
+        let err = gpu
+            .transfer_runs(src.bytes(), dst.bytes_mut(), &bad, RunOrder::SrcAscending)
+            .unwrap_err();
+        assert_eq!(err, want);
+        gpu.finish().unwrap();
+        assert!(
+            dst.read(&gpu) == poison,
+            "h2d={h2d}: a refused list changed dst"
+        );
+        assert!(
+            src.read(&gpu) == src_bytes,
+            "h2d={h2d}: a refused list changed src"
+        );
+    }
+
+    // Token-granular: 5000 runs of 40 bytes between random slots (mean 40 B < the copy
+    // engines' threshold): the SM kernel under the SM budget, bit for bit.
+    let src_bytes = rng.bytes(400_000);
+    let poison = rng.bytes(400_000);
+    let runs: Vec<ByteRun> = rng
+        .distinct_below(10_000, 5000)
+        .into_iter()
+        .zip(rng.distinct_below(10_000, 5000))
+        .map(|(s, d)| ByteRun::new(s * 40, d * 40, 40))
+        .collect();
+    let src = gpu.upload(&src_bytes).unwrap();
+    let mut dst = gpu.upload(&poison).unwrap();
+    let path = gpu
+        .transfer_runs(&src, &mut dst, &runs, RunOrder::DstAscending)
+        .unwrap();
+    assert_eq!(
+        path,
+        TransferPath::SmKernel {
+            max_sms: SM_BUDGET,
+            runs: 5000
+        }
+    );
+    let expect = cpu_reference(&src_bytes, &poison, &runs);
+    assert!(gpu.read(&dst).unwrap() == expect);
+    // The same 5000 runs on the copy engines split over streams (one per 1024 runs, rounded
+    // up: 5 streams of 1000 runs), 300 runs per call.
+    let mut dst = gpu.upload(&poison).unwrap();
+    let opts = CopyEngineOptions {
+        lanes: MAX_COPY_ENGINE_LANES,
+        runs_per_call: 300,
+        ..CopyEngineOptions::chosen(RunOrder::DstAscending)
+    };
+    // SAFETY: finish() waits before src and dst are touched or dropped.
+    let merged = unsafe { gpu.enqueue_copy_runs_dma(&src, &mut dst, &runs, opts) }.unwrap();
+    gpu.finish().unwrap();
+    assert!(merged <= 5000);
     assert!(gpu.read(&dst).unwrap() == expect);
 }
 

@@ -1,15 +1,17 @@
 //! The CUDA backend (feature `cuda`): the device pool in device memory (`cuMemAlloc`), the host
 //! pool in pinned, device-mapped host memory (`cuMemHostAlloc`, not write-combined), and every
-//! checked [`TransferPlan`] executed by the run-list copy kernel of `kvlayout-kernels`
-//! ([`Gpu::copy_runs`]: a warp per run, reading or writing the host pool over PCIe).
+//! checked [`TransferPlan`] executed by [`Gpu::transfer_runs`] of `kvlayout-kernels`, which
+//! picks the path from the plan with no tuning by the user: page runs go to the copy engines
+//! (`cuMemcpyBatchAsync`, no SM taken from a model running next to the transfer), token-granular
+//! runs to the run-list kernel on a few SMs ([`kvlayout_kernels::SM_BUDGET`]).
 //!
-//! The shim has checked the plan before the backend sees it; the kernel checks every run
-//! against both regions again, on the GPU, before any byte moves, so a bad run list (from an
-//! unverified pairing, or a direct call) is refused whole with the same
-//! [`BackendError::OutOfRange`] the CPU backend gives, naming the same run and side.
-//! Loads walk the runs in host-address order ([`RunOrder::SrcAscending`]), backups too
-//! ([`RunOrder::DstAscending`]): every order moves the same bytes, and PCIe traffic stays
-//! sequential on a page-major host pool.
+//! The shim has checked the plan before the backend sees it; every path checks every run
+//! against both regions again (on the host before the copy engines, on the GPU before the
+//! kernel) before any byte moves, so a bad run list (from an unverified pairing, or a direct
+//! call) is refused whole with the same [`BackendError::OutOfRange`] the CPU backend gives,
+//! naming the same run and side. Loads walk the runs in host-address order
+//! ([`RunOrder::SrcAscending`]), backups too ([`RunOrder::DstAscending`]): every order moves the
+//! same bytes, and PCIe traffic stays sequential on a page-major host pool.
 //!
 //! cudarc loads libcuda and libnvrtc at run time: a machine without a driver builds and runs
 //! the CPU backend, and [`CudaBackend::new`] returns [`KernelError::NoDriver`] there, never a
@@ -21,19 +23,18 @@ use std::sync::Arc;
 
 pub use kvlayout_kernels::KernelError;
 use kvlayout_kernels::{
-    ByteRun, DeviceBytes, Gpu, GpuBytes, LaunchShape, PinnedBytes, RunOrder, driver_present,
+    ByteRun, DeviceBytes, Gpu, GpuBytes, PinnedBytes, RunOrder, TransferPath, driver_present,
 };
 
 use super::{Backend, BackendError, Memory, check_range};
 use crate::plan::CopyRun;
 
 /// Pools on one NVIDIA GPU: device memory for the device pool, pinned mapped host memory for
-/// the host pool, run-list copy kernels for backup and load. Clones share the GPU (one context
-/// and stream, kernels compiled once).
+/// the host pool, copy engines or the run-list kernel for backup and load. Clones share the GPU
+/// (one context and stream, kernels compiled once).
 #[derive(Clone)]
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
-    shape: LaunchShape,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -41,7 +42,6 @@ impl std::fmt::Debug for CudaBackend {
         f.debug_struct("CudaBackend")
             .field("arch", &self.gpu.arch())
             .field("sm_count", &self.gpu.sm_count())
-            .field("shape", &self.shape)
             .finish()
     }
 }
@@ -111,15 +111,12 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
         let gpu = Gpu::new(ordinal)?;
         gpu.compile()?;
-        Ok(CudaBackend {
-            gpu: Arc::new(gpu),
-            shape: LaunchShape::default(),
-        })
+        Ok(CudaBackend { gpu: Arc::new(gpu) })
     }
 
-    /// A backend on an opened GPU, with its launch shape (how many SMs a copy may take).
-    pub fn with_gpu(gpu: Arc<Gpu>, shape: LaunchShape) -> CudaBackend {
-        CudaBackend { gpu, shape }
+    /// A backend on an opened GPU.
+    pub fn with_gpu(gpu: Arc<Gpu>) -> CudaBackend {
+        CudaBackend { gpu }
     }
 
     /// True when the CUDA driver library can be loaded on this machine.
@@ -145,8 +142,8 @@ impl CudaBackend {
         })
     }
 
-    /// Executes `runs` from `src` to `dst` on the GPU: all checked by the kernel before any
-    /// byte moves.
+    /// Executes `runs` from `src` to `dst` on the GPU by the path the runs call for
+    /// ([`Gpu::transfer_runs`]): all checked before any byte moves.
     fn copy(
         &self,
         (src_side, src, src_len): (&'static str, Option<&dyn GpuBytes>, u64),
@@ -169,9 +166,8 @@ impl CudaBackend {
             .iter()
             .map(|r| ByteRun::new(r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes))
             .collect();
-        let on_device = self.gpu.upload_runs(&list, order).map_err(driver)?;
-        match self.gpu.copy_runs(src_mem, dst_mem, &on_device, self.shape) {
-            Ok(()) => Ok(()),
+        match self.gpu.transfer_runs(src_mem, dst_mem, &list, order) {
+            Ok(TransferPath::CopyEngines { .. } | TransferPath::SmKernel { .. }) => Ok(()),
             Err(KernelError::RunOutOfRange { run, .. }) => {
                 Err(out_of_range((src_side, src_len), (dst_side, dst_len), run))
             }
@@ -364,15 +360,26 @@ mod tests {
     }
 
     #[test]
-    fn no_driver_is_an_error_not_a_panic() {
-        // On a machine without libcuda the constructor reports NoDriver; with one, it opens
-        // device 0 or reports why not. Either way it returns.
+    fn the_constructor_agrees_with_the_driver_probe() {
+        // Without libcuda (CI) the constructor must say exactly NoDriver; with one, any error
+        // must be another (no device, no NVRTC, compile), and success must name the device.
+        // With KVLAYOUT_REQUIRE_GPU set (the device machine), a GPU must open.
+        let present = CudaBackend::driver_present();
+        let required = std::env::var_os("KVLAYOUT_REQUIRE_GPU").is_some();
         match CudaBackend::new(0) {
-            Ok(b) => assert_eq!(b.name(), "cuda"),
+            Err(e) if !present => {
+                assert!(!required, "KVLAYOUT_REQUIRE_GPU is set but libcuda is missing");
+                assert_eq!(e, KernelError::NoDriver);
+            }
             Err(e) => {
-                if !CudaBackend::driver_present() {
-                    assert_eq!(e, KernelError::NoDriver);
-                }
+                assert!(!required, "KVLAYOUT_REQUIRE_GPU is set but GPU 0 did not open: {e}");
+                assert_ne!(e, KernelError::NoDriver, "the probe found libcuda");
+            }
+            Ok(b) => {
+                assert!(present, "a backend opened although the probe found no libcuda");
+                assert_eq!(b.name(), "cuda");
+                let sm = format!("({} SMs)", b.gpu().sm_count());
+                assert!(b.describe().starts_with("sm_") && b.describe().ends_with(&sm));
             }
         }
     }

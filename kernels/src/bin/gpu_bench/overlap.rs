@@ -1,0 +1,565 @@
+//! `gpu_bench --overlap`: every transfer path alone and next to a bf16 GEMM loop.
+//!
+//! A cuBLAS bf16 GEMM (8192^3, random inputs) loops on its own stream; the transfer runs on the
+//! `Gpu`'s stream once the loop is going (it waits on an event after the 8th GEMM). Per row:
+//! GB/s alone, GB/s next to the GEMM (bytes over the transfer's own events, or over the host
+//! time of its enqueue calls when that is longer: the host had a head start), and the GEMM's
+//! slowdown (GEMMs overlapping the transfer window against the median GEMM of the same loop
+//! before and after it). Each figure is the median of 5 windows after one warm-up, with the
+//! range shown. Small transfers (1 and 8 pages of 1 layer) are timed as bursts of
+//! back-to-back repetitions, memcpy the same way.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use half::bf16;
+use kvlayout_core::MemoryLayout;
+use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{
+    CopyEngineHint, CopyEngineOptions, DeviceBytes, Gpu, GpuBytes, KernelError, LaunchShape,
+    PinnedBytes, RunOrder,
+};
+
+use crate::report::{self, Row, Stat, print_row, stat};
+use crate::workload::{Call, Shape, dsa_pool, page_shape, token_shape};
+
+const GEMM_N: usize = 8192;
+const WINDOWS: usize = 5;
+/// GEMMs of the loop before the transfer starts.
+const LEAD_GEMMS: usize = 8;
+
+/// The SGLang HiCache transfer kernel's algorithm (sgl-kernel `csrc/kvcacheio/transfer.cu`,
+/// `transfer_item_warp`): one warp per item, 8-byte `ld.global.nc` loads and `st.global.cg`
+/// stores, lane-strided, a grid of `block_quota` blocks of `num_warps_per_block` warps.
+const PEER_SOURCE: &str = r#"
+typedef unsigned long long u64;
+struct Run { u64 src; u64 dst; u64 len; };
+extern "C" __global__ void sglang_warp_copy(const Run* runs, u64 n, const unsigned char* src,
+                                            unsigned char* dst)
+{
+    const unsigned lane = threadIdx.x & 31u;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 i = warp; i < n; i += warps) {
+        const Run r = runs[i];
+        const u64* s = reinterpret_cast<const u64*>(src + r.src);
+        u64* d = reinterpret_cast<u64*>(dst + r.dst);
+        const u64 words = r.len >> 3;
+        for (u64 w = lane; w < words; w += 32) {
+            u64 v;
+            asm volatile("ld.global.nc.b64 %0, [%1];" : "=l"(v) : "l"(s + w) : "memory");
+            asm volatile("st.global.cg.b64 [%0], %1;" :: "l"(d + w), "l"(v) : "memory");
+        }
+    }
+}
+"#;
+/// SGLang's Python defaults on NVIDIA (`block_quota=2`, `num_warps_per_block=32`).
+const PEER_BLOCKS: u32 = 2;
+const PEER_WARPS_PER_BLOCK: u32 = 32;
+
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// One contiguous `cuMemcpyAsync` of the call's bytes (the ceiling).
+    Memcpy,
+    /// One `cuMemcpyAsync` per run.
+    MemcpyPerRun,
+    /// The SGLang-style warp copy at its default launch.
+    Peer,
+    /// `cuMemcpyBatchAsync` of the runs: in host-address order (else as given), hinted to
+    /// overlap with compute (else default flags), split over this many streams, at most this
+    /// many runs per call.
+    Batch(bool, bool, usize, usize),
+    /// kvlayout's run-list kernel on at most this many SMs (`None`: all).
+    RunKernel(Option<u32>),
+    /// kvlayout's index-list kernel (page or token items per the shape).
+    Items(Option<u32>),
+    /// kvlayout's chooser (`Gpu::enqueue_transfer_runs`), what the CUDA pool backend calls.
+    Auto,
+}
+
+/// The driver's batched copy as a caller would first write it.
+const BATCH_DEFAULT: Path = Path::Batch(false, false, 1, 16384);
+
+impl Path {
+    fn label(self) -> String {
+        let sms = |s: Option<u32>| s.map_or("all SMs".to_string(), |n| format!("{n} SMs"));
+        match self {
+            Path::Memcpy => "pinned contiguous memcpy (ceiling)".into(),
+            Path::MemcpyPerRun => "one cuMemcpyAsync per run".into(),
+            Path::Peer => "SGLang-style warp copy, 2 x 32 warps".into(),
+            Path::Batch(false, false, 1, 16384) => {
+                "cuMemcpyBatchAsync, runs as given, default flags".into()
+            }
+            Path::Batch(sorted, hint, lanes, per_call) => format!(
+                "cuMemcpyBatchAsync, {}, {}, {lanes} stream{}, {per_call} runs/call",
+                if sorted {
+                    "host order, merged"
+                } else {
+                    "as given"
+                },
+                if hint {
+                    "overlap hint"
+                } else {
+                    "default flags"
+                },
+                if lanes == 1 { "" } else { "s" }
+            ),
+            Path::RunKernel(s) => format!("kvlayout run-list kernel, {}", sms(s)),
+            Path::Items(s) => format!("kvlayout index-list kernel, {}", sms(s)),
+            Path::Auto => "kvlayout chooser (CUDA pool backend)".into(),
+        }
+    }
+}
+
+struct Ctx<'a> {
+    gpu: &'a Gpu,
+    /// Host milliseconds of the last alone window's enqueue calls.
+    host_ms: f64,
+    host: PinnedBytes,
+    dev: DeviceBytes,
+    peer: CudaFunction,
+    gemm: GemmLoop,
+}
+
+struct GemmLoop {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    a: CudaSlice<bf16>,
+    b: CudaSlice<bf16>,
+    c: CudaSlice<bf16>,
+}
+
+impl GemmLoop {
+    fn enqueue(&mut self) -> Result<(), KernelError> {
+        let n = GEMM_N as i32;
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: n,
+            n,
+            k: n,
+            alpha: bf16::ONE,
+            lda: n,
+            ldb: n,
+            beta: bf16::ZERO,
+            ldc: n,
+        };
+        // SAFETY: three live 8192 x 8192 bf16 matrices on the GEMM's stream.
+        unsafe { self.blas.gemm(cfg, &self.a, &self.b, &mut self.c) }.map_err(|e| {
+            KernelError::Driver {
+                call: "cublasGemmEx",
+                message: format!("{e:?}"),
+            }
+        })
+    }
+}
+
+fn drv(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> KernelError {
+    move |e| KernelError::Driver {
+        call,
+        message: format!("{e:?}"),
+    }
+}
+
+fn event(gpu: &Gpu) -> Result<CudaEvent, KernelError> {
+    gpu.context()
+        .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .map_err(drv("cuEventCreate"))
+}
+
+/// Enqueues one window of `shape` by `path` on the transfer stream.
+fn enqueue(cx: &mut Ctx<'_>, shape: &Shape, path: Path) -> Result<(), KernelError> {
+    for _ in 0..shape.burst {
+        for call in &shape.calls {
+            enqueue_call(cx, shape.h2d, call, path)?;
+        }
+    }
+    Ok(())
+}
+
+fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<(), KernelError> {
+    let gpu = cx.gpu;
+    let (h, d) = (cx.host.device_address(), cx.dev.device_address());
+    let (src_base, dst_base) = if h2d { (h, d) } else { (d, h) };
+    let order = if h2d {
+        RunOrder::SrcAscending
+    } else {
+        RunOrder::DstAscending
+    };
+    let Ctx { host, dev, .. } = cx;
+    let (src, dst): (&dyn GpuBytes, &mut dyn GpuBytes) =
+        if h2d { (&*host, dev) } else { (&*dev, host) };
+    // SAFETY (every arm): both pools live until the window's finish(); every run and item lies
+    // inside them (planned from the pool geometries, checked by each path).
+    unsafe {
+        match path {
+            Path::Memcpy => gpu.enqueue_memcpy(dst_base, src_base, call.bytes),
+            Path::MemcpyPerRun => {
+                for r in &call.runs {
+                    gpu.enqueue_memcpy(
+                        dst_base + r.dst_offset_bytes,
+                        src_base + r.src_offset_bytes,
+                        r.len_bytes,
+                    )?;
+                }
+                Ok(())
+            }
+            Path::Peer => {
+                let n = call.peer_item_count;
+                let grid = n
+                    .div_ceil(u64::from(PEER_WARPS_PER_BLOCK))
+                    .min(u64::from(PEER_BLOCKS))
+                    .max(1) as u32;
+                let cfg = LaunchConfig {
+                    grid_dim: (grid, 1, 1),
+                    block_dim: (PEER_WARPS_PER_BLOCK * 32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let items = call.peer_items.device_address();
+                gpu.stream()
+                    .launch_builder(&cx.peer)
+                    .arg(&items)
+                    .arg(&n)
+                    .arg(&src_base)
+                    .arg(&dst_base)
+                    .launch(cfg)
+                    .map(|_| ())
+                    .map_err(drv("cuLaunchKernel(sglang_warp_copy)"))
+            }
+            Path::Batch(sorted, hint, lanes, runs_per_call) => {
+                let opts = CopyEngineOptions {
+                    order: if sorted { order } else { RunOrder::AsGiven },
+                    hint: if hint {
+                        CopyEngineHint::PreferOverlapWithCompute
+                    } else {
+                        CopyEngineHint::Default
+                    },
+                    lanes,
+                    runs_per_call,
+                };
+                gpu.enqueue_copy_runs_dma(src, dst, &call.runs, opts)
+                    .map(|_| ())
+            }
+            Path::RunKernel(sms) => {
+                let shape = sms.map_or(LaunchShape::default(), LaunchShape::sm_budget);
+                gpu.enqueue_copy_runs(src, dst, &call.dev_runs, shape)
+            }
+            Path::Items(sms) => {
+                let shape = sms.map_or(LaunchShape::default(), LaunchShape::sm_budget);
+                for (specs, si, di) in &call.items {
+                    gpu.enqueue_copy_items_multi(specs, src, dst, si, di, shape)?;
+                }
+                Ok(())
+            }
+            Path::Auto => gpu
+                .enqueue_transfer_runs(src, dst, &call.runs, order)
+                .map(|_| ()),
+        }
+    }
+}
+
+/// One window alone: milliseconds on the transfer stream.
+fn alone_ms(cx: &mut Ctx<'_>, shape: &Shape, path: Path) -> Result<f64, KernelError> {
+    let (e0, e1) = (event(cx.gpu)?, event(cx.gpu)?);
+    e0.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+    let t = std::time::Instant::now();
+    enqueue(cx, shape, path)?;
+    cx.host_ms = t.elapsed().as_secs_f64() * 1e3;
+    e1.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+    cx.gpu.finish()?;
+    Ok(f64::from(
+        e0.elapsed_ms(&e1).map_err(drv("cuEventElapsedTime"))?,
+    ))
+}
+
+/// One window next to the GEMM loop: (transfer ms: its events' interval, or the host time of
+/// its enqueue calls when longer; GEMM slowdown as a fraction; whether the loop outlasted the
+/// transfer).
+fn overlap_ms(
+    cx: &mut Ctx<'_>,
+    shape: &Shape,
+    path: Path,
+    alone: f64,
+    gemm_ms: f64,
+) -> Result<(f64, f64, bool), KernelError> {
+    let gemms = LEAD_GEMMS + ((2.0 * alone + 10.0) / gemm_ms).ceil() as usize + 8;
+    let events: Vec<CudaEvent> = (0..=gemms)
+        .map(|_| event(cx.gpu))
+        .collect::<Result<_, _>>()?;
+    events[0]
+        .record(&cx.gemm.stream)
+        .map_err(drv("cuEventRecord"))?;
+    for e in &events[1..] {
+        cx.gemm.enqueue()?;
+        e.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
+    }
+    let (t0, t1) = (event(cx.gpu)?, event(cx.gpu)?);
+    cx.gpu
+        .stream()
+        .wait(&events[LEAD_GEMMS])
+        .map_err(drv("cuStreamWaitEvent"))?;
+    t0.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+    let host = std::time::Instant::now();
+    enqueue(cx, shape, path)?;
+    let host_ms = host.elapsed().as_secs_f64() * 1e3;
+    t1.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+    cx.gpu.finish()?;
+    cx.gemm
+        .stream
+        .synchronize()
+        .map_err(drv("cuStreamSynchronize"))?;
+    let at = |e: &CudaEvent| {
+        events[0]
+            .elapsed_ms(e)
+            .map(f64::from)
+            .map_err(drv("cuEventElapsedTime"))
+    };
+    let marks: Vec<f64> = events.iter().map(at).collect::<Result<_, _>>()?;
+    let (s, e) = (at(&t0)?, at(&t1)?);
+    let mut outside: Vec<f64> = Vec::new();
+    let (mut inside_sum, mut inside_n) = (0.0, 0usize);
+    for i in 1..gemms {
+        let (a, b) = (marks[i], marks[i + 1]);
+        if b <= s || a >= e {
+            outside.push(b - a);
+        } else {
+            inside_sum += b - a;
+            inside_n += 1;
+        }
+    }
+    outside.sort_by(f64::total_cmp);
+    let base = outside.get(outside.len() / 2).copied().unwrap_or(gemm_ms);
+    let slowdown = if inside_n == 0 {
+        0.0
+    } else {
+        inside_sum / (inside_n as f64 * base) - 1.0
+    };
+    // The transfer stream starts after the 8th GEMM, so the host has a head start on its
+    // enqueue calls: a transfer is never counted faster than the host could enqueue it.
+    Ok(((e - s).max(host_ms), slowdown, marks[gemms] > e))
+}
+
+fn measure(
+    cx: &mut Ctx<'_>,
+    shape: &Shape,
+    path: Path,
+    gemm_ms: f64,
+) -> Result<(Stat, Stat, Stat, bool), KernelError> {
+    alone_ms(cx, shape, path)?; // warm-up
+    let alone: Vec<f64> = (0..WINDOWS)
+        .map(|_| alone_ms(cx, shape, path))
+        .collect::<Result<_, _>>()?;
+    let med = stat(alone.clone()).median;
+    let mut next = Vec::new();
+    let mut slow = Vec::new();
+    let mut outlasted = true;
+    for _ in 0..WINDOWS {
+        let (ms, s, ok) = overlap_ms(cx, shape, path, med, gemm_ms)?;
+        next.push(ms);
+        slow.push(s);
+        outlasted &= ok;
+    }
+    Ok((stat(alone), stat(next), stat(slow), outlasted))
+}
+
+/// `sweep`: only the copy-engine variants (order, hint, streams, runs per call) on the large
+/// page transfers.
+/// `small`: only the 1- and 8-page transfers, memcpy, the driver's batch and the chooser.
+pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
+    let gpu = Gpu::new(0)?;
+    gpu.compile()?;
+    let name = gpu.context().name().unwrap_or_default();
+    println!("device: {name}, {} SMs, {}", gpu.sm_count(), gpu.arch());
+    let host_pool = dsa_pool(MemoryLayout::PageFirst);
+    let dev_pool = dsa_pool(MemoryLayout::LayerFirst);
+    let total = host_pool.total_bytes()? as usize;
+    let mut host = gpu.alloc_pinned(total)?;
+    std::thread::scope(|s| {
+        for (c, chunk) in host.as_mut_slice().chunks_mut(1 << 30).enumerate() {
+            s.spawn(move || {
+                for (i, w) in chunk.chunks_exact_mut(8).enumerate() {
+                    let x = ((c as u64) << 32 | i as u64)
+                        .wrapping_add(1)
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    w.copy_from_slice(&x.to_le_bytes());
+                }
+            });
+        }
+    });
+    let dev = gpu.alloc_device(total)?;
+    println!(
+        "pools: {} pages x 61 layers x (656 + 132) B/token x 64 tokens = {:.2} GB each side",
+        host_pool.pages,
+        total as f64 / 1e9
+    );
+
+    let arch = gpu.arch();
+    let ptx = compile_ptx_with_opts(
+        PEER_SOURCE,
+        CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}")],
+            ..Default::default()
+        },
+    )
+    .map_err(|e| KernelError::Compile {
+        arch: arch.clone(),
+        log: format!("{e:?}"),
+    })?;
+    let module = gpu
+        .context()
+        .load_module(ptx)
+        .map_err(drv("cuModuleLoadData"))?;
+    let peer = module
+        .load_function("sglang_warp_copy")
+        .map_err(drv("cuModuleGetFunction"))?;
+
+    let stream = gpu.context().new_stream().map_err(drv("cuStreamCreate"))?;
+    let blas = CudaBlas::new(stream.clone()).map_err(|e| KernelError::Driver {
+        call: "cublasCreate",
+        message: format!("{e:?}"),
+    })?;
+    let mut rng = SplitMix64::new(11);
+    let mut matrix = || -> Result<CudaSlice<bf16>, KernelError> {
+        let v: Vec<bf16> = (0..GEMM_N * GEMM_N)
+            .map(|_| {
+                bf16::from_f32((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0)
+            })
+            .collect();
+        stream.clone_htod(&v).map_err(drv("cuMemcpyHtoD"))
+    };
+    let (a, b, c) = (matrix()?, matrix()?, matrix()?);
+    let gemm = GemmLoop {
+        stream: stream.clone(),
+        blas,
+        a,
+        b,
+        c,
+    };
+    let mut cx = Ctx {
+        gpu: &gpu,
+        host_ms: 0.0,
+        host,
+        dev,
+        peer,
+        gemm,
+    };
+
+    // The GEMM alone: median of 20 after 5 warm-ups.
+    let ev: Vec<CudaEvent> = (0..26).map(|_| event(&gpu)).collect::<Result<_, _>>()?;
+    ev[0].record(&stream).map_err(drv("cuEventRecord"))?;
+    for e in &ev[1..] {
+        cx.gemm.enqueue()?;
+        e.record(&stream).map_err(drv("cuEventRecord"))?;
+    }
+    stream.synchronize().map_err(drv("cuStreamSynchronize"))?;
+    let gemm_ms = stat(
+        (6..26)
+            .map(|i| ev[i - 1].elapsed_ms(&ev[i]).map(f64::from))
+            .collect::<Result<_, _>>()
+            .map_err(drv("cuEventElapsedTime"))?,
+    );
+    let flop = 2.0 * (GEMM_N as f64).powi(3);
+    println!(
+        "GEMM bf16 {GEMM_N}^3 alone: {:.3} ms ({:.0} TFLOP/s), range {:.3}-{:.3} ms",
+        gemm_ms.median,
+        flop / gemm_ms.median / 1e9,
+        gemm_ms.lo,
+        gemm_ms.hi
+    );
+
+    let mut shapes = Vec::new();
+    let all_shapes = [
+        (1024u64, 61u64, true, true, 1usize),
+        (1024, 61, false, false, 1),
+        (4096, 61, true, true, 1),
+        (4096, 61, false, false, 1),
+        (8, 1, true, true, 500),
+        (8, 1, false, true, 500),
+        (1, 1, true, true, 2000),
+        (1, 1, false, true, 2000),
+    ];
+    let picked = all_shapes.into_iter().enumerate().filter(|&(i, _)| {
+        if sweep {
+            i < 3
+        } else if small {
+            i >= 4
+        } else {
+            true
+        }
+    });
+    for (_, (pages, layers, h2d, lbl, burst)) in picked {
+        shapes.push(page_shape(
+            &gpu, &mut rng, &host_pool, &dev_pool, pages, layers, h2d, lbl, burst,
+        )?);
+    }
+    if !sweep && !small {
+        shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
+    }
+
+    let mut rows = Vec::new();
+    for shape in &shapes {
+        let big = shape.calls.len() > 1 || shape.bytes() > 100_000_000;
+        let huge = shape.bytes() > 5_000_000_000;
+        let mut paths = vec![Path::Memcpy];
+        let variants = [
+            Path::Batch(false, true, 1, 2048),
+            Path::Batch(true, true, 1, 2048),
+            Path::Batch(true, true, 8, 16384),
+        ];
+        if small {
+            paths.extend([BATCH_DEFAULT, Path::Auto]);
+        } else if sweep {
+            paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384)]);
+            paths.extend(variants);
+            paths.extend([Path::Batch(true, true, 8, 2048), Path::Auto]);
+        } else if shape.token_granular {
+            paths.extend([Path::Peer, Path::Batch(true, true, 1, 2048)]);
+            paths.extend([Some(4), Some(8), None].map(Path::RunKernel));
+            paths.extend([Path::Items(None), Path::Auto]);
+        } else if huge {
+            paths.push(BATCH_DEFAULT);
+            paths.extend(&variants[..2]);
+            paths.extend([Path::RunKernel(None), Path::Auto]);
+        } else if big {
+            paths.extend([Path::Peer, BATCH_DEFAULT]);
+            paths.extend(variants);
+            paths.extend([Path::RunKernel(Some(4)), Path::RunKernel(None)]);
+            paths.extend([Path::Items(None), Path::Auto]);
+        } else {
+            paths.extend([Path::Peer, BATCH_DEFAULT, Path::RunKernel(None)]);
+            paths.extend([Path::Items(None), Path::Auto, Path::MemcpyPerRun]);
+        }
+        let bytes = shape.bytes() * shape.burst as u64;
+        let mut ceiling = (0.0, 0.0);
+        for path in paths {
+            let (alone, next, slowdown, ok) = measure(&mut cx, shape, path, gemm_ms.median)?;
+            if matches!(path, Path::Memcpy) {
+                ceiling = (alone.median, next.median);
+            }
+            let row = Row {
+                shape: shape.name.clone(),
+                path: path.label(),
+                bytes,
+                alone,
+                next,
+                slowdown,
+                ceiling_alone_ms: ceiling.0,
+                ceiling_next_ms: ceiling.1,
+                loop_outlasted: ok,
+            };
+            print_row(&row, shape.burst);
+            if sweep {
+                println!(
+                    "    host enqueue time of the last alone window: {:.2} ms",
+                    cx.host_ms
+                );
+            }
+            rows.push(row);
+        }
+    }
+    report::print_table(&name, gpu.sm_count(), gemm_ms.median, &rows);
+    Ok(())
+}

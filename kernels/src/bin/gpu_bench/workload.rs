@@ -1,0 +1,253 @@
+//! The `--overlap` workload: DeepSeek-V3.2 DSA pools (MLA fp8 656 B/token + index-K fp8
+//! 132 B/token, 61 layers, 64-token pages), host `page_first`, device `layer_first`, and the
+//! transfers HiCache makes with them, as run lists and as index lists.
+
+use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
+use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{
+    ByteRun, CopySpec, DeviceIndices, DeviceRuns, Gpu, Granularity, KernelError, RunOrder,
+};
+
+pub const LAYERS: u64 = 61;
+pub const PAGE_TOKENS: u64 = 64;
+pub const POOL_PAGES: u64 = 4096;
+/// MLA fp8 bytes per token (DeepSeek-V3.2: 512 fp8 + 4 x f32 scales + 64 bf16 rope).
+pub const MLA_TOKEN_BYTES: u64 = 656;
+/// Index-K fp8 bytes per token: 128 fp8 values, then (per page) one f32 scale per token.
+pub const INDEX_K_VALUE_BYTES: u64 = 128;
+pub const INDEX_K_SCALE_BYTES: u64 = 4;
+
+/// The pool of 4096 pages, both buffers, in `memory_layout`.
+pub fn dsa_pool(memory_layout: MemoryLayout) -> PoolGeometry {
+    PoolGeometry {
+        name: format!("DeepSeek-V3.2 DSA {memory_layout}"),
+        page_size_tokens: PAGE_TOKENS,
+        pages: POOL_PAGES,
+        memory_layout,
+        buffers: vec![
+            BufferGeometry {
+                name: "kv".into(),
+                layers: LAYERS,
+                layout: formats::DSA_MLA_FP8,
+            },
+            BufferGeometry {
+                name: "index_k".into(),
+                layers: LAYERS,
+                layout: formats::INDEX_K_FP8,
+            },
+        ],
+    }
+}
+
+/// One call of a transfer (one layer of a layer-by-layer load, or a whole backup).
+pub struct Call {
+    /// The runs the pool shim plans (one per page per layer per buffer; per token for a
+    /// token-granular transfer).
+    pub runs: Vec<ByteRun>,
+    /// The same runs, in host-address order, on the device (for the run-list kernel).
+    pub dev_runs: DeviceRuns,
+    /// The SGLang-style peer's items: a 656-byte MLA token each, an index-K page (or token
+    /// part) each, on the device.
+    pub peer_items: DeviceRuns,
+    pub peer_item_count: u64,
+    /// Index-list form per buffer: the specs (one per part) and the two lists.
+    pub items: Vec<(Vec<CopySpec>, DeviceIndices, DeviceIndices)>,
+    pub bytes: u64,
+}
+
+/// A transfer: its calls, direction, and how many back-to-back repetitions make one timed
+/// window (small transfers are timed as bursts).
+pub struct Shape {
+    pub name: String,
+    pub h2d: bool,
+    pub calls: Vec<Call>,
+    pub burst: usize,
+    /// True for the token-granular transfer (random device token slots).
+    pub token_granular: bool,
+}
+
+impl Shape {
+    pub fn bytes(&self) -> u64 {
+        self.calls.iter().map(|c| c.bytes).sum()
+    }
+}
+
+/// A page-granular transfer of `pages` random pages: `layer_by_layer` gives one call per
+/// layer (a HiCache load during the forward pass), else one call for all layers (a backup);
+/// `layers` limits the layers moved.
+#[allow(clippy::too_many_arguments)]
+pub fn page_shape(
+    gpu: &Gpu,
+    rng: &mut SplitMix64,
+    host: &PoolGeometry,
+    device: &PoolGeometry,
+    pages: u64,
+    layers: u64,
+    h2d: bool,
+    layer_by_layer: bool,
+    burst: usize,
+) -> Result<Shape, KernelError> {
+    let host_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+    let dev_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+    let (sp, dp, s_pages, d_pages) = if h2d {
+        (host, device, &host_pages, &dev_pages)
+    } else {
+        (device, host, &dev_pages, &host_pages)
+    };
+    let groups: Vec<std::ops::Range<u64>> = if layer_by_layer {
+        (0..layers).map(|l| l..l + 1).collect()
+    } else {
+        std::iter::once(0..layers).collect()
+    };
+    let mut calls = Vec::new();
+    for layer_range in groups {
+        let mut runs = Vec::new();
+        let mut peer = Vec::new();
+        for b in [0usize, 1] {
+            let len = sp.stored_page_bytes(b)?;
+            for layer in layer_range.clone() {
+                for (&s, &d) in s_pages.iter().zip(d_pages) {
+                    let r = ByteRun::new(
+                        sp.page_offset_bytes(b, layer, s)?,
+                        dp.page_offset_bytes(b, layer, d)?,
+                        len,
+                    );
+                    runs.push(r);
+                    if b == 0 {
+                        // SGLang's MLA item is one token (656 B, token_major pages).
+                        for t in 0..PAGE_TOKENS {
+                            peer.push(ByteRun::new(
+                                r.src_offset_bytes + t * MLA_TOKEN_BYTES,
+                                r.dst_offset_bytes + t * MLA_TOKEN_BYTES,
+                                MLA_TOKEN_BYTES,
+                            ));
+                        }
+                    } else {
+                        peer.push(r);
+                    }
+                }
+            }
+        }
+        let mut items = Vec::new();
+        for b in [0usize, 1] {
+            let specs =
+                CopySpec::for_pool_buffer(sp, dp, b, Granularity::Page, layer_range.clone())?;
+            items.push((
+                specs,
+                gpu.upload_indices(s_pages)?,
+                gpu.upload_indices(d_pages)?,
+            ));
+        }
+        calls.push(call(gpu, runs, peer, items, h2d)?);
+    }
+    Ok(Shape {
+        name: format!(
+            "{} {pages} pages x {layers} layers{}",
+            if h2d { "load H2D" } else { "backup D2H" },
+            if layer_by_layer {
+                ", layer by layer"
+            } else {
+                ""
+            }
+        ),
+        h2d,
+        calls,
+        burst,
+        token_granular: false,
+    })
+}
+
+/// A token-granular load of `pages` random host pages (every token) into random device token
+/// slots, layer by layer: one run per token for MLA (656 B) and two for index-K (128 B values,
+/// 4 B scale), from the page formulas (`page_first` host, `layer_first` device, index-K
+/// `section_major`: values of 64 tokens, then their scales).
+pub fn token_shape(
+    gpu: &Gpu,
+    rng: &mut SplitMix64,
+    host: &PoolGeometry,
+    device: &PoolGeometry,
+    pages: u64,
+) -> Result<Shape, KernelError> {
+    let host_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+    let slots = rng.distinct_below(POOL_PAGES * PAGE_TOKENS, (pages * PAGE_TOKENS) as usize);
+    let src_tokens: Vec<u64> = host_pages
+        .iter()
+        .flat_map(|p| (0..PAGE_TOKENS).map(move |t| p * PAGE_TOKENS + t))
+        .collect();
+    let mut calls = Vec::new();
+    for layer in 0..LAYERS {
+        let mut runs = Vec::new();
+        for (&st, &slot) in src_tokens.iter().zip(&slots) {
+            let (hp, ht) = (st / PAGE_TOKENS, st % PAGE_TOKENS);
+            let (dp, dt) = (slot / PAGE_TOKENS, slot % PAGE_TOKENS);
+            let (h0, d0) = (
+                host.page_offset_bytes(0, layer, hp)?,
+                device.page_offset_bytes(0, layer, dp)?,
+            );
+            runs.push(ByteRun::new(
+                h0 + ht * MLA_TOKEN_BYTES,
+                d0 + dt * MLA_TOKEN_BYTES,
+                MLA_TOKEN_BYTES,
+            ));
+            let (h1, d1) = (
+                host.page_offset_bytes(1, layer, hp)?,
+                device.page_offset_bytes(1, layer, dp)?,
+            );
+            runs.push(ByteRun::new(
+                h1 + ht * INDEX_K_VALUE_BYTES,
+                d1 + dt * INDEX_K_VALUE_BYTES,
+                INDEX_K_VALUE_BYTES,
+            ));
+            let scales = PAGE_TOKENS * INDEX_K_VALUE_BYTES;
+            runs.push(ByteRun::new(
+                h1 + scales + ht * INDEX_K_SCALE_BYTES,
+                d1 + scales + dt * INDEX_K_SCALE_BYTES,
+                INDEX_K_SCALE_BYTES,
+            ));
+        }
+        let mut items = Vec::new();
+        for b in [0usize, 1] {
+            let specs =
+                CopySpec::for_pool_buffer(host, device, b, Granularity::Token, layer..layer + 1)?;
+            items.push((
+                specs,
+                gpu.upload_indices(&src_tokens)?,
+                gpu.upload_indices(&slots)?,
+            ));
+        }
+        let peer = runs.clone();
+        calls.push(call(gpu, runs, peer, items, true)?);
+    }
+    Ok(Shape {
+        name: format!(
+            "token-granular load H2D {pages} pages x {LAYERS} layers into random slots, layer by layer"
+        ),
+        h2d: true,
+        calls,
+        burst: 1,
+        token_granular: true,
+    })
+}
+
+fn call(
+    gpu: &Gpu,
+    runs: Vec<ByteRun>,
+    peer: Vec<ByteRun>,
+    items: Vec<(Vec<CopySpec>, DeviceIndices, DeviceIndices)>,
+    h2d: bool,
+) -> Result<Call, KernelError> {
+    let order = if h2d {
+        RunOrder::SrcAscending
+    } else {
+        RunOrder::DstAscending
+    };
+    let bytes = runs.iter().map(|r| r.len_bytes).sum();
+    Ok(Call {
+        dev_runs: gpu.upload_runs(&runs, order)?,
+        peer_item_count: peer.len() as u64,
+        peer_items: gpu.upload_runs(&peer, RunOrder::AsGiven)?,
+        runs,
+        items,
+        bytes,
+    })
+}

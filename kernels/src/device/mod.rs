@@ -1,0 +1,424 @@
+//! The GPU backend: one CUDA context and stream, kernels compiled at first use with NVRTC for
+//! the device's architecture and cached in the [`Gpu`] (one per context), and the checked
+//! launches of the transfer and the index-K quantizer.
+//!
+//! Every launch is preceded by a check of its index or run list on the same stream (a
+//! validation launch, or the first copy launch checking a short list itself); a work kernel
+//! reads the error record and moves nothing if any entry was out of range. The safe calls
+//! ([`Gpu::copy_items`], [`Gpu::copy_runs`], [`Gpu::transfer_runs`],
+//! [`Gpu::quantize_index_k`], [`Gpu::dequantize_index_k`]) then wait for the stream and turn the
+//! record into a typed error. The `enqueue_*` calls return before the GPU is done (for batching
+//! and timing) and leave the error for [`Gpu::finish`]; an error stays set, and blocks every
+//! later launch on the stream, until `finish` reports it. Copy-engine transfers check their
+//! runs on the host before the driver sees them.
+//!
+//! Modules, one concept each: [`options`] (launch shapes, orders, the transfer chooser),
+//! `memory` (allocation, uploads, byte access), `items` (index-list copies), `runs` (run-list
+//! copies: SM kernel, copy engines, and the chooser), `quantizer` (the index-K launches).
+
+mod items;
+mod memory;
+pub mod options;
+mod quantizer;
+mod runs;
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchConfig, PushKernelArg, result, sys,
+};
+use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+
+use crate::copy_runs::ByteRun;
+use crate::cuda_source::{COPY_KERNELS, SOURCE, THREADS_PER_BLOCK};
+use crate::device_memory::{DeviceIndices, driver_err};
+use crate::error::KernelError;
+
+pub use options::{
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, KernelReport,
+    LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
+};
+
+/// True when the CUDA driver library can be loaded. Checked before any cudarc driver call,
+/// because cudarc panics when it cannot load the library.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// True when the NVRTC library can be loaded.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Longest index or run lists checked inside the copy launch itself (no separate validation
+/// launch).
+pub const SELF_CHECK_MAX_ITEMS: u64 = 4096;
+
+/// A check enqueued since the last `finish`, kept to name the bad entry if one is reported.
+enum PendingCheck {
+    /// Two index lists and their limits.
+    Lists(Arc<[u64]>, u64, Arc<[u64]>, u64),
+    /// A run list and the two region lengths.
+    Runs(Arc<[ByteRun]>, u64, u64),
+}
+
+impl PendingCheck {
+    fn same_as(&self, other: &PendingCheck) -> bool {
+        match (self, other) {
+            (PendingCheck::Lists(a, al, b, bl), PendingCheck::Lists(x, xl, y, yl)) => {
+                Arc::ptr_eq(a, x) && al == xl && Arc::ptr_eq(b, y) && bl == yl
+            }
+            (PendingCheck::Runs(r, sl, dl), PendingCheck::Runs(q, ql, pl)) => {
+                Arc::ptr_eq(r, q) && sl == ql && dl == pl
+            }
+            _ => false,
+        }
+    }
+
+    /// The CPU's naming of the first bad entry, as the CPU references word it.
+    fn recheck(&self) -> Result<(), KernelError> {
+        match self {
+            PendingCheck::Lists(a, al, b, bl) => crate::copy_cpu::check_lists(a, *al, b, *bl),
+            PendingCheck::Runs(runs, sl, dl) => crate::copy_runs::validate_runs(runs, *sl, *dl),
+        }
+    }
+}
+
+struct Kernels {
+    _module: Arc<CudaModule>,
+    validate: CudaFunction,
+    /// By vector width (16, 8, 4, 2, 1): (u32 indexing, u64 indexing).
+    copy: Vec<(u64, CudaFunction, CudaFunction)>,
+    quantize: CudaFunction,
+    dequantize: CudaFunction,
+    validate_runs: CudaFunction,
+    copy_runs: CudaFunction,
+}
+
+/// One kernel argument: a parameter struct passed by value, or a 64-bit word (an address or a
+/// count).
+enum Arg<'a> {
+    Copy(&'a items::CopyParams),
+    IndexK(&'a quantizer::IndexKParams),
+    Word(u64),
+}
+
+/// One GPU: context, stream, compiled kernels, error record.
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    sm_count: u32,
+    compute_capability: (i32, i32),
+    kernels: OnceLock<Result<Kernels, KernelError>>,
+    /// `[bad positions, !first bad position]`, zero when no validation failed.
+    err: CudaSlice<u64>,
+    /// The lists of the last validations since `finish`, to name a bad entry in the error.
+    pending: Mutex<Vec<PendingCheck>>,
+    /// Helper streams of the copy-engine lanes (forked from and joined into `stream`).
+    copy_streams: OnceLock<Result<Vec<Arc<CudaStream>>, KernelError>>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`: [`KernelError::NoDriver`] (never a panic) when libcuda cannot be
+    /// loaded, [`KernelError::Driver`] when there is no such device. Kernels are compiled later,
+    /// at first use.
+    pub fn new(ordinal: usize) -> Result<Gpu, KernelError> {
+        if !driver_present() {
+            return Err(KernelError::NoDriver);
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(driver_err("cuInit / cuDevicePrimaryCtxRetain"))?;
+        // One stream, ordered by us: cudarc's per-buffer event tracking is not needed.
+        // SAFETY: every launch and copy of this Gpu goes through `stream`.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("cuDeviceGetAttribute"))? as u32;
+        let compute_capability = ctx
+            .compute_capability()
+            .map_err(driver_err("cuDeviceGetAttribute"))?;
+        let err = stream
+            .alloc_zeros::<u64>(2)
+            .map_err(driver_err("cuMemAlloc"))?;
+        stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            sm_count,
+            compute_capability,
+            kernels: OnceLock::new(),
+            err,
+            pending: Mutex::new(Vec::new()),
+            copy_streams: OnceLock::new(),
+        })
+    }
+
+    /// The CUDA context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream every call of this `Gpu` runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Multiprocessors of the device (132 on an H200).
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// Compute capability (9.0 on an H200).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// The NVRTC target the kernels are compiled for (`sm_90` on an H200).
+    pub fn arch(&self) -> String {
+        format!(
+            "sm_{}{}",
+            self.compute_capability.0, self.compute_capability.1
+        )
+    }
+
+    /// Compiles the kernels now (otherwise the first launch does), so that timing and error
+    /// handling see compilation separately.
+    pub fn compile(&self) -> Result<(), KernelError> {
+        self.kernels().map(|_| ())
+    }
+
+    fn kernels(&self) -> Result<&Kernels, KernelError> {
+        self.kernels
+            .get_or_init(|| self.build_kernels())
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn build_kernels(&self) -> Result<Kernels, KernelError> {
+        if !nvrtc_present() {
+            return Err(KernelError::NoNvrtc);
+        }
+        let arch = self.arch();
+        if self.compute_capability < (8, 9) {
+            return Err(KernelError::Unsupported(format!(
+                "the e4m3 conversion needs compute capability 8.9 or later; device is {arch}"
+            )));
+        }
+        let opts = CompileOptions {
+            ftz: Some(false),
+            prec_div: Some(true),
+            prec_sqrt: Some(true),
+            fmad: Some(false),
+            options: vec![
+                format!("--gpu-architecture={arch}"),
+                "--std=c++17".to_string(),
+            ],
+            name: Some("kvlayout_kernels.cu".to_string()),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| KernelError::Compile {
+            arch: arch.clone(),
+            log: format!("{e:?}"),
+        })?;
+        let module = self
+            .ctx
+            .load_module(ptx)
+            .map_err(driver_err("cuModuleLoadData"))?;
+        let f = |name: &str| {
+            module
+                .load_function(name)
+                .map_err(driver_err("cuModuleGetFunction"))
+        };
+        let mut copy = Vec::new();
+        for (w, n32, n64) in COPY_KERNELS {
+            copy.push((w, f(n32)?, f(n64)?));
+        }
+        Ok(Kernels {
+            validate: f("validate_index_lists")?,
+            copy,
+            quantize: f("quantize_index_k")?,
+            dequantize: f("dequantize_index_k")?,
+            validate_runs: f("validate_runs")?,
+            copy_runs: f("copy_runs")?,
+            _module: module,
+        })
+    }
+
+    /// Registers and residency of every kernel (compiles them first).
+    pub fn kernel_report(&self) -> Result<Vec<KernelReport>, KernelError> {
+        let k = self.kernels()?;
+        let mut fs: Vec<(String, &CudaFunction)> = vec![
+            ("validate_index_lists".to_string(), &k.validate),
+            ("quantize_index_k".to_string(), &k.quantize),
+            ("dequantize_index_k".to_string(), &k.dequantize),
+            ("validate_runs".to_string(), &k.validate_runs),
+            ("copy_runs".to_string(), &k.copy_runs),
+        ];
+        for (w, f32_, f64_) in &k.copy {
+            fs.push((format!("copy_items_v{w}_u32"), f32_));
+            fs.push((format!("copy_items_v{w}_u64"), f64_));
+        }
+        fs.into_iter()
+            .map(|(name, f)| {
+                Ok(KernelReport {
+                    name,
+                    registers: f.num_regs().map_err(driver_err("cuFuncGetAttribute"))?,
+                    blocks_per_sm: f
+                        .occupancy_max_active_blocks_per_multiprocessor(THREADS_PER_BLOCK, 0, None)
+                        .map_err(driver_err("cuOccupancyMaxActiveBlocksPerMultiprocessor"))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Blocks for `work_threads` threads of work under `shape` (at least 1).
+    fn grid(&self, shape: LaunchShape, work_threads: u64) -> u32 {
+        let sms = shape
+            .max_sms
+            .map_or(self.sm_count, |m| m.clamp(1, self.sm_count));
+        let most = u64::from(sms) * u64::from(shape.blocks_per_sm.max(1));
+        let needed = work_threads.div_ceil(u64::from(THREADS_PER_BLOCK)).max(1);
+        most.min(needed) as u32
+    }
+
+    /// The device address of the error record, passed to every kernel.
+    fn err_address(&self) -> u64 {
+        let (ptr, _sync) = self.err.device_ptr(&self.stream);
+        ptr
+    }
+
+    /// The one launcher: `f` on `grid` blocks of [`THREADS_PER_BLOCK`] threads on the stream,
+    /// with `args` in order.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's signature, and every address in them must stay valid
+    /// for what the kernel reads and writes until the stream has finished.
+    unsafe fn launch(
+        &self,
+        f: &CudaFunction,
+        call: &'static str,
+        grid: u32,
+        args: &[Arg<'_>],
+    ) -> Result<(), KernelError> {
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (THREADS_PER_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::Copy(p) => builder.arg(*p),
+                Arg::IndexK(p) => builder.arg(*p),
+                Arg::Word(w) => builder.arg(w),
+            };
+        }
+        // SAFETY: forwarded to the caller.
+        unsafe { builder.launch(cfg) }
+            .map(|_| ())
+            .map_err(driver_err(call))
+    }
+
+    /// Enqueues the validation of two index lists against their limits.
+    fn enqueue_validate(
+        &self,
+        a: &DeviceIndices,
+        a_limit: u64,
+        b: &DeviceIndices,
+        b_limit: u64,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        let k = self.kernels()?;
+        let n = a.len() as u64;
+        let args = [
+            Arg::Word(a.address()),
+            Arg::Word(b.address()),
+            Arg::Word(n),
+            Arg::Word(a_limit),
+            Arg::Word(b_limit),
+            Arg::Word(self.err_address()),
+        ];
+        // SAFETY: the arguments match validate_index_lists; both lists hold n entries; err is
+        // the 2-word record.
+        unsafe {
+            self.launch(
+                &k.validate,
+                "cuLaunchKernel(validate_index_lists)",
+                self.grid(shape, n),
+                &args,
+            )?
+        };
+        self.note(PendingCheck::Lists(
+            a.host.clone(),
+            a_limit,
+            b.host.clone(),
+            b_limit,
+        ))
+    }
+
+    /// Remembers a check being enqueued, to name the bad entry if one is reported (identical
+    /// checks are remembered once: bounded memory in long batches).
+    fn note(&self, check: PendingCheck) -> Result<(), KernelError> {
+        let mut pending = self
+            .pending
+            .lock()
+            .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?;
+        if !pending.iter().any(|c| c.same_as(&check)) {
+            pending.push(check);
+        }
+        Ok(())
+    }
+
+    /// Waits for the stream and reports the first failed validation since the last `finish`
+    /// (then clears it).
+    pub fn finish(&self) -> Result<(), KernelError> {
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        let rec = self
+            .stream
+            .clone_dtoh(&self.err)
+            .map_err(driver_err("cuMemcpyDtoH"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        let checks = std::mem::take(
+            &mut *self
+                .pending
+                .lock()
+                .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?,
+        );
+        if rec[0] == 0 {
+            return Ok(());
+        }
+        // SAFETY: err is a live 2 x u64 device allocation.
+        unsafe { result::memset_d8_async(self.err_address(), 0, 16, self.stream.cu_stream()) }
+            .map_err(driver_err("cuMemsetD8Async"))?;
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
+        // The GPU found a bad entry; name it exactly as the CPU reference does, from the host
+        // copies of the checked lists (the first check, in launch order, that fails).
+        for check in &checks {
+            check.recheck()?;
+        }
+        Err(KernelError::Driver {
+            call: "index validation",
+            message: format!(
+                "the GPU reported {} bad entries that the host copies of the lists do not show",
+                rec[0]
+            ),
+        })
+    }
+}
+
+// SAFETY: plain #[repr(C)] structs of u64, mirrored field for field by the CUDA source.
+unsafe impl DeviceRepr for items::CopyParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for quantizer::IndexKParams {}

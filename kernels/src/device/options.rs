@@ -1,0 +1,219 @@
+//! What a caller may choose about a launch (SMs, work order, run order) and what the transfer
+//! chooser picked.
+
+use crate::copy_runs::ByteRun;
+use crate::copy_spec::{CopySpec, SideSpec};
+
+/// How many multiprocessors a launch may use, to leave the rest to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaunchShape {
+    /// Most multiprocessors to use (`None`: all). The grid is `max_sms * blocks_per_sm` blocks
+    /// of 256 threads at most; the work is strided over it.
+    pub max_sms: Option<u32>,
+    /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM).
+    pub blocks_per_sm: u32,
+    /// Order in which a copy walks (layer, item) pairs.
+    pub order: CopyOrder,
+}
+
+impl Default for LaunchShape {
+    fn default() -> LaunchShape {
+        LaunchShape {
+            max_sms: None,
+            blocks_per_sm: 8,
+            order: CopyOrder::Auto,
+        }
+    }
+}
+
+impl LaunchShape {
+    /// At most `sms` multiprocessors, 8 blocks each, automatic order.
+    pub const fn sm_budget(sms: u32) -> LaunchShape {
+        LaunchShape {
+            max_sms: Some(sms),
+            blocks_per_sm: 8,
+            order: CopyOrder::Auto,
+        }
+    }
+}
+
+/// The order a copy walks its (layer, item) pairs in; every order moves the same bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyOrder {
+    /// [`CopyOrder::PageThenLayer`] when either side is page-major (its layer stride is
+    /// smaller than its page stride: `page_first`, `page_first_direct`), else
+    /// [`CopyOrder::LayerThenItem`].
+    Auto,
+    /// All items of layer 0, then of layer 1, ... (suits two `layer_first` sides).
+    LayerThenItem,
+    /// Items in chunks of one page's worth of list positions (`items_per_page`), each chunk
+    /// layer by layer: the bytes of one page of a page-major side are visited in address order.
+    PageThenLayer,
+}
+
+/// List positions per chunk of the copy's work order (see the copy kernel).
+pub(crate) fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
+    let page_major = |s: &SideSpec| s.layer_stride_bytes < s.page_stride_bytes;
+    let order = match order {
+        CopyOrder::Auto if page_major(&spec.src) || page_major(&spec.dst) => {
+            CopyOrder::PageThenLayer
+        }
+        CopyOrder::Auto => CopyOrder::LayerThenItem,
+        o => o,
+    };
+    match order {
+        CopyOrder::PageThenLayer if n.is_multiple_of(spec.items_per_page) => spec.items_per_page,
+        CopyOrder::PageThenLayer => 1,
+        _ => n,
+    }
+}
+
+/// The order a run list is executed in. Every order moves the same bytes (destination ranges
+/// must not overlap); walking the host side in address order keeps PCIe writes and reads
+/// sequential when the host pool is page-major (`page_first`): about 0.87 -> 0.95 of memcpy for
+/// a 4096-page backup on the H200 (BENCHMARKS.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RunOrder {
+    /// The caller's order.
+    AsGiven,
+    /// By source offset (loads: the host is the source).
+    SrcAscending,
+    /// By destination offset (backups: the host is the destination).
+    DstAscending,
+}
+
+impl RunOrder {
+    /// `runs` in this order, then neighbours that continue each other on both sides merged
+    /// into one run (same bytes moved, fewer runs: the tokens of one page, the layers of one
+    /// page when both sides are page-major).
+    pub fn sorted_and_merged(self, runs: &[ByteRun]) -> Vec<ByteRun> {
+        let mut sorted = runs.to_vec();
+        match self {
+            RunOrder::AsGiven => {}
+            RunOrder::SrcAscending => sorted.sort_by_key(|r| r.src_offset_bytes),
+            RunOrder::DstAscending => sorted.sort_by_key(|r| r.dst_offset_bytes),
+        }
+        let mut out: Vec<ByteRun> = Vec::with_capacity(sorted.len());
+        for r in sorted {
+            if r.len_bytes == 0 {
+                continue;
+            }
+            match out.last_mut() {
+                Some(last)
+                    if last.src_offset_bytes.checked_add(last.len_bytes)
+                        == Some(r.src_offset_bytes)
+                        && last.dst_offset_bytes.checked_add(last.len_bytes)
+                            == Some(r.dst_offset_bytes) =>
+                {
+                    // No overflow: both ends were checked to fit the regions (u64) first.
+                    last.len_bytes += r.len_bytes;
+                }
+                _ => out.push(r),
+            }
+        }
+        out
+    }
+}
+
+/// Registers and residency of one compiled kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelReport {
+    /// Kernel name.
+    pub name: String,
+    /// Registers per thread.
+    pub registers: i32,
+    /// Blocks of 256 threads resident per multiprocessor.
+    pub blocks_per_sm: u32,
+}
+
+/// Runs (after merging) at least this long on average go to the copy engines; shorter ones
+/// (token-granular lists) to the SM kernel under [`SM_BUDGET`]. A copy engine pays a fixed cost
+/// per run; at 656-byte token runs it moves a small fraction of memcpy, at a 8,448-byte index-K
+/// page most of it (BENCHMARKS.md, "Transfers next to the model").
+pub const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
+
+/// Multiprocessors the SM copy kernel may take when it runs next to the model (token-granular
+/// runs): enough warps in flight to keep PCIe busy, few enough SMs that a GEMM on the others is
+/// barely slowed (BENCHMARKS.md, "Transfers next to the model").
+pub const SM_BUDGET: u32 = 8;
+
+/// Most streams a copy-engine transfer is split over ([`crate::Gpu::enqueue_copy_runs_dma`]).
+pub const MAX_COPY_ENGINE_LANES: usize = 8;
+
+/// How a run list goes to the copy engines ([`crate::Gpu::enqueue_copy_runs_dma`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CopyEngineOptions {
+    /// Order of the runs before neighbours are merged.
+    pub order: RunOrder,
+    /// Flag given to the driver.
+    pub hint: CopyEngineHint,
+    /// Streams the runs are split over (1 to [`MAX_COPY_ENGINE_LANES`]).
+    pub lanes: usize,
+    /// Most runs per `cuMemcpyBatchAsync` call.
+    pub runs_per_call: usize,
+}
+
+impl CopyEngineOptions {
+    /// What the chooser uses for a transfer walked in `order`, set from measurement on the
+    /// H200 (BENCHMARKS.md, "Transfers next to the model"): the driver spends host time on
+    /// every run of a batch, so the options that kept both the host and the copy engines
+    /// busiest won. Loads ([`RunOrder::SrcAscending`], the host is the source): host order,
+    /// the overlap hint, one stream, 2,048 runs per call. Backups ([`RunOrder::DstAscending`]):
+    /// host order, the overlap hint, 8 streams, 16,384 runs per call. As given: one stream.
+    pub const fn chosen(order: RunOrder) -> CopyEngineOptions {
+        let (lanes, runs_per_call) = match order {
+            RunOrder::SrcAscending => (1, 2048),
+            RunOrder::DstAscending => (MAX_COPY_ENGINE_LANES, 16 * 1024),
+            RunOrder::AsGiven => (1, 16 * 1024),
+        };
+        CopyEngineOptions {
+            order,
+            hint: CopyEngineHint::PreferOverlapWithCompute,
+            lanes,
+            runs_per_call,
+        }
+    }
+}
+
+/// How [`crate::Gpu::transfer_runs`] moved a run list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransferPath {
+    /// The copy engines (`cuMemcpyBatchAsync`, hinted to overlap with compute): no SM used.
+    CopyEngines {
+        /// Runs after merging neighbours.
+        runs: u64,
+    },
+    /// The run-list copy kernel on at most `max_sms` multiprocessors.
+    SmKernel {
+        /// The SM budget.
+        max_sms: u32,
+        /// Runs after merging neighbours.
+        runs: u64,
+    },
+}
+
+impl TransferPath {
+    /// The path for merged runs `runs` (mean length against
+    /// [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]).
+    pub fn for_runs(runs: &[ByteRun]) -> TransferPath {
+        let count = runs.len() as u64;
+        let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
+        if total >= u128::from(COPY_ENGINE_MIN_MEAN_RUN_BYTES) * u128::from(count.max(1)) {
+            TransferPath::CopyEngines { runs: count }
+        } else {
+            TransferPath::SmKernel {
+                max_sms: SM_BUDGET,
+                runs: count,
+            }
+        }
+    }
+}
+
+/// Hint given to the copy engines with a batched copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyEngineHint {
+    /// The driver's default (`CU_MEMCPY_FLAG_DEFAULT`).
+    Default,
+    /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: keep the copy off the SMs.
+    PreferOverlapWithCompute,
+}

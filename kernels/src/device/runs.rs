@@ -1,0 +1,290 @@
+//! Run-list copies (the form the pool shim produces): the SM kernel ([`Gpu::copy_runs`], a
+//! warp per run, checked on the GPU), the copy engines ([`Gpu::enqueue_copy_runs_dma`],
+//! `cuMemcpyBatchAsync`, checked on the host), and the chooser between them
+//! ([`Gpu::transfer_runs`]) that leaves the SMs to the model whenever the runs allow.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, sys};
+
+use super::{
+    Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
+    RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
+};
+use crate::copy_runs::{ByteRun, validate_runs};
+use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
+use crate::error::KernelError;
+
+/// Fewest runs worth a stream of their own.
+const MIN_RUNS_PER_LANE: usize = 1024;
+
+impl Gpu {
+    /// Copies every run of `runs` from `src` to `dst` (the contract of the pool crate's CPU
+    /// backend, `CpuBackend::host_to_device`): every run is checked against both buffers'
+    /// lengths on the GPU before any byte moves (inside the copy launch for at most
+    /// [`SELF_CHECK_MAX_ITEMS`] runs, else by a validation launch), then a warp copies each
+    /// run; waits. A bad run: [`KernelError::RunOutOfRange`], nothing copied.
+    pub fn copy_runs(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &DeviceRuns,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        // SAFETY: finish() waits before the borrows end.
+        let queued = unsafe { self.enqueue_copy_runs(src, dst, runs, shape) };
+        let finished = self.finish();
+        queued.and(finished)
+    }
+
+    /// [`Gpu::copy_runs`] without the wait.
+    ///
+    /// # Safety
+    /// `src` and `dst` must stay alive and untouched by the CPU until [`Gpu::finish`] returns
+    /// (the GPU may still be reading and writing them).
+    pub unsafe fn enqueue_copy_runs(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &DeviceRuns,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        let n = runs.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let (src_len, dst_len) = (src.len_bytes(), dst.len_bytes());
+        let k = self.kernels()?;
+        let self_check = n <= SELF_CHECK_MAX_ITEMS;
+        if !self_check {
+            let args = [
+                Arg::Word(runs.address()),
+                Arg::Word(n),
+                Arg::Word(src_len),
+                Arg::Word(dst_len),
+                Arg::Word(self.err_address()),
+            ];
+            // SAFETY: arguments match validate_runs; the list holds n runs of 3 words.
+            unsafe {
+                self.launch(
+                    &k.validate_runs,
+                    "cuLaunchKernel(validate_runs)",
+                    self.grid(shape, n),
+                    &args,
+                )?
+            };
+        }
+        self.note(PendingCheck::Runs(runs.host.clone(), src_len, dst_len))?;
+        let args = [
+            Arg::Word(runs.address()),
+            Arg::Word(n),
+            Arg::Word(src.device_address()),
+            Arg::Word(dst.device_address()),
+            Arg::Word(src_len),
+            Arg::Word(dst_len),
+            Arg::Word(u64::from(self_check)),
+            Arg::Word(self.err_address()),
+        ];
+        // SAFETY: arguments match copy_runs; every run is checked against both lengths on the
+        // GPU before the kernel writes (validation launch or in-launch check).
+        unsafe {
+            self.launch(
+                &k.copy_runs,
+                "cuLaunchKernel(copy_runs)",
+                self.grid(shape, n * 32),
+                &args,
+            )
+        }
+    }
+
+    /// Copies every run with the copy engines (`cuMemcpyBatchAsync`, source read in stream
+    /// order), after checking every run against both buffers' lengths on the host: a bad run
+    /// is [`KernelError::RunOutOfRange`] and nothing is enqueued. The runs are put in
+    /// `opts.order` and neighbours merged ([`RunOrder::sorted_and_merged`]) first, then split
+    /// into `opts.lanes` consecutive parts (at most [`MAX_COPY_ENGINE_LANES`]), each batched
+    /// (`opts.runs_per_call` runs per driver call) on its own stream forked from and joined
+    /// back into this `Gpu`'s stream. Returns the number of runs handed to the driver.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_copy_runs`].
+    pub unsafe fn enqueue_copy_runs_dma(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        opts: CopyEngineOptions,
+    ) -> Result<u64, KernelError> {
+        validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
+        let merged = opts.order.sorted_and_merged(runs);
+        // SAFETY: forwarded to the caller; the merged runs lie inside both buffers.
+        unsafe { self.enqueue_lanes(src, dst, &merged, opts)? };
+        Ok(merged.len() as u64)
+    }
+
+    /// The helper streams of the copy-engine lanes, created at first use.
+    fn copy_streams(&self) -> Result<&[Arc<CudaStream>], KernelError> {
+        self.copy_streams
+            .get_or_init(|| {
+                (0..MAX_COPY_ENGINE_LANES)
+                    .map(|_| self.ctx.new_stream().map_err(driver_err("cuStreamCreate")))
+                    .collect()
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
+
+    /// Checked runs split over `lanes` streams forked from the `Gpu`'s stream and joined back.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_batch`].
+    unsafe fn enqueue_lanes(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        opts: CopyEngineOptions,
+    ) -> Result<(), KernelError> {
+        // Forking costs two events per stream: small lists stay on one stream (1 and 8 pages of
+        // a DSA layer went from 0.98 and 0.80 of memcpy on one stream to 0.51 and 0.35 on
+        // two, BENCHMARKS.md).
+        let lanes = opts
+            .lanes
+            .clamp(1, MAX_COPY_ENGINE_LANES)
+            .min(runs.len().div_ceil(MIN_RUNS_PER_LANE));
+        if lanes == 1 {
+            // SAFETY: forwarded.
+            return unsafe { self.enqueue_batch(src, dst, runs, opts, &self.stream) };
+        }
+        let streams = self.copy_streams()?;
+        let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let fork = self
+            .stream
+            .record_event(no_timing)
+            .map_err(driver_err("cuEventRecord"))?;
+        for (part, stream) in runs.chunks(runs.len().div_ceil(lanes)).zip(streams) {
+            stream
+                .wait(&fork)
+                .map_err(driver_err("cuStreamWaitEvent"))?;
+            // SAFETY: forwarded; the part runs after everything enqueued before it on the
+            // `Gpu`'s stream (the fork event), which waits for it below (the join).
+            unsafe { self.enqueue_batch(src, dst, part, opts, stream)? };
+            let joined = stream
+                .record_event(no_timing)
+                .map_err(driver_err("cuEventRecord"))?;
+            self.stream
+                .wait(&joined)
+                .map_err(driver_err("cuStreamWaitEvent"))?;
+        }
+        Ok(())
+    }
+
+    /// `cuMemcpyBatchAsync` of checked runs on `stream`, `opts.runs_per_call` per call.
+    ///
+    /// # Safety
+    /// Every run lies inside both buffers, which stay alive until the stream has finished.
+    unsafe fn enqueue_batch(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        opts: CopyEngineOptions,
+        stream: &CudaStream,
+    ) -> Result<(), KernelError> {
+        let (src_base, dst_base) = (src.device_address(), dst.device_address());
+        let location = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        };
+        let mut attrs = [sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            srcLocHint: location,
+            dstLocHint: location,
+            flags: match opts.hint {
+                CopyEngineHint::Default => sys::CUmemcpyFlags::CU_MEMCPY_FLAG_DEFAULT as u32,
+                CopyEngineHint::PreferOverlapWithCompute => {
+                    sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32
+                }
+            },
+        }];
+        let mut attr_idx = [0usize];
+        for chunk in runs.chunks(opts.runs_per_call.max(1)) {
+            let mut dsts: Vec<u64> = chunk
+                .iter()
+                .map(|r| dst_base + r.dst_offset_bytes)
+                .collect();
+            let mut srcs: Vec<u64> = chunk
+                .iter()
+                .map(|r| src_base + r.src_offset_bytes)
+                .collect();
+            let mut sizes: Vec<usize> = chunk.iter().map(|r| r.len_bytes as usize).collect();
+            // SAFETY: three arrays of chunk.len() entries, one attribute applying from entry 0;
+            // the driver reads them during the call. Every range lies inside a live buffer
+            // (checked by the caller).
+            unsafe {
+                sys::cuMemcpyBatchAsync_v2(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    chunk.len(),
+                    attrs.as_mut_ptr(),
+                    attr_idx.as_mut_ptr(),
+                    1,
+                    stream.cu_stream(),
+                )
+            }
+            .result()
+            .map_err(driver_err("cuMemcpyBatchAsync"))?;
+        }
+        Ok(())
+    }
+
+    /// Moves `runs` from `src` to `dst` by the path the runs call for, chosen with no tuning by
+    /// the caller ([`TransferPath::for_runs`] on the runs after ordering and merging): page
+    /// runs go to the copy engines (no SM taken from the model), token-granular runs to the
+    /// run-list kernel on at most [`super::SM_BUDGET`] SMs. Either way every run is checked
+    /// before any byte moves ([`KernelError::RunOutOfRange`]). Does not wait.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_copy_runs`].
+    pub unsafe fn enqueue_transfer_runs(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        order: RunOrder,
+    ) -> Result<TransferPath, KernelError> {
+        validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
+        let merged = order.sorted_and_merged(runs);
+        let path = TransferPath::for_runs(&merged);
+        match path {
+            TransferPath::CopyEngines { .. } => {
+                // SAFETY: forwarded to the caller; checked just above.
+                unsafe { self.enqueue_lanes(src, dst, &merged, CopyEngineOptions::chosen(order))? }
+            }
+            TransferPath::SmKernel { max_sms, .. } => {
+                let on_device = self.upload_runs(&merged, RunOrder::AsGiven)?;
+                // SAFETY: forwarded to the caller. The list's device copy is freed on drop in
+                // stream order (cudarc: cuMemFreeAsync on this stream), after the kernel.
+                unsafe {
+                    self.enqueue_copy_runs(src, dst, &on_device, LaunchShape::sm_budget(max_sms))?
+                }
+            }
+        }
+        Ok(path)
+    }
+
+    /// [`Gpu::enqueue_transfer_runs`], then waits; returns the path taken.
+    pub fn transfer_runs(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        order: RunOrder,
+    ) -> Result<TransferPath, KernelError> {
+        // SAFETY: finish() waits before the borrows end.
+        let queued = unsafe { self.enqueue_transfer_runs(src, dst, runs, order) };
+        let finished = self.finish();
+        let path = queued?;
+        finished.map(|()| path)
+    }
+}

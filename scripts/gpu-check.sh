@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Every GPU test and the GPU benchmark, with the GPU required.
+#
+#   scripts/gpu-check.sh build            build (release) and stage into .dev/: the kernels'
+#                                         GPU tests, the CUDA pool tests (tests/cuda_pools.rs),
+#                                         the CUDA backend's unit tests, gpu_bench, this script.
+#                                         Needs the Rust toolchain, not a GPU (nothing CUDA is
+#                                         linked: cudarc loads libcuda/libnvrtc/libcublas at run
+#                                         time), so it runs on a CPU-only build machine.
+#   scripts/gpu-check.sh run [--bench] [--overlap]
+#                                         run the staged binaries from .dev/ with
+#                                         KVLAYOUT_REQUIRE_GPU=1: a test that cannot open the GPU
+#                                         fails instead of passing silently; --bench adds
+#                                         gpu_bench, --overlap adds gpu_bench --overlap. Exits
+#                                         non-zero on the first failure.
+#   scripts/gpu-check.sh                  CI: build, then run if a GPU is present; without one,
+#                                         print why the run is skipped and exit 0.
+#
+# On a device machine without Rust, carry .dev and run `.dev/gpu-check.sh run` from the
+# repository root.
+set -euo pipefail
+
+stage=.dev
+
+has_gpu() {
+    # A driver library and a device node: what cudarc needs to open GPU 0.
+    { ldconfig -p 2>/dev/null | grep -q 'libcuda\.so'; } && ls /dev/nvidia0 >/dev/null 2>&1
+}
+
+build() {
+    mkdir -p "$stage"
+    local json
+    json=$(mktemp)
+    cargo build --release -p kvlayout-kernels --bin gpu_bench
+    cargo test --release --no-run --message-format=json \
+        -p kvlayout-kernels --test gpu >"$json"
+    cargo test --release --no-run --message-format=json \
+        -p kvlayout-tests --test cuda_pools >>"$json"
+    cargo test --release --no-run --message-format=json \
+        -p kvlayout-pool --features cuda --lib >>"$json"
+    exe() { # $1: target name, $2: kind (test or lib)
+        grep "\"name\":\"$1\"" "$json" | grep "\"kind\":\[\"$2\"\]" \
+            | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1
+    }
+    cp "$(exe gpu test)" "$stage/kernels_gpu"
+    cp "$(exe cuda_pools test)" "$stage/cuda_pools"
+    cp "$(exe kvlayout_pool lib)" "$stage/pool_unit"
+    cp "${CARGO_TARGET_DIR:-target}/release/gpu_bench" "$stage/gpu_bench"
+    cp "$0" "$stage/gpu-check.sh"
+    # Debug info off: the staged binaries travel to the device machine (64 MiB in all).
+    command -v strip >/dev/null && strip --strip-debug "$stage"/kernels_gpu "$stage"/cuda_pools \
+        "$stage"/pool_unit "$stage"/gpu_bench
+    rm -f "$json"
+    ls -l "$stage"
+}
+
+run() {
+    local bench=0 overlap=0
+    for a in "$@"; do
+        case "$a" in
+            --bench) bench=1 ;;
+            --overlap) overlap=1 ;;
+            *) echo "gpu-check.sh run: unknown option $a" >&2; exit 2 ;;
+        esac
+    done
+    export KVLAYOUT_REQUIRE_GPU=1
+    # cuBLAS for gpu_bench --overlap: the CUDA toolkit's, or the pip wheel's.
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+        "$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null || true)"; do
+        [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    done
+    echo "== kernels: GPU tests (every path against its CPU reference, bit for bit)"
+    "$stage/kernels_gpu" --ignored --test-threads 1
+    echo "== pools: CUDA backend unit tests"
+    "$stage/pool_unit" backend::cuda --test-threads 1
+    echo "== pools: CUDA pool tests (tests/cuda_pools.rs)"
+    "$stage/cuda_pools" --ignored --test-threads 1
+    if [ "$bench" = 1 ]; then
+        echo "== gpu_bench"
+        "$stage/gpu_bench"
+    fi
+    if [ "$overlap" = 1 ]; then
+        echo "== gpu_bench --overlap"
+        "$stage/gpu_bench" --overlap
+    fi
+    echo "== gpu-check: all passed"
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) shift; run "$@" ;;
+    "")
+        build
+        if has_gpu; then
+            run
+        else
+            echo "gpu-check: skipped the GPU run: no CUDA driver (libcuda) or no /dev/nvidia0 on this machine; the binaries are built and staged in $stage/"
+        fi
+        ;;
+    *) echo "usage: $0 [build | run [--bench] [--overlap]]" >&2; exit 2 ;;
+esac
