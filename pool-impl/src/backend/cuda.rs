@@ -368,15 +368,24 @@ mod tests {
         let required = std::env::var_os("KVLAYOUT_REQUIRE_GPU").is_some();
         match CudaBackend::new(0) {
             Err(e) if !present => {
-                assert!(!required, "KVLAYOUT_REQUIRE_GPU is set but libcuda is missing");
+                assert!(
+                    !required,
+                    "KVLAYOUT_REQUIRE_GPU is set but libcuda is missing"
+                );
                 assert_eq!(e, KernelError::NoDriver);
             }
             Err(e) => {
-                assert!(!required, "KVLAYOUT_REQUIRE_GPU is set but GPU 0 did not open: {e}");
+                assert!(
+                    !required,
+                    "KVLAYOUT_REQUIRE_GPU is set but GPU 0 did not open: {e}"
+                );
                 assert_ne!(e, KernelError::NoDriver, "the probe found libcuda");
             }
             Ok(b) => {
-                assert!(present, "a backend opened although the probe found no libcuda");
+                assert!(
+                    present,
+                    "a backend opened although the probe found no libcuda"
+                );
                 assert_eq!(b.name(), "cuda");
                 let sm = format!("({} SMs)", b.gpu().sm_count());
                 assert!(b.describe().starts_with("sm_") && b.describe().ends_with(&sm));

@@ -25,16 +25,8 @@ pub fn dsa_pool(memory_layout: MemoryLayout) -> PoolGeometry {
         pages: POOL_PAGES,
         memory_layout,
         buffers: vec![
-            BufferGeometry {
-                name: "kv".into(),
-                layers: LAYERS,
-                layout: formats::DSA_MLA_FP8,
-            },
-            BufferGeometry {
-                name: "index_k".into(),
-                layers: LAYERS,
-                layout: formats::INDEX_K_FP8,
-            },
+            BufferGeometry::new("kv", LAYERS, formats::DSA_MLA_FP8),
+            BufferGeometry::new("index_k", LAYERS, formats::INDEX_K_FP8),
         ],
     }
 }
