@@ -1,5 +1,7 @@
-//! `kvlayout replay` exit codes on the binary (a small workload: 8 sessions, 2 layers, batches
-//! of 2, 14 device pages): 0 ran clean, 1 pairing refused, 2 bad input, 3 sessions corrupted.
+//! `kvlayout replay` exit codes on the binary: 0 ran clean, 1 pairing refused, 2 bad input,
+//! 3 corrupted. The synthetic workload runs small (8 sessions, 2 layers, batches of 2, 14 device
+//! pages); the trace workload runs a hand-made 12-request multi-turn trace (see
+//! `multi_turn_trace`) so the debug binary stays fast.
 
 use std::process::Command;
 
@@ -14,6 +16,8 @@ fn replay_layers(layers: &str, extra: &[&str]) -> (i32, String) {
     );
     let mut args = vec![
         "replay",
+        "--workload",
+        "synthetic",
         "--sessions",
         "8",
         "--layers",
@@ -22,9 +26,11 @@ fn replay_layers(layers: &str, extra: &[&str]) -> (i32, String) {
         "2",
         "--device-pages",
         "14",
-        "--host-pages",
-        "64",
     ];
+    // A host geometry file brings its own pages.
+    if !extra.contains(&"--host-geometry") {
+        args.extend(["--host-pages", "64"]);
+    }
     for a in extra {
         args.push(if *a == "HOST" { host } else { a });
     }
@@ -100,4 +106,256 @@ fn unwritable_stdout_exits_2() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.starts_with("error: failed printing to stdout"), "{err}");
+}
+
+/// Issue 12: a batch larger than the device pool names `--concurrency`.
+#[test]
+fn concurrency_past_the_pool_names_concurrency() {
+    // A session ends at 3 x 64 + 3 x (48 + 8) = 360 tokens = ceil(360 / 64) = 6 pages; 8 at
+    // once need 48 > 14.
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--workload",
+            "synthetic",
+            "--sessions",
+            "8",
+            "--layers",
+            "2",
+        ])
+        .args([
+            "--concurrency",
+            "8",
+            "--device-pages",
+            "14",
+            "--host-pages",
+            "64",
+        ])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("--concurrency: 8 sessions at once need 8 x 6 pages = 48, more than the device pool's 14 pages"),
+        "{text}"
+    );
+}
+
+/// 4 sessions x 3 turns, one request a second; session `s`, turn `k` sends blocks
+/// `10 s ..= 10 s + k` (`(k + 1) x 512` tokens). With 24 device pages (3 blocks) turns 1 and 2
+/// load their earlier blocks back from the host: 8 of 12 requests.
+fn multi_turn_trace(extra_line: &str) -> std::path::PathBuf {
+    let mut out = String::new();
+    let mut t = 0;
+    for k in 0..3u64 {
+        for s in 0..4u64 {
+            let ids: Vec<String> = (0..=k).map(|b| (10 * s + b).to_string()).collect();
+            out.push_str(&format!(
+                "{{\"timestamp\": {t}, \"input_length\": {}, \"output_length\": 0, \"hash_ids\": [{}]}}\n",
+                (k + 1) * 512,
+                ids.join(", ")
+            ));
+            t += 1000;
+        }
+    }
+    out.push_str(extra_line);
+    let name = format!("multi-turn-{:x}.jsonl", extra_line.len());
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, out).expect("write the trace");
+    path
+}
+
+fn trace_replay(extra_line: &str, extra: &[&str]) -> (i32, String) {
+    let trace = multi_turn_trace(extra_line);
+    let host = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/configs/geometry/host-index-k-fp8-formula.json"
+    );
+    let mut args = vec![
+        "replay".to_string(),
+        "--trace".into(),
+        trace.display().to_string(),
+        "--index-k".into(),
+        "bf16".into(),
+        "--device-pages".into(),
+        "24".into(),
+    ];
+    if !extra.contains(&"--host-geometry") {
+        args.extend(["--host-pages".to_string(), "96".to_string()]);
+    }
+    args.extend(extra.iter().map(|a| {
+        if *a == "HOST" {
+            host.to_string()
+        } else {
+            a.to_string()
+        }
+    }));
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(&args)
+        .output()
+        .expect("run kvlayout");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().expect("exit code"), text)
+}
+
+#[test]
+fn trace_mirrored_host_exits_0_with_host_hits() {
+    let (code, text) = trace_replay("", &[]);
+    assert_eq!(code, 0, "{text}");
+    // 8 of 12 requests load from the host: 8 / 12 = 66.7%.
+    assert!(
+        text.contains("requests 12: with host hits 8 (66.7%), corrupted 0 (0.0%)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn trace_seed_host_is_refused_with_exit_1() {
+    let (code, text) = trace_replay("", &["--host-geometry", "HOST"]);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("index_k.bytes_per_token: 256, 132"), "{text}");
+    assert!(text.contains("no request ran"), "{text}");
+}
+
+#[test]
+fn trace_seed_host_without_the_shim_exits_3() {
+    let (code, text) = trace_replay("", &["--host-geometry", "HOST", "--no-verify", "--json"]);
+    assert_eq!(code, 3, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    let corrupted = v["corrupted_requests"].as_u64().unwrap();
+    let hits = v["requests_with_host_hits"].as_u64().unwrap();
+    assert!(corrupted > 0 && corrupted <= hits, "{v}");
+    assert_eq!(v["host_pages"], 4096);
+    assert_eq!(v["device_pages"], 24);
+}
+
+#[test]
+fn trace_bad_line_exits_2_naming_line_and_field() {
+    let (code, text) = trace_replay(
+        "{\"timestamp\": 12000, \"input_length\": 1025, \"output_length\": 0, \"hash_ids\": [1, 2]}\n",
+        &[],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("trace line 13: hash_ids: 2 ids do not cover input_length 1025"),
+        "{text}"
+    );
+    let (code, text) = trace_replay(
+        "{\"timestamp\": 12000, \"input_length\": -5, \"output_length\": 0, \"hash_ids\": []}\n",
+        &[],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("trace line 13: input_length: -5"), "{text}");
+}
+
+#[test]
+fn trace_plot_writes_an_svg() {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay-plot.svg");
+    let _ = std::fs::remove_file(&path);
+    let (code, text) = trace_replay("", &["--plot", path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{text}");
+    let svg = std::fs::read_to_string(&path).expect("the plot");
+    assert!(svg.starts_with("<svg"), "{svg}");
+    for label in [
+        "requests with host hits",
+        "corrupted requests",
+        "minute of the trace",
+    ] {
+        assert!(svg.contains(label), "{label} missing");
+    }
+}
+
+/// Issue 12: `--require-gpu` fails instead of falling back to the CPU.
+#[test]
+fn require_gpu_does_not_fall_back() {
+    let (code, text) = trace_replay("", &["--device", "cuda", "--require-gpu"]);
+    if text.contains("--require-gpu") {
+        // No usable GPU here: refused, nothing ran.
+        assert_eq!(code, 2, "{text}");
+        assert!(!text.contains("requests 12"), "{text}");
+    } else {
+        // A GPU: it ran there.
+        assert_eq!(code, 0, "{text}");
+        assert!(text.contains("backend: cuda"), "{text}");
+    }
+}
+
+/// Issue 12: `replay --help` names the built-in models and that a model directory works.
+#[test]
+fn help_names_models_and_directories() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--help"])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "deepseek-v3.2-exp",
+        "llama-3.1-8b",
+        "model directory",
+        "--workload",
+        "--trace",
+    ] {
+        assert!(text.contains(want), "{want} missing from {text}");
+    }
+}
+
+/// Issue 13: Mooncake's synthetic trace also runs (its first 100 requests, vendored in data/),
+/// and every prompt token is accounted for: the JSON's `prompt_tokens` equals the sum of the
+/// file's `input_length`s, split into device + host + recomputed.
+#[test]
+fn mooncake_synthetic_trace_runs() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/synthetic_trace_head100.jsonl"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--index-k",
+            "bf16",
+            "--device-pages",
+            "2000",
+            "--json",
+            "--trace",
+            path,
+        ])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    let input: u64 = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["input_length"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert_eq!(v["requests"], 100);
+    assert_eq!(v["prompt_tokens"], input);
+    let parts = ["device_tokens", "host_tokens", "recomputed_tokens"]
+        .iter()
+        .map(|k| v[k].as_u64().unwrap())
+        .sum::<u64>();
+    assert_eq!(parts, input);
+    assert_eq!(v["corrupted_requests"], 0);
+    assert!(v["requests_with_host_hits"].as_u64().unwrap() > 0, "{v}");
+}
+
+/// Nothing dropped silently: `--host-pages` next to a host geometry file (which brings its own
+/// pages) is refused.
+#[test]
+fn host_pages_with_a_host_geometry_is_refused() {
+    let (code, text) = trace_replay("", &["--host-geometry", "HOST", "--host-pages", "5"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("--host-pages: the --host-geometry file brings the host pages"),
+        "{text}"
+    );
 }

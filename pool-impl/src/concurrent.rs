@@ -76,13 +76,13 @@ fn claim_words(pages: u64, side: &'static str) -> Result<Box<[AtomicU32]>, Trans
 impl ConcurrentHiCache {
     /// Shares `cache` between threads. Refuses a cache paired with
     /// [`HiCache::pair_unverified`] (its legacy plans may address other pages, so page claims
-    /// would not make transfers disjoint): [`TransferError::Field`] on `mode`.
+    /// would not make transfers disjoint): [`TransferError::Unsupported`] on `mode`.
     pub fn new(mut cache: HiCache<CpuBackend>) -> Result<Self, TransferError> {
         let Some(routes) = cache.routes().cloned() else {
-            return Err(TransferError::Field {
+            return Err(TransferError::Unsupported {
                 field: "mode".into(),
-                device: "checked".into(),
-                host: "unverified".into(),
+                reason: "an unverified pairing cannot be shared (its transfers are not \
+                         confined to the pages they name); pair with HiCache::pair",
             });
         };
         let device_claims = claim_words(routes.device.pages, "device")?;

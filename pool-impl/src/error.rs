@@ -226,9 +226,9 @@ pub enum TransferError {
 /// ([`TransferError::PoolChanged`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PoolFact {
-    /// [`PoolGeometry::fingerprint`].
+    /// [`kvlayout_core::PoolGeometry::fingerprint`].
     Fingerprint,
-    /// [`PoolGeometry::pages`].
+    /// [`kvlayout_core::PoolGeometry::pages`].
     Pages,
     /// Length of the memory region in bytes.
     LenBytes,

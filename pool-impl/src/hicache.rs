@@ -292,10 +292,9 @@ impl<B: Backend> HiCache<B> {
             ..
         } = self
         else {
-            return Err(TransferError::Field {
+            return Err(TransferError::Unsupported {
                 field: "mode".into(),
-                device: "checked".into(),
-                host: "unverified".into(),
+                reason: "a routed transfer needs a checked pairing",
             });
         };
         check_transfer(

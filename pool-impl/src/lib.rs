@@ -24,8 +24,8 @@
 //!   and write-only [`PoolWriter`]s. The per-transfer checks are on in every build; the cargo
 //!   feature `unchecked` compiles out the identity and byte-range checks ([`shim`] lists
 //!   which check runs where).
-//! - [`replay`]: the HiCache workload with the DeepSeek sparse indexer behind `kvlayout replay`
-//!   (model configs are read by the `kvlayout-models` crate).
+//! - Model configs are read by the `kvlayout-models` crate; the workloads behind
+//!   `kvlayout replay` live in the `kvlayout-replay` crate.
 //!
 //! ```
 //! use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
@@ -61,13 +61,11 @@ const _: () = assert!(
 
 pub mod backend;
 mod claim;
-pub mod codec;
 mod concurrent;
 mod error;
 mod hicache;
 pub mod plan;
 mod pool;
-pub mod replay;
 mod route;
 pub mod shim;
 mod transfer;

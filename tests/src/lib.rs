@@ -1,6 +1,7 @@
 //! Shared fixtures of the workspace's integration tests (`tests/tests/*.rs`): the pool
-//! geometries, byte patterns and small workloads that pools.rs, hostile.rs, cuda_pools.rs and
-//! the replay tests build on, with their sizes worked once here.
+//! geometries, byte patterns and the seed's host geometry that pools.rs, hostile.rs and
+//! cuda_pools.rs build on, with their sizes worked once here. (The replay tests' small workload
+//! belongs here too once the replay crate settles: `kvlayout_replay::synthetic::Workload`.)
 //!
 //! Sizes (DeepSeek-V3.2, sglang python/sglang/srt/mem_cache/memory_pool.py and DeepSeek's
 //! FlashMLA README, 64-token pages):
@@ -12,7 +13,6 @@
 //!   4,096 B/token -> 262,144 B per page.
 
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, file, formats};
-use kvlayout_pool::replay::Workload;
 use kvlayout_pool::{Backend, HiCache, KvPool, PoolError};
 
 /// Tokens per page of every fixture pool.
@@ -102,26 +102,6 @@ pub fn snapshots<B: Backend>(cache: &HiCache<B>) -> (Vec<u8>, Vec<u8>) {
         cache.device().snapshot().expect("device snapshot"),
         cache.host().snapshot().expect("host snapshot"),
     )
-}
-
-/// The replay tests' small workload on DeepSeek-V3.2-Exp, so a debug test stays fast: 8
-/// sessions in 2 prefix groups, 3 turns, 2 layers, batches of 2, 4 decoded tokens per turn, 2
-/// indexer heads, a device pool of 14 pages. A session ends at 3 x 64 + 3 x (48 + 4) = 348
-/// tokens = 6 pages, a batch needs 2 x 6 = 12 <= 14 pages, and the working set is 2 x 3 prefix
-/// + 8 x 3 own = 30 pages > 14, so a session's pages are backed up while the other batches run
-/// and loaded back on its next turn.
-pub fn small_workload() -> Workload {
-    Workload {
-        sessions: 8,
-        layers: 2,
-        turns: 3,
-        prefix_groups: 2,
-        concurrency: 2,
-        device_pages: 14,
-        decode_tokens: 4,
-        indexer_heads: 2,
-        ..Workload::default()
-    }
 }
 
 #[cfg(test)]

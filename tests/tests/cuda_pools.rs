@@ -22,10 +22,12 @@
 use kvlayout_core::{MemoryLayout, PoolGeometry, file, formats};
 use kvlayout_models::{IndexK, Model, PoolOptions};
 use kvlayout_pool::backend::{CudaBackend, KernelError};
-use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, Workload};
 use kvlayout_pool::{
     Backend, BackendError, CopyRun, CpuBackend, DevicePool, Direction, HiCache, HostPool, KvPool,
     Layers, PagePair, PoolWriter, TransferError,
+};
+use kvlayout_replay::synthetic::{
+    self as replay, HostSource, ReplayInput, ReplayOutcome, Workload,
 };
 
 const DEVICE_PAGES: u64 = 4;

@@ -583,7 +583,11 @@ fn an_unverified_cache_cannot_be_shared() {
     let err = ConcurrentHiCache::new(HiCache::pair_unverified(d, h))
         .err()
         .unwrap();
-    assert_eq!(err.to_string(), "mode: device checked, host unverified");
+    assert_eq!(
+        err.to_string(),
+        "mode: an unverified pairing cannot be shared (its transfers are not confined to the \
+         pages they name); pair with HiCache::pair"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -471,3 +471,21 @@ fn v2_layer_ids_on_one_side_pair_and_transfer_all_layers() {
     let mut cache = HiCache::pair(device, host).unwrap();
     assert_eq!(cache.backup(&[PagePair::new(0, 0)]).unwrap().bytes, 657_664);
 }
+
+/// REVIEW A2 through a pool: a pool holds only a validated geometry, so a layer count whose
+/// byte offsets overflow (`page_head` MHA 8 x 128, 2^61 layers: 2^61 x 64 x 4,096 B is past
+/// u64) is refused when the pool is built, never laid out with wrapped offsets.
+#[test]
+fn a_pool_refuses_a_geometry_whose_offsets_overflow() {
+    let mut g = kvlayout_tests::mha_bf16(1 << 61, 2);
+    let err = DevicePool::new(g.clone()).err().expect("overflow refused");
+    let PoolError::Geometry(e) = &err else {
+        panic!("{err}")
+    };
+    assert!(e.problem.contains("overflow"), "{err}");
+    g.memory_layout = MemoryLayout::PageHead;
+    assert!(matches!(
+        HostPool::from_geometry(g),
+        Err(PoolError::Geometry(_))
+    ));
+}

@@ -7,7 +7,9 @@
 
 use kvlayout_core::{MemoryLayout, file};
 use kvlayout_models::{IndexK, Model, PoolOptions};
-use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
+use kvlayout_replay::synthetic::{
+    self as replay, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload,
+};
 
 fn fp8_formula_host() -> HostSource {
     let text = include_str!("../../configs/geometry/host-index-k-fp8-formula.json");
@@ -196,4 +198,206 @@ fn dense_models_compare_sampled_rows() {
     assert_eq!(r.corrupted_sessions, 0);
     // 1 layer x 64 x 4096 = 262,144 B/page.
     assert_moved(&r, 262_144);
+}
+
+// ---- Trace replay (issue 13), on a hand-made multi-turn trace small enough for debug runs ----
+
+mod trace {
+    use kvlayout_core::{MemoryLayout, file};
+    use kvlayout_models::{IndexK, Model, PoolOptions};
+    use kvlayout_replay::HostSource;
+    use kvlayout_replay::report::TraceReport;
+    use kvlayout_replay::schedule::WritePolicy;
+    use kvlayout_replay::trace_replay::{self, TraceHost, TraceInput, TraceOutcome};
+
+    /// 4 sessions x 3 turns, one request a second: session `s`, turn `k` sends the blocks
+    /// `10 s + 0 ..= 10 s + k` (512 tokens each, `(k + 1) x 512` tokens) and decodes nothing.
+    /// With 24 device pages (3 blocks), a session's blocks are evicted (backed up) by the other
+    /// sessions before its next turn, which loads them back from the host: turns 1 and 2 of
+    /// every session, 8 requests, load from the host (96 host pages hold all 12 blocks).
+    pub fn multi_turn_trace() -> String {
+        let mut out = String::new();
+        let mut t = 0;
+        for k in 0..3u64 {
+            for s in 0..4u64 {
+                let ids: Vec<String> = (0..=k).map(|b| (10 * s + b).to_string()).collect();
+                out.push_str(&format!(
+                    "{{\"timestamp\": {t}, \"input_length\": {}, \"output_length\": 0, \"hash_ids\": [{}]}}\n",
+                    (k + 1) * 512,
+                    ids.join(", ")
+                ));
+                t += 1000;
+            }
+        }
+        out
+    }
+
+    fn input(index_k: IndexK, host: TraceHost, verify: bool) -> TraceInput {
+        TraceInput {
+            model: Model::builtin("deepseek-v3.2-exp").unwrap().unwrap(),
+            pool: PoolOptions {
+                index_k,
+                ..PoolOptions::default()
+            },
+            device_pages: Some(24),
+            host,
+            verify,
+            layers: 1,
+            buffers: None,
+            top_k: 16,
+            indexer_heads: 8,
+            seed: 2026,
+            write_policy: WritePolicy::WriteBack,
+            prefill_tokens_per_s: 20_000,
+            decode_ms_per_token: 20,
+            trace_name: "multi-turn".into(),
+        }
+    }
+
+    fn mirror() -> TraceHost {
+        TraceHost::Mirror {
+            pages: Some(96),
+            memory_layout: MemoryLayout::PageFirst,
+        }
+    }
+
+    fn fp8_formula_host() -> TraceHost {
+        let text = include_str!("../../configs/geometry/host-index-k-fp8-formula.json");
+        TraceHost::Foreign(HostSource::Foreign {
+            geometry: file::from_json(text).unwrap(),
+            source: "host-index-k-fp8-formula.json".into(),
+        })
+    }
+
+    fn run(input: &TraceInput) -> TraceOutcome {
+        trace_replay::run_trace(input, multi_turn_trace().as_bytes(), &mut |_| {}).unwrap()
+    }
+
+    fn completed(o: TraceOutcome) -> TraceReport {
+        match o {
+            TraceOutcome::Completed(r) => *r,
+            TraceOutcome::Refused(r) => panic!("refused: {:?}", r.mismatch),
+        }
+    }
+
+    #[test]
+    fn mirrored_host_zero_corrupted_with_host_hits() {
+        let r = completed(run(&input(IndexK::Bf16, mirror(), true)));
+        assert_eq!(r.requests, 12);
+        assert_eq!(r.corrupted_requests, 0, "{r:?}");
+        // Turns 1 and 2 of the 4 sessions load their earlier blocks back.
+        assert_eq!(r.requests_with_host_hits, 8, "{r:?}");
+        assert_eq!(r.host_hit_share, 8.0 / 12.0);
+        // Prompt tokens: 4 x (512 + 1024 + 1536) = 12,288. Turn k computes one new block:
+        // 4 x 3 x 512 = 6,144 tokens; the k earlier blocks, 4 x (1 + 2) x 512 = 6,144 tokens,
+        // come from the device or the host (its 96 pages hold all 12 blocks: none is lost).
+        assert_eq!(r.prompt_tokens, 12_288);
+        assert_eq!(r.recomputed_tokens, 6_144);
+        assert_eq!(r.device_tokens + r.host_tokens, 6_144);
+        assert!(r.host_tokens > 0);
+        // One layer of the bf16 index-K buffer moves: 64 x 256 = 16,384 B per page.
+        assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 16_384);
+        assert_eq!(r.bytes_backed_up, r.pages.backed_up_pages * 16_384);
+        assert_eq!(r.pages.loaded_pages * 64, r.host_tokens);
+        // The per-minute series adds up (all 12 requests arrive in minute 0).
+        assert_eq!(r.per_minute.len(), 1);
+        assert_eq!(r.per_minute[0].requests, 12);
+        assert_eq!(r.per_minute[0].requests_with_host_hits, 8);
+        let v = serde_json::to_value(&r).unwrap();
+        for key in [
+            "requests",
+            "requests_with_host_hits",
+            "corrupted_requests",
+            "device_pages",
+            "host_pages",
+        ] {
+            assert!(v.get(key).is_some(), "{key} missing");
+        }
+        assert_eq!((r.device_pages, r.host_pages), (24, 96));
+    }
+
+    #[test]
+    fn kv_buffer_too_moves_when_asked() {
+        let mut i = input(IndexK::Bf16, mirror(), true);
+        i.buffers = Some(vec!["index_k".into(), "kv".into()]);
+        let r = completed(run(&i));
+        assert_eq!(r.corrupted_requests, 0);
+        // 64 x (256 + 656) = 58,368 B per page and layer.
+        assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 58_368);
+    }
+
+    #[test]
+    fn seed_host_is_refused_at_pairing() {
+        let TraceOutcome::Refused(r) = run(&input(IndexK::Bf16, fp8_formula_host(), true)) else {
+            panic!("the fp8-formula host must be refused");
+        };
+        assert!(
+            r.mismatch
+                .contains(&"index_k.bytes_per_token: 256, 132".to_string())
+        );
+        assert_eq!((r.requests, r.corrupted_requests), (0, 0));
+    }
+
+    #[test]
+    fn seed_host_unverified_corrupts_only_requests_that_loaded() {
+        let r = completed(run(&input(IndexK::Bf16, fp8_formula_host(), false)));
+        assert!(r.corrupted_requests > 0, "{r:?}");
+        assert!(r.corrupted_requests <= r.requests_with_host_hits, "{r:?}");
+        // The host item is the fp8 formula's: 64 x 132 = 8,448 B per page copied.
+        assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 8_448);
+        assert_eq!(r.host_pages, 4096);
+    }
+
+    #[test]
+    fn fp8_index_k_is_clean_with_either_host() {
+        for host in [fp8_formula_host(), mirror()] {
+            let r = completed(run(&input(IndexK::Fp8, host, true)));
+            assert_eq!(r.corrupted_requests, 0, "{r:?}");
+            assert_eq!(r.requests_with_host_hits, 8);
+            // 64 x 132 = 8,448 B per page.
+            assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 8_448);
+        }
+    }
+
+    #[test]
+    fn trace_replay_is_deterministic() {
+        let a = completed(run(&input(IndexK::Bf16, fp8_formula_host(), false)));
+        let b = completed(run(&input(IndexK::Bf16, fp8_formula_host(), false)));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_bad_line_names_line_and_field() {
+        let mut text = multi_turn_trace();
+        text.push_str(
+            "{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1]}\n",
+        );
+        let e = trace_replay::run_trace(
+            &input(IndexK::Bf16, mirror(), true),
+            text.as_bytes(),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "trace line 13: timestamp: 1 goes back (the previous line's is 11000)"
+        );
+    }
+
+    #[test]
+    fn default_capacities_are_the_h200_arithmetic() {
+        // 0.90 x 141 GB - 86.25 GB = 40.65 GB; bf16 index-K: 61 x (656 + 256) = 55,632 B per
+        // token, x 64 = 3,560,448 B per page: 40,650,000,000 / 3,560,448 = 11,417 pages.
+        assert_eq!(trace_replay::KV_BUDGET_BYTES, 40_650_000_000);
+        assert_eq!(
+            trace_replay::default_device_pages(61 * (656 + 256) * 64),
+            11_417
+        );
+        // fp8 index-K: 61 x (656 + 132) = 48,068 B per token: 13,213 pages.
+        assert_eq!(
+            trace_replay::default_device_pages(61 * (656 + 132) * 64),
+            13_213
+        );
+    }
 }

@@ -4,7 +4,9 @@
 
 use kvlayout_core::file;
 use kvlayout_models::{IndexK, Model, PoolOptions};
-use kvlayout_pool::replay::{self, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload};
+use kvlayout_replay::synthetic::{
+    self as replay, HostSource, ReplayInput, ReplayOutcome, ReplayReport, Workload,
+};
 
 const FP8_FORMULA_HOST: &str = include_str!("../../configs/geometry/host-index-k-fp8-formula.json");
 
@@ -42,17 +44,42 @@ fn completed(o: ReplayOutcome) -> ReplayReport {
     }
 }
 
-/// F2: with top-k past every context (348 tokens at most), every past token is selected on
-/// both sides, so the truncated index-K cannot change what attention reads: 0 corrupted.
-/// Before, an order change inside the selected set counted as corruption (80 of 80).
+/// F2: top-k is compared as a set (an order change inside the selected set reads the same
+/// tokens). At a top-k equal to the first decode step's context, 3 x 64 prefix + 48 prompt =
+/// 240 tokens, the first step of every turn-0 session selects every token on both sides; the
+/// run still catches the seed bug at top-16.
 #[test]
 fn top_k_is_compared_as_a_set() {
-    let r = completed(replay::run(&input(100_000, 2), &mut |_, _| {}).unwrap());
-    assert_eq!(r.topk_mismatches, 0, "{r:?}");
-    assert_eq!(r.corrupted_sessions, 0);
-    // The same run at top-16 still catches the seed bug.
     let r = completed(replay::run(&input(16, 2), &mut |_, _| {}).unwrap());
     assert!(r.corrupted_sessions > 0, "{r:?}");
+    let r = completed(replay::run(&input(240, 2), &mut |_, _| {}).unwrap());
+    assert_eq!(r.decode_steps, 96);
+}
+
+/// Issue 12: a top-k larger than the tokens it picks from is refused naming `--top-k`
+/// (before, `--top-k 100000` selected everything and checked nothing).
+#[test]
+fn top_k_past_the_first_context_is_refused() {
+    let e = replay::run(&input(241, 2), &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--top-k: 241 is more than the 240 tokens the indexer picks from"),
+        "{e}"
+    );
+}
+
+/// Issue 12: a batch larger than the device pool names `--concurrency`. A session ends at
+/// 3 x 64 + 3 x (48 + 4) = 348 tokens = ceil(348 / 64) = 6 pages; 3 at once need 18 > 14.
+#[test]
+fn concurrency_past_the_pool_names_concurrency() {
+    let mut i = input(16, 2);
+    i.workload.concurrency = 3;
+    let e = replay::run(&i, &mut |_, _| {}).unwrap_err().to_string();
+    assert!(
+        e.contains("--concurrency: 3 sessions at once need 3 x 6 pages = 18, more than the device pool's 14 pages"),
+        "{e}"
+    );
 }
 
 /// F4: the fingerprints printed are those of the pools as declared (61 layers), the values

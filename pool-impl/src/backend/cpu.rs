@@ -170,4 +170,63 @@ mod tests {
         );
         assert_eq!(dst, vec![0u8; 32]);
     }
+
+    fn run(src: u64, dst: u64, len: u64) -> CopyRun {
+        CopyRun {
+            src_offset_bytes: src,
+            dst_offset_bytes: dst,
+            len_bytes: len,
+        }
+    }
+
+    /// The contract of the one CPU run copy, clause by clause.
+    #[test]
+    fn copy_runs_contract_order_sides_overflow_and_overlap() {
+        let src: Vec<u8> = (1..=8).collect();
+        let mut dst = vec![0u8; 4];
+        // In list order; overlapping destinations: the later run wins (bytes 3, 4 then 5, 6 at
+        // 1..3).
+        copy_runs(
+            Direction::Backup,
+            &src,
+            &mut dst,
+            &[run(2, 0, 2), run(4, 1, 2)],
+        )
+        .unwrap();
+        assert_eq!(dst, [3, 5, 6, 0]);
+        // An empty list copies nothing.
+        copy_runs(Direction::Load, &src, &mut dst, &[]).unwrap();
+        assert_eq!(dst, [3, 5, 6, 0]);
+        // The first bad run in list order; its source range before its destination; sides
+        // named by the direction (a load reads the host).
+        let err = copy_runs(
+            Direction::Load,
+            &src,
+            &mut dst,
+            &[run(0, 0, 1), run(7, 9, 2), run(9, 0, 1)],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            BackendError::OutOfRange {
+                side: "host",
+                start_bytes: 7,
+                end_bytes: 9,
+                len_bytes: 8,
+            }
+        );
+        // An end past u64::MAX saturates instead of wrapping into range.
+        let err = copy_runs(Direction::Backup, &src, &mut dst, &[run(0, u64::MAX, 2)]).unwrap_err();
+        assert_eq!(
+            err,
+            BackendError::OutOfRange {
+                side: "host",
+                start_bytes: u64::MAX,
+                end_bytes: u64::MAX,
+                len_bytes: 4,
+            }
+        );
+        // Nothing moved by the refused lists.
+        assert_eq!(dst, [3, 5, 6, 0]);
+    }
 }

@@ -1,17 +1,24 @@
 //! Element codecs: f32 values to a token layout's section bytes and back, for the workload
-//! generator and the sparse indexer of [`crate::replay`].
+//! generators and the sparse indexer of [`crate::synthetic`] and [`crate::store`].
 //!
 //! A value section with a scale section (one scale per `block_elems` elements) is quantized per
-//! block: an `f32` scale is `amax / max` (DeepSeek-V3.2 indexer: `amax / 448` for e4m3), a
-//! `ue8m0` scale the next power of two at or above `amax / max` (OCP MX). The stored element is
-//! `value / scale`, rounded by the element type's conversion (`float8` matches CUDA's
-//! `__nv_fp8_e4m3` bit for bit; `half::bf16::from_f32` matches `__float2bfloat16`). Decoding is
+//! block. e4m3 blocks use DeepSeek-V3.2's `act_quant` arithmetic from `kvlayout-kernels`
+//! ([`kvlayout_kernels::index_k::scale_for_amax`], the CPU reference of the GPU quantizer):
+//! `scale = max(amax, 1e-4) * f32(1/448)`, rounded up to a power of two for a `ue8m0` scale
+//! section (`scale_fmt: ue8m0`), and each element `clamp(value / scale, -448, 448)` converted to
+//! e4m3 (round to nearest even; `float8` matches CUDA's `__nv_fp8_e4m3` bit for bit), so a
+//! 128-element block encodes exactly as [`kvlayout_kernels::index_k::quantize_key`]. Other
+//! element types: an `f32` scale is `amax / max`, a `ue8m0` scale the next power of two at or
+//! above it (OCP MX), the element `value / scale` rounded by the type's conversion
+//! (`half::bf16::from_f32` matches `__float2bfloat16`; e2m1 rounds to the nearest of
+//! {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to the even code, saturating at 6). Decoding is
 //! `element * scale`. fp4 e2m1 is packed two per byte, element `2i` in the low nibble.
 //! Byte sections (`u8`, `i8`) are padding: written as zeros, decoded as their byte values.
 
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 use kvlayout_core::{Dtype, LayoutError, TokenLayout};
+use kvlayout_kernels::index_k::{E4M3_MAX, ScaleFormat, scale_for_amax};
 
 /// An element type the codec does not handle, or a layout it cannot walk.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -54,12 +61,15 @@ fn range_max(dtype: Dtype) -> Option<f32> {
 /// e2m1 magnitudes by code 0..8.
 const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 
+/// The e2m1 code of `x`: the nearest grid magnitude, a tie to the even code (the one whose
+/// mantissa bit is 0), saturating at 6.
 fn e2m1_encode(x: f32) -> u8 {
     let sign = if x.is_sign_negative() { 8u8 } else { 0 };
     let a = x.abs();
     let mut best = 0u8;
     for (code, &m) in E2M1.iter().enumerate() {
-        if (a - m).abs() < (a - E2M1[best as usize]).abs() {
+        let (d, best_d) = ((a - m).abs(), (a - E2M1[best as usize]).abs());
+        if d < best_d || (d == best_d && code % 2 == 0) {
             best = code as u8;
         }
     }
@@ -195,6 +205,38 @@ pub fn encode_token(
         })?;
         let mut scales = Vec::new();
         let mut scaled = Vec::with_capacity(values.len());
+        if s.dtype == Dtype::F8E4M3 {
+            // DeepSeek-V3.2's act_quant (kvlayout-kernels' CPU reference of the GPU quantizer).
+            let format = match scale_dtype {
+                Dtype::F32 => ScaleFormat::F32,
+                Dtype::Ue8m0 => ScaleFormat::Ue8m0,
+                dtype => {
+                    return Err(CodecError::Unsupported {
+                        section: si,
+                        dtype,
+                        role: "scale",
+                    });
+                }
+            };
+            let mut elems = Vec::with_capacity(values.len());
+            for block_values in values.chunks(block as usize) {
+                let amax = block_values.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = scale_for_amax(amax, format);
+                match scale_dtype {
+                    Dtype::F32 => scales.extend(scale.to_le_bytes()),
+                    // A power of two: its biased f32 exponent is the ue8m0 byte.
+                    _ => scales.push((scale.to_bits() >> 23) as u8),
+                }
+                elems.extend(
+                    block_values.iter().map(|v| {
+                        F8E4M3::from_f32((v / scale).clamp(-E4M3_MAX, E4M3_MAX)).to_bits()
+                    }),
+                );
+            }
+            out[i] = elems;
+            out[si] = scales;
+            continue;
+        }
         for block_values in values.chunks(block as usize) {
             let amax = block_values.iter().fold(0f32, |m, v| m.max(v.abs()));
             let raw = if amax > 0.0 { amax / max } else { 1.0 };
@@ -222,7 +264,7 @@ pub fn encode_token(
 }
 
 /// Decodes value section `section` of one token (`sections`: every section's bytes, as
-/// [`crate::KvPool::read_token`] returns them), multiplied by its block scales if it has any.
+/// [`kvlayout_pool::KvPool::read_token`] returns them), multiplied by its block scales if it has any.
 pub fn decode_section(
     layout: &TokenLayout,
     section: usize,
@@ -282,20 +324,67 @@ mod tests {
     }
 
     #[test]
-    fn fp8_index_k_scale_is_amax_over_448() {
-        // amax 224 -> scale 224 / 448 = 0.5 (f32 0x3f000000); 224 / 0.5 = 448 = e4m3 0x7e;
-        // 1 / 0.5 = 2.0 = e4m3 0x40.
+    fn fp8_index_k_scale_is_amax_times_f32_one_over_448() {
+        // DeepSeek act_quant: scale = amax * f32(1/448) (bits 0x3b124925), not amax / 448.
+        // amax 224: 224 * 0x3b124925 as f32; 224 / scale rounds to 448 = e4m3 0x7e (clamped
+        // at 448); 1 / scale = 2.0 (to within e4m3's precision) = e4m3 0x40.
         let bytes = encode_token(
             &formats::INDEX_K_FP8,
             |_, e| if e == 0 { 224.0 } else { 1.0 },
         )
         .unwrap();
-        assert_eq!(bytes[1], 0.5f32.to_le_bytes());
+        let scale = 224.0f32 * f32::from_bits(0x3b12_4925);
+        assert_eq!(bytes[1], scale.to_le_bytes());
         assert_eq!(bytes[0][0], 0x7e);
         assert_eq!(bytes[0][1], 0x40);
+    }
+
+    #[test]
+    fn fp8_index_k_encodes_as_the_kernels_quantizer() {
+        // A bf16 key with values over several binades: the codec and quantize_key (the CPU
+        // reference the GPU kernel is checked against) give the same 128 bytes and scale.
+        use kvlayout_kernels::index_k::quantize_key;
+        let key: [half::bf16; 128] = std::array::from_fn(|e| {
+            half::bf16::from_f32(((e as f32) - 60.0) * 0.37 * if e % 3 == 0 { 8.0 } else { 1.0 })
+        });
+        let bytes = encode_token(&formats::INDEX_K_FP8, |_, e| key[e as usize].to_f32()).unwrap();
+        let (values, scale) = quantize_key(&key, ScaleFormat::F32);
+        assert_eq!(bytes[0], values);
+        assert_eq!(bytes[1], scale.to_le_bytes());
+    }
+
+    #[test]
+    fn fp8_with_ue8m0_scales_rounds_the_scale_up_to_a_power_of_two() {
+        // DeepSeek-V4 MLA: 448 e4m3 NoPE with one ue8m0 scale per 64. All values 1.0: amax 1,
+        // scale = 1 * f32(1/448) = 0.00223..., rounded up to 2^-8 = 0.00390625 (2^-9 =
+        // 0.00195... is below): ue8m0 byte 127 - 8 = 119. Element 1 / 2^-8 = 256 = 2^8: e4m3
+        // exponent field 8 + 7 = 15, mantissa 0: 0b0_1111_000 = 0x78.
+        let bytes = encode_token(&formats::DSV4_MLA_FP8, |_, _| 1.0).unwrap();
+        assert_eq!(bytes[0], vec![0x78; 448]);
+        assert_eq!(bytes[2], vec![119; 7]);
         let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
-        let back = decode_section(&formats::INDEX_K_FP8, 0, &slices).unwrap();
-        assert_eq!((back[0], back[1]), (224.0, 1.0));
+        let back = decode_section(&formats::DSV4_MLA_FP8, 0, &slices).unwrap();
+        assert_eq!(back, vec![1.0; 448]);
+    }
+
+    #[test]
+    fn e2m1_rounds_half_to_even() {
+        // e2m1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6}, codes 0..7; a tie goes to the even code.
+        // 0.75: between 0.5 (code 1) and 1.0 (code 2) -> 1.0.
+        assert_eq!(E2M1[e2m1_encode(0.75) as usize], 1.0);
+        // 2.5: between 2.0 (code 4) and 3.0 (code 5) -> 2.0.
+        assert_eq!(E2M1[e2m1_encode(2.5) as usize], 2.0);
+        // 5.0: between 4.0 (code 6) and 6.0 (code 7) -> 4.0.
+        assert_eq!(E2M1[e2m1_encode(5.0) as usize], 4.0);
+        // 0.25: between 0 (code 0) and 0.5 (code 1) -> 0; 1.25 -> 1.0; 1.75 -> 2.0; 3.5 -> 4.0.
+        assert_eq!(e2m1_encode(0.25), 0);
+        assert_eq!(E2M1[e2m1_encode(1.25) as usize], 1.0);
+        assert_eq!(E2M1[e2m1_encode(1.75) as usize], 2.0);
+        assert_eq!(E2M1[e2m1_encode(3.5) as usize], 4.0);
+        // Off ties: nearest; past 6: saturate; the sign is bit 3.
+        assert_eq!(E2M1[e2m1_encode(2.6) as usize], 3.0);
+        assert_eq!(E2M1[e2m1_encode(100.0) as usize], 6.0);
+        assert_eq!(e2m1_encode(-0.75), 8 | 2);
     }
 
     #[test]

@@ -1,5 +1,9 @@
-//! `kvlayout replay`: a HiCache workload on a real model config, with the DeepSeek sparse
-//! indexer reading index-K keys back from the device pool's bytes.
+//! `kvlayout replay --workload synthetic`: a HiCache workload on a real model config, with the
+//! DeepSeek sparse indexer reading index-K keys back from the device pool's bytes.
+//!
+//! (Length: about 700 lines, over the workspace's 600, because the simulation is one state
+//! machine, `Sim`, whose batch, eviction, recompute and decode-check steps share its state;
+//! its inputs and report are in `input.rs`.)
 //!
 //! Workload (deterministic from `seed`): `sessions` multi-turn sessions in `prefix_groups`
 //! groups sharing a prefix of `prefix_pages` full pages (a system prompt); each turn appends
@@ -25,224 +29,21 @@
 
 use std::collections::HashMap;
 
-use kvlayout_core::{MemoryLayout, Mismatch, PoolGeometry, compare, file};
-use serde::Serialize;
+use kvlayout_models::PoolOptions;
+use kvlayout_pool::backend::{Backend, CpuBackend};
+use kvlayout_pool::shim::TransferError;
+use kvlayout_pool::{HiCache, KvPool, PagePair};
 
-use crate::backend::{Backend, CpuBackend};
 use crate::codec::{self, CodecError};
-use crate::hicache::{HiCache, PairError, TransferMode};
-use crate::plan::PagePair;
-use crate::pool::{DevicePool, HostPool, KvPool, PoolError};
-use crate::shim::TransferError;
-use kvlayout_models::{Model, ModelError, PoolOptions};
+pub use crate::error::ReplayError;
+use crate::error::workload_err;
+use crate::indexer::top_k;
+pub use crate::pairing::{HostSource, read_host_geometry};
+use crate::pairing::{Paired, Sample, pair_pools};
+use crate::rng::{mix, unit};
 
-/// Workload parameters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Workload {
-    /// Concurrent sessions.
-    pub sessions: u64,
-    /// Generator seed.
-    pub seed: u64,
-    /// Layers simulated (the first ones of the model).
-    pub layers: u64,
-    /// Turns per session.
-    pub turns: u64,
-    /// Groups of sessions sharing a prefix.
-    pub prefix_groups: u64,
-    /// Full pages of shared prefix per group.
-    pub prefix_pages: u64,
-    /// Prompt tokens appended per turn.
-    pub user_tokens: u64,
-    /// Tokens decoded per turn.
-    pub decode_tokens: u64,
-    /// Tokens the indexer selects per query.
-    pub top_k: usize,
-    /// Indexer heads simulated.
-    pub indexer_heads: u64,
-    /// Sessions per batch.
-    pub concurrency: u64,
-    /// Device pool pages.
-    pub device_pages: u64,
-}
-
-impl Default for Workload {
-    /// The `kvlayout replay` defaults: 80 sessions x 3 turns, 8 groups sharing 3 pages
-    /// (192 tokens), 48 prompt + 8 decoded tokens per turn (a session ends at 192 + 3 x 56 =
-    /// 360 tokens, 6 pages), 4 layers, top-16 of 8 indexer heads, batches of 16 sessions, and a
-    /// device pool of 128 pages for a working set of 8 x 3 + 80 x 3 = 264 pages.
-    fn default() -> Self {
-        Workload {
-            sessions: 80,
-            seed: 2026,
-            layers: 4,
-            turns: 3,
-            prefix_groups: 8,
-            prefix_pages: 3,
-            user_tokens: 48,
-            decode_tokens: 8,
-            top_k: 16,
-            indexer_heads: 8,
-            concurrency: 16,
-            device_pages: 128,
-        }
-    }
-}
-
-/// Where the host pool's geometry comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum HostSource {
-    /// [`HostPool::mirror_of`] the device pool.
-    Mirror {
-        /// Host pages.
-        pages: u64,
-        /// Host memory layout.
-        memory_layout: MemoryLayout,
-    },
-    /// A foreign geometry (a geometry file): its own pages and memory layout.
-    Foreign {
-        /// The geometry.
-        geometry: PoolGeometry,
-        /// Where it came from (path), for the report.
-        source: String,
-    },
-}
-
-/// Everything a replay needs.
-#[derive(Clone, Debug)]
-pub struct ReplayInput {
-    /// The model.
-    pub model: Model,
-    /// KV dtype, index-K dtype, page size (the device `pages` come from the workload).
-    pub pool: PoolOptions,
-    /// Host pool geometry source.
-    pub host: HostSource,
-    /// Check geometry at pairing and before every transfer (false: `--no-verify`).
-    pub verify: bool,
-    /// Workload.
-    pub workload: Workload,
-}
-
-/// An error that stops a replay (bad input, a pool too small); a refused pairing is an
-/// outcome, not an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    /// The model config cannot be mapped.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// A pool cannot be built or accessed.
-    #[error("pool: {0}")]
-    Pool(#[from] PoolError),
-    /// Encoding or decoding failed.
-    #[error("codec: {0}")]
-    Codec(#[from] CodecError),
-    /// A workload parameter is out of range.
-    #[error("workload: {field}: {problem}")]
-    Workload {
-        /// Parameter.
-        field: &'static str,
-        /// What is wrong, with the values.
-        problem: String,
-    },
-}
-
-/// Result of a replay.
-#[derive(Clone, Debug)]
-pub enum ReplayOutcome {
-    /// Pairing refused: the host geometry cannot exchange pages with the device's.
-    Refused(Refusal),
-    /// The workload ran.
-    Completed(Box<ReplayReport>),
-}
-
-/// A refused pairing.
-#[derive(Clone, Debug, Serialize)]
-pub struct Refusal {
-    /// Model name.
-    pub model: String,
-    /// Sessions that would have run.
-    pub sessions: u64,
-    /// Host geometry source.
-    pub host_geometry: String,
-    /// `refused`.
-    pub pairing: &'static str,
-    /// `field: device value, host value` lines.
-    pub mismatch: Vec<String>,
-    /// Always 0: nothing ran.
-    pub corrupted_sessions: u64,
-    /// Always 0.
-    pub refused_transfers: u64,
-    /// Always 0.
-    pub bytes_loaded: u64,
-}
-
-/// What a completed replay measured.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct ReplayReport {
-    /// Model name.
-    pub model: String,
-    /// The model's layers.
-    pub model_layers: u64,
-    /// Layers simulated (the first ones).
-    pub simulated_layers: u64,
-    /// Format per buffer (`kv: dsa_mla_fp8`, `index_k: index_k_bf16`).
-    pub formats: Vec<String>,
-    /// Tokens per page.
-    pub page_size_tokens: u64,
-    /// Device pages.
-    pub device_pages: u64,
-    /// Host pages.
-    pub host_pages: u64,
-    /// Host memory layout.
-    pub host_memory_layout: String,
-    /// `mirror of the device pool` or the geometry file.
-    pub host_geometry: String,
-    /// `checked` or `unverified (--no-verify)`.
-    pub pairing: String,
-    /// Lines where the full-depth geometries differ (empty when compatible).
-    pub mismatch: Vec<String>,
-    /// Device pool fingerprint.
-    pub device_fingerprint: String,
-    /// Host pool fingerprint.
-    pub host_fingerprint: String,
-    /// Sessions.
-    pub sessions: u64,
-    /// Sessions with any top-k or latent difference from the reference.
-    pub corrupted_sessions: u64,
-    /// Sessions that had pages loaded back from the host pool at least once.
-    pub sessions_with_loaded_pages: u64,
-    /// Decode steps (all sessions, turns, tokens).
-    pub decode_steps: u64,
-    /// (step, layer) selections that differed.
-    pub topk_mismatches: u64,
-    /// Latent rows read that differed.
-    pub latent_mismatches: u64,
-    /// Whether the model has the DSA indexer (else sampled `kv` reads are compared).
-    pub indexer: bool,
-    /// Indexer top-k simulated.
-    pub top_k: u64,
-    /// Indexer heads simulated.
-    pub indexer_heads: u64,
-    /// Pages found on the device when their session (or prefix) came back.
-    pub device_page_hits: u64,
-    /// Pages backed up device -> host.
-    pub pages_backed_up: u64,
-    /// Pages loaded host -> device.
-    pub pages_loaded: u64,
-    /// Bytes copied device -> host.
-    pub bytes_backed_up: u64,
-    /// Bytes copied host -> device.
-    pub bytes_loaded: u64,
-    /// Backup transfers.
-    pub backup_transfers: u64,
-    /// Load transfers (one per layer per batch).
-    pub load_transfers: u64,
-    /// Transfers refused (by the shim, or a backend bound); their pages are recomputed.
-    pub refused_transfers: u64,
-    /// Pages rewritten from the generator after a refused transfer.
-    pub recomputed_pages: u64,
-    /// Why the first refused transfer was refused (none refused: `None`).
-    pub first_refusal: Option<String>,
-}
+mod input;
+pub use input::{Refusal, ReplayInput, ReplayOutcome, ReplayReport, Workload};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Owner {
@@ -270,19 +71,6 @@ struct Session {
     loaded: bool,
     /// Reference keys per simulated layer, flat `[len][index_head_dim]`.
     ref_keys: Vec<Vec<f32>>,
-}
-
-fn mix(mut z: u64) -> u64 {
-    // splitmix64 finalizer.
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn unit(h: u64) -> f32 {
-    // 24 random bits -> [-1, 1).
-    ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
 }
 
 struct Gen {
@@ -327,18 +115,6 @@ struct Sim<'a, B: Backend> {
     report: ReplayReport,
 }
 
-fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
-    let mut g = g.clone();
-    for b in &mut g.buffers {
-        b.layers = b.layers.min(layers);
-    }
-    g
-}
-
-fn workload_err(field: &'static str, problem: String) -> ReplayError {
-    ReplayError::Workload { field, problem }
-}
-
 /// Runs the replay on the CPU backend; `progress(done, total)` is called after each batch
 /// (session-turns).
 pub fn run(
@@ -374,77 +150,37 @@ pub fn run_with<B: Backend>(
         pages: w.device_pages,
         ..input.pool
     };
-    let model_pool = input.model.pool(&opts)?;
-    let full_device = model_pool.geometry.clone();
-    let (full_host, host_source) = match &input.host {
-        HostSource::Mirror {
-            pages,
-            memory_layout,
-        } => {
-            let mut g = full_device.clone();
-            g.pages = *pages;
-            g.memory_layout = *memory_layout;
-            (g, "mirror of the device pool".to_string())
+    let paired = match pair_pools(
+        backend,
+        &input.model,
+        &opts,
+        &input.host,
+        input.verify,
+        &Sample {
+            layers: w.layers,
+            buffers: None,
+        },
+    )? {
+        Ok(p) => p,
+        Err(r) => {
+            return Ok(ReplayOutcome::Refused(refusal(
+                input,
+                r.host_source,
+                r.mismatch,
+            )));
         }
-        HostSource::Foreign { geometry, source } => (geometry.clone(), source.clone()),
     };
-    let mismatch: Vec<String> = match compare(&full_device, &full_host) {
-        Ok(()) => Vec::new(),
-        Err(m) => m.diffs.iter().map(|d| d.to_string()).collect(),
-    };
-    if input.verify && !mismatch.is_empty() {
-        return Ok(ReplayOutcome::Refused(Refusal {
-            model: input.model.name.clone(),
-            sessions: w.sessions,
-            host_geometry: host_source,
-            pairing: "refused",
-            mismatch,
-            corrupted_sessions: 0,
-            refused_transfers: 0,
-            bytes_loaded: 0,
-        }));
-    }
     let model_layers = input.model.config.num_hidden_layers;
-    if w.layers > model_layers {
-        return Err(workload_err(
-            "layers",
-            format!(
-                "{} simulated layers, but the model has {model_layers}",
-                w.layers
-            ),
-        ));
-    }
     let sim_layers = w.layers;
-    let device = DevicePool::new_in(backend.clone(), truncate_layers(&full_device, sim_layers))?;
-    let host_geom = truncate_layers(&full_host, sim_layers);
-    let host = match &input.host {
-        HostSource::Mirror {
-            pages,
-            memory_layout,
-        } => HostPool::mirror_of(&device, *pages, *memory_layout)?,
-        HostSource::Foreign { .. } => HostPool::from_geometry_in(backend, host_geom)?,
-    };
-    // The fingerprints of the pools as the model and the host file declare them (all layers),
-    // the values a storage key or handshake would carry; the simulated pools hold a prefix of
-    // the layers.
-    let fingerprint = |g: &kvlayout_core::PoolGeometry| g.fingerprint().unwrap_or_default();
-    let (device_fp, host_fp) = (fingerprint(&full_device), fingerprint(&full_host));
-    let cache = if input.verify {
-        match HiCache::pair(device, host) {
-            Ok(c) => c,
-            Err(PairError::Mismatch(m)) => {
-                return Ok(ReplayOutcome::Refused(refusal(input, host_source, &m)));
-            }
-            Err(e @ PairError::Route(_)) => {
-                return Err(ReplayError::Workload {
-                    field: "host pool",
-                    problem: e.to_string(),
-                });
-            }
-        }
-    } else {
-        HiCache::pair_unverified(device, host)
-    };
+    let Paired {
+        cache,
+        model_pool,
+        mismatch,
+        host_source,
+        device_fingerprint,
+        host_fingerprint,
+        pairing,
+    } = paired;
     let geometry = cache.device().geometry();
     let kv = geometry.buffer_index("kv").unwrap_or(0);
     let index_k = geometry.buffer_index("index_k");
@@ -464,13 +200,10 @@ pub fn run_with<B: Backend>(
         host_pages,
         host_memory_layout: cache.host().geometry().memory_layout.to_string(),
         host_geometry: host_source,
-        pairing: match cache.mode() {
-            TransferMode::Checked => "checked".into(),
-            TransferMode::Unverified => "unverified (--no-verify)".into(),
-        },
+        pairing,
         mismatch,
-        device_fingerprint: format!("{device_fp:#018x}"),
-        host_fingerprint: format!("{host_fp:#018x}"),
+        device_fingerprint,
+        host_fingerprint,
         sessions: w.sessions,
         corrupted_sessions: 0,
         sessions_with_loaded_pages: 0,
@@ -498,14 +231,41 @@ pub fn run_with<B: Backend>(
         .and_then(|p| p.checked_add(w.turns.checked_mul(w.user_tokens + w.decode_tokens)?))
         .ok_or_else(|| workload_err("turns", "token count overflows".into()))?;
     let pages_per_session = max_tokens.div_ceil(page_size);
-    let need = pages_per_session.saturating_mul(w.concurrency.min(w.sessions));
+    let batch = w.concurrency.min(w.sessions);
+    let need = pages_per_session.saturating_mul(batch);
+    if pages_per_session > w.device_pages {
+        return Err(workload_err(
+            "--device-pages",
+            format!(
+                "{} pages cannot hold one session of {max_tokens} tokens ({pages_per_session} pages)",
+                w.device_pages
+            ),
+        ));
+    }
     if need > w.device_pages {
         return Err(workload_err(
-            "device_pages",
+            "--concurrency",
             format!(
-                "{} pages cannot hold a batch: {} sessions x {pages_per_session} pages = {need}",
+                "{} sessions at once need {batch} x {pages_per_session} pages = {need}, more than \
+                 the device pool's {} pages (--device-pages); at most {} fit",
+                w.concurrency,
                 w.device_pages,
-                w.concurrency.min(w.sessions)
+                w.device_pages / pages_per_session
+            ),
+        ));
+    }
+    // The indexer picks from the tokens before the first decoded one: the shared prefix and
+    // the first turn's prompt. A larger top-k selects every token and checks nothing.
+    let first_context = w.prefix_pages * page_size + w.user_tokens;
+    if index_k.is_some() && w.top_k as u64 > first_context {
+        return Err(workload_err(
+            "--top-k",
+            format!(
+                "{} is more than the {first_context} tokens the indexer picks from at the first \
+                 decode step ({} prefix + {} prompt tokens)",
+                w.top_k,
+                w.prefix_pages * page_size,
+                w.user_tokens
             ),
         ));
     }
@@ -559,13 +319,13 @@ pub fn run_with<B: Backend>(
     Ok(ReplayOutcome::Completed(Box::new(sim.report)))
 }
 
-fn refusal(input: &ReplayInput, host_geometry: String, m: &Mismatch) -> Refusal {
+fn refusal(input: &ReplayInput, host_geometry: String, mismatch: Vec<String>) -> Refusal {
     Refusal {
         model: input.model.name.clone(),
         sessions: input.workload.sessions,
         host_geometry,
         pairing: "refused",
-        mismatch: m.diffs.iter().map(|d| d.to_string()).collect(),
+        mismatch,
         corrupted_sessions: 0,
         refused_transfers: 0,
         bytes_loaded: 0,
@@ -972,32 +732,4 @@ impl<B: Backend> Sim<'_, B> {
         }
         Ok(())
     }
-}
-
-/// Indexer scores `I(s) = sum_h w[h] * ReLU(q[h] . k[s])` over `keys` (`[tokens][dim]`) and the
-/// indices of the `k` best (ties: lower index first), best first.
-pub fn top_k(q: &[f32], w: &[f32], keys: &[f32], dim: usize, k: usize) -> Vec<u64> {
-    let mut scored: Vec<(f32, u64)> = keys
-        .chunks_exact(dim)
-        .enumerate()
-        .map(|(s, key)| {
-            let score: f32 = w
-                .iter()
-                .zip(q.chunks_exact(dim))
-                .map(|(wh, qh)| {
-                    let dot: f32 = qh.iter().zip(key).map(|(a, b)| a * b).sum();
-                    wh * dot.max(0.0)
-                })
-                .sum();
-            (score, s as u64)
-        })
-        .collect();
-    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    scored.truncate(k);
-    scored.into_iter().map(|(_, s)| s).collect()
-}
-
-/// Reads a host geometry file for `--host-geometry`.
-pub fn read_host_geometry(path: &std::path::Path) -> Result<PoolGeometry, String> {
-    file::read_path(path).map_err(|e| format!("{}: {e}", path.display()))
 }

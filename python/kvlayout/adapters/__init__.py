@@ -1,0 +1,2 @@
+"""Engine adapters, pure Python and duck-typed (no engine, torch or numpy import):
+:mod:`kvlayout.adapters.sglang` and :mod:`kvlayout.adapters.vllm`."""

@@ -1,0 +1,368 @@
+"""SGLang pools -> kvlayout geometries, and a guard for SGLang's HiCache transfer ops.
+
+Duck-typed: nothing from SGLang or torch is imported; the pool objects' attributes are read.
+Attribute names are those of SGLang's public source:
+
+Device pools, ``python/sglang/srt/mem_cache/memory_pool.py``:
+
+- ``MHATokenToKVPool``: ``k_buffer`` / ``v_buffer``, one tensor per layer of shape
+  ``[size + page_size, head_num, head_dim]`` in ``store_dtype`` (``uint8`` when ``dtype`` is an
+  fp8 type); ``page_size``, ``head_num``, ``head_dim``, ``v_head_dim`` (where present),
+  ``dtype``.
+- ``MLATokenToKVPool``: ``kv_buffer``, one tensor per layer ``[size + page_size, 1,
+  kv_cache_dim]``; ``kv_lora_rank``, ``qk_rope_head_dim``, ``dtype``. With fp8 DeepSeek sparse
+  attention the row is FlashMLA's 656 B (``kv_cache_dim`` 656 of ``uint8``: 512 e4m3, 4 f32
+  scales, 64 bf16 RoPE).
+- ``NSATokenToKVPool`` / ``DSATokenToKVPool`` (subclasses of the MLA pool): the index-K sidecar
+  ``index_k_with_scale_buffer``, one tensor per layer ``[num_pages, page_size * (index_head_dim
+  + index_head_dim // quant_block_size * 4)]`` ``uint8`` (fp8 keys then f32 scales), or
+  ``[num_pages, page_size * index_head_dim]`` ``bfloat16`` in the bf16 variant
+  (``index_cache_is_bf16``); ``index_head_dim``, ``quant_block_size``.
+
+Host pools, ``python/sglang/srt/mem_cache/memory_pool_host.py`` (newer releases:
+``mem_cache/pool_host/{mha,mla,dsa}.py``):
+
+- ``MHATokenToKVPoolHost``: ``kv_buffer`` of shape ``(2, layer_num, size, head_num,
+  head_dim)`` (``layout == "layer_first"``), ``(2, size, layer_num, ...)`` (``page_first``),
+  ``(2, page_num, layer_num, page_size, head_num, head_dim)`` (``page_first_direct``) or
+  ``(2, page_num, head_num, page_size, layer_num, head_dim)`` (``page_head``); ``token_stride_size``
+  is the item size its transfer ops use.
+- ``MLATokenToKVPoolHost``: ``kv_buffer`` ``(layer_num, size, 1, kv_cache_dim)``,
+  ``(size, layer_num, 1, kv_cache_dim)`` or ``(page_num, layer_num, page_size, 1, kv_cache_dim)``.
+- ``NSATokenToKVPoolHost`` (``index_head_dim``, ``indexer_quant_block_size``,
+  ``indexer_dtype``) / ``DSAIndexerPoolHost`` (``pool_host/dsa.py``, reads them from its
+  ``device_pool``): the host index-K
+  ``index_k_with_scale_buffer`` ``(layer_num, indexer_page_num, indexer_page_stride_size)`` or
+  ``(indexer_page_num, layer_num, 1, indexer_page_stride_size)`` in ``uint8``, sized by the fp8
+  formula ``index_head_dim + index_head_dim // quant_block_size * 4`` = 132 B/token for 128
+  dims, whatever the device chose: the seed bug. ``indexer_page_stride_size`` is its item size.
+
+Transfer ops, ``sgl_kernel.kvcacheio`` (imported by the host pool module behind ``if _is_cuda``):
+``transfer_kv_per_layer(src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size)``,
+``transfer_kv_per_layer_pf_lf(..., layer_id, item_size, src_layout_dim)``,
+``transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size)``,
+``transfer_kv_per_layer_mla_pf_lf(src, dst, src_indices, dst_indices, layer_id, item_size,
+src_layout_dim)``, ``transfer_kv_all_layer_lf_pf(src_k_layers, dst_k, src_v_layers, dst_v,
+src_indices, dst_indices, item_size, dst_layout_dim, num_layers)``,
+``transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, item_size,
+dst_layout_dim, num_layers)``. Each copies ``item_size`` bytes per index and uses it as the
+stride on both sides, checking only ``item_size % 8``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, MutableMapping, Optional
+
+from .._kvlayout import Geometry
+from ..errors import Incompatible, KvLayoutError, TransferRefused
+from ..tensors import TensorBuffer, dtype_name, geometry_from_tensors, tensor_facts
+
+__all__ = [
+    "device_geometry",
+    "host_geometry",
+    "transfer_guard",
+    "check_item_sizes",
+    "guard_transfer_ops",
+    "TRANSFER_OPS",
+]
+
+_FP8 = {"float8_e4m3fn": "f8e4m3", "float8_e4m3fnuz": "f8e4m3fnuz", "float8_e5m2": "f8e5m2",
+        "float8_e5m2fnuz": "f8e5m2fnuz"}
+_WIDE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+
+
+def _logical_dtype(pool: Any, store: Any) -> str:
+    """The meaning of the stored bits: ``pool.dtype`` (SGLang's logical dtype; ``store_dtype`` is
+    ``uint8`` for fp8), else the tensor's own dtype."""
+    d = getattr(pool, "dtype", None)
+    name = str(d)[len("torch."):] if str(d).startswith("torch.") else str(d)
+    if d is None or name in ("uint8", "int8"):
+        name = dtype_name(store)
+    return name
+
+
+def _file_dtype(name: str, what: str) -> str:
+    if name in _FP8:
+        return _FP8[name]
+    if name in _WIDE:
+        return _WIDE[name]
+    raise KvLayoutError(f"{what}: dtype {name!r} is not a KV dtype kvlayout models "
+                        f"(expected one of {', '.join([*_WIDE, *_FP8])})")
+
+
+def _mla_sections(pool: Any, dtype: str, row_bytes: int) -> list[dict]:
+    """The MLA row's sections from ``kv_lora_rank`` / ``qk_rope_head_dim`` and the dtype."""
+    rank, rope = int(pool.kv_lora_rank), int(pool.qk_rope_head_dim)
+    d = _file_dtype(dtype, "kv_buffer")
+    if d in ("bf16", "f16", "f32"):
+        return [{"name": "latent", "dtype": d, "shape": [rank]},
+                {"name": "rope", "dtype": d, "shape": [rope]}]
+    plain = rank + rope
+    # FlashMLA sparse fp8 row (DeepSeek-V3.2): e4m3 NoPE, one f32 scale per 128, bf16 RoPE.
+    sparse = rank + rank // 128 * 4 + rope * 2
+    if row_bytes == plain:
+        return [{"name": "latent", "dtype": d, "shape": [rank]},
+                {"name": "rope", "dtype": d, "shape": [rope]}]
+    if row_bytes == sparse:
+        return [{"name": "nope", "dtype": d, "shape": [rank]},
+                {"name": "nope_scale", "dtype": "f32", "shape": [rank // 128], "scales": "nope",
+                 "block_elems": 128},
+                {"name": "rope", "dtype": "bf16", "shape": [rope]}]
+    raise KvLayoutError(
+        f"kv_buffer: {row_bytes} B per token matches no fp8 MLA row for kv_lora_rank {rank}, "
+        f"qk_rope_head_dim {rope} (plain {plain} B, FlashMLA sparse {sparse} B)")
+
+
+def _index_k_sections(pool: Any, store: Any) -> list[dict]:
+    """Index-K meaning: bf16 keys when the tensor is bf16, else SGLang's fp8 formula."""
+    dim = int(pool.index_head_dim)
+    name = dtype_name(store)
+    if name in _WIDE:
+        return [{"name": "values", "dtype": _WIDE[name], "shape": [dim]}]
+    block = getattr(pool, "quant_block_size", None) or getattr(pool, "indexer_quant_block_size", None)
+    if block is None:
+        raise KvLayoutError(f"{type(pool).__name__}: uint8 index-K without quant_block_size "
+                            "(device pool) or indexer_quant_block_size (host pool)")
+    block = int(block)
+    return [{"name": "values", "dtype": "f8e4m3", "shape": [dim]},
+            {"name": "scale", "dtype": "f32", "shape": [dim // block], "scales": "values",
+             "block_elems": block}]
+
+
+def _row_bytes(t: Any) -> int:
+    f = tensor_facts(t)
+    n = f.itemsize_bytes
+    for d in f.shape[1:]:
+        n *= d
+    return n
+
+
+def device_geometry(pool: Any, *, name: Optional[str] = None) -> Geometry:
+    """The geometry of an SGLang device pool (MHA, MLA, or MLA + DSA index-K), read from its
+    tensors; ``pages`` is the fewest pages any buffer holds (``size // page_size + 1`` with the
+    padded slot). Raises ``TensorMismatch`` where a tensor contradicts the pool's attributes."""
+    page = int(pool.page_size)
+    buffers = []
+    if getattr(pool, "k_buffer", None) is not None and getattr(pool, "kv_buffer", None) is None:
+        heads, dim = int(pool.head_num), int(pool.head_dim)
+        v_dim = int(getattr(pool, "v_head_dim", None) or dim)
+        d = _file_dtype(_logical_dtype(pool, pool.k_buffer[0]), "k_buffer")
+        for side, tensors, width in (("k", pool.k_buffer, dim), ("v", pool.v_buffer, v_dim)):
+            buffers.append(TensorBuffer(
+                side, list(tensors), axes=("token", "head", "dim"),
+                sections=[{"name": side, "dtype": d, "shape": [heads, width]}]))
+    elif getattr(pool, "kv_buffer", None) is not None:
+        t0 = pool.kv_buffer[0]
+        sections = _mla_sections(pool, _logical_dtype(pool, t0), _row_bytes(t0))
+        buffers.append(TensorBuffer("kv", list(pool.kv_buffer), axes=("token", "one", "dim"),
+                                    sections=sections))
+    else:
+        raise KvLayoutError(f"{type(pool).__name__}: neither k_buffer/v_buffer (MHA) nor "
+                            "kv_buffer (MLA): not an SGLang device KV pool")
+    index_k = getattr(pool, "index_k_with_scale_buffer", None)
+    if index_k is not None:
+        buffers.append(TensorBuffer("index_k", list(index_k), axes=("page", "page_bytes"),
+                                    sections=_index_k_sections(pool, index_k[0]),
+                                    arrangement="section_major"))
+    elif getattr(pool, "index_k_scale_buffer", None) is not None:
+        raise KvLayoutError(f"{type(pool).__name__}: index_k_buffer + index_k_scale_buffer "
+                            "(split fp4 indexer) is not modelled by this adapter")
+    return geometry_from_tensors(buffers, page_size_tokens=page,
+                                 name=name or f"sglang device: {type(pool).__name__}")
+
+
+_MHA_HOST_AXES = {
+    "layer_first": ("layer", "token", "head", "dim"),
+    "page_first": ("token", "layer", "head", "dim"),
+    "page_first_direct": ("page", "layer", "page_token", "head", "dim"),
+    "page_head": ("page", "head", "page_token", "layer", "dim"),
+}
+_MLA_HOST_AXES = {
+    "layer_first": ("layer", "token", "one", "dim"),
+    "page_first": ("token", "layer", "one", "dim"),
+    "page_first_direct": ("page", "layer", "page_token", "one", "dim"),
+}
+_INDEX_HOST_AXES = {
+    "layer_first": ("layer", "page", "page_bytes"),
+    "page_first": ("page", "layer", "one", "page_bytes"),
+    "page_first_direct": ("page", "layer", "one", "page_bytes"),
+}
+
+
+def _axes(table: dict, layout: str, what: str) -> tuple:
+    if layout not in table:
+        raise KvLayoutError(f"{what}: host layout {layout!r} is not modelled "
+                            f"(expected one of {', '.join(table)})")
+    return table[layout]
+
+
+def host_geometry(host_pool: Any, *, indexer: Any = None, name: Optional[str] = None) -> Geometry:
+    """The geometry of an SGLang host (HiCache) pool, read from its tensors: MHA, MLA, and the
+    DSA index-K sidecar, either on the same object (``NSATokenToKVPoolHost``) or as a separate
+    ``indexer`` pool (``DSAIndexerPoolHost``). The meaning is what the host declares: its
+    dtype, and for index-K SGLang's fp8 formula when the host tensor is ``uint8``."""
+    layout = str(host_pool.layout)
+    page = int(host_pool.page_size)
+    device = getattr(host_pool, "device_pool", None)
+    buffers = []
+    kv = host_pool.kv_buffer
+    if getattr(host_pool, "head_num", None) is not None and getattr(host_pool, "kv_lora_rank", None) is None:
+        heads, dim = int(host_pool.head_num), int(host_pool.head_dim)
+        d = _file_dtype(_logical_dtype(device if device is not None else host_pool, kv), "kv_buffer")
+        axes = _axes(_MHA_HOST_AXES, layout, "kv_buffer")
+        for i, side in enumerate(("k", "v")):
+            buffers.append(TensorBuffer(side, kv[i], axes=axes,
+                                        sections=[{"name": side, "dtype": d, "shape": [heads, dim]}]))
+    else:
+        axes = _axes(_MLA_HOST_AXES, layout, "kv_buffer")
+        f = tensor_facts(kv)
+        row = f.shape[-1] * f.itemsize_bytes
+        meaning = host_pool if getattr(host_pool, "kv_lora_rank", None) is not None else device
+        sections = _mla_sections(meaning, _logical_dtype(device if device is not None else host_pool, kv), row)
+        buffers.append(TensorBuffer("kv", kv, axes=axes, sections=sections))
+    idx_pool = indexer if indexer is not None else host_pool
+    idx = getattr(idx_pool, "index_k_with_scale_buffer", None)
+    if idx is not None:
+        meaning = idx_pool if getattr(idx_pool, "index_head_dim", None) is not None else idx_pool.device_pool
+        buffers.append(TensorBuffer(
+            "index_k", idx, axes=_axes(_INDEX_HOST_AXES, str(idx_pool.layout), "index_k_with_scale_buffer"),
+            sections=_index_k_sections(meaning, idx), arrangement="section_major"))
+    return geometry_from_tensors(buffers, page_size_tokens=page, memory_layout=layout,
+                                 name=name or f"sglang host: {type(host_pool).__name__}")
+
+
+def transfer_guard(device_pool: Any, host_pool: Any, *, indexer: Any = None):
+    """A :class:`kvlayout.TransferGuard` for an SGLang pool pair: raises ``Incompatible`` (the
+    CLI's diff lines) when the host does not mirror the device. Page indices for
+    ``check_pages`` are pages (SGLang's token indices // ``page_size``)."""
+    from .._kvlayout import TransferGuard
+
+    return TransferGuard(device_geometry(device_pool),
+                         host_geometry(host_pool, indexer=indexer))
+
+
+def check_item_sizes(device_pool: Any, host_pool: Any, *, indexer: Any = None) -> None:
+    """The item size each host pool hands its transfer ops (``token_stride_size``,
+    ``indexer_page_stride_size``) against the device tensors' row strides; raises
+    ``Incompatible`` with one line per buffer that differs (``index_k.item_size_bytes: device
+    16384 (index_k_with_scale_buffer[0] row stride), host 8448 (indexer_page_stride_size)``)."""
+    lines = []
+
+    def compare(buffer: str, device_tensor: Any, device_what: str, host_bytes: Any, host_what: str):
+        if host_bytes is None:
+            return
+        f = tensor_facts(device_tensor)
+        dev = f.strides_bytes[0]
+        if dev != int(host_bytes):
+            lines.append(f"{buffer}.item_size_bytes: device {dev} ({device_what} row stride), "
+                         f"host {int(host_bytes)} ({host_what})")
+
+    host_item = getattr(host_pool, "token_stride_size", None)
+    if getattr(device_pool, "k_buffer", None) is not None and getattr(device_pool, "kv_buffer", None) is None:
+        compare("k", device_pool.k_buffer[0], "k_buffer[0]", host_item, "token_stride_size")
+        compare("v", device_pool.v_buffer[0], "v_buffer[0]", host_item, "token_stride_size")
+    elif getattr(device_pool, "kv_buffer", None) is not None:
+        compare("kv", device_pool.kv_buffer[0], "kv_buffer[0]", host_item, "token_stride_size")
+    idx_pool = indexer if indexer is not None else host_pool
+    dev_idx = getattr(device_pool, "index_k_with_scale_buffer", None)
+    if dev_idx is not None:
+        compare("index_k", dev_idx[0], "index_k_with_scale_buffer[0]",
+                getattr(idx_pool, "indexer_page_stride_size", None), "indexer_page_stride_size")
+    if lines:
+        n = len(lines)
+        raise Incompatible(lines, f"incompatible: {n} transfer item size"
+                           f"{' differs' if n == 1 else 's differ'} from the device strides")
+
+
+# op name -> (tensors whose row stride must equal item_size, [(tensor, layout-dim param)])
+TRANSFER_OPS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
+    "transfer_kv_per_layer": (("src_k", "dst_k", "src_v", "dst_v"), ()),
+    "transfer_kv_per_layer_pf_lf": (("dst_k", "dst_v"), (("src_k", "src_layout_dim"), ("src_v", "src_layout_dim"))),
+    "transfer_kv_per_layer_mla": (("src", "dst"), ()),
+    "transfer_kv_per_layer_mla_pf_lf": (("dst",), (("src", "src_layout_dim"),)),
+    "transfer_kv_all_layer_lf_pf": ((), (("dst_k", "dst_layout_dim"), ("dst_v", "dst_layout_dim"))),
+    "transfer_kv_all_layer_mla_lf_pf": ((), (("dst", "dst_layout_dim"),)),
+}
+
+
+# Positional order of each op's leading parameters (sgl_kernel/kvcacheio.py), for ops whose
+# signature Python cannot read (a compiled op).
+_ORDER: dict[str, tuple[str, ...]] = {
+    "transfer_kv_per_layer": ("src_k", "dst_k", "src_v", "dst_v", "src_indices", "dst_indices",
+                              "item_size"),
+    "transfer_kv_per_layer_pf_lf": ("src_k", "dst_k", "src_v", "dst_v", "src_indices",
+                                    "dst_indices", "layer_id", "item_size", "src_layout_dim"),
+    "transfer_kv_per_layer_mla": ("src", "dst", "src_indices", "dst_indices", "item_size"),
+    "transfer_kv_per_layer_mla_pf_lf": ("src", "dst", "src_indices", "dst_indices", "layer_id",
+                                        "item_size", "src_layout_dim"),
+    "transfer_kv_all_layer_lf_pf": ("src_k_layers", "dst_k", "src_v_layers", "dst_v",
+                                    "src_indices", "dst_indices", "item_size", "dst_layout_dim"),
+    "transfer_kv_all_layer_mla_lf_pf": ("src_layers", "dst", "src_indices", "dst_indices",
+                                        "item_size", "dst_layout_dim"),
+}
+
+
+def _checked(op_name: str, op: Callable) -> Callable:
+    rows, dims = TRANSFER_OPS[op_name]
+    try:
+        sig: Optional[inspect.Signature] = inspect.signature(op)
+    except (TypeError, ValueError):  # a compiled op: bind by SGLang's parameter order
+        sig = None
+    order = _ORDER[op_name]
+
+    @functools.wraps(op)
+    def wrapper(*args, **kwargs):
+        if sig is not None:
+            bound = sig.bind_partial(*args, **kwargs).arguments
+        else:
+            bound = dict(zip(order, args))
+            bound.update(kwargs)
+        item = bound.get("item_size")
+        if item is not None:
+            for p in rows:
+                t = bound.get(p)
+                if t is not None and tensor_facts(t).strides_bytes[0] != int(item):
+                    f = tensor_facts(t)
+                    raise TransferRefused(
+                        f"{op_name}: item_size {int(item)} B, but {p} rows are "
+                        f"{f.strides_bytes[0]} B apart ({f.describe()})", "item_size")
+        for p, dim_param in dims:
+            t, dim = bound.get(p), bound.get(dim_param)
+            if t is not None and dim is not None:
+                f = tensor_facts(t)
+                if f.strides_bytes[0] != int(dim):
+                    raise TransferRefused(
+                        f"{op_name}: {dim_param} {int(dim)} B, but {p} rows are "
+                        f"{f.strides_bytes[0]} B apart ({f.describe()})", "item_size")
+        return op(*args, **kwargs)
+
+    wrapper.__kvlayout_unchecked__ = op  # type: ignore[attr-defined]
+    return wrapper
+
+
+def guard_transfer_ops(*namespaces: Any) -> list[str]:
+    """Wraps every SGLang transfer op found in each namespace (a module that imported them, such
+    as ``sglang.srt.mem_cache.memory_pool_host`` or, in newer releases, each of
+    ``sglang.srt.mem_cache.pool_host.{mha,mla,dsa}``; or a module's ``__dict__``) so that, before
+    the kernel runs, ``item_size`` is checked against the row stride of each layer-first tensor
+    argument and ``src_layout_dim`` / ``dst_layout_dim`` against the page-first tensor's row
+    stride. A mismatch raises ``TransferRefused`` (``kind == "item_size"``) naming the op, the
+    argument and both numbers; nothing is launched. Returns the names wrapped (``module.op``).
+    Ops whose arguments are pointer tables (``transfer_kv_all_layer``,
+    ``transfer_kv_all_layer_mla``) carry no strides and are left as they are:
+    :func:`check_item_sizes` covers them once, when the pools are built. Wrapping twice is a
+    no-op."""
+    wrapped = []
+    for namespace in namespaces:
+        ns: MutableMapping[str, Any] = (
+            namespace if isinstance(namespace, MutableMapping) else vars(namespace))
+        label = ns.get("__name__", "namespace")
+        for op_name in TRANSFER_OPS:
+            op = ns.get(op_name)
+            if op is None or hasattr(op, "__kvlayout_unchecked__"):
+                continue
+            ns[op_name] = _checked(op_name, op)
+            wrapped.append(f"{label}.{op_name}")
+    return wrapped

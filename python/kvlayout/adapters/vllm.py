@@ -1,0 +1,280 @@
+"""vLLM KV caches -> a kvlayout geometry, from what a KV connector is handed.
+
+Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in vLLM's source:
+
+- ``kv_caches``: ``{layer_name: tensor}``, the argument of
+  ``KVConnectorBase_V1.register_kv_caches(kv_caches)`` (``vllm/distributed/kv_transfer/
+  kv_connector/v1/base.py``; ``NixlConnector.register_kv_caches`` in ``.../v1/nixl_connector.py``
+  reads the same tensors). Per attention layer one tensor:
+  FlashAttention ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (K blocks, then V
+  blocks), FlashInfer ``[num_blocks, 2, block_size, num_kv_heads, head_size]`` (per block a K
+  plane then a V plane), either with HND strides (heads outside the block's tokens) when
+  ``kv_cache_layout`` is HND; MLA ``[num_blocks, block_size, head_size]`` (576 elements, or 656
+  ``uint8`` for ``fp8_ds_mla``); the DeepSeek-V3.2 indexer (``DeepseekV32IndexerCache`` in
+  ``vllm/model_executor/models/deepseek_v2.py``, layer ``model.layers.N.self_attn.indexer.k_cache``:
+  any layer whose name holds ``indexer``; spec ``MLAAttentionSpec(num_kv_heads=1, head_size=132,
+  dtype=uint8)``) ``[num_blocks, block_size, 132]`` ``uint8`` (128 e4m3 keys + one f32 scale per
+  128), or ``bfloat16`` ``[num_blocks, block_size, 128]`` where the indexer keeps bf16 keys.
+- ``kv_cache_config``: ``KVCacheConfig`` (``vllm/v1/kv_cache_interface.py``) with
+  ``num_blocks`` and ``kv_cache_groups``, each a ``KVCacheGroupSpec`` with ``layer_names`` and
+  ``kv_cache_spec``; or a ``{layer_name: KVCacheSpec}`` mapping (``get_kv_cache_spec()``), grouped
+  here by equal spec. Specs read: ``FullAttentionSpec`` (``block_size``, ``num_kv_heads``,
+  ``head_size``, ``head_size_v``, ``dtype``, ``sliding_window``, ``attention_chunk_size``,
+  ``page_size_padded``), ``SlidingWindowSpec`` (``sliding_window``),
+  ``ChunkedLocalAttentionSpec`` (``attention_chunk_size``), ``MLAAttentionSpec``
+  (``cache_dtype_str``), ``MambaSpec`` (``shapes``, ``dtypes``, ``page_size_padded``: per layer
+  a list of state tensors ``[num_blocks, *shape]`` sharing one block, as vLLM's model runner
+  views the raw cache; one ``state`` buffer per state tensor).
+
+Buffers are named ``kv`` for a single KV cache group (``kv.k`` / ``kv.v`` for FlashAttention's
+split layout), as ``kvlayout describe`` names them, and ``group{i}`` (``group{i}.k`` ...) for a
+hybrid model's groups, with the group's layers as ``layer_ids`` (the integer in each layer name), its block size
+as the buffer's ``page_size_tokens`` and sliding / chunked windows as its ``attention`` (geometry
+v2), so hybrid models (gpt-oss, Gemma 3, Llama 4) keep one buffer per group.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Optional
+
+from .._kvlayout import Geometry
+from ..errors import KvLayoutError
+from ..tensors import TensorBuffer, geometry_from_tensors, tensor_facts
+
+__all__ = ["geometry", "transfer_guard"]
+
+_WIDE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
+_FP8 = {"fp8": "f8e4m3", "fp8_e4m3": "f8e4m3", "fp8_e5m2": "f8e5m2", "fp8_inc": "f8e4m3"}
+_TORCH_FP8 = {"float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2", "float8_e4m3fnuz": "f8e4m3fnuz"}
+
+
+def _name(d: Any) -> str:
+    s = str(d)
+    return s[len("torch."):] if s.startswith("torch.") else s
+
+
+def _elem_dtype(spec_dtype: Any, kv_cache_dtype: str, what: str) -> str:
+    """The meaning of an element: the spec's dtype, or for uint8 storage ``kv_cache_dtype``."""
+    n = _name(spec_dtype)
+    if n in _WIDE:
+        return _WIDE[n]
+    if n in _TORCH_FP8:
+        return _TORCH_FP8[n]
+    if n == "uint8":
+        if kv_cache_dtype in _FP8:
+            return _FP8[kv_cache_dtype]
+        raise KvLayoutError(f"{what}: uint8 storage with kv_cache_dtype {kv_cache_dtype!r}: "
+                            f"pass kv_cache_dtype (one of {', '.join(_FP8)}) to say what it holds")
+    raise KvLayoutError(f"{what}: dtype {n!r} is not modelled")
+
+
+def _groups(kv_cache_config: Any) -> list[tuple[list[str], Any]]:
+    groups = getattr(kv_cache_config, "kv_cache_groups", None)
+    if groups is not None:
+        return [(list(g.layer_names), g.kv_cache_spec) for g in groups]
+    if isinstance(kv_cache_config, Mapping):
+        out: list[tuple[list[str], Any]] = []
+        for layer, spec in kv_cache_config.items():
+            for names, s in out:
+                if s == spec:
+                    names.append(layer)
+                    break
+            else:
+                out.append(([layer], spec))
+        return out
+    raise KvLayoutError("kv_cache_config: expected a KVCacheConfig (kv_cache_groups) or a "
+                        "{layer_name: KVCacheSpec} mapping")
+
+
+def _layer_id(name: str) -> Optional[int]:
+    m = re.search(r"\.(\d+)\.", f".{name}.")
+    return int(m.group(1)) if m else None
+
+
+def _attention(spec: Any) -> Any:
+    kind = type(spec).__name__
+    window = getattr(spec, "sliding_window", None)
+    chunk = getattr(spec, "attention_chunk_size", None)
+    if window:
+        return {"sliding_window_tokens": int(window)}
+    if chunk:
+        return {"chunk_tokens": int(chunk)}
+    if "Mamba" in kind:
+        return "state"
+    return None
+
+
+def _group_buffers(i: int, layers: list[str], spec: Any, kv_caches: Mapping[str, Any],
+                   kv_cache_dtype: str, qk_rope_head_dim: int, hybrid: bool) -> list[TensorBuffer]:
+    base = f"group{i}" if hybrid else "kv"
+    what = f"{base} ({type(spec).__name__}, layers {layers[0]}..)"
+    missing = [n for n in layers if n not in kv_caches]
+    if missing:
+        raise KvLayoutError(f"{what}: kv_caches has no tensor for {missing[0]}")
+    if getattr(spec, "shapes", None) is not None:
+        return _state_buffers(base, what, layers, spec, kv_caches, hybrid)
+    tensors = [kv_caches[n] for n in layers]
+    block = int(spec.block_size)
+    extra: dict = {"page_size_tokens": block}
+    ids = [_layer_id(n) for n in layers]
+    if hybrid and all(x is not None for x in ids) and len(set(ids)) == len(ids):
+        extra["layer_ids"] = ids
+    att = _attention(spec)
+    if att is not None:
+        extra["attention"] = att
+    padded = getattr(spec, "page_size_padded", None)
+    if padded:
+        extra["page_stride_bytes"] = int(padded)
+    f = tensor_facts(tensors[0])
+    heads, head = int(spec.num_kv_heads), int(spec.head_size)
+    if len(f.shape) == 3:  # MLA or the indexer: [num_blocks, block_size, head_size]
+        cache = getattr(spec, "cache_dtype_str", None)
+        is_indexer = any("indexer" in n for n in layers)
+        if is_indexer:
+            # uint8 rows of head_size = dim + dim // 128 * 4 bytes: e4m3 keys, then f32 scales.
+            dim = head * 128 // 132
+            if _name(spec.dtype) == "uint8" and dim + dim // 128 * 4 == head:
+                sections = [{"name": "values", "dtype": "f8e4m3", "shape": [dim]},
+                            {"name": "scale", "dtype": "f32", "shape": [dim // 128],
+                             "scales": "values", "block_elems": 128}]
+            else:
+                sections = [{"name": "values", "shape": [head],
+                             "dtype": _elem_dtype(spec.dtype, kv_cache_dtype, what)}]
+            arrangement = "section_major"
+        elif cache == "fp8_ds_mla":
+            rank = head - qk_rope_head_dim
+            sections = [{"name": "nope", "dtype": "f8e4m3", "shape": [rank]},
+                        {"name": "nope_scale", "dtype": "f32", "shape": [rank // 128],
+                         "scales": "nope", "block_elems": 128},
+                        {"name": "rope", "dtype": "bf16", "shape": [qk_rope_head_dim]}]
+            arrangement = "token_major"
+        else:
+            d = _elem_dtype(spec.dtype, kv_cache_dtype, what)
+            sections = [{"name": "latent", "dtype": d, "shape": [head - qk_rope_head_dim]},
+                        {"name": "rope", "dtype": d, "shape": [qk_rope_head_dim]}]
+            arrangement = "token_major"
+        return [TensorBuffer(f"{base}", tensors, axes=("page", "page_token", "dim"),
+                             sections=sections, arrangement=arrangement, extra=extra)]
+    if len(f.shape) != 5:
+        raise KvLayoutError(f"{what}: tensor shape {list(f.shape)} is neither MLA [blocks, "
+                            "block_size, head_size] nor attention [2, blocks, block_size, heads, "
+                            "head_size] / [blocks, 2, block_size, heads, head_size]")
+    d = _elem_dtype(spec.dtype, kv_cache_dtype, what)
+    head_v = int(getattr(spec, "head_size_v", None) or head)
+    kv_first = f.shape[0] == 2 and f.shape[1] != 2
+    block_first = f.shape[1] == 2 and f.shape[0] != 2
+    if not (kv_first or block_first):
+        raise KvLayoutError(f"{what}: tensor shape {list(f.shape)}: cannot tell the K/V axis "
+                            "(both of the first two dimensions are 2)")
+    hnd = f.strides_bytes[3] > f.strides_bytes[2]  # heads outside the block's tokens
+    if kv_first:  # FlashAttention: K blocks, then V blocks: two token-major buffers
+        arrangement = "head_major" if hnd else "token_major"
+        return [TensorBuffer(f"{base}.{side}", [t[j] for t in tensors],
+                             axes=("page", "page_token", "head", "dim"),
+                             sections=[{"name": side, "dtype": d, "shape": [heads, width]}],
+                             arrangement=arrangement, extra=dict(extra))
+                for j, (side, width) in enumerate((("k", head), ("v", head_v)))]
+    # FlashInfer: per block [K plane][V plane]: one section-major buffer over the whole block.
+    return [TensorBuffer(f"{base}", [_Block(t) for t in tensors],
+                         axes=("page", "page_bytes"),
+                         sections=[{"name": "k", "dtype": d, "shape": [heads, head]},
+                                   {"name": "v", "dtype": d, "shape": [heads, head_v]}],
+                         arrangement="head_major" if hnd else "section_major", extra=extra)]
+
+
+def _state_buffers(base: str, what: str, layers: list[str], spec: Any,
+                   kv_caches: Mapping[str, Any], hybrid: bool) -> list[TensorBuffer]:
+    """``MambaSpec``: per layer a list of state tensors ``[num_blocks, *shapes[j]]`` in
+    ``dtypes[j]``, all sharing one block of ``page_size_bytes`` (``page_size_padded`` when set):
+    one ``state`` buffer per state tensor, its slot stride the block."""
+    shapes, dtypes = list(spec.shapes), list(spec.dtypes)
+    item = {"f32": 4, "bf16": 2, "f16": 2}
+    files = [_WIDE.get(_name(d)) for d in dtypes]
+    if None in files:
+        raise KvLayoutError(f"{what}: state dtypes {[_name(d) for d in dtypes]}: only "
+                            f"{', '.join(_WIDE)} are modelled")
+    payload = sum(item[f] * _prod(sh) for f, sh in zip(files, shapes))
+    block = int(getattr(spec, "page_size_padded", None) or payload)
+    ids = [_layer_id(n) for n in layers]
+    out = []
+    for j, (f, shape) in enumerate(zip(files, shapes)):
+        per_layer = []
+        for n in layers:
+            states = kv_caches[n]
+            if not isinstance(states, (list, tuple)) or len(states) != len(shapes):
+                raise KvLayoutError(f"{what}: kv_caches[{n!r}] should be {len(shapes)} state "
+                                    f"tensors (MambaSpec.shapes), got {type(states).__name__}")
+            per_layer.append(states[j])
+        extra: dict = {"attention": "state", "page_stride_bytes": block}
+        if hybrid and all(x is not None for x in ids) and len(set(ids)) == len(ids):
+            extra["layer_ids"] = ids
+        out.append(TensorBuffer(
+            f"{base}.state{j}", per_layer,
+            axes=("slot", *[f"d{k}" for k in range(len(shape))]),
+            sections=[{"name": f"state{j}", "dtype": f, "shape": [int(x) for x in shape]}],
+            extra=extra))
+    return out
+
+
+def _prod(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+class _Block:
+    """A FlashInfer ``[blocks, 2, block_size, heads, head_size]`` tensor seen as
+    ``[blocks, block_bytes]`` (the block's K and V planes), for the byte checks; the block must be
+    packed (one run of ``2 * block_size * heads * head_size`` elements)."""
+
+    def __init__(self, t: Any):
+        f = tensor_facts(t)
+        inner = f.itemsize_bytes
+        for dim, stride in sorted(zip(f.shape[1:], f.strides_bytes[1:]), key=lambda x: x[1]):
+            if dim > 1 and stride != inner:
+                raise KvLayoutError(f"FlashInfer block not packed: {f.describe()}")
+            inner *= dim
+        self.dtype = f.dtype
+        self.shape = (f.shape[0], inner // f.itemsize_bytes)
+        self.strides = (f.strides_bytes[0], f.itemsize_bytes)
+        self.itemsize = f.itemsize_bytes
+
+
+def geometry(kv_caches: Mapping[str, Any], kv_cache_config: Any, *, kv_cache_dtype: str = "auto",
+             qk_rope_head_dim: int = 64, name: Optional[str] = None) -> Geometry:
+    """The geometry of a vLLM worker's KV caches (module docs for the inputs).
+
+    ``kv_cache_dtype``: vLLM's ``--kv-cache-dtype`` (``auto``, ``fp8``, ``fp8_e4m3``,
+    ``fp8_e5m2``), the meaning of ``uint8`` storage. ``qk_rope_head_dim``: the MLA RoPE width
+    (64 for DeepSeek / Kimi). Raises ``TensorMismatch`` where a tensor disagrees with its spec
+    (bytes per token, page stride), ``KvLayoutError`` for what is not modelled."""
+    groups = _groups(kv_cache_config)
+    if not groups:
+        raise KvLayoutError("kv_cache_config: no KV cache groups")
+    buffers: list[TensorBuffer] = []
+    for i, (layers, spec) in enumerate(groups):
+        buffers.extend(_group_buffers(i, layers, spec, kv_caches, kv_cache_dtype,
+                                      qk_rope_head_dim, len(groups) > 1))
+    token_groups = [s for _, s in groups if getattr(s, "shapes", None) is None]
+    pool_block = int((token_groups or [groups[0][1]])[0].block_size)
+    for b in buffers:
+        if b.extra.get("page_size_tokens") == pool_block:
+            del b.extra["page_size_tokens"]
+    num_blocks = getattr(kv_cache_config, "num_blocks", None)
+    return geometry_from_tensors(buffers, page_size_tokens=pool_block,
+                                 pages=int(num_blocks) if num_blocks else None,
+                                 name=name or "vllm: register_kv_caches")
+
+
+def transfer_guard(device_kv_caches: Mapping[str, Any], host_kv_caches: Mapping[str, Any],
+                   kv_cache_config: Any, **kw: Any):
+    """A :class:`kvlayout.TransferGuard` between a worker's device caches and an offload
+    (host) copy built from the same ``kv_cache_config``; raises ``Incompatible`` on any
+    difference."""
+    from .._kvlayout import TransferGuard
+
+    return TransferGuard(geometry(device_kv_caches, kv_cache_config, **kw),
+                         geometry(host_kv_caches, kv_cache_config, **kw))
+

@@ -1,0 +1,160 @@
+"""The prefill/decode geometry handshake: what a rank publishes, and the check its peer runs.
+
+A rank publishes one JSON message (`kvlayout.pd.handshake/v1`) through the transfer engine's
+own channel (a NIXL notification, a key beside the segment descriptor in Mooncake's metadata
+store):
+
+```json
+{"schema": "kvlayout.pd.handshake/v1", "agent": "...",
+ "geometry": "<the rank's geometry file text>", "fingerprints": {"pool": 123},
+ "regions": {"kv": [address, length_bytes], "index_k": [...]}, ...engine fields}
+```
+
+The receiving side calls `check_peer` before it registers the peer with the engine or creates any
+transfer. It re-reads the peer's geometry, checks the fingerprint it was sent against the one it
+computes, picks the compare level (`pool` when every buffer has the same page size and
+tensor-parallel split on both sides, `token` otherwise) and raises `PeerRefused` with the diff
+lines when the two pools cannot exchange pages. A peer that sends no geometry is a warning, or a
+refusal with `require=True`.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+
+import kvlayout
+
+SCHEMA = "kvlayout.pd.handshake/v1"
+
+
+class PeerRefused(kvlayout.Incompatible):
+    """The peer's pool cannot exchange pages with ours; nothing was registered or moved.
+
+    `.lines`: the diff lines (`buffer.field: peer value, local value`); `.level`: the compare
+    level that refused (`pool`, `token`, or `handshake` for a message that could not be read).
+    """
+
+    def __init__(self, lines, level: str, header: str | None = None) -> None:
+        super().__init__(lines, header)
+        self.level = level
+
+
+class UncheckedPeerWarning(UserWarning):
+    """A peer published no geometry; its pages are moved unchecked."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: str | None  # None: the peer sent no geometry and require was False
+    peer: dict  # the whole message
+    peer_geometry: kvlayout.Geometry | None
+
+
+def fingerprints(geometry: kvlayout.Geometry) -> dict:
+    """The fingerprints a rank publishes beside its geometry."""
+    return {"pool": geometry.fingerprint}
+
+
+def make_message(
+    agent: str, geometry: kvlayout.Geometry | None, regions: dict, **engine_fields
+) -> bytes:
+    """The handshake message, UTF-8 JSON. `geometry=None` publishes none (an unchecked peer)."""
+    msg = {"schema": SCHEMA, "agent": agent, "regions": regions, **engine_fields}
+    if geometry is not None:
+        msg["geometry"] = geometry.to_json()
+        msg["fingerprints"] = fingerprints(geometry)
+    return json.dumps(msg).encode()
+
+
+def parse_message(raw: bytes) -> dict:
+    try:
+        msg = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PeerRefused([f"handshake: not JSON ({e})"], "handshake") from None
+    if not isinstance(msg, dict) or msg.get("schema") != SCHEMA:
+        got = msg.get("schema") if isinstance(msg, dict) else type(msg).__name__
+        raise PeerRefused([f"handshake.schema: {got!r}, expected {SCHEMA!r}"], "handshake")
+    return msg
+
+
+def choose_level(peer_json: str, local_json: str) -> str:
+    """`token` when a buffer present on both sides has another page size or another
+    tensor-parallel split (tp_size, or rank of a heads-split buffer); `pool` otherwise."""
+    peer, local = json.loads(peer_json), json.loads(local_json)
+    local_buffers = {b["name"]: b for b in local["buffers"]}
+    for a in peer["buffers"]:
+        b = local_buffers.get(a["name"])
+        if b is None:
+            continue
+        if a.get("page_size_tokens", peer["page_size_tokens"]) != b.get(
+            "page_size_tokens", local["page_size_tokens"]
+        ):
+            return "token"
+        sa, sb = a.get("shard") or {}, b.get("shard") or {}
+        if sa.get("tp_size", 1) != sb.get("tp_size", 1):
+            return "token"
+        if sa.get("split") == "heads" and sa.get("rank") != sb.get("rank"):
+            return "token"
+    return "pool"
+
+
+def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Verdict:
+    """Checks a peer's handshake against the local geometry; raises `PeerRefused` with the diff.
+
+    Runs before the peer is registered with the engine: a refusal leaves no trace in it."""
+    text = msg.get("geometry")
+    if text is None:
+        if require:
+            raise PeerRefused(
+                [f"geometry: peer {msg.get('agent')!r} sent none (require=True)"], "handshake"
+            )
+        warnings.warn(
+            f"peer {msg.get('agent')!r} sent no kvlayout geometry: its pages move unchecked",
+            UncheckedPeerWarning,
+            stacklevel=2,
+        )
+        return Verdict(None, msg, None)
+    try:
+        peer = kvlayout.Geometry.from_json(text)
+    except kvlayout.InvalidGeometry as e:
+        raise PeerRefused([f"geometry: peer's file unreadable: {e}"], "handshake") from None
+    sent = (msg.get("fingerprints") or {}).get("pool")
+    if sent != peer.fingerprint:
+        raise PeerRefused(
+            [
+                f"fingerprints.pool: sent {sent!r}, computed from the sent geometry {peer.fingerprint:#018x}"
+            ],
+            "handshake",
+        )
+    level = choose_level(text, local.to_json())
+    lines = kvlayout.compare(peer, local, level)
+    if lines:
+        raise PeerRefused(
+            lines,
+            level,
+            f"incompatible at the {level} level: {len(lines)} differing field"
+            f"{'' if len(lines) == 1 else 's'} (peer {msg.get('agent')!r} fingerprint "
+            f"{peer.fingerprint:#018x}, local {local.fingerprint:#018x})",
+        )
+    return Verdict(level, msg, peer)
+
+
+def check_regions(msg: dict, layouts: dict) -> None:
+    """The peer's published regions (`{buffer: [address, length_bytes]}`) must hold what its
+    geometry lays out (`regions.BufferLayout.region_bytes`); raises `PeerRefused` otherwise, so a
+    plan never reads past what the peer registered."""
+    regions = msg.get("regions") or {}
+    lines = []
+    for name, lay in layouts.items():
+        got = regions.get(name)
+        if got is None:
+            lines.append(f"regions.{name}: missing, geometry lays out {lay.region_bytes} bytes")
+        elif int(got[1]) < lay.region_bytes:
+            lines.append(
+                f"regions.{name}: {int(got[1])} bytes published, geometry lays out "
+                f"{lay.region_bytes} bytes"
+            )
+    if lines:
+        raise PeerRefused(lines, "handshake")

@@ -1,0 +1,353 @@
+"""Pool geometry from live tensors: :func:`geometry_from_tensors`.
+
+A tensor proves bytes and strides (what the memory really holds); a declared format or section
+list proves meaning (engines store fp8 as ``uint8``, so a dtype alone cannot). Where the two
+disagree the buffer is refused with :class:`~kvlayout.errors.TensorMismatch`, naming the buffer,
+the quantity and both numbers.
+
+Tensors are read by duck typing, never imported:
+
+- torch: ``t.dtype`` (``torch.bfloat16``), ``t.shape``, ``t.stride()`` in **elements**,
+  ``t.element_size()`` in bytes;
+- numpy (with ml_dtypes for ``bfloat16`` / ``float8_*`` / ``float4_*``): ``a.dtype``,
+  ``a.shape``, ``a.strides`` in **bytes**, ``a.itemsize``.
+
+Dtype names (torch and ml_dtypes spellings): ``float32``, ``float16``, ``bfloat16``,
+``float8_e4m3fn``, ``float8_e4m3fnuz``, ``float8_e5m2``, ``float8_e5m2fnuz``, ``float8_e8m0fnu``,
+``float4_e2m1fn_x2`` (torch: two e2m1 values per 1-byte element), ``float4_e2m1fn`` (ml_dtypes:
+one value per byte), ``uint8``, ``int8``, ``int32``, ``int64``.
+
+Axes (``TensorBuffer.axes``, one name per dimension of the tensor, or of each per-layer tensor
+when ``tensors`` is a list):
+
+- ``"layer"``: the layer index (absent when ``tensors`` is a per-layer list);
+- ``"token"``: a token slot; page ``p`` is tokens ``[p * page_size, (p + 1) * page_size)``
+  (SGLang's device pools: ``[size + page_size, head_num, head_dim]`` per layer);
+- ``"page"`` and ``"page_token"``: a page, and a token inside it (``page_first_direct``,
+  vLLM's ``[num_blocks, block_size, ...]``);
+- ``"slot"``: a state slot (``attention: "state"`` buffers: one slot per request, e.g. vLLM's
+  Mamba / linear-attention state ``[num_blocks, *shape]``);
+- ``"page_bytes"``: one page's content, opaque (SGLang's index-K ``[pages, page_bytes]``):
+  bytes per token are the page's bytes / page size;
+- any other name (``"head"``, ``"dim"``, ``"one"``): per-token content, innermost and
+  contiguous.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from ._kvlayout import Geometry, formats
+from .errors import TensorMismatch
+
+__all__ = ["TensorBuffer", "TensorFacts", "geometry_from_tensors", "tensor_facts", "dtype_name"]
+
+# torch / ml_dtypes dtype name -> (geometry-file dtype, values per element)
+_DTYPES: dict[str, tuple[str, int]] = {
+    "float32": ("f32", 1),
+    "float16": ("f16", 1),
+    "bfloat16": ("bf16", 1),
+    "float8_e4m3fn": ("f8e4m3", 1),
+    "float8_e4m3fnuz": ("f8e4m3fnuz", 1),
+    "float8_e5m2": ("f8e5m2", 1),
+    "float8_e5m2fnuz": ("f8e5m2fnuz", 1),
+    "float8_e8m0fnu": ("ue8m0", 1),
+    "float4_e2m1fn_x2": ("f4e2m1", 2),
+    "float4_e2m1fn": ("f4e2m1", 1),
+    "uint8": ("u8", 1),
+    "int8": ("i8", 1),
+    "int32": ("i32", 1),
+    "int64": ("i64", 1),
+}
+_BYTE_CONTAINERS = {"uint8", "int8"}
+_TOKEN_AXES = {"layer", "token", "page", "page_token", "page_bytes", "slot"}
+
+
+def dtype_name(t: Any) -> str:
+    """The torch / ml_dtypes name of a tensor's dtype (``bfloat16``, ``float8_e4m3fn``...)."""
+    name = str(t.dtype)
+    return name[len("torch."):] if name.startswith("torch.") else name
+
+
+@dataclass(frozen=True)
+class TensorFacts:
+    """What one tensor proves: its dtype, shape, strides in bytes and element size in bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    strides_bytes: tuple[int, ...]
+    itemsize_bytes: int
+
+    def describe(self) -> str:
+        return (f"{self.dtype} shape {list(self.shape)} strides {list(self.strides_bytes)} B "
+                f"({self.itemsize_bytes} B per element)")
+
+
+def tensor_facts(t: Any) -> TensorFacts:
+    """Dtype, shape and byte strides of a torch tensor (strides in elements x element_size())
+    or a numpy array (strides already in bytes)."""
+    shape = tuple(int(d) for d in t.shape)
+    element_size = getattr(t, "element_size", None)
+    stride = getattr(t, "stride", None)
+    if callable(element_size) and callable(stride):
+        item = int(element_size())
+        strides = tuple(int(s) * item for s in stride())
+    elif hasattr(t, "strides") and hasattr(t, "itemsize"):
+        item = int(t.itemsize)
+        strides = tuple(int(s) for s in t.strides)
+    else:
+        raise TypeError(
+            f"not a tensor: {type(t).__name__} has neither stride()/element_size() (torch) "
+            "nor strides/itemsize (numpy)")
+    return TensorFacts(dtype_name(t), shape, strides, item)
+
+
+@dataclass
+class TensorBuffer:
+    """One buffer of a pool as live tensors plus its declared meaning.
+
+    - ``name``: the buffer's name (``kv``, ``index_k``, ``k``, ``v``...), compared across pools.
+    - ``tensors``: one tensor, or a list of per-layer tensors (same dtype, shape and strides).
+    - ``axes``: one name per dimension (module docs); default ``("token", *content)`` for a
+      per-layer list and ``("layer", "token", *content)`` for one tensor.
+    - ``format``: a built-in format name (``kvlayout.formats()``), or ``sections`` (file form,
+      ``[{"name", "dtype", "shape", "scales"?, "block_elems"?}]``) with ``arrangement``; when
+      neither is given the tensor's own dtype and per-token content shape are the meaning.
+    - ``layers``: for a per-layer list, the count (default ``len(tensors)``).
+    - ``extra``: further v2 buffer fields copied into the geometry (``attention``,
+      ``layer_ids``, ``page_size_tokens``, ``shard``).
+    """
+
+    name: str
+    tensors: Any
+    axes: Optional[Sequence[str]] = None
+    format: Optional[str] = None
+    sections: Optional[list[dict]] = None
+    arrangement: Any = None
+    page_align_bytes: Optional[int] = None
+    extra: dict = field(default_factory=dict)
+
+
+def _refuse(buffer: str, what: str, declared: Any, tensor: Any, facts: TensorFacts) -> TensorMismatch:
+    return TensorMismatch(
+        f"{buffer}.{what}",
+        f"declared {declared}, tensor {tensor} ({facts.describe()})")
+
+
+def _is_layer_list(tensors: Any) -> bool:
+    return isinstance(tensors, (list, tuple))
+
+
+def _declared(buf: TensorBuffer) -> tuple[Optional[list[dict]], Any, Optional[int]]:
+    if buf.format is not None:
+        if buf.sections is not None:
+            raise ValueError(f"{buf.name}: give format or sections, not both")
+        by_name = {f["name"]: f for f in formats()}
+        if buf.format not in by_name:
+            raise ValueError(f"{buf.name}.format: unknown format {buf.format!r} "
+                             f"(expected one of {', '.join(sorted(by_name))})")
+        layout = by_name[buf.format]["layout"]
+        return (layout["sections"], buf.arrangement or layout["arrangement"],
+                buf.page_align_bytes or layout.get("page_align_bytes"))
+    return buf.sections, buf.arrangement, buf.page_align_bytes
+
+
+def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, int]:
+    """The geometry-file buffer object and the pages the tensors hold."""
+    page_size_tokens = int(buf.extra.get("page_size_tokens", pool_page_size_tokens))
+    per_layer = _is_layer_list(buf.tensors)
+    if per_layer:
+        if not buf.tensors:
+            raise ValueError(f"{buf.name}.tensors: an empty per-layer list")
+        first = buf.tensors[0]
+        facts = tensor_facts(first)
+        for i, t in enumerate(buf.tensors[1:], start=1):
+            other = tensor_facts(t)
+            if other != facts:
+                raise TensorMismatch(
+                    f"{buf.name}.tensors[{i}]",
+                    f"differs from tensors[0]: {other.describe()} vs {facts.describe()}")
+        layers = len(buf.tensors)
+    else:
+        facts = tensor_facts(buf.tensors)
+        layers = None
+    if buf.axes is not None:
+        axes = list(buf.axes)
+    elif per_layer:
+        axes = ["token"] + [f"d{i}" for i in range(len(facts.shape) - 1)]
+    else:
+        axes = ["layer", "token"] + [f"d{i}" for i in range(len(facts.shape) - 2)]
+    if len(axes) != len(facts.shape):
+        raise ValueError(f"{buf.name}.axes: {len(axes)} names {axes} for a tensor of "
+                         f"{len(facts.shape)} dimensions {list(facts.shape)}")
+    dims = dict(zip(axes, facts.shape))
+    strides = dict(zip(axes, facts.strides_bytes))
+    if "layer" in dims:
+        if per_layer:
+            raise ValueError(f"{buf.name}.axes: a per-layer list has no 'layer' axis")
+        layers = dims["layer"]
+    if layers is None:
+        raise ValueError(f"{buf.name}.axes: {axes} has no 'layer' axis; give a per-layer list "
+                         "of tensors or name the layer axis")
+
+    values_per_elem = _DTYPES.get(facts.dtype, (None, 1))[1]
+    content = [a for a in axes if a not in _TOKEN_AXES]
+    content_elems = 1
+    for a in content:
+        content_elems *= dims[a]
+    # A layer axis inside the token or page axis (page_first, page_first_direct, page_head):
+    # that axis's stride spans every layer, and one layer's share is stride / layers.
+    def per_layer(axis: str) -> int:
+        if "layer" in dims and strides[axis] > strides["layer"]:
+            if strides[axis] % dims["layer"]:
+                raise TensorMismatch(f"{buf.name}.strides",
+                                     f"{axis} stride {strides[axis]} B does not split over "
+                                     f"{dims['layer']} layers ({facts.describe()})")
+            return strides[axis] // dims["layer"]
+        return strides[axis]
+
+    # Heads outside the token axis inside a page: vLLM's HND, SGLang's page_head. The row is
+    # not one run; the arrangement (head_major) or memory layout (page_head) places it.
+    page_head = "page" in dims and "page_token" in dims and any(
+        strides[a] > strides["page_token"] for a in content)
+    if not page_head:
+        # Content dims are innermost and packed: the row is one contiguous run.
+        expect = facts.itemsize_bytes
+        for a in reversed(content):
+            if dims[a] > 1 and strides[a] != expect:
+                raise TensorMismatch(f"{buf.name}.strides",
+                                     f"content axis {a!r} has stride {strides[a]} B, a packed "
+                                     f"row needs {expect} B ({facts.describe()})")
+            expect *= dims[a]
+
+    if "page_bytes" in dims:
+        if "page" not in dims:
+            raise ValueError(f"{buf.name}.axes: 'page_bytes' needs a 'page' axis")
+        if strides["page_bytes"] != facts.itemsize_bytes and dims["page_bytes"] > 1:
+            raise TensorMismatch(f"{buf.name}.strides", f"page content not packed ({facts.describe()})")
+        page_payload = dims["page_bytes"] * content_elems * facts.itemsize_bytes
+        if page_payload % page_size_tokens:
+            raise TensorMismatch(f"{buf.name}.bytes_per_page",
+                                 f"tensor page of {page_payload} B does not split over "
+                                 f"page_size_tokens {page_size_tokens} ({facts.describe()})")
+        row_bytes = page_payload // page_size_tokens
+        row_elems = dims["page_bytes"] * content_elems // page_size_tokens
+        content_shape = [row_elems * values_per_elem]
+        page_stride = per_layer("page")
+        pages = dims["page"]
+    else:
+        row_bytes = content_elems * facts.itemsize_bytes
+        content_shape = [dims[a] for a in content] or [1]
+        content_shape[-1] *= values_per_elem
+        if "slot" in dims:
+            # A state buffer (attention "state"): one slot per request, no token axis.
+            pages = dims["slot"]
+            page_stride = per_layer("slot")
+            token_stride = row_bytes
+        elif "token" in dims:
+            token_stride = per_layer("token")
+            pages = dims["token"] // page_size_tokens
+            page_stride = token_stride * page_size_tokens
+        elif "page" in dims and "page_token" in dims:
+            if dims["page_token"] != page_size_tokens:
+                raise TensorMismatch(f"{buf.name}.page_size_tokens",
+                                     f"declared {page_size_tokens}, tensor {dims['page_token']} "
+                                     f"tokens per page ({facts.describe()})")
+            pages = dims["page"]
+            page_stride = per_layer("page")
+            # page_head ([page][head][token][layer][dim]) interleaves tokens with layers and
+            # heads: only the page's total is checked here, the placement is the layout's.
+            token_stride = row_bytes if page_head else per_layer("page_token")
+        else:
+            raise ValueError(f"{buf.name}.axes: {axes} names no token axis ('token', "
+                             "'page' + 'page_token', or 'page' + 'page_bytes')")
+        if token_stride != row_bytes:
+            raise TensorMismatch(f"{buf.name}.token_stride_bytes",
+                                 f"row of {row_bytes} B, tokens {token_stride} B apart: padding "
+                                 f"between tokens is not a layout kvlayout models ({facts.describe()})")
+
+    sections, arrangement, align = _declared(buf)
+    if sections is None:
+        file_dtype = _DTYPES.get(facts.dtype, (None, 1))[0]
+        if file_dtype is None:
+            raise TensorMismatch(f"{buf.name}.dtype",
+                                 f"unknown tensor dtype {facts.dtype!r} and no declared format "
+                                 f"(known: {', '.join(_DTYPES)})")
+        sections = [{"name": "values", "dtype": file_dtype, "shape": content_shape}]
+    arrangement = arrangement or "token_major"
+
+    doc: dict = {"name": buf.name, "layers": layers, "arrangement": arrangement,
+                 "sections": sections}
+    if align:
+        doc["page_align_bytes"] = align
+    doc.update(buf.extra)
+    declared = _probe(doc, pool_page_size_tokens)
+    if declared["bytes_per_token"] != row_bytes:
+        raise _refuse(buf.name, "bytes_per_token", f"{declared['bytes_per_token']} B/token"
+                      f"{' (' + buf.format + ')' if buf.format else ''}",
+                      f"{row_bytes} B/token", facts)
+    if declared["page_stride_bytes"] != page_stride:
+        raise _refuse(buf.name, "page_stride_bytes", f"{declared['page_stride_bytes']} B",
+                      f"{page_stride} B", facts)
+    declared_dtypes = {s["dtype"] for s in sections}
+    tensor_dtype = _DTYPES.get(facts.dtype, (None, 1))[0]
+    if facts.dtype not in _BYTE_CONTAINERS and declared_dtypes != {tensor_dtype}:
+        raise _refuse(buf.name, "dtype", "/".join(sorted(declared_dtypes)),
+                      f"{facts.dtype} ({tensor_dtype}); only a uint8/int8 byte container may "
+                      "hold another dtype's bits", facts)
+    return doc, pages
+
+
+def _probe(doc: dict, page_size_tokens: int) -> dict:
+    """Bytes per token and page stride of one declared buffer, computed by the core."""
+    g = Geometry.from_json(json.dumps(_file(page_size_tokens, 1, "layer_first", "", [doc])))
+    return g.buffers[0]
+
+
+def _file(page_size_tokens: int, pages: int, memory_layout: str, name: str,
+          buffers: list[dict]) -> dict:
+    v2 = any(set(b) - {"name", "layers", "arrangement", "sections", "page_align_bytes",
+                       "page_stride_bytes"} for b in buffers) or any(
+        s["dtype"] in ("i32", "i64") or "order" in s for b in buffers for s in b["sections"])
+    return {"schema": "kvlayout.geometry/v2" if v2 else "kvlayout.geometry/v1",
+            "name": name, "page_size_tokens": page_size_tokens, "pages": pages,
+            "memory_layout": memory_layout, "buffers": buffers}
+
+
+def geometry_from_tensors(
+    buffers: Union[Sequence[TensorBuffer], Mapping[str, Any]],
+    *,
+    page_size_tokens: int,
+    pages: Optional[int] = None,
+    memory_layout: str = "layer_first",
+    name: str = "",
+) -> Geometry:
+    """A pool geometry read from live tensors.
+
+    ``buffers``: :class:`TensorBuffer` objects, or ``{name: tensor_or_per_layer_list}`` (the
+    tensor's dtype and per-token shape are then the meaning). ``page_size_tokens``: tokens per
+    page. ``pages``: the pool's page count; default the fewest pages any buffer's tensors hold
+    (a page index is valid only where every buffer has that page). ``memory_layout``: how the
+    pages are placed (``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``).
+
+    Raises :class:`~kvlayout.errors.TensorMismatch` when a tensor disagrees with its declared
+    format (bytes per token, page stride, dtype), naming the buffer and both numbers;
+    :class:`~kvlayout.errors.InvalidGeometry` when the result breaks a geometry rule.
+    """
+    if isinstance(buffers, Mapping):
+        buffers = [TensorBuffer(n, t) for n, t in buffers.items()]
+    docs = []
+    held = []
+    for b in buffers:
+        doc, held_pages = _buffer_doc(b, page_size_tokens)
+        docs.append(doc)
+        held.append((held_pages, b.name))
+    fewest, fewest_name = min(held)
+    if pages is None:
+        pages = fewest
+    elif pages > fewest:
+        raise TensorMismatch(f"{fewest_name}.pages",
+                             f"declared {pages} pages, tensor holds {fewest}")
+    return Geometry.from_json(json.dumps(_file(page_size_tokens, pages, memory_layout, name, docs)))

@@ -1,0 +1,284 @@
+//! `TransferGuard`: a device/host pool pair checked once at construction (the full geometry
+//! comparison, as `kvlayout check`), then every transfer's page lists checked by the Rust shim
+//! (`kvlayout_pool::shim`: layer present, list no longer than the destination pool, every page
+//! in range on both sides, no destination page named twice) before the engine moves a byte.
+
+use kvlayout_core::Level;
+use kvlayout_pool::shim::{check_layer, check_pair_pages};
+use kvlayout_pool::{Direction, Layers, PagePair, TransferError};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors;
+use crate::geometry::{Geometry, header};
+use crate::pages::{PageList, with_pages};
+
+/// A checked device/host pool pair.
+///
+/// `TransferGuard(device, host)` compares the two geometries (pool level) and raises
+/// `Incompatible` (`.lines`: the CLI's diff lines) when they cannot exchange pages.
+/// `check_pages(direction, layer, src_pages, dst_pages)` then checks one transfer.
+#[pyclass(module = "kvlayout._kvlayout")]
+pub struct TransferGuard {
+    device: Py<Geometry>,
+    host: Py<Geometry>,
+    device_pages: u64,
+    host_pages: u64,
+    deepest_layers: u64,
+    /// Pairs of the transfer being checked; kept between calls so a warm check allocates
+    /// nothing (16 B per page, bounded by the destination pool's page count).
+    scratch: Vec<PagePair>,
+    /// One bit per page of the larger pool: destinations seen in the list being checked (all
+    /// clear between calls). Finds a duplicate destination in O(n); the shim then names it.
+    seen: Vec<u64>,
+}
+
+/// Pools up to this many pages get the duplicate bitmap (8 MiB at most); larger ones use the
+/// shim's own duplicate search (sorting lists longer than 32 pairs).
+const BITMAP_MAX_PAGES: u64 = 1 << 26;
+
+fn kind(e: &TransferError) -> &'static str {
+    match e {
+        TransferError::Layer { .. } => "layer",
+        TransferError::PageOutOfRange { .. } => "page_out_of_range",
+        TransferError::DuplicateDestination { .. } => "duplicate_destination",
+        TransferError::TooManyPairs { .. } => "too_many_pairs",
+        _ => "refused",
+    }
+}
+
+fn refused(py: Python<'_>, e: TransferError) -> PyErr {
+    errors::transfer_refused(py, e.to_string(), kind(&e))
+}
+
+/// Reads both lists into `scratch` as (device page, host page) pairs; a negative index is
+/// refused by name.
+fn fill(
+    py: Python<'_>,
+    direction: Direction,
+    src: &PageList<'_>,
+    dst: &PageList<'_>,
+    scratch: &mut Vec<PagePair>,
+) -> PyResult<()> {
+    scratch.clear();
+    if let (Some(s), Some(d)) = (src.raw(), dst.raw()) {
+        // Both in memory: a tight loop over the two strided runs.
+        for i in 0..src.len() {
+            // SAFETY: `i < len` for both (lengths checked equal by the caller).
+            let (sv, dv) = unsafe { (s.read(i), d.read(i)) };
+            if (sv | dv) < 0 {
+                return Err(negative(py, i, sv, dv));
+            }
+            scratch.push(match direction {
+                Direction::Backup => PagePair::new(sv as u64, dv as u64),
+                Direction::Load => PagePair::new(dv as u64, sv as u64),
+            });
+        }
+        return Ok(());
+    }
+    for i in 0..src.len() {
+        scratch.push(read_pair(py, direction, src, dst, i)?);
+    }
+    Ok(())
+}
+
+#[cold]
+fn negative(py: Python<'_>, i: usize, s: i64, d: i64) -> PyErr {
+    let (what, v) = if s < 0 {
+        ("src_pages", s)
+    } else {
+        ("dst_pages", d)
+    };
+    errors::transfer_refused(
+        py,
+        format!("{what}[{i}]: page {v} is negative"),
+        "page_out_of_range",
+    )
+}
+
+/// Whether a destination page appears twice (pages already range-checked: every page fits
+/// `seen`). Leaves `seen` all clear.
+fn has_duplicate_destination(direction: Direction, pairs: &[PagePair], seen: &mut [u64]) -> bool {
+    let dst = |p: &PagePair| match direction {
+        Direction::Backup => p.host_page,
+        Direction::Load => p.device_page,
+    } as usize;
+    let mut found = false;
+    let mut marked = 0;
+    for p in pairs {
+        let (w, bit) = (dst(p) / 64, 1u64 << (dst(p) % 64));
+        if seen[w] & bit != 0 {
+            found = true;
+            break;
+        }
+        seen[w] |= bit;
+        marked += 1;
+    }
+    for p in &pairs[..marked] {
+        seen[dst(p) / 64] = 0;
+    }
+    found
+}
+
+fn read_pair(
+    py: Python<'_>,
+    direction: Direction,
+    src: &PageList<'_>,
+    dst: &PageList<'_>,
+    i: usize,
+) -> PyResult<PagePair> {
+    let (s, d) = (src.get(i)?, dst.get(i)?);
+    let page = |v: i64, what: &str| {
+        u64::try_from(v).map_err(|_| {
+            errors::transfer_refused(
+                py,
+                format!("{what}[{i}]: page {v} is negative"),
+                "page_out_of_range",
+            )
+        })
+    };
+    let (s, d) = (page(s, "src_pages")?, page(d, "dst_pages")?);
+    Ok(match direction {
+        Direction::Backup => PagePair::new(s, d),
+        Direction::Load => PagePair::new(d, s),
+    })
+}
+
+#[pymethods]
+impl TransferGuard {
+    /// Pairs `device` with `host`; raises `Incompatible` when their geometries differ in any
+    /// compared field (page size, buffer set, per buffer layers, arrangement, sections, page
+    /// stride).
+    #[new]
+    fn new(py: Python<'_>, device: Py<Geometry>, host: Py<Geometry>) -> PyResult<TransferGuard> {
+        let (d, h) = (device.get(), host.get());
+        if let Err(m) = kvlayout_core::compare_at(&d.inner, &h.inner, Level::Pool) {
+            let lines: Vec<String> = m.diffs.iter().map(ToString::to_string).collect();
+            let head = header(lines.len(), &d.inner, &h.inner, Level::Pool);
+            return Err(errors::incompatible(py, lines, head));
+        }
+        let deepest_layers = d.inner.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
+        Ok(TransferGuard {
+            device_pages: d.inner.pages,
+            host_pages: h.inner.pages,
+            deepest_layers,
+            seen: match d.inner.pages.max(h.inner.pages) {
+                p if p <= BITMAP_MAX_PAGES => vec![0; p.div_ceil(64) as usize],
+                _ => Vec::new(),
+            },
+            device,
+            host,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The device pool's geometry.
+    #[getter]
+    fn device(&self, py: Python<'_>) -> Py<Geometry> {
+        self.device.clone_ref(py)
+    }
+
+    /// The host pool's geometry.
+    #[getter]
+    fn host(&self, py: Python<'_>) -> Py<Geometry> {
+        self.host.clone_ref(py)
+    }
+
+    /// The pool fingerprint both sides share.
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.device.get().fingerprint
+    }
+
+    /// Checks one transfer before it moves a byte; returns `None` or raises `TransferRefused`.
+    ///
+    /// - `direction`: `"load"` (host -> device: `src_pages` are host pages, `dst_pages` device
+    ///   pages) or `"backup"` (device -> host).
+    /// - `layer`: a layer index, or `None` for all layers.
+    /// - `src_pages`, `dst_pages`: equal-length int64 page indices (page, not token, indices):
+    ///   a list or tuple of ints, a numpy int64 array or any buffer-protocol object, or a CPU
+    ///   tensor with `__dlpack__`; arrays are read in place.
+    ///
+    /// Refusals (`TransferRefused.kind`): `layer` (past the deepest buffer), `length` (lists of
+    /// different lengths), `too_many_pairs` (more pages than the destination pool holds),
+    /// `page_out_of_range` (either side, or negative), `duplicate_destination`.
+    #[pyo3(signature = (direction, layer, src_pages, dst_pages))]
+    fn check_pages(
+        &mut self,
+        py: Python<'_>,
+        direction: &str,
+        layer: Option<i64>,
+        src_pages: &Bound<'_, PyAny>,
+        dst_pages: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let direction = match direction {
+            "load" => Direction::Load,
+            "backup" => Direction::Backup,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "direction: {other:?} (expected \"load\" or \"backup\")"
+                )));
+            }
+        };
+        let layers = match layer {
+            None => Layers::All,
+            Some(l) => Layers::One(u64::try_from(l).map_err(|_| {
+                errors::transfer_refused(py, format!("layer {l} is negative"), "layer")
+            })?),
+        };
+        check_layer(layers, self.deepest_layers).map_err(|e| refused(py, e))?;
+        let (device_pages, host_pages) = (self.device_pages, self.host_pages);
+        let (scratch, seen) = (&mut self.scratch, &mut self.seen);
+        with_pages(src_pages, "src_pages", |src| {
+            with_pages(dst_pages, "dst_pages", |dst| {
+                if src.len() != dst.len() {
+                    return Err(errors::transfer_refused(
+                        py,
+                        format!(
+                            "src_pages has {} pages, dst_pages {}: one destination page per source page",
+                            src.len(),
+                            dst.len()
+                        ),
+                        "length",
+                    ));
+                }
+                // Pigeonhole, before reading the lists: more pairs than destination pages names
+                // some destination twice (and bounds the scratch list).
+                let dst_pool_pages = match direction {
+                    Direction::Backup => host_pages,
+                    Direction::Load => device_pages,
+                };
+                if src.len() as u64 > dst_pool_pages {
+                    return Err(refused(
+                        py,
+                        TransferError::TooManyPairs {
+                            pairs: src.len() as u64,
+                            side: direction.destination(),
+                            pages: dst_pool_pages,
+                        },
+                    ));
+                }
+                fill(py, direction, src, dst, scratch)?;
+                // The shim's range checks (both sides), then duplicates through the bitmap; a
+                // duplicate found re-runs the shim's own duplicate check, which names it.
+                check_pair_pages(direction, device_pages, host_pages, scratch, false)
+                    .map_err(|e| refused(py, e))?;
+                if seen.is_empty() || has_duplicate_destination(direction, scratch, seen) {
+                    check_pair_pages(direction, device_pages, host_pages, scratch, true)
+                        .map_err(|e| refused(py, e))?;
+                }
+                Ok(())
+            })
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TransferGuard(fingerprint={:#018x}, device_pages={}, host_pages={}, layers={})",
+            self.device.get().fingerprint,
+            self.device_pages,
+            self.host_pages,
+            self.deepest_layers
+        )
+    }
+}

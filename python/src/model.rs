@@ -1,0 +1,172 @@
+//! `describe` and `totals`: a model's pool for one rank, as `kvlayout describe --json` and
+//! `kvlayout describe --totals` (the `kvlayout-models` crate: Hugging Face `config.json` ->
+//! pool geometry, every layer kind, tensor-parallel ranks).
+
+use std::path::PathBuf;
+
+use kvlayout_models::{Attention, IndexK, KvDtype, Model, Options, StateDtype, Tp};
+use pyo3::exceptions::{PyTypeError, PyUserWarning, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyAny;
+
+use crate::errors;
+use crate::geometry::{Geometry, to_py};
+
+/// The options shared by `describe` and `totals`, parsed and checked; the model loaded.
+#[allow(clippy::too_many_arguments)]
+fn load(
+    py: Python<'_>,
+    model: PathBuf,
+    kv_dtype: Option<&str>,
+    index_k: Option<&str>,
+    tp: Option<u64>,
+    rank: Option<u64>,
+    state_dtype: Option<&str>,
+    page_size_tokens: u64,
+    pages: u64,
+    equal_page_bytes: bool,
+) -> PyResult<(Model, Options)> {
+    let kv_dtype = kv_dtype
+        .map(|s| {
+            KvDtype::from_name(s).ok_or_else(|| {
+                PyValueError::new_err(format!("kv_dtype: {s:?} (expected \"bf16\" or \"fp8\")"))
+            })
+        })
+        .transpose()?;
+    let index_k_choice = match index_k {
+        None | Some("fp8") => IndexK::Fp8,
+        Some("bf16") => IndexK::Bf16,
+        Some("fp4") => IndexK::Fp4,
+        Some(other) => {
+            return Err(PyValueError::new_err(format!(
+                "index_k: {other:?} (expected \"fp8\", \"bf16\" or \"fp4\")"
+            )));
+        }
+    };
+    let state_dtype = state_dtype
+        .map(|s| {
+            StateDtype::from_name(s).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "state_dtype: {s:?} (expected \"f32\", \"bf16\" or \"f16\")"
+                ))
+            })
+        })
+        .transpose()?;
+    let tp = match (tp, rank) {
+        (None, None) => None,
+        (None, Some(r)) => {
+            return Err(PyValueError::new_err(format!(
+                "rank: {r} given without tp (the tensor-parallel size)"
+            )));
+        }
+        (Some(n), r) => Some(
+            Tp::new(n, r.unwrap_or(0)).map_err(|e| PyValueError::new_err(format!("tp: {e}")))?,
+        ),
+    };
+    let name = model
+        .to_str()
+        .ok_or_else(|| PyTypeError::new_err("model: not valid UTF-8"))?;
+    let m = Model::load(name).map_err(|e| errors::model_error(py, e.to_string()))?;
+    if index_k.is_some() && m.attention() != Attention::MlaDsa {
+        let msg = format!(
+            "index_k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
+            m.name
+        );
+        let warning = py.get_type::<PyUserWarning>();
+        PyErr::warn(
+            py,
+            &warning,
+            &std::ffi::CString::new(msg).expect("no NUL"),
+            1,
+        )?;
+    }
+    let opts = Options {
+        kv_dtype,
+        index_k: index_k_choice,
+        page_size_tokens,
+        pages,
+        tp,
+        state_dtype,
+        equal_page_bytes,
+    };
+    Ok((m, opts))
+}
+
+/// The device pool geometry of one rank of a model, as `kvlayout describe --json`.
+///
+/// `model`: a built-in name (`kvlayout describe --help` lists them: deepseek-v3.2-exp,
+/// deepseek-v3, kimi-k2, glm-4.5, llama-3.1-8b, qwen3-8b, gpt-oss-20b, gemma-3-4b-it, ...), a
+/// config.json path or a Hugging Face model directory. `kv_dtype`: "bf16" | "fp8" (default fp8
+/// for DSA models, bf16 otherwise); `index_k`: "fp8" | "bf16" | "fp4" (DSA models, default
+/// fp8; a `UserWarning` on a model without an indexer); `tp`, `rank`: tensor-parallel size and
+/// this rank (default one rank); `state_dtype`: recurrent-state dtype ("f32" | "bf16" | "f16");
+/// `page_size_tokens`, `pages`: the pool's page size and page count; `equal_page_bytes`: give
+/// every token buffer's page the bytes of the largest (vLLM's hybrid allocator).
+/// Raises `ModelError` (unreadable config, a field that changes the cache and is not modelled,
+/// named) or `ValueError` (a bad option, named).
+#[pyfunction]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = 64, pages = 1024, equal_page_bytes = false))]
+#[allow(clippy::too_many_arguments)]
+pub fn describe(
+    py: Python<'_>,
+    model: PathBuf,
+    kv_dtype: Option<&str>,
+    index_k: Option<&str>,
+    tp: Option<u64>,
+    rank: Option<u64>,
+    state_dtype: Option<&str>,
+    page_size_tokens: u64,
+    pages: u64,
+    equal_page_bytes: bool,
+) -> PyResult<Geometry> {
+    let (m, opts) = load(
+        py,
+        model,
+        kv_dtype,
+        index_k,
+        tp,
+        rank,
+        state_dtype,
+        page_size_tokens,
+        pages,
+        equal_page_bytes,
+    )?;
+    let pool = m
+        .pool(&opts)
+        .map_err(|e| errors::model_error(py, e.to_string()))?;
+    Geometry::new(py, pool.geometry)
+}
+
+/// The per-rank totals of a model, as `kvlayout describe --totals`: a dict with `model`,
+/// `full_bytes_per_token` (full-attention buffers, bytes per token x layers),
+/// `window_bytes_per_request_max` (sliding / chunked buffers, x window, no page rounding),
+/// `state_bytes_per_request` (recurrent state, slot bytes x layers) and `layers_by_attention`.
+/// Options as `describe`.
+#[pyfunction]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None))]
+pub fn totals<'py>(
+    py: Python<'py>,
+    model: PathBuf,
+    kv_dtype: Option<&str>,
+    index_k: Option<&str>,
+    tp: Option<u64>,
+    rank: Option<u64>,
+    state_dtype: Option<&str>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (m, opts) = load(
+        py,
+        model,
+        kv_dtype,
+        index_k,
+        tp,
+        rank,
+        state_dtype,
+        64,
+        1024,
+        false,
+    )?;
+    let t = m
+        .totals(&opts)
+        .map_err(|e| errors::model_error(py, e.to_string()))?;
+    to_py(py, &serde_json::to_value(&t).expect("totals serialize"))
+}

@@ -1,0 +1,112 @@
+"""kvlayout.pd handshake: the message, the level choice and the receiver's check (no engine)."""
+
+from __future__ import annotations
+
+import json
+
+import kvlayout
+import pytest
+from conftest import ROOT
+from kvlayout.pd import handshake
+from kvlayout.pd.handshake import PeerRefused, UncheckedPeerWarning
+
+DSV32 = ROOT / "configs/geometry/host-index-k-fp8-formula.json"
+SEED = ROOT / "cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host"
+TP = ROOT / "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level"
+
+
+def geo(path, **edit) -> kvlayout.Geometry:
+    g = json.loads(path.read_text())
+    for name, arrangement in edit.items():
+        next(b for b in g["buffers"] if b["name"] == name)["arrangement"] = arrangement
+    return kvlayout.Geometry.from_json(json.dumps(g))
+
+
+def message(g, agent="prefill-0"):
+    return handshake.parse_message(handshake.make_message(agent, g, {"kv": [4096, 64]}))
+
+
+def test_compatible_pool_level():
+    g = geo(DSV32)
+    v = handshake.check_peer(g, message(g))
+    assert v.level == "pool"
+    assert v.peer_geometry.fingerprint == g.fingerprint
+
+
+def test_seed_case_refused_with_the_diff():
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_peer(geo(SEED / "b.json"), message(geo(SEED / "a.json")))
+    text = "\n".join(e.value.lines)
+    # device bf16 index-K 128 x 2 = 256 B/token, host fp8 formula 128 + 4 = 132 B/token
+    assert "index_k" in text and str(128 * 2) in text and str(128 + 4) in text
+    assert e.value.level == "pool"
+    assert isinstance(e.value, kvlayout.Incompatible)
+
+
+def test_same_length_other_arrangement_refused():
+    peer, local = geo(DSV32, index_k="token_major"), geo(DSV32)
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_peer(local, message(peer))
+    assert any("index_k" in ln and "arrangement" in ln for ln in e.value.lines)
+
+
+def test_hetero_tp_is_checked_at_the_token_level():
+    a, b = geo(TP / "a.json"), geo(TP / "b.json")
+    assert handshake.choose_level(a.to_json(), b.to_json()) == "token"
+    assert kvlayout.compare(a, b, "pool") != []  # whole pages differ (fa 4,096 vs 2,048 B/token)
+    assert handshake.check_peer(b, message(a)).level == "token"
+
+
+def test_page_size_ratio_is_token_level_and_same_split_is_pool():
+    g = json.loads(DSV32.read_text())
+    small = dict(g, page_size_tokens=32)
+    assert handshake.choose_level(json.dumps(small), json.dumps(g)) == "token"
+    assert handshake.choose_level(json.dumps(g), json.dumps(g)) == "pool"
+
+
+def test_fingerprint_that_does_not_match_the_geometry_is_refused():
+    g = geo(DSV32)
+    msg = message(g)
+    msg["fingerprints"]["pool"] ^= 1
+    with pytest.raises(PeerRefused, match="fingerprints.pool"):
+        handshake.check_peer(g, msg)
+
+
+def test_peer_without_geometry_warns_or_refuses():
+    g = geo(DSV32)
+    bare = handshake.parse_message(handshake.make_message("old-engine", None, {}))
+    with pytest.warns(UncheckedPeerWarning, match="old-engine"):
+        assert handshake.check_peer(g, bare).level is None
+    with pytest.raises(PeerRefused, match="require=True"):
+        handshake.check_peer(g, bare, require=True)
+
+
+def test_unreadable_messages_are_refused_by_name():
+    with pytest.raises(PeerRefused, match="not JSON"):
+        handshake.parse_message(b"\xff")
+    with pytest.raises(PeerRefused, match="handshake.schema"):
+        handshake.parse_message(b'{"schema": "other"}')
+    g = geo(DSV32)
+    msg = message(g)
+    msg["geometry"] = msg["geometry"].replace('"f8e4m3"', '"f9"', 1)
+    with pytest.raises(PeerRefused, match="unreadable"):
+        handshake.check_peer(g, msg)
+
+
+def test_published_regions_must_hold_the_geometry():
+    from kvlayout.pd.regions import buffer_layouts
+
+    g = json.loads(DSV32.read_text())
+    g["pages"] = 2
+    layouts = buffer_layouts(g)
+    kv_bytes = 61 * 2 * 64 * (512 + 4 * 4 + 64 * 2)  # layers x pages x page bytes
+    ik_bytes = 61 * 2 * 64 * (128 + 4)
+    ok = {"regions": {"kv": [4096, kv_bytes], "index_k": [8192, ik_bytes]}}
+    handshake.check_regions(ok, layouts)
+    short = {"regions": {"kv": [4096, kv_bytes - 1]}}
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_regions(short, layouts)
+    assert e.value.lines == [
+        f"regions.kv: {kv_bytes - 1} bytes published, geometry lays out {kv_bytes} bytes",
+        f"regions.index_k: missing, geometry lays out {ik_bytes} bytes",
+    ]

@@ -1,0 +1,92 @@
+"""The prefill/decode self-test on the real engines: two processes per case on 127.0.0.1.
+
+Skipped, saying which wheel is missing, when `nixl-cu12` or `mooncake-transfer-engine-non-cuda`
+is not importable; with KVLAYOUT_PD_REQUIRE_ENGINES=1 (scripts/pd-ci.sh) a missing engine fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+from kvlayout.pd.selftest import env_ready
+
+PAGES_MOVED = 4
+# DeepSeek-V3.2: 61 layers x 64 tokens x (656 B MLA record + 132 B fp8 index-K)
+DSV32_BYTES = PAGES_MOVED * 61 * 64 * ((512 + 4 * 4 + 64 * 2) + (128 + 4))
+# TP1 -> TP2: mla 20 layers x 16 tokens x 576 bf16 whole; fa 4 layers x 16 tokens x (k, v) x 4 of 8 heads x 128 bf16
+TP_BYTES = PAGES_MOVED * (20 * 16 * 576 * 2 + 4 * 16 * 2 * 4 * 128 * 2)
+
+EXPECTED = {
+    "compatible": ("moved", DSV32_BYTES),
+    "seed-index-k-bf16-vs-fp8-host": ("refused", 0),
+    "same-length-other-arrangement": ("refused", 0),
+    "hetero-tp-1-to-2": ("moved", TP_BYTES),
+    "hetero-tp-1-to-2-rank-1": ("moved", TP_BYTES),
+    "no-geometry-require": ("refused", 0),
+    "no-geometry-warn": ("moved", DSV32_BYTES),
+    # 4 source pages x 32 tokens x 61 layers x 656 B (MLA record only)
+    "page-ratio-32-to-64": ("moved", 4 * 32 * 61 * (512 + 4 * 4 + 64 * 2)),
+    "page-ratio-section-major-index-k": ("refused", 0),
+}
+
+
+def _need(engine: str) -> None:
+    why = env_ready(engine)
+    if why is None:
+        return
+    if os.environ.get("KVLAYOUT_PD_REQUIRE_ENGINES") == "1":
+        pytest.fail(f"{engine} engine required (KVLAYOUT_PD_REQUIRE_ENGINES=1) but {why}")
+    wheel = "nixl-cu12" if engine == "nixl" else "mooncake-transfer-engine-non-cuda (+ libibverbs1)"
+    pytest.skip(f"{engine}: wheel {wheel} missing: {why}")
+
+
+@pytest.mark.parametrize("engine", ["nixl", "mooncake"])
+def test_selftest_cases(engine):
+    _need(engine)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvlayout.pd",
+            "selftest",
+            "--engine",
+            engine,
+            "--repo",
+            str(ROOT),
+            "--base-port",
+            "17500" if engine == "nixl" else "17600",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    results = {}
+    for line in r.stdout.splitlines():
+        obj = json.loads(line)
+        results[obj["case"]] = obj
+    assert set(results) == set(EXPECTED), r.stderr[-2000:]
+    for case, (verdict, moved) in EXPECTED.items():
+        got = results[case]
+        assert got["engine"] == engine
+        assert (got["verdict"], got["bytes_moved"]) == (verdict, moved), (case, got)
+        assert got["bytes_verified_equal"] == moved, (case, got)
+        assert got["stray_bytes"] == 0, (case, got)
+        assert got["ok"] is True
+    assert results["seed-index-k-bf16-vs-fp8-host"]["lines"]
+    assert any("arrangement" in ln for ln in results["same-length-other-arrangement"]["lines"])
+    assert results["hetero-tp-1-to-2"]["level"] == "token"
+    assert results["hetero-tp-1-to-2-rank-1"]["head_ranges"] == {"fa": [4, 8]}
+    assert results["page-ratio-32-to-64"]["level"] == "token"
+    assert results["no-geometry-warn"]["level"] is None
+    assert any("sent no kvlayout geometry" in ln for ln in results["no-geometry-warn"]["lines"])
+    assert any(
+        "index_k.page_size_tokens" in ln
+        for ln in results["page-ratio-section-major-index-k"]["lines"]
+    )
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -1,0 +1,181 @@
+"""kvlayout.adapters.sglang against fake pools with SGLang's attribute names and shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvlayout
+
+np = pytest.importorskip("numpy", reason="numpy not installed: fake pools need it")
+pytest.importorskip("ml_dtypes", reason="ml_dtypes not installed: bf16/fp8 arrays need it")
+
+import fakes  # noqa: E402
+from kvlayout.adapters import sglang  # noqa: E402
+
+# device bf16 index-K: 128 x 2 = 256 B/token, 64 x 256 = 16384 B/page; host fp8 formula
+# 128 + 128 // 128 * 4 = 132 B/token, 64 x 132 = 8448 B/page.
+SEED_LINES = [
+    "index_k.sections.count: 1, 2",
+    "index_k.sections[0].dtype: bf16, f8e4m3",
+    "index_k.sections[1]: missing, f32 [1] (scale)",
+    f"index_k.page_stride_bytes: {64 * 128 * 2}, {64 * (128 + 4)}",
+    f"index_k.bytes_per_token: {128 * 2}, {128 + 4}",
+    f"index_k.bytes_per_page: {64 * 128 * 2}, {64 * (128 + 4)}",
+]
+
+
+def test_seed_device_bf16_index_k_vs_host_fp8_formula_refused():
+    device = fakes.dsa_device(index_k="bf16")
+    host = fakes.dsa_host(device)
+    with pytest.raises(kvlayout.Incompatible) as e:
+        sglang.transfer_guard(device, host)
+    assert e.value.lines == SEED_LINES
+    with pytest.raises(kvlayout.Incompatible) as items:
+        sglang.check_item_sizes(device, host)
+    assert items.value.lines == [
+        f"index_k.item_size_bytes: device {64 * 256} (index_k_with_scale_buffer[0] row stride), "
+        f"host {64 * 132} (indexer_page_stride_size)"]
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_fp8_index_k_pair_is_compatible(layout):
+    device = fakes.dsa_device(index_k="fp8")
+    host = fakes.dsa_host(device, pages=16, layout=layout)
+    guard = sglang.transfer_guard(device, host)
+    assert guard.host.memory_layout == layout
+    assert sglang.check_item_sizes(device, host) is None
+    guard.check_pages("load", 0, [15, 3], [0, 7])
+    with pytest.raises(kvlayout.TransferRefused):
+        guard.check_pages("load", 0, [16], [0])  # host has 16 pages
+
+
+def test_device_geometry_equals_the_model_description():
+    # 61 layers of DeepSeek-V3.2: the CLI's pool from config.json, the adapter's from tensors.
+    for index_k in ("bf16", "fp8"):
+        device = fakes.dsa_device(layers=61, index_k=index_k)
+        g = sglang.device_geometry(device)
+        assert g.fingerprint == kvlayout.describe("deepseek-v3.2-exp", index_k=index_k).fingerprint
+        # size + page_size token slots: (7 * 64 + 64) / 64 = 8 pages
+        assert g.pages == 8
+        by = {b["name"]: b for b in g.buffers}
+        assert by["kv"]["bytes_per_token"] == 512 + 4 * 4 + 64 * 2
+        assert by["index_k"]["page_stride_bytes"] == 64 * (256 if index_k == "bf16" else 132)
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct", "page_head"])
+def test_mha_host_layouts_mirror_the_device(layout):
+    device = fakes.mha_device(layers=2, heads=8, dim=128)
+    host = fakes.mha_host(device, pages=16, layout=layout)
+    g = sglang.host_geometry(host)
+    assert kvlayout.compare(sglang.device_geometry(device), g) == []
+    assert g.pages == 16 and g.memory_layout == layout
+    by = {b["name"]: b for b in g.buffers}
+    assert by["k"]["bytes_per_token"] == 8 * 128 * 2
+    assert sglang.check_item_sizes(device, host) is None
+
+
+def test_mha_fp8_stored_as_uint8_takes_meaning_from_pool_dtype():
+    device = fakes.mha_device(dtype=np.uint8, logical=fakes.FakeTorchDtype("float8_e4m3fn"))
+    g = sglang.device_geometry(device)
+    k = {b["name"]: b for b in g.buffers}["k"]
+    assert k["sections"][0]["dtype"] == "f8e4m3"
+    assert k["bytes_per_token"] == 8 * 128
+
+
+def test_tensor_contradicting_the_attributes_is_refused():
+    device = fakes.dsa_device()
+    device.kv_lora_rank = 448  # attribute says 448 + 64 + scales; the tensor holds 656 B rows
+    with pytest.raises(kvlayout.KvLayoutError, match="656"):
+        sglang.device_geometry(device)
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, src, dst, src_indices, dst_indices, layer_id, item_size, src_layout_dim):
+        self.calls += 1
+
+
+def test_transfer_op_gate_checks_item_size_against_strides():
+    device = fakes.dsa_device(index_k="bf16")
+    host = fakes.dsa_host(device, layout="page_first")
+    op = _Recorder()
+
+    def transfer_kv_per_layer_mla_pf_lf(src, dst, src_indices, dst_indices, layer_id, item_size,
+                                        src_layout_dim):
+        op(src, dst, src_indices, dst_indices, layer_id, item_size, src_layout_dim)
+
+    ns = {"__name__": "pool_host.dsa",
+          "transfer_kv_per_layer_mla_pf_lf": transfer_kv_per_layer_mla_pf_lf}
+    assert sglang.guard_transfer_ops(ns) == ["pool_host.dsa.transfer_kv_per_layer_mla_pf_lf"]
+    assert sglang.guard_transfer_ops(ns) == []  # already wrapped
+    gated = ns["transfer_kv_per_layer_mla_pf_lf"]
+    src = host.index_k_with_scale_buffer
+    stride = host.indexer_page_stride_size
+    # What SGLang's NSA host does: item_size = indexer_page_stride_size (8448) into a bf16
+    # device index-K whose rows are 16384 B apart.
+    with pytest.raises(kvlayout.TransferRefused) as e:
+        gated(src=src, dst=device.index_k_with_scale_buffer[0], src_indices=None,
+              dst_indices=None, layer_id=0, item_size=stride,
+              src_layout_dim=stride * host.layer_num)
+    assert e.value.kind == "item_size"
+    assert "item_size 8448 B" in str(e.value) and "16384 B apart" in str(e.value)
+    assert op.calls == 0
+    fp8 = fakes.dsa_device(index_k="fp8")
+    gated(src, fp8.index_k_with_scale_buffer[0], None, None, 0, stride, stride * host.layer_num)
+    assert op.calls == 1
+    with pytest.raises(kvlayout.TransferRefused, match="src_layout_dim"):
+        gated(src, fp8.index_k_with_scale_buffer[0], None, None, 0, stride, stride)
+
+
+def test_separate_dsa_indexer_host_pool():
+    # Newer SGLang: MLATokenToKVPoolHost for the latent, DSAIndexerPoolHost (pool_host/dsa.py) for
+    # index-K, which reads index_head_dim / quant_block_size from its device_pool.
+    import types
+
+    device = fakes.dsa_device(index_k="bf16")
+    host = fakes.dsa_host(device)
+    indexer = types.SimpleNamespace(
+        device_pool=device, layout=host.layout, page_size=host.page_size,
+        indexer_page_stride_size=host.indexer_page_stride_size,
+        index_k_with_scale_buffer=host.index_k_with_scale_buffer)
+    del host.index_k_with_scale_buffer
+    with pytest.raises(kvlayout.Incompatible) as e:
+        sglang.transfer_guard(device, host, indexer=indexer)
+    assert e.value.lines == SEED_LINES
+    # without the indexer the host has no index_k buffer at all: refused by name
+    with pytest.raises(kvlayout.Incompatible) as missing:
+        sglang.transfer_guard(device, host)
+    # 128 x 2 = 256 B/token, 64 x 256 = 16384 B/page, 3 layers (fakes.dsa_device default)
+    assert missing.value.lines == [
+        "index_k: present (256 B/token, 16384 B/page of 64 tokens, 3 layers), missing"]
+
+
+class _CompiledOp:
+    """Stands for a compiled op: no Python signature (inspect.signature raises)."""
+
+    __signature__ = property(lambda self: (_ for _ in ()).throw(ValueError("no signature")))
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+
+
+def test_gate_binds_positional_arguments_of_a_compiled_op():
+    # MHA per-layer op, positional as SGLang passes them: item_size 2048 (8 x 128 x 2) against
+    # rows of 4096 B (the device K buffer of 16 heads).
+    device = fakes.mha_device(heads=16)
+    op = _CompiledOp()
+    ns = {"transfer_kv_per_layer": op}
+    sglang.guard_transfer_ops(ns)
+    gated = ns["transfer_kv_per_layer"]
+    host = fakes.mha_host(fakes.mha_device(heads=8))
+    k, v = host.kv_buffer[0][0], host.kv_buffer[1][0]
+    with pytest.raises(kvlayout.TransferRefused, match="item_size 2048 B, but dst_k rows are 4096 B"):
+        gated(k, device.k_buffer[0], v, device.v_buffer[0], None, None, 8 * 128 * 2)
+    assert op.calls == 0
+    gated(k, k, v, v, None, None, 8 * 128 * 2)
+    assert op.calls == 1

@@ -1,0 +1,104 @@
+"""geometry_from_tensors: torch/numpy duck typing, bytes proven by tensors, meaning declared."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvlayout
+from kvlayout.tensors import TensorBuffer, geometry_from_tensors, tensor_facts
+
+np = pytest.importorskip("numpy", reason="numpy not installed")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes not installed")
+
+
+class TorchLike:
+    """Duck-types a torch tensor: stride() in elements, element_size() in bytes."""
+
+    def __init__(self, a, dtype_name):
+        self.a, self.dtype = a, f"torch.{dtype_name}"
+        self.shape = a.shape
+
+    def stride(self):
+        return tuple(s // self.a.itemsize for s in self.a.strides)
+
+    def element_size(self):
+        return self.a.itemsize
+
+
+def test_torch_strides_are_elements_numpy_strides_are_bytes():
+    a = np.zeros((10, 8, 128), ml_dtypes.bfloat16)
+    t = TorchLike(a, "bfloat16")
+    assert tensor_facts(a).strides_bytes == (8 * 128 * 2, 128 * 2, 2)
+    assert tensor_facts(t).strides_bytes == (8 * 128 * 2, 128 * 2, 2)
+    assert tensor_facts(t).dtype == "bfloat16"
+
+
+def test_float4_x2_holds_two_values_per_byte():
+    # torch.float4_e2m1fn_x2: [pages, 64 tokens, 64 bytes] = 128 e2m1 values per token.
+    a = np.zeros((4, 64, 64), np.uint8)
+    g = geometry_from_tensors(
+        [TensorBuffer("idx", [TorchLike(a, "float4_e2m1fn_x2")], axes=("page", "page_token", "d"))],
+        page_size_tokens=64)
+    b = g.buffers[0]
+    assert b["sections"][0] == {"name": "values", "dtype": "f4e2m1", "shape": [128]}
+    assert b["bytes_per_token"] == 128 // 2
+
+
+def test_declared_format_must_match_the_tensor_bytes():
+    # bf16 [pages, 64 * 128] = 256 B/token, declared index_k_fp8 = 132 B/token
+    t = np.zeros((8, 64 * 128), ml_dtypes.bfloat16)
+    with pytest.raises(kvlayout.TensorMismatch) as e:
+        geometry_from_tensors(
+            [TensorBuffer("index_k", [t], axes=("page", "page_bytes"), format="index_k_fp8")],
+            page_size_tokens=64)
+    assert e.value.field == "index_k.bytes_per_token"
+    assert "132" in str(e.value) and "256" in str(e.value)
+    assert isinstance(e.value, kvlayout.InvalidGeometry)
+
+
+def test_uint8_storage_takes_declared_fp8_meaning():
+    t = np.zeros((8, 64 * 132), np.uint8)
+    g = geometry_from_tensors(
+        [TensorBuffer("index_k", [t, t], axes=("page", "page_bytes"), format="index_k_fp8")],
+        page_size_tokens=64)
+    assert g.buffers[0]["bytes_per_token"] == 128 + 4
+    assert g.buffers[0]["layers"] == 2 and g.pages == 8
+
+
+def test_declared_dtype_other_than_a_wide_tensor_dtype_is_refused():
+    t = np.zeros((64 * 8, 1024), ml_dtypes.float8_e4m3fn)
+    with pytest.raises(kvlayout.TensorMismatch, match="dtype"):
+        geometry_from_tensors(
+            [TensorBuffer("kv", [t], sections=[{"name": "x", "dtype": "u8", "shape": [1024]}])],
+            page_size_tokens=64)
+
+
+def test_mapping_form_and_pages_are_the_fewest_held():
+    k = np.zeros((3, 64 * 5, 8, 128), ml_dtypes.bfloat16)   # layers, tokens, heads, dim
+    v = np.zeros((3, 64 * 4, 8, 128), ml_dtypes.bfloat16)
+    g = geometry_from_tensors({"k": k, "v": v}, page_size_tokens=64)
+    assert g.pages == 4
+    assert g.bytes_per_token == 3 * 2 * 8 * 128 * 2
+    with pytest.raises(kvlayout.TensorMismatch, match="declared 5 pages, tensor holds 4"):
+        geometry_from_tensors({"k": k, "v": v}, page_size_tokens=64, pages=5)
+
+
+def test_padding_between_tokens_is_refused_with_both_numbers():
+    a = np.zeros((64 * 2, 1, 1024), np.uint8)[:, :, :656]
+    with pytest.raises(kvlayout.TensorMismatch) as e:
+        geometry_from_tensors([TensorBuffer("kv", [a], format="dsa_mla_fp8")], page_size_tokens=64)
+    assert "656" in str(e.value) and "1024" in str(e.value)
+
+
+def test_per_layer_tensors_must_agree():
+    a = np.zeros((128, 576), np.uint8)
+    b = np.zeros((128, 512), np.uint8)
+    with pytest.raises(kvlayout.TensorMismatch, match=r"kv.tensors\[1\]"):
+        geometry_from_tensors([TensorBuffer("kv", [a, b], format="mla_fp8")], page_size_tokens=64)
+
+
+def test_one_tensor_without_a_layer_axis_is_refused_by_name():
+    t = np.zeros((128, 576), np.uint8)
+    with pytest.raises(ValueError, match="no 'layer' axis"):
+        geometry_from_tensors([TensorBuffer("kv", t, axes=("token", "dim"), format="mla_fp8")],
+                              page_size_tokens=64)

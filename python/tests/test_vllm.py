@@ -1,0 +1,132 @@
+"""kvlayout.adapters.vllm against fake register_kv_caches tensors and KV cache specs."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvlayout
+
+np = pytest.importorskip("numpy", reason="numpy not installed: fake caches need it")
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes not installed: bf16 arrays need it")
+
+import fakes  # noqa: E402
+from kvlayout.adapters import vllm  # noqa: E402
+
+LAYERS = [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+
+
+def test_flashinfer_layout_equals_the_cli_mha_description():
+    # Llama-3.1-8B: 32 layers, 8 KV heads x 128, bf16; FlashInfer's block = [K plane][V plane]
+    s = fakes.spec(block_size=64)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(32)]
+    caches = {n: fakes.flashinfer_cache(4, s) for n in names}
+    g = vllm.geometry(caches, {n: s for n in names})
+    assert g.fingerprint == kvlayout.describe("llama-3.1-8b").fingerprint
+    assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
+
+
+def test_flash_attention_split_layout_nhd_and_hnd():
+    s = fakes.spec()
+    for hnd, arrangement in ((False, "token_major"), (True, "head_major")):
+        caches = {n: fakes.flash_attn_cache(10, s, hnd=hnd) for n in LAYERS}
+        g = vllm.geometry(caches, fakes.kv_cache_config(10, [(LAYERS, s)]))
+        by = {b["name"]: b for b in g.buffers}
+        assert set(by) == {"kv.k", "kv.v"}
+        assert by["kv.k"]["arrangement"] == arrangement
+        assert by["kv.k"]["page_stride_bytes"] == 16 * 8 * 128 * 2
+        assert g.pages == 10
+    nhd = vllm.geometry({n: fakes.flash_attn_cache(10, s) for n in LAYERS}, {n: s for n in LAYERS})
+    hnd = vllm.geometry({n: fakes.flash_attn_cache(10, s, hnd=True) for n in LAYERS}, {n: s for n in LAYERS})
+    assert "kv.k.arrangement: token_major, head_major" in kvlayout.compare(nhd, hnd)
+
+
+def test_hybrid_groups_keep_windows_and_layer_ids():
+    # gpt-oss style: full attention on even layers, sliding window 128 on odd layers
+    full = fakes.spec(fakes.FullAttentionSpec, num_kv_heads=8, head_size=64)
+    swa = fakes.spec(fakes.SlidingWindowSpec, num_kv_heads=8, head_size=64, sliding_window=128)
+    even, odd = LAYERS[0::2], LAYERS[1::2]
+    caches = {n: fakes.flashinfer_cache(6, full) for n in LAYERS}
+    g = vllm.geometry(caches, fakes.kv_cache_config(6, [(even, full), (odd, swa)]))
+    by = {b["name"]: b for b in g.buffers}
+    assert by["group0"]["layer_ids"] == [0, 2] and by["group1"]["layer_ids"] == [1, 3]
+    assert by["group1"]["attention"] == {"sliding_window_tokens": 128}
+    assert "attention" not in by["group0"] or by["group0"]["attention"] == "full"
+    # the decode side forgot the sliding group: one buffer missing
+    g_full = vllm.geometry({n: caches[n] for n in even}, fakes.kv_cache_config(6, [(even, full)]))
+    assert any(line.startswith("group1") for line in kvlayout.compare(g, g_full))
+
+
+def test_mla_fp8_ds_mla_and_indexer():
+    mla = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=576,
+                     dtype=np.uint8, cache_dtype_str="fp8_ds_mla")
+    idx = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=132,
+                     dtype=np.uint8)
+    attn = [f"model.layers.{i}.self_attn.attn" for i in range(61)]
+    indexer = [f"model.layers.{i}.self_attn.indexer.k_cache" for i in range(61)]
+    caches = {n: np.zeros((4, 64, 656), np.uint8) for n in attn}
+    caches.update({n: np.zeros((4, 64, 132), np.uint8) for n in indexer})
+    g = vllm.geometry(caches, fakes.kv_cache_config(4, [(attn, mla), (indexer, idx)]))
+    by = {b["name"]: b for b in g.buffers}
+    assert by["group0"]["bytes_per_token"] == 512 + 4 * 4 + 64 * 2
+    assert by["group1"]["bytes_per_token"] == 128 + 4
+    assert by["group1"]["arrangement"] == "section_major"
+
+
+def test_tensor_disagreeing_with_spec_is_refused():
+    s = fakes.spec(head_size=128)
+    wrong = fakes.spec(head_size=64)  # spec says 64, tensors hold 128
+    caches = {n: fakes.flashinfer_cache(3, s) for n in LAYERS}
+    with pytest.raises(kvlayout.TensorMismatch) as e:
+        vllm.geometry(caches, {n: wrong for n in LAYERS})
+    assert e.value.field == "kv.bytes_per_token"
+
+
+def _mamba_states(num_blocks, shapes, dtypes, block_bytes):
+    """vLLM's view of one Mamba layer's raw cache: state j is [num_blocks, *shapes[j]] at
+    offset sum(previous states' bytes) inside each block of block_bytes."""
+    raw = np.zeros(num_blocks * block_bytes, np.uint8)
+    out, offset = [], 0
+    for shape, dtype in zip(shapes, dtypes):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        view = np.lib.stride_tricks.as_strided(
+            raw[offset:].view(np.uint8), shape=(num_blocks, n), strides=(block_bytes, 1))
+        out.append(np.lib.stride_tricks.as_strided(
+            view.view(dtype), shape=(num_blocks, *shape),
+            strides=(block_bytes, *np.zeros(shape, dtype).strides)))
+        offset += n
+    return out
+
+
+def test_mamba_state_groups_next_to_attention():
+    # Qwen3-Next style: linear-attention layers keep a conv state (3 x 1024 bf16 = 6144 B) and
+    # an ssm state (16 x 128 x 128 f32 = 1,048,576 B) per request, padded to the attention page.
+    conv, ssm = (3, 1024), (16, 128, 128)
+    payload = 3 * 1024 * 2 + 16 * 128 * 128 * 4
+    m = fakes.MambaSpec(block_size=1024, shapes=(conv, ssm),
+                        dtypes=(np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)),
+                        page_size_padded=payload + 1024)
+    full = fakes.spec(block_size=64, num_kv_heads=2, head_size=256)
+    attn, linear = LAYERS[3:], LAYERS[:3]
+    caches = {n: fakes.flashinfer_cache(5, full) for n in attn}
+    caches.update({n: _mamba_states(5, (conv, ssm), (ml_dtypes.bfloat16, np.float32), payload + 1024)
+                   for n in linear})
+    g = vllm.geometry(caches, fakes.kv_cache_config(5, [(attn, full), (linear, m)]))
+    by = {b["name"]: b for b in g.buffers}
+    assert by["group1.state1"]["attention"] == "state"
+    assert by["group1.state1"]["bytes_per_token"] == 16 * 128 * 128 * 4
+    assert by["group1.state0"]["page_stride_bytes"] == payload + 1024
+    assert g.page_size_tokens == 64  # the attention group's block size, not the Mamba block
+    # the host copy forgot the ssm state: refused by name
+    host = {n: caches[n] for n in attn}
+    host.update({n: caches[n][:1] for n in linear})
+    with pytest.raises(kvlayout.KvLayoutError, match="2 state tensors"):
+        vllm.geometry(host, fakes.kv_cache_config(5, [(attn, full), (linear, m)]))
+
+
+def test_uint8_needs_kv_cache_dtype():
+    s = fakes.spec(dtype=np.uint8)
+    caches = {n: fakes.flashinfer_cache(3, s) for n in LAYERS}
+    with pytest.raises(kvlayout.KvLayoutError, match="kv_cache_dtype"):
+        vllm.geometry(caches, {n: s for n in LAYERS})
+    g = vllm.geometry(caches, {n: s for n in LAYERS}, kv_cache_dtype="fp8")
+    assert g.buffers[0]["sections"][0]["dtype"] == "f8e4m3"

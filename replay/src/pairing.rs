@@ -1,0 +1,183 @@
+//! The device and host pools of a replay: the model's full-depth geometry is compared with the
+//! host's (the values `check` and `describe` print), then pools of the simulated layers are
+//! built and paired (checked, or unverified for `--no-verify`).
+
+use kvlayout_core::{MemoryLayout, PoolGeometry, compare, file};
+use kvlayout_models::{Model, ModelPool, PoolOptions};
+use kvlayout_pool::backend::Backend;
+use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode};
+
+use crate::error::{ReplayError, workload_err};
+
+/// Where the host pool's geometry comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostSource {
+    /// [`HostPool::mirror_of`] the device pool.
+    Mirror {
+        /// Host pages.
+        pages: u64,
+        /// Host memory layout.
+        memory_layout: MemoryLayout,
+    },
+    /// A foreign geometry (a geometry file): its own pages and memory layout.
+    Foreign {
+        /// The geometry.
+        geometry: PoolGeometry,
+        /// Where it came from (path), for the report.
+        source: String,
+    },
+}
+
+/// Reads a host geometry file for `--host-geometry`.
+pub fn read_host_geometry(path: &std::path::Path) -> Result<PoolGeometry, String> {
+    file::read_path(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// What of the model's pools holds real bytes: the first `layers` layers of the buffers named
+/// (all buffers when `buffers` is `None`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Layers (the first ones).
+    pub layers: u64,
+    /// Buffer names, or all.
+    pub buffers: Option<Vec<String>>,
+}
+
+/// The first `layers` layers of every buffer.
+pub(crate) fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
+    let mut g = g.clone();
+    for b in &mut g.buffers {
+        b.layers = b.layers.min(layers);
+    }
+    g
+}
+
+/// `g` cut down to `sample`; a buffer name the geometry lacks is an error naming it.
+fn sampled(g: &PoolGeometry, sample: &Sample) -> Result<PoolGeometry, ReplayError> {
+    let mut g = truncate_layers(g, sample.layers);
+    if let Some(names) = &sample.buffers {
+        for n in names {
+            if g.buffer_index(n).is_none() {
+                return Err(workload_err(
+                    "--buffers",
+                    format!(
+                        "{n}: no such buffer in {} (buffers: {})",
+                        g.name,
+                        g.buffers
+                            .iter()
+                            .map(|b| b.name().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+        }
+        g.buffers.retain(|b| names.iter().any(|n| n == b.name()));
+    }
+    Ok(g)
+}
+
+/// Paired pools and what the report says about them.
+pub(crate) struct Paired<B: Backend> {
+    pub cache: HiCache<B>,
+    pub model_pool: ModelPool,
+    pub mismatch: Vec<String>,
+    pub host_source: String,
+    pub device_fingerprint: String,
+    pub host_fingerprint: String,
+    pub pairing: String,
+}
+
+/// Pairing refused: the host geometry source and the differing fields.
+pub(crate) struct Refused {
+    pub host_source: String,
+    pub mismatch: Vec<String>,
+}
+
+/// Builds and pairs the pools: `opts.pages` device pages, `layers` simulated layers.
+pub(crate) fn pair_pools<B: Backend>(
+    backend: B,
+    model: &Model,
+    opts: &PoolOptions,
+    host: &HostSource,
+    verify: bool,
+    sample: &Sample,
+) -> Result<Result<Paired<B>, Refused>, ReplayError> {
+    let layers = sample.layers;
+    let model_pool = model.pool(opts)?;
+    let full_device = model_pool.geometry.clone();
+    let (full_host, host_source) = match host {
+        HostSource::Mirror {
+            pages,
+            memory_layout,
+        } => {
+            let mut g = full_device.clone();
+            g.pages = *pages;
+            g.memory_layout = *memory_layout;
+            (g, "mirror of the device pool".to_string())
+        }
+        HostSource::Foreign { geometry, source } => (geometry.clone(), source.clone()),
+    };
+    let mismatch: Vec<String> = match compare(&full_device, &full_host) {
+        Ok(()) => Vec::new(),
+        Err(m) => m.diffs.iter().map(|d| d.to_string()).collect(),
+    };
+    if verify && !mismatch.is_empty() {
+        return Ok(Err(Refused {
+            host_source,
+            mismatch,
+        }));
+    }
+    let model_layers = model.config.num_hidden_layers;
+    if layers > model_layers {
+        return Err(workload_err(
+            "--layers",
+            format!("{layers} simulated layers, but the model has {model_layers}"),
+        ));
+    }
+    let device = DevicePool::new_in(backend.clone(), sampled(&full_device, sample)?)?;
+    let host_pool = match host {
+        HostSource::Mirror {
+            pages,
+            memory_layout,
+        } => HostPool::mirror_of(&device, *pages, *memory_layout)?,
+        HostSource::Foreign { .. } => {
+            HostPool::from_geometry_in(backend, sampled(&full_host, sample)?)?
+        }
+    };
+    // The fingerprints of the pools as the model and the host file declare them (all layers),
+    // the values a storage key or handshake would carry; the simulated pools hold a prefix of
+    // the layers.
+    let fingerprint = |g: &PoolGeometry| format!("{:#018x}", g.fingerprint().unwrap_or_default());
+    let (device_fingerprint, host_fingerprint) =
+        (fingerprint(&full_device), fingerprint(&full_host));
+    let cache = if verify {
+        match HiCache::pair(device, host_pool) {
+            Ok(c) => c,
+            Err(PairError::Mismatch(m)) => {
+                return Ok(Err(Refused {
+                    host_source,
+                    mismatch: m.diffs.iter().map(|d| d.to_string()).collect(),
+                }));
+            }
+            Err(e @ PairError::Route(_)) => {
+                return Err(workload_err("host pool", e.to_string()));
+            }
+        }
+    } else {
+        HiCache::pair_unverified(device, host_pool)
+    };
+    let pairing = match cache.mode() {
+        TransferMode::Checked => "checked".into(),
+        TransferMode::Unverified => "unverified (--no-verify)".into(),
+    };
+    Ok(Ok(Paired {
+        cache,
+        model_pool,
+        mismatch,
+        host_source,
+        device_fingerprint,
+        host_fingerprint,
+        pairing,
+    }))
+}

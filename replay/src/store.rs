@@ -1,0 +1,360 @@
+//! The bytes behind the trace replay's page schedule: every page the schedule computes is
+//! written into the device pool, every backup and load goes through the checked [`HiCache`],
+//! and the sparse indexer reads the index-K keys back from the device pool for each request that
+//! loaded pages from the host.
+//!
+//! Page contents are deterministic in (block hash id, page in block): the page takes one of
+//! [`TEMPLATES`] pre-encoded template pages (`mix(seed ^ mix(hash_id) ^ page) % TEMPLATES`), so
+//! equal prefixes hold equal keys and a page is written with one copy per buffer and layer.
+//! Template tokens are encoded with the model's token layouts by [`crate::codec`] (fp8 index-K
+//! with DeepSeek's quantizer) and placed by the pool's own accessors.
+//!
+//! The check, per simulated layer: the request's query is one of [`QUERIES`] fixed queries; every
+//! token's index-K bytes are read from the device pool; a key whose bytes equal its template's
+//! scores what the template's key scores (a score is a function of the bytes: computed once per
+//! template token and query), any other key is decoded and scored. The top-k set is compared
+//! with the reference (templates only), and the latent rows (`kv`) of the selected tokens with
+//! their template rows. Models without an indexer compare every buffer's rows of `top_k`
+//! sampled tokens.
+
+use kvlayout_core::TokenLayout;
+use kvlayout_pool::backend::Backend;
+use kvlayout_pool::{DevicePool, HiCache, KvPool, PagePair};
+
+use crate::codec::{self, CodecError};
+use crate::error::ReplayError;
+use crate::indexer::{score, top_k_of_scores};
+use crate::rng::{mix, unit};
+use crate::schedule::{PageId, PageStore};
+use crate::trace::Request;
+
+/// Distinct template pages per buffer and layer.
+pub const TEMPLATES: u64 = 16;
+/// Distinct indexer queries.
+pub const QUERIES: u64 = 4;
+
+/// Indexer parameters of the check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexerParams {
+    /// Tokens selected per query.
+    pub top_k: usize,
+    /// Indexer heads simulated.
+    pub heads: u64,
+    /// Seed of keys and queries.
+    pub seed: u64,
+}
+
+/// Moves the schedule's pages through a [`HiCache`].
+pub struct PoolStore<B: Backend> {
+    cache: HiCache<B>,
+    params: IndexerParams,
+    layers: u64,
+    page_size: u64,
+    /// `[buffer][layer][template]` canonical page bytes.
+    templates: Vec<Vec<Vec<Vec<u8>>>>,
+    index_k: Option<usize>,
+    /// The latent buffer, when its bytes move.
+    kv: Option<usize>,
+    /// `[layer][query][template * page_size + token]` reference scores.
+    ref_scores: Vec<Vec<Vec<f32>>>,
+    /// `[layer][query]` (q, w).
+    queries: Vec<Vec<(Vec<f32>, Vec<f32>)>>,
+    /// `[buffer]` token layouts.
+    layouts: Vec<TokenLayout>,
+    first_refusal: Option<String>,
+    scratch: Vec<u8>,
+}
+
+fn value(
+    seed: u64,
+    template: u64,
+    layer: u64,
+    buffer: usize,
+    section: usize,
+    token: u64,
+    elem: u64,
+) -> f32 {
+    unit(mix(seed
+        ^ mix((template << 40)
+            ^ (layer << 28)
+            ^ ((buffer as u64) << 24)
+            ^ ((section as u64) << 20)
+            ^ (token << 12))
+        ^ elem))
+}
+
+/// The sections of token `t` in a canonical page (each section's runs concatenated).
+fn token_sections(
+    layout: &TokenLayout,
+    page: &[u8],
+    t: u64,
+    page_size: u64,
+) -> Result<Vec<Vec<u8>>, CodecError> {
+    let mut out = Vec::with_capacity(layout.sections().len());
+    for s in 0..layout.sections().len() {
+        let run = layout.run_bytes(s)? as usize;
+        let mut bytes = Vec::with_capacity(layout.section_bytes(s)? as usize);
+        for r in 0..layout.runs(s)? {
+            let off = layout.offset_bytes(s, t, r, page_size)? as usize;
+            bytes.extend_from_slice(&page[off..off + run]);
+        }
+        out.push(bytes);
+    }
+    Ok(out)
+}
+
+impl<B: Backend> PoolStore<B> {
+    /// Builds the templates and reference scores for `cache`'s (simulated) device geometry.
+    pub fn new(cache: HiCache<B>, params: IndexerParams) -> Result<Self, ReplayError> {
+        let geometry = cache.device().geometry().clone();
+        let page_size = geometry.page_size_tokens;
+        let layers = geometry.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
+        // A scratch pool of TEMPLATES pages, written token by token through the pool's own
+        // accessors, read back as canonical pages.
+        let mut scratch_geometry = geometry.clone();
+        scratch_geometry.pages = TEMPLATES;
+        scratch_geometry.memory_layout = kvlayout_core::MemoryLayout::LayerFirst;
+        let mut scratch = DevicePool::new(scratch_geometry)?;
+        let mut templates = Vec::new();
+        for (b, buf) in geometry.buffers.iter().enumerate() {
+            let mut per_layer = Vec::new();
+            for l in 0..buf.layers {
+                let mut pages = Vec::new();
+                for p in 0..TEMPLATES {
+                    for t in 0..page_size {
+                        let bytes = codec::encode_token(&buf.layout, |s, e| {
+                            value(params.seed, p, l, b, s, t, e)
+                        })?;
+                        let slices: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+                        scratch.write_token(b, l, p, t, &slices)?;
+                    }
+                    pages.push(scratch.read_page(b, l, p)?);
+                }
+                per_layer.push(pages);
+            }
+            templates.push(per_layer);
+        }
+        let index_k = geometry.buffer_index("index_k");
+        let kv = geometry.buffer_index("kv");
+        let mut ref_scores = Vec::new();
+        let mut queries = Vec::new();
+        if let Some(ib) = index_k {
+            let layout = &geometry.buffers[ib].layout;
+            let dim = layout.section_elems(0).map_err(CodecError::from)? as usize;
+            let heads = params.heads as usize;
+            for l in 0..geometry.buffers[ib].layers {
+                let mut keys = Vec::new();
+                for page in &templates[ib][l as usize] {
+                    for t in 0..page_size {
+                        let sections = token_sections(layout, page, t, page_size)?;
+                        let slices: Vec<&[u8]> = sections.iter().map(Vec::as_slice).collect();
+                        keys.push(codec::decode_section(layout, 0, &slices)?);
+                    }
+                }
+                let mut per_query = Vec::new();
+                let mut scores = Vec::new();
+                for qi in 0..QUERIES {
+                    let q: Vec<f32> = (0..(heads * dim) as u64)
+                        .map(|i| value(params.seed ^ 0x5151, qi, l, 99, 0, 0, i))
+                        .collect();
+                    let w: Vec<f32> = (0..heads as u64)
+                        .map(|h| value(params.seed ^ 0x5151, qi, l, 99, 1, 0, h).abs())
+                        .collect();
+                    scores.push(keys.iter().map(|k| score(&q, &w, k)).collect());
+                    per_query.push((q, w));
+                }
+                ref_scores.push(scores);
+                queries.push(per_query);
+            }
+        }
+        Ok(PoolStore {
+            cache,
+            params,
+            layers,
+            page_size,
+            templates,
+            index_k,
+            kv,
+            ref_scores,
+            queries,
+            layouts: geometry.buffers.iter().map(|b| b.layout.clone()).collect(),
+            first_refusal: None,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The pools (for the report's counters and geometry).
+    pub fn cache(&self) -> &HiCache<B> {
+        &self.cache
+    }
+
+    /// Why the first refused transfer was refused.
+    pub fn first_refusal(&self) -> Option<&str> {
+        self.first_refusal.as_deref()
+    }
+
+    /// Whether the indexer runs (the model has an `index_k` buffer).
+    pub fn has_indexer(&self) -> bool {
+        self.index_k.is_some()
+    }
+
+    fn template_of(&self, page: PageId) -> usize {
+        (mix(self.params.seed ^ mix(page.hash_id) ^ page.page) % TEMPLATES) as usize
+    }
+
+    fn note(&mut self, e: &impl std::fmt::Display) {
+        if self.first_refusal.is_none() {
+            self.first_refusal = Some(e.to_string());
+        }
+    }
+
+    /// Whether token `t` of device page `dev` in buffer `b`, layer `l`, equals its template's.
+    fn row_matches(
+        &mut self,
+        b: usize,
+        l: u64,
+        dev: u64,
+        template: usize,
+        t: u64,
+    ) -> Result<bool, ReplayError> {
+        let layout = &self.layouts[b];
+        let want = &self.templates[b][l as usize][template];
+        for s in 0..layout.sections().len() {
+            let run = layout.run_bytes(s).map_err(CodecError::from)? as usize;
+            for r in 0..layout.runs(s).map_err(CodecError::from)? {
+                let off = layout
+                    .offset_bytes(s, t, r, self.page_size)
+                    .map_err(CodecError::from)?;
+                self.scratch.resize(run, 0);
+                self.cache
+                    .device()
+                    .read_page_bytes(b, l, dev, off, &mut self.scratch)?;
+                if self.scratch[..] != want[off as usize..off as usize + run] {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn check_layer(
+        &mut self,
+        req: &Request,
+        pages: &[(PageId, u64)],
+        l: u64,
+    ) -> Result<bool, ReplayError> {
+        let k = self.params.top_k;
+        let templates: Vec<usize> = pages.iter().map(|&(p, _)| self.template_of(p)).collect();
+        let selected: Vec<u64> = match self.index_k {
+            Some(ib) => {
+                let qi = (mix(self.params.seed ^ req.line) % QUERIES) as usize;
+                let layout = self.layouts[ib].clone();
+                let page_bytes = self.templates[ib][l as usize][0].len();
+                let mut got = Vec::with_capacity(pages.len() * self.page_size as usize);
+                let mut want = Vec::with_capacity(got.capacity());
+                let mut page = vec![0u8; page_bytes];
+                for (&(_, dev), &tp) in pages.iter().zip(&templates) {
+                    let refs = &self.ref_scores[l as usize][qi];
+                    let base = tp * self.page_size as usize;
+                    let ref_page = &refs[base..base + self.page_size as usize];
+                    want.extend_from_slice(ref_page);
+                    self.cache
+                        .device()
+                        .read_page_bytes(ib, l, dev, 0, &mut page)?;
+                    let template = &self.templates[ib][l as usize][tp];
+                    if page == *template {
+                        got.extend_from_slice(ref_page);
+                        continue;
+                    }
+                    for t in 0..self.page_size {
+                        let s = token_sections(&layout, &page, t, self.page_size)?;
+                        let r = token_sections(&layout, template, t, self.page_size)?;
+                        if s == r {
+                            got.push(ref_page[t as usize]);
+                        } else {
+                            let slices: Vec<&[u8]> = s.iter().map(Vec::as_slice).collect();
+                            let key = codec::decode_section(&layout, 0, &slices)?;
+                            let (q, w) = &self.queries[l as usize][qi];
+                            got.push(score(q, w, &key));
+                        }
+                    }
+                }
+                let mut g = top_k_of_scores(&got, k);
+                let mut w = top_k_of_scores(&want, k);
+                g.sort_unstable();
+                w.sort_unstable();
+                // Sparse attention reads the selected *set*.
+                if g != w {
+                    return Ok(true);
+                }
+                g
+            }
+            None => {
+                let tokens = pages.len() as u64 * self.page_size;
+                (0..k as u64)
+                    .map(|i| mix(self.params.seed ^ mix(req.line) ^ (l << 32) ^ i) % tokens)
+                    .collect()
+            }
+        };
+        let buffers: Vec<usize> = match self.index_k {
+            Some(_) => self.kv.into_iter().collect(),
+            None => (0..self.templates.len()).collect(),
+        };
+        for pos in selected {
+            let (pi, t) = ((pos / self.page_size) as usize, pos % self.page_size);
+            for &b in &buffers {
+                if l < self.cache.device().geometry().buffers[b].layers
+                    && !self.row_matches(b, l, pages[pi].1, templates[pi], t)?
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+}
+
+impl<B: Backend> PageStore for PoolStore<B> {
+    fn compute(&mut self, page: PageId, device_page: u64) -> Result<(), ReplayError> {
+        let tp = self.template_of(page);
+        for (b, per_layer) in self.templates.iter().enumerate() {
+            for (l, pages) in per_layer.iter().enumerate() {
+                self.cache
+                    .write_page(b, l as u64, device_page, &pages[tp])?;
+            }
+        }
+        Ok(())
+    }
+
+    fn backup(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
+        match self.cache.backup(pairs) {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                self.note(&e);
+                Ok(false)
+            }
+        }
+    }
+
+    fn load(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
+        for l in 0..self.layers {
+            if let Err(e) = self.cache.load_layer(l, pairs) {
+                self.note(&e);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn check(&mut self, req: &Request, pages: &[(PageId, u64)]) -> Result<bool, ReplayError> {
+        if pages.is_empty() {
+            return Ok(false);
+        }
+        for l in 0..self.layers {
+            if self.check_layer(req, pages, l)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}

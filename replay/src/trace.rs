@@ -1,0 +1,275 @@
+//! The Mooncake FAST'25 request trace (kvcache-ai/Mooncake, `FAST25-release/traces/`), read one
+//! line at a time: a trace of millions of lines is never held in memory.
+//!
+//! One JSON object per line: `timestamp` (ms since the first request), `input_length` and
+//! `output_length` (tokens), `hash_ids` (ids of the prompt's 512-token prefix blocks; equal ids
+//! mean the same prefix, so the KV of that block can be reused). A line is refused, naming its
+//! number (from 1) and the field, when a length is missing, negative or not an integer, when
+//! `hash_ids` does not hold exactly `ceil(input_length / 512)` non-negative integers, when the
+//! timestamp is earlier than the previous line's, or when the line is not a JSON object. Other
+//! fields are refused by name (nothing is dropped silently). Empty lines are skipped.
+
+use std::io::BufRead;
+
+use serde_json::Value;
+
+/// Tokens per prefix block of the Mooncake traces.
+pub const BLOCK_TOKENS: u64 = 512;
+
+/// One request of the trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Line number in the trace (from 1).
+    pub line: u64,
+    /// Arrival, milliseconds since the first request.
+    pub timestamp_ms: u64,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Tokens decoded after the prompt.
+    pub output_tokens: u64,
+    /// Prefix-block ids, one per 512 prompt tokens (the last block may be partial).
+    pub hash_ids: Vec<u64>,
+}
+
+/// A line that is not a valid request, or a read error.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The line is not a valid request.
+    #[error("trace line {line}: {field}: {problem}")]
+    Line {
+        /// Line number (from 1).
+        line: u64,
+        /// The field (`timestamp`, `input_length`, `output_length`, `hash_ids`, or `line`).
+        field: String,
+        /// What is wrong, with the value.
+        problem: String,
+    },
+    /// The file cannot be read.
+    #[error("trace: reading line {line}: {source}")]
+    Io {
+        /// The line being read.
+        line: u64,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+fn line_err(line: u64, field: &str, problem: String) -> TraceError {
+    TraceError::Line {
+        line,
+        field: field.to_string(),
+        problem,
+    }
+}
+
+/// A non-negative integer field.
+fn count(obj: &serde_json::Map<String, Value>, line: u64, field: &str) -> Result<u64, TraceError> {
+    match obj.get(field) {
+        None => Err(line_err(line, field, "missing".into())),
+        Some(v) => v.as_u64().ok_or_else(|| {
+            line_err(
+                line,
+                field,
+                format!("{v} is not a non-negative integer (tokens or milliseconds)"),
+            )
+        }),
+    }
+}
+
+/// Parses line `line` of a trace; `previous_ms` is the previous request's timestamp.
+pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Request, TraceError> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| line_err(line, "line", format!("not JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(line_err(line, "line", "not a JSON object".into()));
+    };
+    for key in obj.keys() {
+        if !matches!(
+            key.as_str(),
+            "timestamp" | "input_length" | "output_length" | "hash_ids"
+        ) {
+            return Err(line_err(line, key, "unknown field (not modelled)".into()));
+        }
+    }
+    let timestamp_ms = count(&obj, line, "timestamp")?;
+    if let Some(prev) = previous_ms
+        && timestamp_ms < prev
+    {
+        return Err(line_err(
+            line,
+            "timestamp",
+            format!("{timestamp_ms} goes back (the previous line's is {prev})"),
+        ));
+    }
+    let input_tokens = count(&obj, line, "input_length")?;
+    if input_tokens == 0 {
+        return Err(line_err(
+            line,
+            "input_length",
+            "must be at least 1, got 0".into(),
+        ));
+    }
+    let output_tokens = count(&obj, line, "output_length")?;
+    let ids = match obj.get("hash_ids") {
+        None => return Err(line_err(line, "hash_ids", "missing".into())),
+        Some(Value::Array(a)) => a,
+        Some(v) => return Err(line_err(line, "hash_ids", format!("{v} is not an array"))),
+    };
+    let mut hash_ids = Vec::with_capacity(ids.len());
+    for (i, v) in ids.iter().enumerate() {
+        let id = v.as_u64().ok_or_else(|| {
+            line_err(
+                line,
+                "hash_ids",
+                format!("entry {i}: {v} is not a non-negative integer"),
+            )
+        })?;
+        hash_ids.push(id);
+    }
+    let blocks = input_tokens.div_ceil(BLOCK_TOKENS);
+    if hash_ids.len() as u64 != blocks {
+        return Err(line_err(
+            line,
+            "hash_ids",
+            format!(
+                "{} ids do not cover input_length {input_tokens}: {input_tokens} tokens at {BLOCK_TOKENS} per block need ceil({input_tokens} / {BLOCK_TOKENS}) = {blocks}",
+                hash_ids.len()
+            ),
+        ));
+    }
+    Ok(Request {
+        line,
+        timestamp_ms,
+        input_tokens,
+        output_tokens,
+        hash_ids,
+    })
+}
+
+/// Streams the requests of a trace, checking each line and the order of timestamps.
+pub struct TraceReader<R> {
+    input: R,
+    line: u64,
+    previous_ms: Option<u64>,
+    buf: String,
+}
+
+impl<R: BufRead> TraceReader<R> {
+    /// A reader over `input`.
+    pub fn new(input: R) -> Self {
+        TraceReader {
+            input,
+            line: 0,
+            previous_ms: None,
+            buf: String::new(),
+        }
+    }
+
+    /// The underlying reader.
+    pub fn get_ref(&self) -> &R {
+        &self.input
+    }
+}
+
+impl<R: BufRead> Iterator for TraceReader<R> {
+    type Item = Result<Request, TraceError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            self.buf.clear();
+            self.line += 1;
+            match self.input.read_line(&mut self.buf) {
+                Ok(0) => return None,
+                Ok(_) => {}
+                Err(source) => {
+                    return Some(Err(TraceError::Io {
+                        line: self.line,
+                        source,
+                    }));
+                }
+            }
+            let text = self.buf.trim();
+            if text.is_empty() {
+                continue;
+            }
+            let r = parse_line(text, self.line, self.previous_ms);
+            if let Ok(req) = &r {
+                self.previous_ms = Some(req.timestamp_ms);
+            }
+            return Some(r);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse_line(text, 7, Some(100)).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_valid_line() {
+        // 1000 tokens at 512 per block: ceil(1000 / 512) = 2 ids.
+        let r = parse_line(
+            r#"{"timestamp": 100, "input_length": 1000, "output_length": 5, "hash_ids": [0, 9]}"#,
+            3,
+            Some(100),
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request {
+                line: 3,
+                timestamp_ms: 100,
+                input_tokens: 1000,
+                output_tokens: 5,
+                hash_ids: vec![0, 9]
+            }
+        );
+    }
+
+    #[test]
+    fn bad_lines_name_line_and_field() {
+        let ok = r#""output_length": 5, "hash_ids": [0, 9]"#;
+        assert_eq!(
+            err(&format!(
+                r#"{{"timestamp": 100, "input_length": -3, {ok}}}"#
+            )),
+            "trace line 7: input_length: -3 is not a non-negative integer (tokens or milliseconds)"
+        );
+        assert_eq!(
+            err(&format!(r#"{{"timestamp": 100, {ok}}}"#)),
+            "trace line 7: input_length: missing"
+        );
+        assert_eq!(
+            err(&format!(
+                r#"{{"timestamp": 99, "input_length": 1000, {ok}}}"#
+            )),
+            "trace line 7: timestamp: 99 goes back (the previous line's is 100)"
+        );
+        // 1025 tokens need ceil(1025 / 512) = 3 ids; 2 are given.
+        assert_eq!(
+            err(&format!(
+                r#"{{"timestamp": 100, "input_length": 1025, {ok}}}"#
+            )),
+            "trace line 7: hash_ids: 2 ids do not cover input_length 1025: 1025 tokens at 512 per block need ceil(1025 / 512) = 3"
+        );
+        assert!(err(r#"{"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": 1}"#)
+            .contains("x: unknown field"));
+        assert!(err("[1]").contains("line: not a JSON object"));
+    }
+
+    #[test]
+    fn reader_streams_and_checks_order() {
+        let text = "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 0, \"hash_ids\": [1]}\n\n{\"timestamp\": 4, \"input_length\": 1, \"output_length\": 0, \"hash_ids\": [1]}\n";
+        let mut r = TraceReader::new(text.as_bytes());
+        assert_eq!(r.next().unwrap().unwrap().line, 1);
+        let e = r.next().unwrap().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "trace line 3: timestamp: 4 goes back (the previous line's is 5)"
+        );
+    }
+}

@@ -1,0 +1,404 @@
+//! `kvlayout replay --trace`: a Mooncake trace through the [`crate::schedule`] model of SGLang's
+//! HiCache, with the bytes of the simulated layers moving through the checked pools
+//! ([`crate::store`]).
+//!
+//! Default capacities stand for DeepSeek-V3.2 served by one node of 8 H200 GPUs at tensor
+//! parallelism 8 (SGLang replicates the MLA latent cache on every rank, so one rank's pool is the
+//! node's cache):
+//! - HBM per GPU: 141 GB ([`H200_HBM_BYTES`], NVIDIA H200 datasheet);
+//! - static share SGLang may allocate (`--mem-fraction-static`): 0.90, the rest is activations
+//!   and CUDA graphs;
+//! - weights per GPU: about 690 GB of checkpoint (671 B parameters, mostly fp8) / 8 = 86.25 GB
+//!   ([`WEIGHTS_PER_GPU_BYTES`]);
+//! - KV budget per GPU: 0.90 x 141 GB - 86.25 GB = 40.65 GB ([`KV_BUDGET_BYTES`]);
+//! - device pages: budget / (bytes per token over all layers x 64), bytes per token from
+//!   `kvlayout describe`: with bf16 index-K 61 x (656 + 256) = 55,632 B, so
+//!   40,650,000,000 / (55,632 x 64) = 11,417 pages (730,688 tokens); with fp8 index-K
+//!   61 x (656 + 132) = 48,068 B: 13,213 pages;
+//! - host pages: 2 x device pages (SGLang `--hicache-ratio` default 2).
+
+use std::io::BufRead;
+
+use kvlayout_models::{Model, PoolOptions};
+use kvlayout_pool::KvPool;
+use kvlayout_pool::backend::{Backend, CpuBackend};
+
+use crate::error::{ReplayError, workload_err};
+use crate::pairing::{HostSource, Paired, Sample, pair_pools};
+use crate::report::{Minute, TraceRefusal, TraceReport, share};
+use crate::schedule::{Schedule, ScheduleConfig, WritePolicy};
+use crate::store::{IndexerParams, PoolStore};
+use crate::trace::TraceReader;
+
+/// HBM of one H200 GPU, bytes (141 GB).
+pub const H200_HBM_BYTES: u64 = 141_000_000_000;
+/// DeepSeek-V3.2 weights on one GPU at tensor parallelism 8: 690 GB / 8.
+pub const WEIGHTS_PER_GPU_BYTES: u64 = 86_250_000_000;
+/// HBM left for the KV cache per GPU: 0.90 x 141 GB - 86.25 GB.
+pub const KV_BUDGET_BYTES: u64 = H200_HBM_BYTES / 10 * 9 - WEIGHTS_PER_GPU_BYTES;
+/// Host pages per device page (SGLang `--hicache-ratio` default).
+pub const HICACHE_RATIO: u64 = 2;
+
+/// The Mooncake FAST'25 conversation trace (Apache-2.0, data/SOURCE.md).
+pub const CONVERSATION_TRACE: &str = include_str!("../../data/conversation_trace.jsonl");
+
+/// Where the host pool comes from in a trace replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TraceHost {
+    /// A mirror of the device pool; `pages: None` is [`HICACHE_RATIO`] x device pages.
+    Mirror {
+        /// Host pages.
+        pages: Option<u64>,
+        /// Host memory layout.
+        memory_layout: kvlayout_core::MemoryLayout,
+    },
+    /// A geometry file: its `pages` is the host capacity.
+    Foreign(HostSource),
+}
+
+/// Everything a trace replay needs but the trace.
+#[derive(Clone, Debug)]
+pub struct TraceInput {
+    /// The model.
+    pub model: Model,
+    /// KV dtype and index-K dtype (pages come from `device_pages`).
+    pub pool: PoolOptions,
+    /// Device pages; `None`: the H200 default of the module docs.
+    pub device_pages: Option<u64>,
+    /// Host pool.
+    pub host: TraceHost,
+    /// Check at pairing and per transfer (false: `--no-verify`).
+    pub verify: bool,
+    /// Layers whose bytes move.
+    pub layers: u64,
+    /// Buffers whose bytes move; `None`: `index_k` when the model has one (the buffer the
+    /// indexer reads), else all.
+    pub buffers: Option<Vec<String>>,
+    /// Indexer top-k.
+    pub top_k: usize,
+    /// Indexer heads.
+    pub indexer_heads: u64,
+    /// Seed of keys and queries.
+    pub seed: u64,
+    /// Write policy.
+    pub write_policy: WritePolicy,
+    /// Prefill speed per request.
+    pub prefill_tokens_per_s: u64,
+    /// Decode time per token.
+    pub decode_ms_per_token: u64,
+    /// Trace name for the report.
+    pub trace_name: String,
+}
+
+/// Result of a trace replay.
+#[derive(Clone, Debug)]
+pub enum TraceOutcome {
+    /// Pairing refused.
+    Refused(TraceRefusal),
+    /// The trace ran.
+    Completed(Box<TraceReport>),
+}
+
+/// Device pages for a pool of `bytes_per_page` bytes per page over all layers: the H200 default.
+pub fn default_device_pages(bytes_per_page: u64) -> u64 {
+    KV_BUDGET_BYTES / bytes_per_page.max(1)
+}
+
+/// Replays `trace` on the CPU backend; `progress(bytes_read)` after each request.
+pub fn run_trace(
+    input: &TraceInput,
+    trace: impl BufRead,
+    progress: &mut dyn FnMut(u64),
+) -> Result<TraceOutcome, ReplayError> {
+    run_trace_with(CpuBackend, input, trace, progress)
+}
+
+/// Counts the bytes read through it.
+struct Counting<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: BufRead> std::io::Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Counting<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+    fn consume(&mut self, amt: usize) {
+        self.bytes += amt as u64;
+        self.inner.consume(amt);
+    }
+}
+
+/// Replays `trace` with both pools on `backend`.
+pub fn run_trace_with<B: Backend>(
+    backend: B,
+    input: &TraceInput,
+    trace: impl BufRead,
+    progress: &mut dyn FnMut(u64),
+) -> Result<TraceOutcome, ReplayError> {
+    if let Some(topk) = input.model.config.index_topk
+        && input.top_k as u64 > topk
+    {
+        return Err(workload_err(
+            "--top-k",
+            format!(
+                "{} is more than the {topk} tokens the model's indexer keeps (index_topk)",
+                input.top_k
+            ),
+        ));
+    }
+    for (field, v) in [
+        ("--layers", input.layers),
+        ("--top-k", input.top_k as u64),
+        ("indexer heads", input.indexer_heads),
+    ] {
+        if v == 0 {
+            return Err(workload_err(field, "must be at least 1, got 0".into()));
+        }
+    }
+    let full = input.model.pool(&PoolOptions {
+        pages: 1,
+        ..input.pool
+    })?;
+    let bytes_per_page = full
+        .geometry
+        .total_bytes()
+        .map_err(kvlayout_pool::PoolError::from)?;
+    let page_size = full.geometry.page_size_tokens;
+    let (device_pages, device_pages_source) = match input.device_pages {
+        Some(p) => (p, "--device-pages".to_string()),
+        None => (
+            default_device_pages(bytes_per_page),
+            format!(
+                "H200 KV budget {KV_BUDGET_BYTES} B (0.90 x 141 GB HBM - 86.25 GB weights, \
+                 DeepSeek-V3.2 at TP 8) / {bytes_per_page} B per page over all layers"
+            ),
+        ),
+    };
+    if device_pages == 0 {
+        return Err(workload_err(
+            "--device-pages",
+            "must be at least 1, got 0".into(),
+        ));
+    }
+    let (host, host_pages_source) = match &input.host {
+        TraceHost::Mirror {
+            pages,
+            memory_layout,
+        } => {
+            let (pages, source) = match pages {
+                Some(p) => (*p, "--host-pages".to_string()),
+                None => (
+                    device_pages.checked_mul(HICACHE_RATIO).ok_or_else(|| {
+                        workload_err("--device-pages", format!("{device_pages} x 2 overflows"))
+                    })?,
+                    "2 x device pages (SGLang --hicache-ratio 2)".to_string(),
+                ),
+            };
+            (
+                HostSource::Mirror {
+                    pages,
+                    memory_layout: *memory_layout,
+                },
+                source,
+            )
+        }
+        TraceHost::Foreign(h) => (h.clone(), "the host geometry file's pages".to_string()),
+    };
+    let host_pages = match &host {
+        HostSource::Mirror { pages, .. } => *pages,
+        HostSource::Foreign { geometry, .. } => geometry.pages,
+    };
+    let opts = PoolOptions {
+        pages: device_pages,
+        ..input.pool
+    };
+    let buffers = match &input.buffers {
+        Some(b) => Some(b.clone()),
+        None => full
+            .geometry
+            .buffer_index("index_k")
+            .map(|_| vec!["index_k".to_string()]),
+    };
+    let sample = Sample {
+        layers: input.layers,
+        buffers,
+    };
+    let paired = match pair_pools(backend, &input.model, &opts, &host, input.verify, &sample)? {
+        Ok(p) => p,
+        Err(r) => {
+            return Ok(TraceOutcome::Refused(TraceRefusal {
+                model: input.model.name.clone(),
+                trace: input.trace_name.clone(),
+                host_geometry: r.host_source,
+                pairing: "refused",
+                mismatch: r.mismatch,
+                device_pages,
+                host_pages,
+                requests: 0,
+                requests_with_host_hits: 0,
+                corrupted_requests: 0,
+            }));
+        }
+    };
+    let Paired {
+        cache,
+        model_pool,
+        mismatch,
+        host_source,
+        device_fingerprint,
+        host_fingerprint,
+        pairing,
+    } = paired;
+    let geometry = cache.device().geometry().clone();
+    let host_memory_layout = cache.host().geometry().memory_layout.to_string();
+    let mut store = PoolStore::new(
+        cache,
+        IndexerParams {
+            top_k: input.top_k,
+            heads: input.indexer_heads,
+            seed: input.seed,
+        },
+    )?;
+    let mut schedule = Schedule::new(ScheduleConfig {
+        device_pages,
+        host_pages,
+        page_size_tokens: page_size,
+        write_policy: input.write_policy,
+        prefill_tokens_per_s: input.prefill_tokens_per_s,
+        decode_ms_per_token: input.decode_ms_per_token,
+    })?;
+    let mut per_minute: Vec<Minute> = Vec::new();
+    let mut report = TraceReport {
+        model: input.model.name.clone(),
+        formats: model_pool
+            .geometry
+            .buffers
+            .iter()
+            .zip(&model_pool.formats)
+            .map(|(b, f)| format!("{}: {f}", b.name()))
+            .collect(),
+        trace: input.trace_name.clone(),
+        model_layers: input.model.config.num_hidden_layers,
+        simulated_layers: input.layers,
+        page_size_tokens: page_size,
+        device_pages,
+        device_pages_source,
+        host_pages,
+        host_pages_source,
+        host_memory_layout,
+        host_geometry: host_source,
+        pairing,
+        mismatch,
+        device_fingerprint,
+        host_fingerprint,
+        write_policy: input.write_policy,
+        prefill_tokens_per_s: input.prefill_tokens_per_s,
+        decode_ms_per_token: input.decode_ms_per_token,
+        sampled: String::new(),
+        indexer: store.has_indexer(),
+        indexer_heads: input.indexer_heads,
+        top_k: input.top_k as u64,
+        requests: 0,
+        requests_with_host_hits: 0,
+        host_hit_share: 0.0,
+        corrupted_requests: 0,
+        corrupted_share: 0.0,
+        prompt_tokens: 0,
+        device_tokens: 0,
+        host_tokens: 0,
+        recomputed_tokens: 0,
+        pages: Default::default(),
+        bytes_backed_up: 0,
+        bytes_loaded: 0,
+        backup_transfers: 0,
+        load_transfers: 0,
+        first_refusal: None,
+        end_ms: 0,
+        per_minute: Vec::new(),
+    };
+    let moved: Vec<String> = geometry
+        .buffers
+        .iter()
+        .map(|b| b.name().to_string())
+        .collect();
+    report.sampled = if report.indexer {
+        let cfg = &input.model.config;
+        format!(
+            "page schedule exact at full scale; bytes of layers 0..{} of {}, buffers {}, move \
+             through the pools; indexer: {} of {} heads, top-{} of {}, one query per request \
+             per simulated layer, run for each request that loaded pages from the host",
+            input.layers,
+            report.model_layers,
+            moved.join(", "),
+            input.indexer_heads,
+            cfg.index_n_heads.map_or("?".to_string(), |h| h.to_string()),
+            input.top_k,
+            cfg.index_topk.map_or("?".to_string(), |k| k.to_string()),
+        )
+    } else {
+        format!(
+            "page schedule exact at full scale; bytes of layers 0..{} of {}, buffers {}, move \
+             through the pools; no indexer: rows of {} sampled tokens compared per request that \
+             loaded pages from the host",
+            input.layers,
+            report.model_layers,
+            moved.join(", "),
+            input.top_k
+        )
+    };
+    let mut requests = TraceReader::new(Counting {
+        inner: trace,
+        bytes: 0,
+    });
+    while let Some(req) = requests.next() {
+        let req = req?;
+        let out = schedule.admit(&req, &mut store)?;
+        let minute = usize::try_from(req.timestamp_ms / 60_000).map_err(|_| {
+            workload_err("timestamp", format!("{} ms is too far", req.timestamp_ms))
+        })?;
+        if per_minute.len() <= minute {
+            per_minute.resize_with(minute + 1, Minute::default);
+        }
+        let m = &mut per_minute[minute];
+        m.requests += 1;
+        let hit = out.loaded_pages > 0;
+        m.requests_with_host_hits += u64::from(hit);
+        m.corrupted_requests += u64::from(out.corrupted);
+        m.device_tokens += out.device_tokens;
+        m.host_tokens += out.host_tokens;
+        m.recomputed_tokens += out.recomputed_tokens;
+        report.requests += 1;
+        report.requests_with_host_hits += u64::from(hit);
+        report.corrupted_requests += u64::from(out.corrupted);
+        report.prompt_tokens += req.input_tokens;
+        report.device_tokens += out.device_tokens;
+        report.host_tokens += out.host_tokens;
+        report.recomputed_tokens += out.recomputed_tokens;
+        progress(requests.get_ref().bytes);
+    }
+    schedule.drain();
+    for (i, m) in per_minute.iter_mut().enumerate() {
+        m.minute = i as u64;
+    }
+    let stats = store.cache().stats();
+    report.pages = schedule.counts.clone();
+    report.bytes_backed_up = stats.bytes_backed_up;
+    report.bytes_loaded = stats.bytes_loaded;
+    report.backup_transfers = stats.backups;
+    report.load_transfers = stats.loads;
+    report.first_refusal = store.first_refusal().map(str::to_string);
+    report.host_hit_share = share(report.requests_with_host_hits, report.requests);
+    report.corrupted_share = share(report.corrupted_requests, report.requests);
+    report.end_ms = schedule.now_ms();
+    report.per_minute = per_minute;
+    Ok(TraceOutcome::Completed(Box::new(report)))
+}
