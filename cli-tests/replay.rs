@@ -359,3 +359,28 @@ fn host_pages_with_a_host_geometry_is_refused() {
         "{text}"
     );
 }
+
+/// Regression: a hybrid model's buffers carry `layer_ids` (gpt-oss-20b: 12 sliding + 12 full
+/// layers, ids 0, 2, .. and 1, 3, ..); sampling the first simulated layer must cut them too
+/// (it was refused with "layer_ids: 12 ids for 1 layers").
+#[test]
+fn hybrid_model_trace_replay_runs() {
+    let trace = multi_turn_trace("");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--model", "gpt-oss-20b", "--device-pages", "24"])
+        .args(["--host-pages", "96", "--trace"])
+        .arg(&trace)
+        .output()
+        .expect("run kvlayout");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    // The same schedule as the DSA run above: 8 of 12 requests load from the host.
+    assert!(
+        text.contains("requests 12: with host hits 8 (66.7%)"),
+        "{text}"
+    );
+}

@@ -43,11 +43,16 @@ pub struct Sample {
     pub buffers: Option<Vec<String>>,
 }
 
-/// The first `layers` layers of every buffer.
+/// The first `layers` layers of every buffer. A hybrid model's buffers name the model layers
+/// they serve (`layer_ids`: gpt-oss-20b's `swa` serves 0, 2, .., `full` 1, 3, ..); the sampled
+/// pools are addressed by buffer-local layer (the schedule loads layer 0 of every buffer, then
+/// layer 1, ..), so the sample drops the ids. The pairing check and the fingerprints the report
+/// prints are those of the whole model's pools, ids included.
 pub(crate) fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
     let mut g = g.clone();
     for b in &mut g.buffers {
         b.layers = b.layers.min(layers);
+        b.layer_ids = None;
     }
     g
 }

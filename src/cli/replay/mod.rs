@@ -3,7 +3,8 @@
 //! moving the simulated layers' bytes through the checked pools (see
 //! [`kvlayout_replay::trace_replay`]); `--workload synthetic` runs the multi-turn synthetic
 //! workload ([`kvlayout_replay::synthetic`]). Exit 0 when it ran with nothing corrupted, 1 when
-//! the host pool's pairing was refused (the mismatch lines are printed), 2 on bad input, 3 when
+//! the host pool's pairing was refused (the mismatch lines are printed) or the shim refused a
+//! trace transfer (its pages are recomputed; the first refusal is printed), 2 on bad input, 3 when
 //! it ran and requests (sessions) were corrupted (a CI gate).
 //!
 //! `--device cuda` puts the device pool in GPU memory and the host pool in pinned host memory

@@ -133,7 +133,15 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
                     println!("plot: {}", path.display());
                 }
             }
-            if r.corrupted_requests > 0 { 3 } else { 0 }
+            // A transfer the shim refused is recomputed (as an engine would), but the run is not
+            // clean: exit 1, as a refused pairing.
+            if r.corrupted_requests > 0 {
+                3
+            } else if r.pages.refused_transfers > 0 {
+                1
+            } else {
+                0
+            }
         }
     }
 }
