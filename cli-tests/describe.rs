@@ -58,7 +58,7 @@ fn totals_is_the_design_contract() {
 #[test]
 fn table_prints_the_three_fingerprint_levels() {
     // DeepSeek-V3.2 fp8/fp8 keeps its v1 pool fingerprint; storage and per-buffer token
-    // fingerprints follow (DESIGN.md "Compare levels").
+    // fingerprints follow (docs/DESIGN.md "Compare levels").
     let (code, out, err) = describe(&["--model", "deepseek-v3.2-exp"]);
     assert_eq!(code, 0, "{err}");
     assert!(

@@ -329,7 +329,7 @@ pub fn describe(source: &ModelSource, opts: &Options) -> Result<PoolGeometry, Mo
     Ok(source.load()?.pool(opts)?.geometry)
 }
 
-/// The `--totals` object for `source` under `opts` (DESIGN.md "describe --totals").
+/// The `--totals` object for `source` under `opts` (docs/DESIGN.md "describe --totals").
 pub fn totals(source: &ModelSource, opts: &Options) -> Result<Totals, ModelError> {
     source.load()?.totals(opts)
 }

@@ -1,4 +1,4 @@
-//! `kvlayout describe --totals` (DESIGN.md contract): one JSON object for the pool of one rank.
+//! `kvlayout describe --totals` (docs/DESIGN.md contract): one JSON object for the pool of one rank.
 //!
 //! - `full_bytes_per_token`: sum over full-attention buffers of bytes per token x layers;
 //! - `window_bytes_per_request_max`: sum over sliding / chunked buffers of bytes per token x

@@ -162,6 +162,8 @@ impl PageList<'_> {
                 // SAFETY: `i < len`, and the exporter guarantees `len` elements at
                 // `ptr + k * stride_bytes`; unaligned reads are allowed.
                 let p = unsafe { ptr.offset(i as isize * *stride_bytes) } as *const i64;
+                // SAFETY: `p` is element `i` of the exported int64 array (above), readable
+                // while the view is held; `read_unaligned` needs no alignment.
                 Ok(unsafe { p.read_unaligned() })
             }
         }
@@ -179,11 +181,16 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
     // without running Python code, so the borrow stays valid; anything else may run
     // `__index__`, which could drop the container's reference: hold our own for that call.
     let v = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
+        // SAFETY: `item` is a live exact int (checked above); converting it runs no Python code.
         unsafe { ffi::PyLong_AsLongLong(item) }
     } else {
+        // SAFETY: `item` is live (borrowed from its container, GIL held); this takes a strong
+        // reference of our own before any `__index__` can run.
         let owned = unsafe { Bound::from_borrowed_ptr(py, item) };
+        // SAFETY: `owned` holds the object alive for the call.
         unsafe { ffi::PyLong_AsLongLong(owned.as_ptr()) }
     };
+    // SAFETY: the GIL is held; PyErr_Occurred only reads the thread's error indicator.
     if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
         let e = PyErr::fetch(py);
         return Err(PyTypeError::new_err(format!(
@@ -283,6 +290,7 @@ fn with_buffer<R>(
     let stride_bytes = if v.strides.is_null() {
         8
     } else {
+        // SAFETY: non-null, and ndim == 1: one stride entry, in bytes (PEP 3118).
         unsafe { *v.strides }
     };
     f(&PageList::Raw {
@@ -341,6 +349,7 @@ fn with_dlpack<R>(
     let stride_bytes = if t.strides.is_null() {
         8
     } else {
+        // SAFETY: non-null, and ndim == 1: one stride entry, in elements (DLPack).
         (unsafe { *t.strides } as isize).saturating_mul(8)
     };
     // SAFETY: data + byte_offset is the first element.

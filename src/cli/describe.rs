@@ -3,7 +3,7 @@
 //! [--json | --totals]`: a real model's pool geometry for one rank — per buffer the format,
 //! what it keeps (all tokens, a window, a chunk, a state slot), layers, bytes per token per
 //! layer, page stride and all-layer bytes — or, with `--json`, the geometry file, or, with
-//! `--totals`, DESIGN.md's totals object. The mapping lives in the `kvlayout-models` crate.
+//! `--totals`, docs/DESIGN.md's totals object. The mapping lives in the `kvlayout-models` crate.
 
 use kvlayout_core::file;
 use kvlayout_models::{

@@ -1,6 +1,6 @@
 //! `kvlayout describe`'s numbers: each built-in model config mapped to its pool geometry, bytes
 //! per token per layer per buffer and the all-layer total, against totals worked by hand from
-//! DESIGN-facts.md ("Model configs" and "Token layouts").
+//! docs/DESIGN-facts.md ("Model configs" and "Token layouts").
 
 use kvlayout_core::{MemoryLayout, file};
 use kvlayout_models::{

@@ -1,6 +1,6 @@
 //! One JSON snapshot per built-in format (through serde, so they survive rustc updates): name,
 //! sizes, arrangement, sections, the byte offset of every section of tokens 0 and 1 in a
-//! 64-token page, and the fingerprint. Reviewed against DESIGN-facts.md before acceptance;
+//! 64-token page, and the fingerprint. Reviewed against docs/DESIGN-facts.md before acceptance;
 //! the key figures are also asserted here, worked by hand.
 
 use kvlayout::formats::{self, Format};
@@ -73,7 +73,7 @@ fn every_built_in_format() {
     }
 }
 
-/// The figures the review checked, asserted outright (worked by hand from DESIGN-facts.md).
+/// The figures the review checked, asserted outright (worked by hand from docs/DESIGN-facts.md).
 #[test]
 fn reviewed_figures() {
     let v = |name: &str| format_json(&formats::by_name(name).unwrap());

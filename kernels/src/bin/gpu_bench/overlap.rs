@@ -192,7 +192,7 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
     let Ctx { host, dev, .. } = cx;
     let (src, dst): (&dyn GpuBytes, &mut dyn GpuBytes) =
         if h2d { (&*host, dev) } else { (&*dev, host) };
-    // SAFETY (every arm): both pools live until the window's finish(); every run and item lies
+    // SAFETY: (every arm) both pools live until the window's finish(); every run and item lies
     // inside them (planned from the pool geometries, checked by each path).
     unsafe {
         match path {
