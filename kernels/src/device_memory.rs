@@ -20,6 +20,16 @@ pub trait GpuBytes {
     fn device_address(&self) -> u64;
     /// Length in bytes.
     fn len_bytes(&self) -> u64;
+    /// The bytes for the CPU, when the CPU can read them at normal speed (pinned host memory
+    /// that is not write-combined); `None` for device memory. The staged transfer path
+    /// ([`crate::Gpu::enqueue_staged_runs`]) needs it on the host side.
+    fn host_bytes(&self) -> Option<&[u8]> {
+        None
+    }
+    /// [`GpuBytes::host_bytes`], mutable.
+    fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        None
+    }
 }
 
 /// Device memory (`cuMemAlloc`), bytes.
@@ -113,6 +123,12 @@ impl GpuBytes for PinnedBytes {
     }
     fn len_bytes(&self) -> u64 {
         self.len as u64
+    }
+    fn host_bytes(&self) -> Option<&[u8]> {
+        Some(self.as_slice())
+    }
+    fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        Some(self.as_mut_slice())
     }
 }
 

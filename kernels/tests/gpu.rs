@@ -780,6 +780,118 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
     assert!(gpu.read(&dst).unwrap() == expect);
 }
 
+/// Every page of `pages` of the device-side pool (both buffers, every layer) against distinct
+/// random pages of the other side.
+fn all_page_runs(
+    rng: &mut SplitMix64,
+    src_pool: &PoolGeometry,
+    dst_pool: &PoolGeometry,
+    pages: u64,
+) -> Vec<ByteRun> {
+    let src_pages = rng.distinct_below(src_pool.pages, pages as usize);
+    let dst_pages = rng.distinct_below(dst_pool.pages, pages as usize);
+    let mut runs = Vec::new();
+    for b in 0..2usize {
+        let len = src_pool.stored_page_bytes(b).unwrap();
+        for layer in 0..LAYERS {
+            for (&sp, &dp) in src_pages.iter().zip(&dst_pages) {
+                runs.push(ByteRun::new(
+                    src_pool.page_offset_bytes(b, layer, sp).unwrap(),
+                    dst_pool.page_offset_bytes(b, layer, dp).unwrap(),
+                    len,
+                ));
+            }
+        }
+    }
+    runs
+}
+
+/// The staged path (host threads, one copy per chunk, device scatter or gather) and the
+/// chooser's pick of it, against the pool crate's CPU backend, bit for bit, both directions:
+/// 400 pages x 3 layers x (41,984 + 8,448) B = 60,518,400 B, four chunks of 16 MiB, then a
+/// second call of mixed runs (unaligned, token runs) that wraps the ring of 4 slots; a bad run
+/// refused with the exact error and both sides unchanged.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn staged_path_matches_the_pool_cpu_backend() {
+    let gpu = gpu();
+    let host = pool(MemoryLayout::PageFirst, 512);
+    let device = pool(MemoryLayout::LayerFirst, 400);
+    let mut rng = SplitMix64::new(808);
+    for h2d in [true, false] {
+        let (src_pool, dst_pool) = if h2d {
+            (&host, &device)
+        } else {
+            (&device, &host)
+        };
+        let runs_a = all_page_runs(&mut rng, src_pool, dst_pool, 400);
+        let runs_b = mixed_runs(&mut rng, src_pool, dst_pool);
+        let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
+        let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
+        let src = Buf::new(&gpu, h2d, &src_bytes);
+        let expect_a = cpu_reference(&src_bytes, &poison, &runs_a);
+        let expect_ab = cpu_reference(&src_bytes, &expect_a, &runs_b);
+
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        // SAFETY: finish() waits before src and dst are touched or dropped; nothing enqueued
+        // earlier writes src.
+        let chunks = unsafe { gpu.enqueue_staged_runs(src.bytes(), dst.bytes_mut(), &runs_a) };
+        // 60,518,400 B over 16,777,216 B chunks: 4 (3.6, rounded up; pages do not straddle).
+        assert_eq!(chunks.unwrap(), 4);
+        // SAFETY: as above.
+        unsafe { gpu.enqueue_staged_runs(src.bytes(), dst.bytes_mut(), &runs_b) }.unwrap();
+        gpu.finish().unwrap();
+        let got = dst.read(&gpu);
+        let first_diff = got.iter().zip(&expect_ab).position(|(a, b)| a != b);
+        assert!(
+            first_diff.is_none(),
+            "staged h2d={h2d}: byte {first_diff:?}"
+        );
+
+        let order = if h2d {
+            RunOrder::SrcAscending
+        } else {
+            RunOrder::DstAscending
+        };
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        let path = gpu
+            .transfer_runs(src.bytes(), dst.bytes_mut(), &runs_a, order)
+            .unwrap();
+        assert!(
+            matches!(path, TransferPath::Staged { chunks: 4, .. }),
+            "{path:?}"
+        );
+        assert!(dst.read(&gpu) == expect_a, "chooser h2d={h2d}");
+
+        // A run one byte past the destination: refused, naming its position; nothing moved.
+        let dst_len = dst_pool.total_bytes().unwrap();
+        let mut bad = runs_a.clone();
+        bad[900] = ByteRun::new(0, dst_len - 10, 11);
+        let want = KernelError::RunOutOfRange {
+            position: 900,
+            run: bad[900],
+            src_len_bytes: src_pool.total_bytes().unwrap(),
+            dst_len_bytes: dst_len,
+            bad_count: 1,
+        };
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        // SAFETY: as above.
+        let err = unsafe { gpu.enqueue_staged_runs(src.bytes(), dst.bytes_mut(), &bad) };
+        assert_eq!(err.unwrap_err(), want);
+        let err = gpu.transfer_runs(src.bytes(), dst.bytes_mut(), &bad, order);
+        assert_eq!(err.unwrap_err(), want);
+        gpu.finish().unwrap();
+        assert!(
+            dst.read(&gpu) == poison,
+            "h2d={h2d}: a refused list changed dst"
+        );
+        assert!(
+            src.read(&gpu) == src_bytes,
+            "h2d={h2d}: a refused list changed src"
+        );
+    }
+}
+
 /// Sub-range reads and writes of device memory (what a pool backend's read_device and
 /// write_device do), with out-of-range requests refused.
 #[test]

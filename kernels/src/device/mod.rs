@@ -14,13 +14,15 @@
 //!
 //! Modules, one concept each: [`options`] (launch shapes, orders, the transfer chooser),
 //! `memory` (allocation, uploads, byte access), `items` (index-list copies), `runs` (run-list
-//! copies: SM kernel, copy engines, and the chooser), `quantizer` (the index-K launches).
+//! copies: SM kernel, copy engines, and the chooser), `staging` (the staged path: host threads
+//! and one contiguous copy per chunk), `quantizer` (the index-K launches).
 
 mod items;
 mod memory;
 pub mod options;
 mod quantizer;
 mod runs;
+mod staging;
 
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -37,8 +39,9 @@ use crate::error::KernelError;
 
 pub use options::{
     COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, KernelReport,
-    LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
+    LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, STAGED_MIN_RUNS, TransferPath,
 };
+pub use staging::{STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES};
 
 /// True when the CUDA driver library can be loaded. Checked before any cudarc driver call,
 /// because cudarc panics when it cannot load the library.
@@ -121,6 +124,8 @@ pub struct Gpu {
     pending: Mutex<Vec<PendingCheck>>,
     /// Helper streams of the copy-engine lanes (forked from and joined into `stream`).
     copy_streams: OnceLock<Result<Vec<Arc<CudaStream>>, KernelError>>,
+    /// The staged path's ring of staging slots, created at first use.
+    staging: staging::StagingCell,
 }
 
 impl Gpu {
@@ -158,6 +163,7 @@ impl Gpu {
             err,
             pending: Mutex::new(Vec::new()),
             copy_streams: OnceLock::new(),
+            staging: Mutex::new(None),
         })
     }
 
@@ -316,12 +322,28 @@ impl Gpu {
         grid: u32,
         args: &[Arg<'_>],
     ) -> Result<(), KernelError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.launch_on(&self.stream, f, call, grid, args) }
+    }
+
+    /// [`Gpu::launch`] on another stream of this context.
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    unsafe fn launch_on(
+        &self,
+        stream: &CudaStream,
+        f: &CudaFunction,
+        call: &'static str,
+        grid: u32,
+        args: &[Arg<'_>],
+    ) -> Result<(), KernelError> {
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (THREADS_PER_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut builder = self.stream.launch_builder(f);
+        let mut builder = stream.launch_builder(f);
         for a in args {
             match a {
                 Arg::Copy(p) => builder.arg(*p),
@@ -388,6 +410,7 @@ impl Gpu {
     /// Waits for the stream and reports the first failed validation since the last `finish`
     /// (then clears it).
     pub fn finish(&self) -> Result<(), KernelError> {
+        self.join_staged()?;
         self.stream
             .synchronize()
             .map_err(driver_err("cuStreamSynchronize"))?;

@@ -183,6 +183,14 @@ pub enum TransferPath {
         /// Runs after merging neighbours.
         runs: u64,
     },
+    /// The staging ring ([`crate::Gpu::enqueue_staged_runs`]): host threads gather or scatter,
+    /// one contiguous copy per chunk, the run-list kernel on the device side.
+    Staged {
+        /// Runs after merging neighbours.
+        runs: u64,
+        /// Chunks through the ring.
+        chunks: u64,
+    },
     /// The run-list copy kernel on at most `max_sms` multiprocessors.
     SmKernel {
         /// The SM budget.
@@ -208,6 +216,12 @@ impl TransferPath {
         }
     }
 }
+
+/// Fewest page runs (after merging) that go through the staging ring
+/// ([`crate::Gpu::enqueue_staged_runs`]) when one side is CPU-readable host memory: below it the
+/// copy engines take the runs directly (one or a few runs cost the driver little, and the
+/// staged path adds a kernel launch and a host copy).
+pub const STAGED_MIN_RUNS: u64 = 64;
 
 /// Hint given to the copy engines with a batched copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

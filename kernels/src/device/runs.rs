@@ -9,7 +9,7 @@ use cudarc::driver::{CudaStream, sys};
 
 use super::{
     Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
-    RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
+    RunOrder, SELF_CHECK_MAX_ITEMS, STAGED_MIN_RUNS, TransferPath,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
@@ -240,12 +240,17 @@ impl Gpu {
 
     /// Moves `runs` from `src` to `dst` by the path the runs call for, chosen with no tuning by
     /// the caller ([`TransferPath::for_runs`] on the runs after ordering and merging): page
-    /// runs go to the copy engines (no SM taken from the model), token-granular runs to the
-    /// run-list kernel on at most [`super::SM_BUDGET`] SMs. Either way every run is checked
-    /// before any byte moves ([`KernelError::RunOutOfRange`]). Does not wait.
+    /// runs between CPU-readable host memory ([`GpuBytes::host_bytes`]) and device memory go
+    /// through the staging ring when there are at least [`STAGED_MIN_RUNS`] of them
+    /// ([`Gpu::enqueue_staged_runs`]), other page runs to the copy engines (no SM taken from
+    /// the model), token-granular runs to the run-list kernel on at most [`super::SM_BUDGET`]
+    /// SMs. Every run is checked before any byte moves ([`KernelError::RunOutOfRange`]). Does
+    /// not wait for the GPU (a staged transfer does its host half before returning).
     ///
     /// # Safety
-    /// As [`Gpu::enqueue_copy_runs`].
+    /// As [`Gpu::enqueue_copy_runs`]; in addition, for a load from host memory, no work
+    /// enqueued earlier and not yet finished may write `src` (the staged path reads it on the
+    /// CPU now).
     pub unsafe fn enqueue_transfer_runs(
         &self,
         src: &dyn GpuBytes,
@@ -255,8 +260,23 @@ impl Gpu {
     ) -> Result<TransferPath, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
         let merged = order.sorted_and_merged(runs);
-        let path = TransferPath::for_runs(&merged);
+        let mut path = TransferPath::for_runs(&merged);
+        let host_side = src.host_bytes().is_some() != dst.host_bytes().is_some();
+        if matches!(path, TransferPath::CopyEngines { runs } if runs >= STAGED_MIN_RUNS && host_side)
+        {
+            // SAFETY: forwarded to the caller.
+            let chunks = unsafe { self.enqueue_staged_runs(src, dst, &merged)? };
+            path = TransferPath::Staged {
+                runs: merged.len() as u64,
+                chunks,
+            };
+        }
+        if !matches!(path, TransferPath::Staged { .. }) {
+            // A staged load before this one may still be scattering on its own stream.
+            self.join_staged()?;
+        }
         match path {
+            TransferPath::Staged { .. } => {}
             TransferPath::CopyEngines { .. } => {
                 // SAFETY: forwarded to the caller; checked just above.
                 unsafe { self.enqueue_lanes(src, dst, &merged, CopyEngineOptions::chosen(order))? }
