@@ -9,7 +9,7 @@ use cudarc::driver::{CudaStream, sys};
 
 use super::{
     Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
-    RunOrder, SELF_CHECK_MAX_ITEMS, STAGED_MIN_RUNS, TransferPath,
+    RunOrder, SELF_CHECK_MAX_ITEMS, STAGED_MIN_RUNS, STAGED_SHARE_PERCENT, TransferPath,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
@@ -116,8 +116,9 @@ impl Gpu {
     ) -> Result<u64, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
         let merged = opts.order.sorted_and_merged(runs);
+        let bases = (src.device_address(), dst.device_address());
         // SAFETY: forwarded to the caller; the merged runs lie inside both buffers.
-        unsafe { self.enqueue_lanes(src, dst, &merged, opts)? };
+        unsafe { self.enqueue_lanes(bases, &merged, opts)? };
         Ok(merged.len() as u64)
     }
 
@@ -139,8 +140,7 @@ impl Gpu {
     /// As [`Gpu::enqueue_batch`].
     unsafe fn enqueue_lanes(
         &self,
-        src: &dyn GpuBytes,
-        dst: &mut dyn GpuBytes,
+        bases: (u64, u64),
         runs: &[ByteRun],
         opts: CopyEngineOptions,
     ) -> Result<(), KernelError> {
@@ -153,7 +153,7 @@ impl Gpu {
             .min(runs.len().div_ceil(MIN_RUNS_PER_LANE));
         if lanes == 1 {
             // SAFETY: forwarded.
-            return unsafe { self.enqueue_batch(src, dst, runs, opts, &self.stream) };
+            return unsafe { self.enqueue_batch(bases, runs, opts, &self.stream) };
         }
         let streams = self.copy_streams()?;
         let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
@@ -167,7 +167,7 @@ impl Gpu {
                 .map_err(driver_err("cuStreamWaitEvent"))?;
             // SAFETY: forwarded; the part runs after everything enqueued before it on the
             // `Gpu`'s stream (the fork event), which waits for it below (the join).
-            unsafe { self.enqueue_batch(src, dst, part, opts, stream)? };
+            unsafe { self.enqueue_batch(bases, part, opts, stream)? };
             let joined = stream
                 .record_event(no_timing)
                 .map_err(driver_err("cuEventRecord"))?;
@@ -184,13 +184,11 @@ impl Gpu {
     /// Every run lies inside both buffers, which stay alive until the stream has finished.
     unsafe fn enqueue_batch(
         &self,
-        src: &dyn GpuBytes,
-        dst: &mut dyn GpuBytes,
+        (src_base, dst_base): (u64, u64),
         runs: &[ByteRun],
         opts: CopyEngineOptions,
         stream: &CudaStream,
     ) -> Result<(), KernelError> {
-        let (src_base, dst_base) = (src.device_address(), dst.device_address());
         let location = sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: 0,
@@ -240,11 +238,13 @@ impl Gpu {
 
     /// Moves `runs` from `src` to `dst` by the path the runs call for, chosen with no tuning by
     /// the caller ([`TransferPath::for_runs`] on the runs after ordering and merging): page
-    /// runs between CPU-readable host memory ([`GpuBytes::host_bytes`]) and device memory go
-    /// through the staging ring when there are at least [`STAGED_MIN_RUNS`] of them
-    /// ([`Gpu::enqueue_staged_runs`]), other page runs to the copy engines (no SM taken from
-    /// the model), token-granular runs to the run-list kernel on at most [`super::SM_BUDGET`]
-    /// SMs. Every run is checked before any byte moves ([`KernelError::RunOutOfRange`]). Does
+    /// runs go to the copy engines (no SM taken from the model); when there are at least
+    /// [`STAGED_MIN_RUNS`] of them between CPU-readable host memory ([`GpuBytes::host_bytes`])
+    /// and device memory, the first [`STAGED_SHARE_PERCENT`] % of their bytes in host order go
+    /// through the staging ring ([`Gpu::enqueue_staged_runs`]) on the calling thread while a
+    /// second thread hands the rest to the copy engines: each path alone is bound by host work
+    /// (the driver's per-run cost, the host threads' copy), together they keep PCIe busier.
+    /// Token-granular runs go to the run-list kernel on at most [`super::SM_BUDGET`] SMs. Every run is checked before any byte moves ([`KernelError::RunOutOfRange`]). Does
     /// not wait for the GPU (a staged transfer does its host half before returning).
     ///
     /// # Safety
@@ -260,26 +260,62 @@ impl Gpu {
     ) -> Result<TransferPath, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
         let merged = order.sorted_and_merged(runs);
-        let mut path = TransferPath::for_runs(&merged);
+        let path = TransferPath::for_runs(&merged);
         let host_side = src.host_bytes().is_some() != dst.host_bytes().is_some();
         if matches!(path, TransferPath::CopyEngines { runs } if runs >= STAGED_MIN_RUNS && host_side)
         {
-            // SAFETY: forwarded to the caller.
-            let chunks = unsafe { self.enqueue_staged_runs(src, dst, &merged)? };
-            path = TransferPath::Staged {
-                runs: merged.len() as u64,
-                chunks,
-            };
-        }
-        if !matches!(path, TransferPath::Staged { .. }) {
-            // A staged load before this one may still be scattering on its own stream.
             self.join_staged()?;
+            let host_order = if src.host_bytes().is_some() {
+                RunOrder::SrcAscending
+            } else {
+                RunOrder::DstAscending
+            };
+            let by_host = host_order.sorted_and_merged(&merged);
+            let total: u128 = by_host.iter().map(|r| u128::from(r.len_bytes)).sum();
+            let share = total * u128::from(STAGED_SHARE_PERCENT) / 100;
+            let mut acc = 0u128;
+            let split = by_host
+                .iter()
+                .position(|r| {
+                    acc += u128::from(r.len_bytes);
+                    acc > share
+                })
+                .unwrap_or(by_host.len());
+            let (staged, engines) = by_host.split_at(split);
+            let bases = (src.device_address(), dst.device_address());
+            let opts = CopyEngineOptions::chosen(order);
+            let ctx = &self.ctx;
+            let (chunks, dma) = std::thread::scope(|s| {
+                let dma = s.spawn(move || {
+                    ctx.bind_to_thread()
+                        .map_err(super::driver_err("cuCtxSetCurrent"))?;
+                    // SAFETY: forwarded to the caller; checked above (a part of the runs).
+                    unsafe { self.enqueue_lanes(bases, engines, opts) }
+                });
+                // SAFETY: forwarded to the caller; the other part of the runs.
+                let chunks = unsafe { self.enqueue_staged_runs(src, dst, staged) };
+                let dma = dma.join().unwrap_or_else(|_| {
+                    Err(KernelError::Unsupported(
+                        "copy-engine thread panicked".to_string(),
+                    ))
+                });
+                (chunks, dma)
+            });
+            dma?;
+            return Ok(TransferPath::Staged {
+                runs: staged.len() as u64,
+                chunks: chunks?,
+                copy_engine_runs: engines.len() as u64,
+            });
         }
+        // A staged load before this one may still be scattering on its own stream.
+        self.join_staged()?;
         match path {
             TransferPath::Staged { .. } => {}
             TransferPath::CopyEngines { .. } => {
+                let bases = (src.device_address(), dst.device_address());
                 // SAFETY: forwarded to the caller; checked just above.
-                unsafe { self.enqueue_lanes(src, dst, &merged, CopyEngineOptions::chosen(order))? }
+                unsafe { self.enqueue_lanes(bases, &merged, CopyEngineOptions::chosen(order))? }
             }
             TransferPath::SmKernel { max_sms, .. } => {
                 let on_device = self.upload_runs(&merged, RunOrder::AsGiven)?;

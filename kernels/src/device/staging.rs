@@ -1,12 +1,12 @@
 //! The staged transfer path's device half: a ring of [`STAGING_SLOTS`] staging slots (pinned
 //! host memory and device memory), each chunk of a run list through one slot. A load: host
-//! threads gather the chunk into the pinned slot, ONE contiguous `cuMemcpyAsync` on the `Gpu`'s
-//! stream sends it (with its run list appended), and the run-list kernel scatters it into the
-//! device pool on the ring's own stream. A backup: the kernel gathers into the device slot on
-//! the ring's stream, one copy on the `Gpu`'s stream brings it back, host threads scatter it
-//! into the host pool.
+//! threads gather the chunk into the pinned slot, ONE contiguous `cuMemcpyAsync` sends it (with
+//! its run list appended), and the run-list kernel scatters it into the device pool. A backup:
+//! the kernel gathers into the device slot, one copy brings it back, host threads scatter it
+//! into the host pool. Both of the ring's streams start after the work enqueued on the `Gpu`'s
+//! stream before the call.
 //!
-//! Copies and kernels sit on two streams joined by per-slot events, so a kernel waiting for
+//! Copies and kernels sit on two streams of the ring joined by per-slot events, so a kernel waiting for
 //! SMs (a GEMM holding them) never holds up the copies behind it: the ring's 8 x 16 MiB (2.4 ms
 //! of PCIe at 55 GB/s) absorb the wait. The kernels are short (runs cut to
 //! [`STAGING_WARP_RUN_BYTES`], a warp each, on every SM: a chunk moves inside HBM in
@@ -51,7 +51,9 @@ pub(super) struct Staging {
     dev: DeviceBytes,
     /// The device half's stream (scatter and gather kernels, backup run-list uploads).
     stream: Arc<CudaStream>,
-    /// Per slot: its contiguous copy finished (recorded on the `Gpu`'s stream).
+    /// The contiguous copies' stream.
+    copy_stream: Arc<CudaStream>,
+    /// Per slot: its contiguous copy finished (recorded on the copy stream).
     copied: Vec<CudaEvent>,
     /// Per slot: its kernel finished (recorded on the ring's stream).
     kernel_done: Vec<CudaEvent>,
@@ -107,6 +109,10 @@ impl Gpu {
                 host: self.alloc_pinned(total)?,
                 dev: self.alloc_device(total)?,
                 stream: self
+                    .ctx
+                    .new_stream()
+                    .map_err(driver_err("cuStreamCreate"))?,
+                copy_stream: self
                     .ctx
                     .new_stream()
                     .map_err(driver_err("cuStreamCreate"))?,
@@ -178,6 +184,16 @@ impl Gpu {
         let ring = guard
             .as_mut()
             .ok_or_else(|| KernelError::Unsupported("staging ring missing".to_string()))?;
+        // The ring's streams follow everything enqueued on the `Gpu`'s stream before.
+        let fork = self
+            .stream
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver_err("cuEventRecord"))?;
+        for stream in [&ring.stream, &ring.copy_stream] {
+            stream
+                .wait(&fork)
+                .map_err(driver_err("cuStreamWaitEvent"))?;
+        }
         match direction {
             StagedDirection::Load => {
                 let host = src
@@ -194,14 +210,6 @@ impl Gpu {
                 let host = dst
                     .host_bytes_mut()
                     .ok_or_else(|| KernelError::spec("dst", "not host-readable"))?;
-                // The gathers follow everything enqueued on the `Gpu`'s stream before.
-                let fork = self
-                    .stream
-                    .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .map_err(driver_err("cuEventRecord"))?;
-                ring.stream
-                    .wait(&fork)
-                    .map_err(driver_err("cuStreamWaitEvent"))?;
                 let mut slots = Vec::with_capacity(chunks.len());
                 for (i, chunk) in chunks.iter().enumerate() {
                     if i >= STAGING_SLOTS {
@@ -281,7 +289,7 @@ impl Gpu {
             ring.copied[slot]
                 .synchronize()
                 .map_err(driver_err("cuEventSynchronize"))?;
-            self.stream
+            ring.copy_stream
                 .wait(&ring.kernel_done[slot])
                 .map_err(driver_err("cuStreamWaitEvent"))?;
         }
@@ -305,9 +313,9 @@ impl Gpu {
         // SAFETY: `send` <= SLOT_BYTES bytes inside both slots (a chunk of at most
         // STAGING_CHUNK_BYTES, then at most MAX_DEVICE_RUNS runs); the ring outlives the
         // streams' use (slots are reused only after their events).
-        unsafe { memcpy_on(&self.stream, d, h, send)? };
+        unsafe { memcpy_on(&ring.copy_stream, d, h, send)? };
         ring.copied[slot]
-            .record(&self.stream)
+            .record(&ring.copy_stream)
             .map_err(driver_err("cuEventRecord"))?;
         ring.stream
             .wait(&ring.copied[slot])
@@ -375,13 +383,13 @@ impl Gpu {
         ring.kernel_done[slot]
             .record(&ring.stream)
             .map_err(driver_err("cuEventRecord"))?;
-        self.stream
+        ring.copy_stream
             .wait(&ring.kernel_done[slot])
             .map_err(driver_err("cuStreamWaitEvent"))?;
         // SAFETY: as above.
-        unsafe { memcpy_on(&self.stream, h + at, d + at, chunk.used_bytes)? };
+        unsafe { memcpy_on(&ring.copy_stream, h + at, d + at, chunk.used_bytes)? };
         ring.copied[slot]
-            .record(&self.stream)
+            .record(&ring.copy_stream)
             .map_err(driver_err("cuEventRecord"))?;
         Ok(slot)
     }
