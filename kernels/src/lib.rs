@@ -70,8 +70,8 @@ pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
     COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, Gpu,
     KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SELF_CHECK_MAX_ITEMS, SM_BUDGET,
-    STAGED_MIN_RUNS, STAGED_SHARE_PERCENT, STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS,
-    STAGING_WARP_RUN_BYTES, TransferPath, driver_present, nvrtc_present,
+    STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES, TransferPath,
+    driver_present, nvrtc_present,
 };
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};

@@ -39,8 +39,7 @@ use crate::error::KernelError;
 
 pub use options::{
     COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, KernelReport,
-    LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, STAGED_MIN_RUNS, STAGED_SHARE_PERCENT,
-    TransferPath,
+    LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
 };
 pub use staging::{STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES};
 

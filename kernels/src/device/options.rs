@@ -183,17 +183,6 @@ pub enum TransferPath {
         /// Runs after merging neighbours.
         runs: u64,
     },
-    /// A share of the runs through the staging ring ([`crate::Gpu::enqueue_staged_runs`]: host
-    /// threads gather or scatter, one contiguous copy per chunk, the run-list kernel on the
-    /// device side), the rest to the copy engines at the same time.
-    Staged {
-        /// Runs through the ring (after merging neighbours).
-        runs: u64,
-        /// Chunks through the ring.
-        chunks: u64,
-        /// Runs handed to the copy engines at the same time.
-        copy_engine_runs: u64,
-    },
     /// The run-list copy kernel on at most `max_sms` multiprocessors.
     SmKernel {
         /// The SM budget.
@@ -219,19 +208,6 @@ impl TransferPath {
         }
     }
 }
-
-/// Fewest page runs (after merging) that go through the staging ring
-/// ([`crate::Gpu::enqueue_staged_runs`]) when one side is CPU-readable host memory: below it the
-/// copy engines take the runs directly (one or a few runs cost the driver little, and the
-/// staged path adds a kernel launch and a host copy).
-pub const STAGED_MIN_RUNS: u64 = 64;
-
-/// Percent of a page transfer's bytes (the first in host order) that the chooser sends through
-/// the staging ring while the copy engines take the rest, set from measurement on the H200
-/// (BENCHMARKS.md, "Transfers next to the model"): the staged path alone moved about 24.5 GB/s
-/// there (host threads' copy bound), the copy engines alone 45-49 GB/s (driver bound), so a
-/// third to the ring balances the two under the 55 GB/s link.
-pub const STAGED_SHARE_PERCENT: u64 = 33;
 
 /// Hint given to the copy engines with a batched copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

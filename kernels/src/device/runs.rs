@@ -9,7 +9,7 @@ use cudarc::driver::{CudaStream, sys};
 
 use super::{
     Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
-    RunOrder, SELF_CHECK_MAX_ITEMS, STAGED_MIN_RUNS, STAGED_SHARE_PERCENT, TransferPath,
+    RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
@@ -238,19 +238,14 @@ impl Gpu {
 
     /// Moves `runs` from `src` to `dst` by the path the runs call for, chosen with no tuning by
     /// the caller ([`TransferPath::for_runs`] on the runs after ordering and merging): page
-    /// runs go to the copy engines (no SM taken from the model); when there are at least
-    /// [`STAGED_MIN_RUNS`] of them between CPU-readable host memory ([`GpuBytes::host_bytes`])
-    /// and device memory, the first [`STAGED_SHARE_PERCENT`] % of their bytes in host order go
-    /// through the staging ring ([`Gpu::enqueue_staged_runs`]) on the calling thread while a
-    /// second thread hands the rest to the copy engines: each path alone is bound by host work
-    /// (the driver's per-run cost, the host threads' copy), together they keep PCIe busier.
-    /// Token-granular runs go to the run-list kernel on at most [`super::SM_BUDGET`] SMs. Every run is checked before any byte moves ([`KernelError::RunOutOfRange`]). Does
-    /// not wait for the GPU (a staged transfer does its host half before returning).
+    /// runs go to the copy engines (no SM taken from the model), token-granular runs to the
+    /// run-list kernel on at most [`super::SM_BUDGET`] SMs. Either way every run is checked
+    /// before any byte moves ([`KernelError::RunOutOfRange`]). Does not wait. (The staged path,
+    /// [`Gpu::enqueue_staged_runs`], is not chosen: on the H200 it moved 0.56-0.69 of memcpy
+    /// against the copy engines' 0.71-0.95, BENCHMARKS.md.)
     ///
     /// # Safety
-    /// As [`Gpu::enqueue_copy_runs`]; in addition, for a load from host memory, no work
-    /// enqueued earlier and not yet finished may write `src` (the staged path reads it on the
-    /// CPU now).
+    /// As [`Gpu::enqueue_copy_runs`].
     pub unsafe fn enqueue_transfer_runs(
         &self,
         src: &dyn GpuBytes,
@@ -261,57 +256,9 @@ impl Gpu {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
         let merged = order.sorted_and_merged(runs);
         let path = TransferPath::for_runs(&merged);
-        let host_side = src.host_bytes().is_some() != dst.host_bytes().is_some();
-        if matches!(path, TransferPath::CopyEngines { runs } if runs >= STAGED_MIN_RUNS && host_side)
-        {
-            self.join_staged()?;
-            let host_order = if src.host_bytes().is_some() {
-                RunOrder::SrcAscending
-            } else {
-                RunOrder::DstAscending
-            };
-            let by_host = host_order.sorted_and_merged(&merged);
-            let total: u128 = by_host.iter().map(|r| u128::from(r.len_bytes)).sum();
-            let share = total * u128::from(STAGED_SHARE_PERCENT) / 100;
-            let mut acc = 0u128;
-            let split = by_host
-                .iter()
-                .position(|r| {
-                    acc += u128::from(r.len_bytes);
-                    acc > share
-                })
-                .unwrap_or(by_host.len());
-            let (staged, engines) = by_host.split_at(split);
-            let bases = (src.device_address(), dst.device_address());
-            let opts = CopyEngineOptions::chosen(order);
-            let ctx = &self.ctx;
-            let (chunks, dma) = std::thread::scope(|s| {
-                let dma = s.spawn(move || {
-                    ctx.bind_to_thread()
-                        .map_err(super::driver_err("cuCtxSetCurrent"))?;
-                    // SAFETY: forwarded to the caller; checked above (a part of the runs).
-                    unsafe { self.enqueue_lanes(bases, engines, opts) }
-                });
-                // SAFETY: forwarded to the caller; the other part of the runs.
-                let chunks = unsafe { self.enqueue_staged_runs(src, dst, staged) };
-                let dma = dma.join().unwrap_or_else(|_| {
-                    Err(KernelError::Unsupported(
-                        "copy-engine thread panicked".to_string(),
-                    ))
-                });
-                (chunks, dma)
-            });
-            dma?;
-            return Ok(TransferPath::Staged {
-                runs: staged.len() as u64,
-                chunks: chunks?,
-                copy_engine_runs: engines.len() as u64,
-            });
-        }
         // A staged load before this one may still be scattering on its own stream.
         self.join_staged()?;
         match path {
-            TransferPath::Staged { .. } => {}
             TransferPath::CopyEngines { .. } => {
                 let bases = (src.device_address(), dst.device_address());
                 // SAFETY: forwarded to the caller; checked just above.

@@ -167,11 +167,7 @@ impl CudaBackend {
             .map(|r| ByteRun::new(r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes))
             .collect();
         match self.gpu.transfer_runs(src_mem, dst_mem, &list, order) {
-            Ok(
-                TransferPath::CopyEngines { .. }
-                | TransferPath::Staged { .. }
-                | TransferPath::SmKernel { .. },
-            ) => Ok(()),
+            Ok(TransferPath::CopyEngines { .. } | TransferPath::SmKernel { .. }) => Ok(()),
             Err(KernelError::RunOutOfRange { run, .. }) => {
                 Err(out_of_range((src_side, src_len), (dst_side, dst_len), run))
             }
