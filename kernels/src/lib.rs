@@ -27,8 +27,9 @@
 //!   [`Gpu::transfer_runs`] with [`RunOrder::SrcAscending`] for a load (host -> device) or
 //!   [`RunOrder::DstAscending`] for a backup picks the path from the runs (page runs: the copy
 //!   engines, leaving every SM to the model; token-granular runs: the run-list kernel on
-//!   [`SM_BUDGET`] SMs); or choose yourself: [`Gpu::enqueue_copy_runs_dma`] or
-//!   [`Gpu::upload_runs`] then [`Gpu::copy_runs`]. Every run is checked before any byte moves
+//!   [`SM_BUDGET`] SMs); or choose yourself: [`Gpu::enqueue_copy_runs_dma`],
+//!   [`Gpu::enqueue_staged_runs`] (host threads and one contiguous copy per chunk, see
+//!   [`staging`]) or [`Gpu::upload_runs`] then [`Gpu::copy_runs`]. Every run is checked before any byte moves
 //!   ([`KernelError::RunOutOfRange`]); the CPU reference is the pool crate's `CpuBackend`;
 //! - or, without per-run offsets, [`CopySpec::for_pool_buffer`] (one spec per buffer, or per part
 //!   of a `section_major` token) with page or token index lists ([`Gpu::upload_indices`]) and
