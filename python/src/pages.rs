@@ -9,10 +9,14 @@
 //! the abi3-py310 wheel reads buffers on 3.10 too. DLPack (`dlpack.h`, v0.8+ unversioned
 //! capsule `"dltensor"`): the tensor is read while the capsule is alive and the capsule is
 //! released unconsumed, so its producer's destructor frees it.
+//!
+//! Trust: the check trusts the exporter's pointer, shape and strides, as every buffer-protocol
+//! and DLPack consumer does; an exporter that lies about them makes this read out of bounds.
+//! What is cheap is refused: a negative length, and a length x stride span past `isize`.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -180,6 +184,12 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
     // SAFETY: a live object borrowed from its container, the GIL held. An exact int converts
     // without running Python code, so the borrow stays valid; anything else may run
     // `__index__`, which could drop the container's reference: hold our own for that call.
+    // SAFETY: `item` is live (above); a type check runs no Python code.
+    if unsafe { ffi::PyBool_Check(item) } != 0 {
+        return Err(PyTypeError::new_err(format!(
+            "page index [{i}] is a bool, not a page index"
+        )));
+    }
     let v = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
         // SAFETY: `item` is a live exact int (checked above); converting it runs no Python code.
         unsafe { ffi::PyLong_AsLongLong(item) }
@@ -198,6 +208,20 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
         )));
     }
     Ok(v)
+}
+
+/// Refuses a negative length or a span (`len` x `stride_bytes`) that no memory can hold.
+fn checked_run(what: &str, len: i64, stride_bytes: i64) -> PyResult<usize> {
+    let ok = len >= 0
+        && len
+            .checked_mul(stride_bytes.checked_abs().unwrap_or(i64::MAX))
+            .is_some_and(|span| span <= isize::MAX as i64);
+    if !ok {
+        return Err(PyValueError::new_err(format!(
+            "{what}: the exporter reports {len} elements {stride_bytes} bytes apart: not a readable array"
+        )));
+    }
+    Ok(len as usize)
 }
 
 /// A held buffer view, released on drop.
@@ -286,13 +310,14 @@ fn with_buffer<R>(
         )));
     }
     // SAFETY: ndim == 1, so shape (and strides, requested) hold one entry each.
-    let len = unsafe { *v.shape } as usize;
+    let len = unsafe { *v.shape };
     let stride_bytes = if v.strides.is_null() {
         8
     } else {
         // SAFETY: non-null, and ndim == 1: one stride entry, in bytes (PEP 3118).
         unsafe { *v.strides }
     };
+    let len = checked_run(what, len as i64, stride_bytes as i64)?;
     f(&PageList::Raw {
         ptr: v.buf as *const u8,
         len,
@@ -345,13 +370,14 @@ fn with_dlpack<R>(
         )));
     }
     // SAFETY: ndim == 1: shape has one entry, strides (when present) one entry in elements.
-    let len = unsafe { *t.shape } as usize;
+    let len = unsafe { *t.shape };
     let stride_bytes = if t.strides.is_null() {
         8
     } else {
         // SAFETY: non-null, and ndim == 1: one stride entry, in elements (DLPack).
         (unsafe { *t.strides } as isize).saturating_mul(8)
     };
+    let len = checked_run(what, len, stride_bytes as i64)?;
     // SAFETY: data + byte_offset is the first element.
     let ptr = unsafe { (t.data as *const u8).add(t.byte_offset as usize) };
     let r = f(&PageList::Raw {
