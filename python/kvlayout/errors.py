@@ -9,7 +9,8 @@
   0x..., 0x...)``). What ``kvlayout check`` exits 1 on.
 - :class:`TransferRefused`: the transfer guard refused a transfer before any byte moved;
   ``.kind`` is ``layer``, ``length``, ``too_many_pairs``, ``page_out_of_range`` or
-  ``duplicate_destination``.
+  ``duplicate_destination`` (``TransferGuard``), ``item_size`` or ``unchecked`` (the SGLang op
+  wrappers of ``kvlayout.adapters.sglang.guard_transfer_ops``).
 - :class:`TensorMismatch` (also an :class:`InvalidGeometry`): a tensor's bytes or strides
   disagree with the declared format; the message names the buffer and both numbers.
 - :class:`ModelError` (also a ``ValueError``): a model config that cannot be read or mapped to
