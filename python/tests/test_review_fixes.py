@@ -175,3 +175,20 @@ def test_describe_directory_without_config(tmp_path):
     with pytest.raises(kvlayout.ModelError) as e:
         kvlayout.describe(str(tmp_path))
     assert str(tmp_path / "config.json") in str(e.value)
+
+
+def _first_python_block(path, after: str) -> str:
+    text = path.read_text()
+    start = text.index("```python", text.index(after)) + len("```python")
+    return text[start:text.index("```", start)]
+
+
+@pytest.mark.parametrize("doc,after", [("README.md", "## Python"), ("docs/python.md", "## The surface")])
+def test_doc_snippet_runs_as_written(doc, after, monkeypatch, capsys):
+    from conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    exec(compile(_first_python_block(ROOT / doc, after), doc, "exec"), {})
+    out = capsys.readouterr().out
+    # the DSA seed case: device bf16 index-K vs the fp8 host formula, 6 differing lines
+    assert "incompatible: 6 differing fields at level pool" in out
