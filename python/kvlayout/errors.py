@@ -87,10 +87,10 @@ class ModelError(KvLayoutError, ValueError):
     """A model config (built-in name, config.json or model directory) that cannot be mapped."""
 
 
-def _rebuild(cls: type, state: dict) -> KvLayoutError:
+def _rebuild(cls: type[Incompatible], state: dict) -> Incompatible:
     """Unpickles an exception whose constructor takes more than its message (subclasses such
     as ``kvlayout.pd.PeerRefused`` add attributes): the instance rebuilt from its attributes."""
-    e = cls.__new__(cls)
+    e = Exception.__new__(cls)
     e.__dict__.update(state)
     Exception.__init__(e, "\n".join([state["header"], *state["lines"]]))
     return e

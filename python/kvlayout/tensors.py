@@ -213,7 +213,7 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         content_elems *= dims[a]
     # A layer axis inside the token or page axis (page_first, page_first_direct, page_head):
     # that axis's stride spans every layer, and one layer's share is stride / layers.
-    def per_layer(axis: str) -> int:
+    def layer_share(axis: str) -> int:
         if "layer" in dims and strides[axis] > strides["layer"]:
             if strides[axis] % dims["layer"]:
                 raise TensorMismatch(f"{buf.name}.strides",
@@ -249,7 +249,7 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         row_bytes = page_payload // page_size_tokens
         row_elems = dims["page_bytes"] * content_elems // page_size_tokens
         content_shape = [row_elems * values_per_elem]
-        page_stride = per_layer("page")
+        page_stride = layer_share("page")
         pages = dims["page"]
     else:
         row_bytes = content_elems * facts.itemsize_bytes
@@ -258,10 +258,10 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         if "slot" in dims:
             # A state buffer (attention "state"): one slot per request, no token axis.
             pages = dims["slot"]
-            page_stride = per_layer("slot")
+            page_stride = layer_share("slot")
             token_stride = row_bytes
         elif "token" in dims:
-            token_stride = per_layer("token")
+            token_stride = layer_share("token")
             pages = dims["token"] // page_size_tokens
             if pages < 1:
                 raise TensorMismatch(f"{buf.name}.pages",
@@ -274,10 +274,10 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
                                      f"declared {page_size_tokens}, tensor {dims['page_token']} "
                                      f"tokens per page ({facts.describe()})")
             pages = dims["page"]
-            page_stride = per_layer("page")
+            page_stride = layer_share("page")
             # page_head ([page][head][token][layer][dim]) interleaves tokens with layers and
             # heads: only the page's total is checked here, the placement is the layout's.
-            token_stride = row_bytes if page_head else per_layer("page_token")
+            token_stride = row_bytes if page_head else layer_share("page_token")
         else:
             raise ValueError(f"{buf.name}.axes: {axes} names no token axis ('token', "
                              "'page' + 'page_token', or 'page' + 'page_bytes')")

@@ -132,7 +132,8 @@ def _names(groups: list[tuple[list[str], Any]]) -> tuple[list[str], bool]:
     """Each group's buffer name, and whether the groups split layers by attention (hybrid)."""
     kinds = [_kind(layers, spec) for layers, spec in groups]
     hybrid = len([k for k in kinds if k != "index_k"]) > 1
-    names, seen = [], {}
+    names: list[str] = []
+    seen: dict[str, int] = {}
     for k in kinds:
         n = seen.get(k, 0)
         seen[k] = n + 1
@@ -178,6 +179,7 @@ def _group_buffers(base: str, layers: list[str], spec: Any, kv_caches: Mapping[s
             extra["shard"] = shard
         cache = getattr(spec, "cache_dtype_str", None)
         is_indexer = any("indexer" in n for n in layers)
+        sections: list[dict]
         if is_indexer:
             # uint8 rows of head_size = dim + dim // 128 * 4 bytes: e4m3 keys, then f32 scales.
             dim = head * 128 // 132
@@ -240,8 +242,9 @@ def _state_buffers(base: str, what: str, layers: list[str], spec: Any,
     one ``state`` buffer per state tensor, its slot stride the block."""
     shapes, dtypes = list(spec.shapes), list(spec.dtypes)
     item = {"f32": 4, "bf16": 2, "f16": 2}
-    files = [_WIDE.get(_name(d)) for d in dtypes]
-    if None in files:
+    maybe = [_WIDE.get(_name(d)) for d in dtypes]
+    files = [f for f in maybe if f is not None]
+    if len(files) != len(maybe):
         raise KvLayoutError(f"{what}: state dtypes {[_name(d) for d in dtypes]}: only "
                             f"{', '.join(_WIDE)} are modelled")
     payload = sum(item[f] * _prod(sh) for f, sh in zip(files, shapes))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import kvlayout
 
@@ -87,7 +88,7 @@ def parse_message(raw: bytes) -> dict:
     return msg
 
 
-def choose_level(peer_json: str, local_json: str) -> str:
+def choose_level(peer_json: str, local_json: str) -> Literal["pool", "token"]:
     """`token` when a buffer present on both sides has another page size or another
     tensor-parallel split (tp_size, or rank of a heads-split buffer); `pool` otherwise."""
     peer, local = json.loads(peer_json), json.loads(local_json)
@@ -145,7 +146,7 @@ def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Ve
             ],
             "handshake",
         )
-    level = choose_level(text, local.to_json())
+    level: Literal["pool", "token"] = choose_level(text, local.to_json())
     lines = kvlayout.compare(peer, local, level)
     if lines:
         raise PeerRefused(
