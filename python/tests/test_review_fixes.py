@@ -192,3 +192,50 @@ def test_doc_snippet_runs_as_written(doc, after, monkeypatch, capsys):
     out = capsys.readouterr().out
     # the DSA seed case: device bf16 index-K vs the fp8 host formula, 6 differing lines
     assert "incompatible: 6 differing fields at level pool" in out
+
+
+def _lying_dlpack(length: int, stride_elems: int):
+    """A DLPack exporter reporting `length` int64 elements `stride_elems` apart over 4 real ones."""
+    import ctypes
+
+    np = pytest.importorskip("numpy")
+
+    class Dev(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    class DType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class Tensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", Dev), ("ndim", ctypes.c_int32),
+                    ("dtype", DType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+    class Managed(ctypes.Structure):
+        _fields_ = [("dl_tensor", Tensor), ("manager_ctx", ctypes.c_void_p),
+                    ("deleter", ctypes.c_void_p)]
+
+    backing = np.arange(4, dtype=np.int64)
+    shape, strides = (ctypes.c_int64 * 1)(length), (ctypes.c_int64 * 1)(stride_elems)
+    m = Managed()
+    m.dl_tensor.data, m.dl_tensor.device, m.dl_tensor.ndim = backing.ctypes.data, Dev(1, 0), 1
+    m.dl_tensor.dtype, m.dl_tensor.shape, m.dl_tensor.strides = DType(0, 64, 1), shape, strides
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+    class Liar:
+        keep = (backing, shape, strides, m)
+
+        def __dlpack__(self, **kw):
+            return new(ctypes.addressof(m), b"dltensor", None)
+
+    return Liar()
+
+
+@pytest.mark.parametrize("length,stride", [(-1, 1), (4, 2**61), (2**62, 1)])
+def test_absurd_exporter_shape_or_strides_are_refused(length, stride):
+    g = kvlayout.TransferGuard(_plain(8), _plain(16))
+    with pytest.raises(ValueError, match="src_pages: the exporter reports"):
+        g.check_pages("load", 0, _lying_dlpack(length, stride), [1])
+    # an honest one through the same path is read
+    assert g.check_pages("load", 0, _lying_dlpack(2, 1), [1, 2]) is None
