@@ -87,7 +87,10 @@ fn layer_arg(py: Python<'_>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<Optio
     l.extract::<i64>().map(Some).map_err(|_| {
         errors::transfer_refused(
             py,
-            format!("layer {}: out of range (past 64 bits)", l.repr().map(|r| r.to_string()).unwrap_or_default()),
+            format!(
+                "layer {}: out of range (past 64 bits)",
+                l.repr().map(|r| r.to_string()).unwrap_or_default()
+            ),
             "layer",
         )
     })

@@ -31,7 +31,11 @@ fn load(
     let kv_dtype = kv_dtype
         .map(|s| {
             KvDtype::from_name(s).ok_or_else(|| {
-                errors::invalid_geometry(py, "kv_dtype", &format!("{s:?} (expected \"bf16\" or \"fp8\")"))
+                errors::invalid_geometry(
+                    py,
+                    "kv_dtype",
+                    &format!("{s:?} (expected \"bf16\" or \"fp8\")"),
+                )
             })
         })
         .transpose()?;

@@ -181,15 +181,16 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
     if item.is_null() {
         return Err(PyErr::fetch(py));
     }
-    // SAFETY: a live object borrowed from its container, the GIL held. An exact int converts
-    // without running Python code, so the borrow stays valid; anything else may run
-    // `__index__`, which could drop the container's reference: hold our own for that call.
-    // SAFETY: `item` is live (above); a type check runs no Python code.
+    // SAFETY: `item` is a live object borrowed from its container (non-null, above), the GIL
+    // held; a type check runs no Python code.
     if unsafe { ffi::PyBool_Check(item) } != 0 {
         return Err(PyTypeError::new_err(format!(
             "page index [{i}] is a bool, not a page index"
         )));
     }
+    // SAFETY: a live object borrowed from its container, the GIL held. An exact int converts
+    // without running Python code, so the borrow stays valid; anything else may run
+    // `__index__`, which could drop the container's reference: hold our own for that call.
     let v = if unsafe { ffi::PyLong_CheckExact(item) } != 0 {
         // SAFETY: `item` is a live exact int (checked above); converting it runs no Python code.
         unsafe { ffi::PyLong_AsLongLong(item) }
