@@ -76,6 +76,9 @@ class TransferGuard:
         too_many_pairs, page_out_of_range, duplicate_destination); TypeError for a bool, or
         indices that are not int64 / one-dimensional / host-readable. Safe to share between
         threads."""
+    def layer_indices(self, layer: int) -> dict[str, int]:
+        """{buffer name: layer index} of the buffers that hold `layer` (a model layer id when
+        the buffers carry `layer_ids`); TransferRefused (kind layer) when none does."""
 
 def compare(a: Geometry, b: Geometry, level: _Level = "pool") -> list[str]: ...
 def check(a: Geometry, b: Geometry, level: _Level = "pool") -> None: ...

@@ -277,6 +277,10 @@ impl TransferGuard {
     ///   a list or tuple of ints, a numpy int64 array or any buffer-protocol object, or a CPU
     ///   tensor with `__dlpack__`; arrays are read in place.
     ///
+    /// Trust: array lists are read through the exporter's pointer, shape and strides, as every
+    /// buffer-protocol and DLPack consumer does (a lying exporter makes this read out of
+    /// bounds); a negative length or a span past the address space is refused (`ValueError`).
+    ///
     /// Refusals (`TransferRefused.kind`): `layer` (past the deepest buffer, or a model layer id
     /// no buffer serves), `length` (lists of
     /// different lengths), `too_many_pairs` (more pages than the destination pool holds),
@@ -375,6 +379,44 @@ impl TransferGuard {
                 Ok(())
             })
         })
+    }
+
+    /// The buffers that hold `layer` and its index in each: `{buffer name: layer index}`.
+    /// `layer` as in `check_pages` (a model layer id when the buffers carry `layer_ids`, else
+    /// an index); a buffer that does not serve it is left out. Raises `TransferRefused`
+    /// (`kind == "layer"`) when no buffer serves it, `TypeError` for a bool or a non-int.
+    fn layer_indices<'py>(
+        &self,
+        py: Python<'py>,
+        layer: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let l = match layer_arg(py, Some(layer))? {
+            Some(l) => l,
+            None => return Err(PyTypeError::new_err("layer: expected an int, got None")),
+        };
+        let out = pyo3::types::PyDict::new(py);
+        if let Ok(l) = u64::try_from(l) {
+            for b in &self.device.get().inner.buffers {
+                let index = match b.layer_ids() {
+                    Some(ids) => ids
+                        .iter()
+                        .position(|&id| u64::from(id) == l)
+                        .map(|i| i as u64),
+                    None => (l < b.layers).then_some(l),
+                };
+                if let Some(i) = index {
+                    out.set_item(&b.name, i)?;
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(errors::transfer_refused(
+                py,
+                format!("layer {l}: no buffer serves it"),
+                "layer",
+            ));
+        }
+        Ok(out)
     }
 
     fn __repr__(&self) -> String {

@@ -41,6 +41,19 @@ def test_hybrid_layer_is_the_model_layer_id():
     assert e.value.kind == "layer" and "model layer 4" in str(e.value)
 
 
+def test_layer_indices_map_model_layers_to_buffer_indices():
+    g = kvlayout.TransferGuard(_hybrid(8), _hybrid(16))
+    # swa serves 0, 2 (indices 0, 1); full serves 1, 3 (indices 0, 1)
+    assert g.layer_indices(3) == {"full": 1}
+    assert g.layer_indices(2) == {"swa": 1}
+    with pytest.raises(kvlayout.TransferRefused, match="layer 5"):
+        g.layer_indices(5)
+    plain = kvlayout.TransferGuard(_plain(8), _plain(16))
+    assert plain.layer_indices(3) == {"kv": 3}
+    with pytest.raises(TypeError):
+        plain.layer_indices(False)
+
+
 def test_plain_geometry_keeps_layer_indices():
     g = kvlayout.TransferGuard(_plain(8), _plain(16))
     assert g.check_pages("load", 3, [1], [2]) is None  # layers 0..4
@@ -53,6 +66,9 @@ def test_describe_gpt_oss_layer_23_is_served():
     dev = kvlayout.describe("gpt-oss-20b")  # 24 layers: 12 sliding, 12 full
     g = kvlayout.TransferGuard(dev, dev.mirror(pages=2048))
     assert g.check_pages("load", 23, [1], [2]) is None
+    # full serves the odd layers 1, 3, .., 23: layer 23 is its index (23 - 1) / 2 = 11
+    assert g.layer_indices(23) == {"full": (23 - 1) // 2}
+    assert g.layer_indices(22) == {"swa": 22 // 2}
     with pytest.raises(kvlayout.TransferRefused, match="model layer 24"):
         g.check_pages("load", 24, [1], [2])
 
