@@ -201,6 +201,10 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         # a layer stride below it overlaps layers (a stride of 0: every layer the same bytes).
         inner = [a for a in axes if a != "layer" and strides[a] <= strides["layer"]]
         extent = facts.itemsize_bytes + sum(max(dims[a] - 1, 0) * strides[a] for a in inner)
+        if strides["layer"] == 0:
+            raise TensorMismatch(f"{buf.name}.strides",
+                                 f"layer stride 0 B: all {dims['layer']} layers are the same "
+                                 f"bytes ({facts.describe()})")
         if strides["layer"] < extent:
             raise TensorMismatch(f"{buf.name}.strides",
                                  f"layer stride {strides['layer']} B is below one layer's "
