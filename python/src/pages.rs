@@ -90,9 +90,9 @@ const DL_INT: u8 = 0;
 /// One page-index list, borrowed: reading element `i` needs no allocation.
 pub enum PageList<'a> {
     /// A list: each element converted when read.
-    List(&'a Bound<'a, PyList>),
+    List(&'a Bound<'a, PyList>, &'a str),
     /// A tuple: each element converted when read.
-    Tuple(&'a Bound<'a, PyTuple>),
+    Tuple(&'a Bound<'a, PyTuple>, &'a str),
     /// Strided int64 memory, alive for `'a`.
     Raw {
         ptr: *const u8,
@@ -132,15 +132,15 @@ impl PageList<'_> {
                 ptr: *ptr,
                 stride_bytes: *stride_bytes,
             }),
-            PageList::List(_) | PageList::Tuple(_) => None,
+            PageList::List(..) | PageList::Tuple(..) => None,
         }
     }
 
     /// Number of indices.
     pub fn len(&self) -> usize {
         match self {
-            PageList::List(l) => l.len(),
-            PageList::Tuple(t) => t.len(),
+            PageList::List(l, _) => l.len(),
+            PageList::Tuple(t, _) => t.len(),
             PageList::Raw { len, .. } => *len,
         }
     }
@@ -149,16 +149,16 @@ impl PageList<'_> {
     #[inline]
     pub fn get(&self, i: usize) -> PyResult<i64> {
         match self {
-            PageList::List(l) => {
+            PageList::List(l, what) => {
                 // SAFETY: the list is alive (borrowed for 'a) and the GIL held; an index past a
                 // list shortened meanwhile returns NULL with IndexError set.
                 let item = unsafe { ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t) };
-                int_at(l.py(), item, i)
+                int_at(l.py(), item, what, i)
             }
-            PageList::Tuple(t) => {
+            PageList::Tuple(t, what) => {
                 // SAFETY: as for lists; PyTuple_GetItem borrows too.
                 let item = unsafe { ffi::PyTuple_GetItem(t.as_ptr(), i as ffi::Py_ssize_t) };
-                int_at(t.py(), item, i)
+                int_at(t.py(), item, what, i)
             }
             PageList::Raw {
                 ptr, stride_bytes, ..
@@ -177,7 +177,7 @@ impl PageList<'_> {
 /// An int64 from a borrowed list/tuple item (NULL: the error already set, e.g. a list that
 /// an item's `__index__` shortened).
 #[inline]
-fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
+fn int_at(py: Python<'_>, item: *mut ffi::PyObject, what: &str, i: usize) -> PyResult<i64> {
     if item.is_null() {
         return Err(PyErr::fetch(py));
     }
@@ -185,7 +185,7 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
     // held; a type check runs no Python code.
     if unsafe { ffi::PyBool_Check(item) } != 0 {
         return Err(PyTypeError::new_err(format!(
-            "page index [{i}] is a bool, not a page index"
+            "{what}[{i}]: a bool, not a page index"
         )));
     }
     // SAFETY: a live object borrowed from its container, the GIL held. An exact int converts
@@ -205,7 +205,7 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
     if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
         let e = PyErr::fetch(py);
         return Err(PyTypeError::new_err(format!(
-            "page index [{i}] is not an int64: {e}"
+            "{what}[{i}]: not an int64 page index: {e}"
         )));
     }
     Ok(v)
@@ -260,10 +260,10 @@ pub fn with_pages<R>(
     f: impl FnOnce(&PageList<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
     if let Ok(list) = obj.cast::<PyList>() {
-        return f(&PageList::List(list));
+        return f(&PageList::List(list, what));
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return f(&PageList::Tuple(tuple));
+        return f(&PageList::Tuple(tuple, what));
     }
     // SAFETY: `obj` is a live object and the GIL is held.
     if unsafe { PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
