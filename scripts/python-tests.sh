@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package's tests: builds and installs ./python (pip, maturin from PyPI) with pytest,
-# numpy and ml_dtypes into a virtual environment under target/py-venv, then runs pytest on
+# numpy, ml_dtypes and mypy (test_typing.py) into a virtual environment under target/py-venv, then runs pytest on
 # python/tests. Exit: pytest's, except 5 ("no tests collected"), which fails with a message.
 # Environment: PYTHON (default python3, >= 3.10), KVLAYOUT_PY_VENV (default target/py-venv),
 # KVLAYOUT_CLI (a built `kvlayout` binary: the fingerprint-equals-CLI tests run against it;
@@ -13,7 +13,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet pytest numpy ml_dtypes
+"$VENV/bin/python" -m pip install --quiet pytest numpy ml_dtypes mypy
 "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps ./python
 set +e
 "$VENV/bin/python" -m pytest python/tests "$@"

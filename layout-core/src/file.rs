@@ -181,9 +181,11 @@ struct SectionFile {
 ///
 /// Errors name the field and the bad value: unknown schema, dtype, arrangement or memory
 /// layout; zero dimensions; a block that does not divide; a scale naming a missing section;
-/// odd fp4 counts; overflow; and any JSON error (with its line and column).
+/// odd fp4 counts; overflow; a key given twice in one object; and any JSON error (with its
+/// line and column).
 pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    crate::duplicate_keys::check_unique_keys(text)?;
     let value: Value =
         serde_json::from_str(text).map_err(|e| GeometryError::new("json", e.to_string()))?;
     let Some(map) = value.as_object() else {

@@ -38,6 +38,7 @@ mod align;
 mod buffer;
 mod diff;
 mod dtype;
+mod duplicate_keys;
 pub mod elem;
 mod error;
 pub mod file;

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Literal, Optional, Sequence, TypeAlias, Union
+
 
 SCHEMA: str
 CHECKS_COMPILED: bool
 
-Level = Literal["pool", "storage", "token"]
-PageIndices = Union[Sequence[int], Any]  # list/tuple of int, int64 buffer, or __dlpack__ tensor
+# Typing-only aliases (private: they exist in this stub, not in the runtime module).
+_Level: TypeAlias = Literal["pool", "storage", "token"]
+_PageIndices: TypeAlias = Union[Sequence[int], Any]  # list/tuple of int, int64 buffer, or __dlpack__ tensor
 
 class Geometry:
     """A validated pool geometry (kvlayout.geometry/v1 or /v2)."""
@@ -55,7 +57,7 @@ class Geometry:
 class TransferGuard:
     """A device/host pair checked at construction (raises Incompatible)."""
 
-    def __init__(self, device: Geometry, host: Geometry) -> None: ...
+    def __new__(cls, device: Geometry, host: Geometry) -> TransferGuard: ...
     @property
     def device(self) -> Geometry: ...
     @property
@@ -66,15 +68,20 @@ class TransferGuard:
         self,
         direction: Literal["load", "backup"],
         layer: Optional[int],
-        src_pages: PageIndices,
-        dst_pages: PageIndices,
+        src_pages: _PageIndices,
+        dst_pages: _PageIndices,
     ) -> None:
-        """Raises TransferRefused (kind: layer, length, too_many_pairs, page_out_of_range,
-        duplicate_destination); TypeError for indices that are not int64 / one-dimensional /
-        host-readable."""
+        """`layer`: an index, or the model layer id on a geometry whose buffers carry
+        `layer_ids`; None: all layers. Raises TransferRefused (kind: layer, length,
+        too_many_pairs, page_out_of_range, duplicate_destination); TypeError for a bool, or
+        indices that are not int64 / one-dimensional / host-readable. Safe to share between
+        threads."""
+    def layer_indices(self, layer: int) -> dict[str, int]:
+        """{buffer name: layer index} of the buffers that hold `layer` (a model layer id when
+        the buffers carry `layer_ids`); TransferRefused (kind layer) when none does."""
 
-def compare(a: Geometry, b: Geometry, level: Level = "pool") -> list[str]: ...
-def check(a: Geometry, b: Geometry, level: Level = "pool") -> None: ...
+def compare(a: Geometry, b: Geometry, level: _Level = "pool") -> list[str]: ...
+def check(a: Geometry, b: Geometry, level: _Level = "pool") -> None: ...
 def describe(
     model: Union[str, os.PathLike[str]],
     kv_dtype: Optional[Literal["bf16", "fp8"]] = None,

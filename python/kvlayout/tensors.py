@@ -14,8 +14,9 @@ Tensors are read by duck typing, never imported:
 
 Dtype names (torch and ml_dtypes spellings): ``float32``, ``float16``, ``bfloat16``,
 ``float8_e4m3fn``, ``float8_e4m3fnuz``, ``float8_e5m2``, ``float8_e5m2fnuz``, ``float8_e8m0fnu``,
-``float4_e2m1fn_x2`` (torch: two e2m1 values per 1-byte element), ``float4_e2m1fn`` (ml_dtypes:
-one value per byte), ``uint8``, ``int8``, ``int32``, ``int64``.
+``float4_e2m1fn_x2`` (torch: two e2m1 values per 1-byte element), ``uint8``, ``int8``, ``int32``,
+``int64``. ml_dtypes' ``float4_e2m1fn`` (one 4-bit value in each byte, unpacked) is not a packed
+e2m1 layout and is refused: pack two values per byte (``uint8`` with a declared format).
 
 Axes (``TensorBuffer.axes``, one name per dimension of the tensor, or of each per-layer tensor
 when ``tensors`` is a list):
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ._kvlayout import Geometry, formats
-from .errors import TensorMismatch
+from .errors import InvalidGeometry, TensorMismatch
 
 __all__ = ["TensorBuffer", "TensorFacts", "geometry_from_tensors", "tensor_facts", "dtype_name"]
 
@@ -55,7 +56,6 @@ _DTYPES: dict[str, tuple[str, int]] = {
     "float8_e5m2fnuz": ("f8e5m2fnuz", 1),
     "float8_e8m0fnu": ("ue8m0", 1),
     "float4_e2m1fn_x2": ("f4e2m1", 2),
-    "float4_e2m1fn": ("f4e2m1", 1),
     "uint8": ("u8", 1),
     "int8": ("i8", 1),
     "int32": ("i32", 1),
@@ -88,6 +88,10 @@ class TensorFacts:
 def tensor_facts(t: Any) -> TensorFacts:
     """Dtype, shape and byte strides of a torch tensor (strides in elements x element_size())
     or a numpy array (strides already in bytes)."""
+    if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+        raise TypeError(
+            f"not a tensor: {type(t).__name__} has no shape/dtype (expected a torch tensor or "
+            "a numpy array)")
     shape = tuple(int(d) for d in t.shape)
     element_size = getattr(t, "element_size", None)
     stride = getattr(t, "stride", None)
@@ -192,6 +196,20 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         raise ValueError(f"{buf.name}.axes: {axes} has no 'layer' axis; give a per-layer list "
                          "of tensors or name the layer axis")
 
+    if "layer" in dims and dims["layer"] > 1:
+        # The axes inside the layer axis (smaller or equal strides) span one layer's extent;
+        # a layer stride below it overlaps layers (a stride of 0: every layer the same bytes).
+        inner = [a for a in axes if a != "layer" and strides[a] <= strides["layer"]]
+        extent = facts.itemsize_bytes + sum(max(dims[a] - 1, 0) * strides[a] for a in inner)
+        if strides["layer"] == 0:
+            raise TensorMismatch(f"{buf.name}.strides",
+                                 f"layer stride 0 B: all {dims['layer']} layers are the same "
+                                 f"bytes ({facts.describe()})")
+        if strides["layer"] < extent:
+            raise TensorMismatch(f"{buf.name}.strides",
+                                 f"layer stride {strides['layer']} B is below one layer's "
+                                 f"extent {extent} B: layers overlap ({facts.describe()})")
+
     values_per_elem = _DTYPES.get(facts.dtype, (None, 1))[1]
     content = [a for a in axes if a not in _TOKEN_AXES]
     content_elems = 1
@@ -199,7 +217,7 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         content_elems *= dims[a]
     # A layer axis inside the token or page axis (page_first, page_first_direct, page_head):
     # that axis's stride spans every layer, and one layer's share is stride / layers.
-    def per_layer(axis: str) -> int:
+    def layer_share(axis: str) -> int:
         if "layer" in dims and strides[axis] > strides["layer"]:
             if strides[axis] % dims["layer"]:
                 raise TensorMismatch(f"{buf.name}.strides",
@@ -235,7 +253,7 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         row_bytes = page_payload // page_size_tokens
         row_elems = dims["page_bytes"] * content_elems // page_size_tokens
         content_shape = [row_elems * values_per_elem]
-        page_stride = per_layer("page")
+        page_stride = layer_share("page")
         pages = dims["page"]
     else:
         row_bytes = content_elems * facts.itemsize_bytes
@@ -244,11 +262,15 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
         if "slot" in dims:
             # A state buffer (attention "state"): one slot per request, no token axis.
             pages = dims["slot"]
-            page_stride = per_layer("slot")
+            page_stride = layer_share("slot")
             token_stride = row_bytes
         elif "token" in dims:
-            token_stride = per_layer("token")
+            token_stride = layer_share("token")
             pages = dims["token"] // page_size_tokens
+            if pages < 1:
+                raise TensorMismatch(f"{buf.name}.pages",
+                                     f"tensor holds {dims['token']} tokens, fewer than one "
+                                     f"page of {page_size_tokens} ({facts.describe()})")
             page_stride = token_stride * page_size_tokens
         elif "page" in dims and "page_token" in dims:
             if dims["page_token"] != page_size_tokens:
@@ -256,10 +278,10 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
                                      f"declared {page_size_tokens}, tensor {dims['page_token']} "
                                      f"tokens per page ({facts.describe()})")
             pages = dims["page"]
-            page_stride = per_layer("page")
+            page_stride = layer_share("page")
             # page_head ([page][head][token][layer][dim]) interleaves tokens with layers and
             # heads: only the page's total is checked here, the placement is the layout's.
-            token_stride = row_bytes if page_head else per_layer("page_token")
+            token_stride = row_bytes if page_head else layer_share("page_token")
         else:
             raise ValueError(f"{buf.name}.axes: {axes} names no token axis ('token', "
                              "'page' + 'page_token', or 'page' + 'page_bytes')")
@@ -336,12 +358,23 @@ def geometry_from_tensors(
     format (bytes per token, page stride, dtype), naming the buffer and both numbers;
     :class:`~kvlayout.errors.InvalidGeometry` when the result breaks a geometry rule.
     """
+    if isinstance(page_size_tokens, bool) or not isinstance(page_size_tokens, int):
+        raise TypeError(f"page_size_tokens: expected an int, got {page_size_tokens!r}")
+    if page_size_tokens < 1:
+        raise InvalidGeometry("page_size_tokens", f"{page_size_tokens}: must be at least 1")
+    if pages is not None and (isinstance(pages, bool) or not isinstance(pages, int)):
+        raise TypeError(f"pages: expected an int or None, got {pages!r}")
     if isinstance(buffers, Mapping):
         buffers = [TensorBuffer(n, t) for n, t in buffers.items()]
+    if not buffers:
+        raise InvalidGeometry("buffers", "none given: a pool needs at least one buffer")
     docs = []
     held = []
     for b in buffers:
-        doc, held_pages = _buffer_doc(b, page_size_tokens)
+        try:
+            doc, held_pages = _buffer_doc(b, page_size_tokens)
+        except TypeError as e:
+            raise TypeError(f"{b.name}: {e}") from None
         docs.append(doc)
         held.append((held_pages, b.name))
     fewest, fewest_name = min(held)

@@ -9,7 +9,6 @@ use kvlayout_core::{
     BufferGeometry, GeometryError, Level, MemoryLayout, PoolGeometry, TokenLayout,
     arrangement_text, compare_at, file, formats as builtin,
 };
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyDict};
 use serde_json::{Value, json};
@@ -218,12 +217,12 @@ impl Geometry {
     fn mirror(
         &self,
         py: Python<'_>,
-        pages: u64,
+        pages: &Bound<'_, PyAny>,
         memory_layout: Option<&str>,
         name: Option<String>,
     ) -> PyResult<Geometry> {
         let mut g = self.inner.clone();
-        g.pages = pages;
+        g.pages = crate::model::count_arg(py, "pages", pages)?;
         if let Some(m) = memory_layout {
             g.memory_layout = MemoryLayout::from_name(m).ok_or_else(|| {
                 errors::invalid_geometry(
@@ -263,9 +262,9 @@ impl Geometry {
 }
 
 fn parse_level(level: &str) -> PyResult<Level> {
-    level
-        .parse::<Level>()
-        .map_err(|e| PyValueError::new_err(format!("level: {e}")))
+    level.parse::<Level>().map_err(|e| {
+        Python::attach(|py| errors::invalid_geometry(py, "level", &format!("{level:?}: {e}")))
+    })
 }
 
 /// The diff lines of `compare_at`, as `kvlayout check --level` prints them.

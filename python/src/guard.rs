@@ -2,12 +2,21 @@
 //! comparison, as `kvlayout check`), then every transfer's page lists checked by the Rust shim
 //! (`kvlayout_pool::shim`: layer present, list no longer than the destination pool, every page
 //! in range on both sides, no destination page named twice) before the engine moves a byte.
+//!
+//! The guard is immutable (a frozen pyclass) so one guard may serve several threads (SGLang's
+//! load and backup threads): the per-call scratch lists live behind a `Mutex` taken with
+//! `try_lock`; a call that finds it held (another thread inside a check, or a reentrant call
+//! from an `__index__`/`__dlpack__`) allocates its own for that call.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 
 use kvlayout_core::Level;
 use kvlayout_pool::shim::{check_layer, check_pair_pages};
 use kvlayout_pool::{Direction, Layers, PagePair, TransferError};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
 
 use crate::errors;
 use crate::geometry::{Geometry, header};
@@ -18,24 +27,74 @@ use crate::pages::{PageList, with_pages};
 /// `TransferGuard(device, host)` compares the two geometries (pool level) and raises
 /// `Incompatible` (`.lines`: the CLI's diff lines) when they cannot exchange pages.
 /// `check_pages(direction, layer, src_pages, dst_pages)` then checks one transfer.
-#[pyclass(module = "kvlayout._kvlayout")]
+#[pyclass(module = "kvlayout._kvlayout", frozen)]
 pub struct TransferGuard {
     device: Py<Geometry>,
     host: Py<Geometry>,
     device_pages: u64,
     host_pages: u64,
     deepest_layers: u64,
-    /// Pairs of the transfer being checked; kept between calls so a warm check allocates
-    /// nothing (16 B per page, bounded by the destination pool's page count).
-    scratch: Vec<PagePair>,
+    /// The model layer ids the buffers serve, when any buffer gives `layer_ids` (hybrid
+    /// models): `layer` is then a model layer id. `None`: `layer` is a plain index.
+    model_layers: Option<BTreeSet<u64>>,
+    /// Kept between calls so a warm, uncontended check allocates nothing.
+    scratch: Mutex<Scratch>,
+}
+
+/// The per-call working memory of a check.
+#[derive(Default)]
+struct Scratch {
+    /// Pairs of the transfer being checked (16 B per page, bounded by the destination pool's
+    /// page count).
+    pairs: Vec<PagePair>,
     /// One bit per page of the larger pool: destinations seen in the list being checked (all
     /// clear between calls). Finds a duplicate destination in O(n); the shim then names it.
+    /// Empty: the shim's own duplicate search is used.
     seen: Vec<u64>,
 }
 
 /// Pools up to this many pages get the duplicate bitmap (8 MiB at most); larger ones use the
 /// shim's own duplicate search (sorting lists longer than 32 pairs).
 const BITMAP_MAX_PAGES: u64 = 1 << 26;
+
+/// An all-clear duplicate bitmap for a pool of `pages` pages, or empty past `BITMAP_MAX_PAGES`.
+fn bitmap(pages: u64) -> Vec<u64> {
+    if pages <= BITMAP_MAX_PAGES {
+        vec![0; pages.div_ceil(64) as usize]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Reads `layer`: `None`, or an int (not a bool) that fits an `i64`.
+fn layer_arg(py: Python<'_>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
+    let Some(l) = layer else { return Ok(None) };
+    if l.is_none() {
+        return Ok(None);
+    }
+    if l.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "layer: {} is a bool, not a layer index (pass an int or None)",
+            l.repr()?
+        )));
+    }
+    if !l.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "layer: expected an int or None, got {}",
+            l.get_type().name()?
+        )));
+    }
+    l.extract::<i64>().map(Some).map_err(|_| {
+        errors::transfer_refused(
+            py,
+            format!(
+                "layer {}: out of range (past 64 bits)",
+                l.repr().map(|r| r.to_string()).unwrap_or_default()
+            ),
+            "layer",
+        )
+    })
+}
 
 fn kind(e: &TransferError) -> &'static str {
     match e {
@@ -158,17 +217,32 @@ impl TransferGuard {
             return Err(errors::incompatible(py, lines, head));
         }
         let deepest_layers = d.inner.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
+        let model_layers = d
+            .inner
+            .buffers
+            .iter()
+            .any(|b| b.layer_ids().is_some())
+            .then(|| {
+                d.inner
+                    .buffers
+                    .iter()
+                    .flat_map(|b| match b.layer_ids() {
+                        Some(ids) => ids.iter().map(|&i| u64::from(i)).collect::<Vec<_>>(),
+                        None => (0..b.layers).collect(),
+                    })
+                    .collect::<BTreeSet<u64>>()
+            });
         Ok(TransferGuard {
             device_pages: d.inner.pages,
             host_pages: h.inner.pages,
             deepest_layers,
-            seen: match d.inner.pages.max(h.inner.pages) {
-                p if p <= BITMAP_MAX_PAGES => vec![0; p.div_ceil(64) as usize],
-                _ => Vec::new(),
-            },
+            model_layers,
+            scratch: Mutex::new(Scratch {
+                pairs: Vec::new(),
+                seen: bitmap(d.inner.pages.max(h.inner.pages)),
+            }),
             device,
             host,
-            scratch: Vec::new(),
         })
     }
 
@@ -194,20 +268,29 @@ impl TransferGuard {
     ///
     /// - `direction`: `"load"` (host -> device: `src_pages` are host pages, `dst_pages` device
     ///   pages) or `"backup"` (device -> host).
-    /// - `layer`: a layer index, or `None` for all layers.
+    /// - `layer`: a layer, or `None` for all layers. For a geometry whose buffers carry
+    ///   `layer_ids` (hybrid models: `describe("gpt-oss-20b")`), the model layer id: the
+    ///   buffers that serve it take part, the others are skipped, and a layer no buffer serves
+    ///   is refused naming it. Otherwise a plain index `0..layers` of the deepest buffer.
+    ///   A bool is refused (`TypeError`).
     /// - `src_pages`, `dst_pages`: equal-length int64 page indices (page, not token, indices):
     ///   a list or tuple of ints, a numpy int64 array or any buffer-protocol object, or a CPU
     ///   tensor with `__dlpack__`; arrays are read in place.
     ///
-    /// Refusals (`TransferRefused.kind`): `layer` (past the deepest buffer), `length` (lists of
+    /// Trust: array lists are read through the exporter's pointer, shape and strides, as every
+    /// buffer-protocol and DLPack consumer does (a lying exporter makes this read out of
+    /// bounds); a negative length or a span past the address space is refused (`ValueError`).
+    ///
+    /// Refusals (`TransferRefused.kind`): `layer` (past the deepest buffer, or a model layer id
+    /// no buffer serves), `length` (lists of
     /// different lengths), `too_many_pairs` (more pages than the destination pool holds),
     /// `page_out_of_range` (either side, or negative), `duplicate_destination`.
     #[pyo3(signature = (direction, layer, src_pages, dst_pages))]
     fn check_pages(
-        &mut self,
+        &self,
         py: Python<'_>,
         direction: &str,
-        layer: Option<i64>,
+        layer: Option<&Bound<'_, PyAny>>,
         src_pages: &Bound<'_, PyAny>,
         dst_pages: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
@@ -220,15 +303,41 @@ impl TransferGuard {
                 )));
             }
         };
-        let layers = match layer {
+        let layers = match layer_arg(py, layer)? {
             None => Layers::All,
             Some(l) => Layers::One(u64::try_from(l).map_err(|_| {
                 errors::transfer_refused(py, format!("layer {l} is negative"), "layer")
             })?),
         };
-        check_layer(layers, self.deepest_layers).map_err(|e| refused(py, e))?;
+        match (&self.model_layers, layers) {
+            (Some(served), Layers::One(l)) if !served.contains(&l) => {
+                return Err(errors::transfer_refused(
+                    py,
+                    format!(
+                        "layer {l}: no buffer serves model layer {l} (the buffers' layer_ids cover {} layers, {}..={})",
+                        served.len(),
+                        served.first().copied().unwrap_or(0),
+                        served.last().copied().unwrap_or(0)
+                    ),
+                    "layer",
+                ));
+            }
+            (Some(_), _) => {}
+            (None, _) => check_layer(layers, self.deepest_layers).map_err(|e| refused(py, e))?,
+        }
         let (device_pages, host_pages) = (self.device_pages, self.host_pages);
-        let (scratch, seen) = (&mut self.scratch, &mut self.seen);
+        // Uncontended: the guard's own scratch. Held (another thread, or a reentrant call from
+        // Python code run while reading a list): this call's own.
+        let mut own;
+        let mut held = self.scratch.try_lock().ok();
+        let s: &mut Scratch = match held.as_deref_mut() {
+            Some(s) => s,
+            None => {
+                own = Scratch::default();
+                &mut own
+            }
+        };
+        let (scratch, seen) = (&mut s.pairs, &mut s.seen);
         with_pages(src_pages, "src_pages", |src| {
             with_pages(dst_pages, "dst_pages", |dst| {
                 if src.len() != dst.len() {
@@ -270,6 +379,44 @@ impl TransferGuard {
                 Ok(())
             })
         })
+    }
+
+    /// The buffers that hold `layer` and its index in each: `{buffer name: layer index}`.
+    /// `layer` as in `check_pages` (a model layer id when the buffers carry `layer_ids`, else
+    /// an index); a buffer that does not serve it is left out. Raises `TransferRefused`
+    /// (`kind == "layer"`) when no buffer serves it, `TypeError` for a bool or a non-int.
+    fn layer_indices<'py>(
+        &self,
+        py: Python<'py>,
+        layer: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let l = match layer_arg(py, Some(layer))? {
+            Some(l) => l,
+            None => return Err(PyTypeError::new_err("layer: expected an int, got None")),
+        };
+        let out = pyo3::types::PyDict::new(py);
+        if let Ok(l) = u64::try_from(l) {
+            for b in &self.device.get().inner.buffers {
+                let index = match b.layer_ids() {
+                    Some(ids) => ids
+                        .iter()
+                        .position(|&id| u64::from(id) == l)
+                        .map(|i| i as u64),
+                    None => (l < b.layers).then_some(l),
+                };
+                if let Some(i) = index {
+                    out.set_item(&b.name, i)?;
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(errors::transfer_refused(
+                py,
+                format!("layer {l}: no buffer serves it"),
+                "layer",
+            ));
+        }
+        Ok(out)
     }
 
     fn __repr__(&self) -> String {

@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 
 use kvlayout_models::{Attention, IndexK, KvDtype, Model, Options, StateDtype, Tp};
-use pyo3::exceptions::{PyTypeError, PyUserWarning, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyUserWarning};
 use pyo3::prelude::*;
-use pyo3::types::PyAny;
+use pyo3::types::{PyAny, PyBool, PyInt};
 
 use crate::errors;
 use crate::geometry::{Geometry, to_py};
@@ -19,17 +19,23 @@ fn load(
     model: PathBuf,
     kv_dtype: Option<&str>,
     index_k: Option<&str>,
-    tp: Option<u64>,
-    rank: Option<u64>,
+    tp: Option<&Bound<'_, PyAny>>,
+    rank: Option<&Bound<'_, PyAny>>,
     state_dtype: Option<&str>,
     page_size_tokens: u64,
     pages: u64,
     equal_page_bytes: bool,
 ) -> PyResult<(Model, Options)> {
+    let tp = tp.map(|t| count_arg(py, "tp", t)).transpose()?;
+    let rank = rank.map(|r| count_arg(py, "rank", r)).transpose()?;
     let kv_dtype = kv_dtype
         .map(|s| {
             KvDtype::from_name(s).ok_or_else(|| {
-                PyValueError::new_err(format!("kv_dtype: {s:?} (expected \"bf16\" or \"fp8\")"))
+                errors::invalid_geometry(
+                    py,
+                    "kv_dtype",
+                    &format!("{s:?} (expected \"bf16\" or \"fp8\")"),
+                )
             })
         })
         .transpose()?;
@@ -38,34 +44,52 @@ fn load(
         Some("bf16") => IndexK::Bf16,
         Some("fp4") => IndexK::Fp4,
         Some(other) => {
-            return Err(PyValueError::new_err(format!(
-                "index_k: {other:?} (expected \"fp8\", \"bf16\" or \"fp4\")"
-            )));
+            return Err(errors::invalid_geometry(
+                py,
+                "index_k",
+                &format!("{other:?} (expected \"fp8\", \"bf16\" or \"fp4\")"),
+            ));
         }
     };
     let state_dtype = state_dtype
         .map(|s| {
             StateDtype::from_name(s).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "state_dtype: {s:?} (expected \"f32\", \"bf16\" or \"f16\")"
-                ))
+                errors::invalid_geometry(
+                    py,
+                    "state_dtype",
+                    &format!("{s:?} (expected \"f32\", \"bf16\" or \"f16\")"),
+                )
             })
         })
         .transpose()?;
     let tp = match (tp, rank) {
         (None, None) => None,
         (None, Some(r)) => {
-            return Err(PyValueError::new_err(format!(
-                "rank: {r} given without tp (the tensor-parallel size)"
-            )));
+            return Err(errors::invalid_geometry(
+                py,
+                "rank",
+                &format!("{r} given without tp (the tensor-parallel size)"),
+            ));
         }
         (Some(n), r) => Some(
-            Tp::new(n, r.unwrap_or(0)).map_err(|e| PyValueError::new_err(format!("tp: {e}")))?,
+            Tp::new(n, r.unwrap_or(0))
+                .map_err(|e| errors::invalid_geometry(py, "tp", &e.to_string()))?,
         ),
     };
     let name = model
         .to_str()
         .ok_or_else(|| PyTypeError::new_err("model: not valid UTF-8"))?;
+    // A directory is read as a Hugging Face model directory: say which file was missing
+    // rather than "not a built-in model".
+    if model.is_dir() && !model.join("config.json").is_file() {
+        return Err(errors::model_error(
+            py,
+            format!(
+                "model: {name} is a directory without config.json (looked for {})",
+                model.join("config.json").display()
+            ),
+        ));
+    }
     let m = Model::load(name).map_err(|e| errors::model_error(py, e.to_string()))?;
     if index_k.is_some() && m.attention() != Attention::MlaDsa {
         let msg = format!(
@@ -92,6 +116,28 @@ fn load(
     Ok((m, opts))
 }
 
+/// A count argument (`tp`, `rank`, `pages`, `page_size_tokens`): an int (not a bool) in
+/// `0..2^64`; otherwise `InvalidGeometry` (a `ValueError`) or `TypeError` naming the field and
+/// the value.
+pub(crate) fn count_arg(py: Python<'_>, field: &str, v: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{field}: expected an int, got {} {}",
+            v.get_type().name()?,
+            v.repr()?
+        )));
+    }
+    v.extract::<u64>().map_err(|_| {
+        let r = v.repr().map(|r| r.to_string()).unwrap_or_default();
+        let problem = if v.lt(0).unwrap_or(false) {
+            format!("{r} is negative")
+        } else {
+            format!("{r} is past 64 bits")
+        };
+        errors::invalid_geometry(py, field, &problem)
+    })
+}
+
 /// The device pool geometry of one rank of a model, as `kvlayout describe --json`.
 ///
 /// `model`: a built-in name (`kvlayout describe --help` lists them: deepseek-v3.2-exp,
@@ -105,20 +151,28 @@ fn load(
 /// Raises `ModelError` (unreadable config, a field that changes the cache and is not modelled,
 /// named) or `ValueError` (a bad option, named).
 #[pyfunction]
-#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = 64, pages = 1024, equal_page_bytes = false))]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = None, pages = None, equal_page_bytes = false), text_signature = "(model, kv_dtype=None, index_k=None, tp=None, rank=None, *, state_dtype=None, page_size_tokens=64, pages=1024, equal_page_bytes=False)")]
 #[allow(clippy::too_many_arguments)]
 pub fn describe(
     py: Python<'_>,
     model: PathBuf,
     kv_dtype: Option<&str>,
     index_k: Option<&str>,
-    tp: Option<u64>,
-    rank: Option<u64>,
+    tp: Option<&Bound<'_, PyAny>>,
+    rank: Option<&Bound<'_, PyAny>>,
     state_dtype: Option<&str>,
-    page_size_tokens: u64,
-    pages: u64,
+    page_size_tokens: Option<&Bound<'_, PyAny>>,
+    pages: Option<&Bound<'_, PyAny>>,
     equal_page_bytes: bool,
 ) -> PyResult<Geometry> {
+    let page_size_tokens = match page_size_tokens {
+        Some(p) => count_arg(py, "page_size_tokens", p)?,
+        None => 64,
+    };
+    let pages = match pages {
+        Some(p) => count_arg(py, "pages", p)?,
+        None => 1024,
+    };
     let (m, opts) = load(
         py,
         model,
@@ -149,8 +203,8 @@ pub fn totals<'py>(
     model: PathBuf,
     kv_dtype: Option<&str>,
     index_k: Option<&str>,
-    tp: Option<u64>,
-    rank: Option<u64>,
+    tp: Option<&Bound<'py, PyAny>>,
+    rank: Option<&Bound<'py, PyAny>>,
     state_dtype: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (m, opts) = load(

@@ -9,10 +9,14 @@
 //! the abi3-py310 wheel reads buffers on 3.10 too. DLPack (`dlpack.h`, v0.8+ unversioned
 //! capsule `"dltensor"`): the tensor is read while the capsule is alive and the capsule is
 //! released unconsumed, so its producer's destructor frees it.
+//!
+//! Trust: the check trusts the exporter's pointer, shape and strides, as every buffer-protocol
+//! and DLPack consumer does; an exporter that lies about them makes this read out of bounds.
+//! What is cheap is refused: a negative length, and a length x stride span past `isize`.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -86,9 +90,9 @@ const DL_INT: u8 = 0;
 /// One page-index list, borrowed: reading element `i` needs no allocation.
 pub enum PageList<'a> {
     /// A list: each element converted when read.
-    List(&'a Bound<'a, PyList>),
+    List(&'a Bound<'a, PyList>, &'a str),
     /// A tuple: each element converted when read.
-    Tuple(&'a Bound<'a, PyTuple>),
+    Tuple(&'a Bound<'a, PyTuple>, &'a str),
     /// Strided int64 memory, alive for `'a`.
     Raw {
         ptr: *const u8,
@@ -128,15 +132,15 @@ impl PageList<'_> {
                 ptr: *ptr,
                 stride_bytes: *stride_bytes,
             }),
-            PageList::List(_) | PageList::Tuple(_) => None,
+            PageList::List(..) | PageList::Tuple(..) => None,
         }
     }
 
     /// Number of indices.
     pub fn len(&self) -> usize {
         match self {
-            PageList::List(l) => l.len(),
-            PageList::Tuple(t) => t.len(),
+            PageList::List(l, _) => l.len(),
+            PageList::Tuple(t, _) => t.len(),
             PageList::Raw { len, .. } => *len,
         }
     }
@@ -145,16 +149,16 @@ impl PageList<'_> {
     #[inline]
     pub fn get(&self, i: usize) -> PyResult<i64> {
         match self {
-            PageList::List(l) => {
+            PageList::List(l, what) => {
                 // SAFETY: the list is alive (borrowed for 'a) and the GIL held; an index past a
                 // list shortened meanwhile returns NULL with IndexError set.
                 let item = unsafe { ffi::PyList_GetItem(l.as_ptr(), i as ffi::Py_ssize_t) };
-                int_at(l.py(), item, i)
+                int_at(l.py(), item, what, i)
             }
-            PageList::Tuple(t) => {
+            PageList::Tuple(t, what) => {
                 // SAFETY: as for lists; PyTuple_GetItem borrows too.
                 let item = unsafe { ffi::PyTuple_GetItem(t.as_ptr(), i as ffi::Py_ssize_t) };
-                int_at(t.py(), item, i)
+                int_at(t.py(), item, what, i)
             }
             PageList::Raw {
                 ptr, stride_bytes, ..
@@ -173,9 +177,16 @@ impl PageList<'_> {
 /// An int64 from a borrowed list/tuple item (NULL: the error already set, e.g. a list that
 /// an item's `__index__` shortened).
 #[inline]
-fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
+fn int_at(py: Python<'_>, item: *mut ffi::PyObject, what: &str, i: usize) -> PyResult<i64> {
     if item.is_null() {
         return Err(PyErr::fetch(py));
+    }
+    // SAFETY: `item` is a live object borrowed from its container (non-null, above), the GIL
+    // held; a type check runs no Python code.
+    if unsafe { ffi::PyBool_Check(item) } != 0 {
+        return Err(PyTypeError::new_err(format!(
+            "{what}[{i}]: a bool, not a page index"
+        )));
     }
     // SAFETY: a live object borrowed from its container, the GIL held. An exact int converts
     // without running Python code, so the borrow stays valid; anything else may run
@@ -194,10 +205,24 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, i: usize) -> PyResult<i64> {
     if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
         let e = PyErr::fetch(py);
         return Err(PyTypeError::new_err(format!(
-            "page index [{i}] is not an int64: {e}"
+            "{what}[{i}]: not an int64 page index: {e}"
         )));
     }
     Ok(v)
+}
+
+/// Refuses a negative length or a span (`len` x `stride_bytes`) that no memory can hold.
+fn checked_run(what: &str, len: i64, stride_bytes: i64) -> PyResult<usize> {
+    let ok = len >= 0
+        && len
+            .checked_mul(stride_bytes.checked_abs().unwrap_or(i64::MAX))
+            .is_some_and(|span| span <= isize::MAX as i64);
+    if !ok {
+        return Err(PyValueError::new_err(format!(
+            "{what}: the exporter reports {len} elements {stride_bytes} bytes apart: not a readable array"
+        )));
+    }
+    Ok(len as usize)
 }
 
 /// A held buffer view, released on drop.
@@ -235,10 +260,10 @@ pub fn with_pages<R>(
     f: impl FnOnce(&PageList<'_>) -> PyResult<R>,
 ) -> PyResult<R> {
     if let Ok(list) = obj.cast::<PyList>() {
-        return f(&PageList::List(list));
+        return f(&PageList::List(list, what));
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return f(&PageList::Tuple(tuple));
+        return f(&PageList::Tuple(tuple, what));
     }
     // SAFETY: `obj` is a live object and the GIL is held.
     if unsafe { PyObject_CheckBuffer(obj.as_ptr()) } == 1 {
@@ -286,13 +311,14 @@ fn with_buffer<R>(
         )));
     }
     // SAFETY: ndim == 1, so shape (and strides, requested) hold one entry each.
-    let len = unsafe { *v.shape } as usize;
+    let len = unsafe { *v.shape };
     let stride_bytes = if v.strides.is_null() {
         8
     } else {
         // SAFETY: non-null, and ndim == 1: one stride entry, in bytes (PEP 3118).
         unsafe { *v.strides }
     };
+    let len = checked_run(what, len as i64, stride_bytes as i64)?;
     f(&PageList::Raw {
         ptr: v.buf as *const u8,
         len,
@@ -345,13 +371,14 @@ fn with_dlpack<R>(
         )));
     }
     // SAFETY: ndim == 1: shape has one entry, strides (when present) one entry in elements.
-    let len = unsafe { *t.shape } as usize;
+    let len = unsafe { *t.shape };
     let stride_bytes = if t.strides.is_null() {
         8
     } else {
         // SAFETY: non-null, and ndim == 1: one stride entry, in elements (DLPack).
         (unsafe { *t.strides } as isize).saturating_mul(8)
     };
+    let len = checked_run(what, len, stride_bytes as i64)?;
     // SAFETY: data + byte_offset is the first element.
     let ptr = unsafe { (t.data as *const u8).add(t.byte_offset as usize) };
     let r = f(&PageList::Raw {

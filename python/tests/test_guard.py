@@ -117,7 +117,7 @@ def test_guard_properties(guard):
 
 
 def test_list_items_that_are_not_int64_are_refused_by_index(guard):
-    with pytest.raises(TypeError, match=r"page index \[1\] is not an int64"):
+    with pytest.raises(TypeError, match=r"src_pages\[1\]: not an int64"):
         guard.check_pages("load", None, [1, "x"], [0, 1])
-    with pytest.raises(TypeError, match=r"page index \[0\] is not an int64"):
+    with pytest.raises(TypeError, match=r"src_pages\[0\]: not an int64"):
         guard.check_pages("load", None, (1 << 70,), (0,))

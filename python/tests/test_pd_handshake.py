@@ -110,3 +110,44 @@ def test_published_regions_must_hold_the_geometry():
         f"regions.kv: {kv_bytes - 1} bytes published, geometry lays out {kv_bytes} bytes",
         f"regions.index_k: missing, geometry lays out {ik_bytes} bytes",
     ]
+
+
+@pytest.mark.parametrize("edit,field", [
+    ({"geometry": {"buffers": []}}, "geometry"),
+    ({"geometry": 7}, "geometry"),
+    ({"fingerprints": [1, 2]}, "fingerprints"),
+])
+def test_malformed_handshake_fields_are_refused_by_name(edit, field):
+    g = geo(DSV32)
+    msg = {**message(g), **edit}
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_peer(g, msg)
+    assert e.value.level == "handshake" and e.value.lines[0].startswith(field + ":")
+
+
+def test_deeply_nested_message_is_refused():
+    with pytest.raises(PeerRefused, match="nested too deeply"):
+        handshake.parse_message(b"[" * 100000 + b"]" * 100000)
+
+
+class _Lay:
+    region_bytes = 64
+
+
+@pytest.mark.parametrize("regions,field", [
+    ([1, 2], "regions"),
+    ({"kv": "0x1000"}, "regions.kv"),
+    ({"kv": [4096]}, "regions.kv"),
+    ({"kv": [4096, "64"]}, "regions.kv"),
+    ({"kv": [4096, True]}, "regions.kv"),
+])
+def test_malformed_regions_are_refused_by_name(regions, field):
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_regions({"regions": regions}, {"kv": _Lay()})
+    assert e.value.lines[0].startswith(field + ":")
+
+
+def test_regions_short_and_whole():
+    handshake.check_regions({"regions": {"kv": [4096, 64]}}, {"kv": _Lay()})
+    with pytest.raises(PeerRefused, match="63 bytes published, geometry lays out 64"):
+        handshake.check_regions({"regions": {"kv": [4096, 63]}}, {"kv": _Lay()})

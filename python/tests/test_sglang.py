@@ -179,3 +179,32 @@ def test_gate_binds_positional_arguments_of_a_compiled_op():
     assert op.calls == 0
     gated(k, k, v, v, None, None, 8 * 128 * 2)
     assert op.calls == 1
+
+
+@pytest.mark.parametrize("kind", ["varargs", "renamed"])
+def test_gate_binds_varargs_and_renamed_ops_by_sglang_order(kind):
+    # A `(*args, **kwargs)` op or one with renamed parameters: bound by sgl-kernel's order
+    # (src_k, dst_k, src_v, dst_v, src_indices, dst_indices, item_size), not passed unchecked.
+    calls = []
+    if kind == "varargs":
+        def transfer_kv_per_layer(*args, **kwargs):
+            calls.append(args)
+    else:
+        def transfer_kv_per_layer(a, b, c, d, e, f, g):
+            calls.append((a, b, c, d, e, f, g))
+    ns = {"transfer_kv_per_layer": transfer_kv_per_layer}
+    assert sglang.guard_transfer_ops(ns) == ["namespace.transfer_kv_per_layer"]
+    gated = ns["transfer_kv_per_layer"]
+    device = fakes.mha_device(heads=16)  # rows of 16 x 128 x 2 = 4096 B
+    host = fakes.mha_host(fakes.mha_device(heads=8))
+    k, v = host.kv_buffer[0][0], host.kv_buffer[1][0]
+    with pytest.raises(kvlayout.TransferRefused, match="item_size 2048 B, but dst_k rows are 4096 B"):
+        gated(k, device.k_buffer[0], v, device.v_buffer[0], None, None, 8 * 128 * 2)
+    assert calls == []
+    gated(k, k, v, v, None, None, 8 * 128 * 2)
+    assert len(calls) == 1
+    # A call whose item_size cannot be found is refused, not passed unchecked.
+    with pytest.raises(kvlayout.TransferRefused) as e:
+        gated(k, k, v, v, None, None, size=8 * 128 * 2)
+    assert e.value.kind == "unchecked" and "item_size" in str(e.value)
+    assert len(calls) == 1

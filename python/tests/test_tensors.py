@@ -102,3 +102,44 @@ def test_one_tensor_without_a_layer_axis_is_refused_by_name():
     with pytest.raises(ValueError, match="no 'layer' axis"):
         geometry_from_tensors([TensorBuffer("kv", t, axes=("token", "dim"), format="mla_fp8")],
                               page_size_tokens=64)
+
+
+def test_overlapping_layers_are_refused():
+    # [4 layers, 128 tokens, 8 heads, 128 dim] bf16: one layer spans 128 x 8 x 128 x 2 =
+    # 262144 B, but the layer stride is 2048 B (= one token's row): layers overlap.
+    base = np.zeros(128 * 8 * 128 + 3 * 1024, ml_dtypes.bfloat16)
+    a = np.lib.stride_tricks.as_strided(base, shape=(4, 128, 8, 128),
+                                        strides=(2048, 2048, 256, 2))
+    with pytest.raises(kvlayout.TensorMismatch) as e:
+        geometry_from_tensors({"kv": a}, page_size_tokens=64)
+    # extent: 2 + 127 x 2048 + 7 x 256 + 127 x 2 = 262144
+    assert e.value.field == "kv.strides"
+    assert "layer stride 2048 B" in str(e.value) and f"{2 + 127 * 2048 + 7 * 256 + 127 * 2} B" in str(e.value)
+    zero = np.lib.stride_tricks.as_strided(base, shape=(4, 128, 8, 128),
+                                           strides=(0, 2048, 256, 2))
+    with pytest.raises(kvlayout.TensorMismatch, match="layer stride 0 B"):
+        geometry_from_tensors({"kv": zero}, page_size_tokens=64)
+
+
+def test_fewer_tokens_than_a_page_names_the_buffer():
+    with pytest.raises(kvlayout.TensorMismatch) as e:
+        geometry_from_tensors({"kv": np.zeros((2, 10, 4), np.float16)}, page_size_tokens=64)
+    assert e.value.field == "kv.pages" and "10 tokens" in str(e.value)
+
+
+def test_bad_arguments_raise_kvlayout_errors():
+    with pytest.raises(kvlayout.InvalidGeometry) as e:
+        geometry_from_tensors([], page_size_tokens=64)
+    assert e.value.field == "buffers"
+    with pytest.raises(kvlayout.InvalidGeometry) as e:
+        geometry_from_tensors({"kv": np.zeros((2, 64, 4), np.float16)}, page_size_tokens=0)
+    assert e.value.field == "page_size_tokens"
+    with pytest.raises(TypeError, match="kv: not a tensor: str"):
+        geometry_from_tensors({"kv": "x"}, page_size_tokens=64)
+
+
+def test_unpacked_float4_is_refused_by_name():
+    # ml_dtypes.float4_e2m1fn keeps one 4-bit value per byte: not a packed e2m1 layout.
+    a = np.zeros((2, 64, 16), ml_dtypes.float4_e2m1fn)
+    with pytest.raises(kvlayout.TensorMismatch, match="float4_e2m1fn"):
+        geometry_from_tensors({"kv": a}, page_size_tokens=64)

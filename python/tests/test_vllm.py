@@ -31,13 +31,13 @@ def test_flash_attention_split_layout_nhd_and_hnd():
         caches = {n: fakes.flash_attn_cache(10, s, hnd=hnd) for n in LAYERS}
         g = vllm.geometry(caches, fakes.kv_cache_config(10, [(LAYERS, s)]))
         by = {b["name"]: b for b in g.buffers}
-        assert set(by) == {"kv.k", "kv.v"}
-        assert by["kv.k"]["arrangement"] == arrangement
-        assert by["kv.k"]["page_stride_bytes"] == 16 * 8 * 128 * 2
+        assert set(by) == {"k", "v"}  # as SGLang's MHA device pool names them
+        assert by["k"]["arrangement"] == arrangement
+        assert by["k"]["page_stride_bytes"] == 16 * 8 * 128 * 2
         assert g.pages == 10
     nhd = vllm.geometry({n: fakes.flash_attn_cache(10, s) for n in LAYERS}, {n: s for n in LAYERS})
     hnd = vllm.geometry({n: fakes.flash_attn_cache(10, s, hnd=True) for n in LAYERS}, {n: s for n in LAYERS})
-    assert "kv.k.arrangement: token_major, head_major" in kvlayout.compare(nhd, hnd)
+    assert "k.arrangement: token_major, head_major" in kvlayout.compare(nhd, hnd)
 
 
 def test_hybrid_groups_keep_windows_and_layer_ids():
@@ -48,12 +48,13 @@ def test_hybrid_groups_keep_windows_and_layer_ids():
     caches = {n: fakes.flashinfer_cache(6, full) for n in LAYERS}
     g = vllm.geometry(caches, fakes.kv_cache_config(6, [(even, full), (odd, swa)]))
     by = {b["name"]: b for b in g.buffers}
-    assert by["group0"]["layer_ids"] == [0, 2] and by["group1"]["layer_ids"] == [1, 3]
-    assert by["group1"]["attention"] == {"sliding_window_tokens": 128}
-    assert "attention" not in by["group0"] or by["group0"]["attention"] == "full"
+    # named as `kvlayout describe` names gpt-oss's buffers: full, swa
+    assert by["full"]["layer_ids"] == [0, 2] and by["swa"]["layer_ids"] == [1, 3]
+    assert by["swa"]["attention"] == {"sliding_window_tokens": 128}
+    assert "attention" not in by["full"] or by["full"]["attention"] == "full"
     # the decode side forgot the sliding group: one buffer missing
     g_full = vllm.geometry({n: caches[n] for n in even}, fakes.kv_cache_config(6, [(even, full)]))
-    assert any(line.startswith("group1") for line in kvlayout.compare(g, g_full))
+    assert any(line.startswith("swa") for line in kvlayout.compare(g, g_full))
 
 
 def test_mla_fp8_ds_mla_and_indexer():
@@ -67,9 +68,11 @@ def test_mla_fp8_ds_mla_and_indexer():
     caches.update({n: np.zeros((4, 64, 132), np.uint8) for n in indexer})
     g = vllm.geometry(caches, fakes.kv_cache_config(4, [(attn, mla), (indexer, idx)]))
     by = {b["name"]: b for b in g.buffers}
-    assert by["group0"]["bytes_per_token"] == 512 + 4 * 4 + 64 * 2
-    assert by["group1"]["bytes_per_token"] == 128 + 4
-    assert by["group1"]["arrangement"] == "section_major"
+    # named as `kvlayout describe deepseek-v3.2-exp` names them: kv, index_k
+    assert by["kv"]["bytes_per_token"] == 512 + 4 * 4 + 64 * 2
+    assert by["index_k"]["bytes_per_token"] == 128 + 4
+    assert by["index_k"]["arrangement"] == "section_major"
+    assert kvlayout.compare(g, kvlayout.describe("deepseek-v3.2-exp", pages=4), level="token") == []
 
 
 def test_tensor_disagreeing_with_spec_is_refused():
@@ -112,9 +115,9 @@ def test_mamba_state_groups_next_to_attention():
                    for n in linear})
     g = vllm.geometry(caches, fakes.kv_cache_config(5, [(attn, full), (linear, m)]))
     by = {b["name"]: b for b in g.buffers}
-    assert by["group1.state1"]["attention"] == "state"
-    assert by["group1.state1"]["bytes_per_token"] == 16 * 128 * 128 * 4
-    assert by["group1.state0"]["page_stride_bytes"] == payload + 1024
+    assert by["state.state1"]["attention"] == "state"
+    assert by["state.state1"]["bytes_per_token"] == 16 * 128 * 128 * 4
+    assert by["state.state0"]["page_stride_bytes"] == payload + 1024
     assert g.page_size_tokens == 64  # the attention group's block size, not the Mamba block
     # the host copy forgot the ssm state: refused by name
     host = {n: caches[n] for n in attn}
@@ -130,3 +133,23 @@ def test_uint8_needs_kv_cache_dtype():
         vllm.geometry(caches, {n: s for n in LAYERS})
     g = vllm.geometry(caches, {n: s for n in LAYERS}, kv_cache_dtype="fp8")
     assert g.buffers[0]["sections"][0]["dtype"] == "f8e4m3"
+
+
+def test_tp1_prefill_tp2_decode_compare_at_token_level():
+    # Llama-3.1-8B, FlashInfer: TP1 holds 8 KV heads; a TP2 rank holds 8 / 2 = 4.
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(32)]
+    s1, s2 = fakes.spec(block_size=64), fakes.spec(block_size=64, num_kv_heads=4)
+    tp1 = vllm.geometry({n: fakes.flashinfer_cache(4, s1) for n in names}, {n: s1 for n in names},
+                        tp=1)
+    tp2 = vllm.geometry({n: fakes.flashinfer_cache(4, s2) for n in names}, {n: s2 for n in names},
+                        tp=2, rank=1)
+    kv = tp2.buffers[0]
+    assert kv["shard"] == {"split": "heads", "tp_size": 2, "rank": 1, "heads_total": 4 * 2}
+    assert kvlayout.compare(tp1, tp2, level="token") == []
+    assert kvlayout.compare(tp1, tp2, level="pool") != []
+    # and against the model's own description of that rank: same fingerprint
+    assert tp2.fingerprint == kvlayout.describe("llama-3.1-8b", tp=2, rank=1, pages=4).fingerprint
+    with pytest.raises(kvlayout.InvalidGeometry) as e:
+        vllm.geometry({n: fakes.flashinfer_cache(4, s2) for n in names}, {n: s2 for n in names},
+                      tp=2, rank=2)
+    assert e.value.field == "rank"

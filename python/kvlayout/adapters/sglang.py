@@ -287,8 +287,11 @@ TRANSFER_OPS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
 }
 
 
-# Positional order of each op's leading parameters (sgl_kernel/kvcacheio.py), for ops whose
-# signature Python cannot read (a compiled op).
+# Positional order of each op's leading parameters, as sgl-kernel declares them (sgl-kernel
+# python/sgl_kernel/kvcacheio.py, e.g. `def transfer_kv_per_layer(src_k, dst_k, src_v, dst_v,
+# src_indices, dst_indices, item_size, block_quota=2, num_warps_per_block=32)`): used for ops
+# whose signature does not name these parameters (a compiled op, a `(*args, **kwargs)` wrapper,
+# renamed parameters).
 _ORDER: dict[str, tuple[str, ...]] = {
     "transfer_kv_per_layer": ("src_k", "dst_k", "src_v", "dst_v", "src_indices", "dst_indices",
                               "item_size"),
@@ -306,11 +309,18 @@ _ORDER: dict[str, tuple[str, ...]] = {
 
 def _checked(op_name: str, op: Callable) -> Callable:
     rows, dims = TRANSFER_OPS[op_name]
+    order = _ORDER[op_name]
+    needed = {*rows, *(p for d in dims for p in d), *(("item_size",) if rows else ())}
     try:
         sig: Optional[inspect.Signature] = inspect.signature(op)
     except (TypeError, ValueError):  # a compiled op: bind by SGLang's parameter order
         sig = None
-    order = _ORDER[op_name]
+    if sig is not None:
+        named = {
+            n for n, p in sig.parameters.items()
+            if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+        if not needed <= named:  # `(*args, **kwargs)` or renamed: bind by SGLang's order
+            sig = None
 
     @functools.wraps(op)
     def wrapper(*args, **kwargs):
@@ -319,6 +329,11 @@ def _checked(op_name: str, op: Callable) -> Callable:
         else:
             bound = dict(zip(order, args))
             bound.update(kwargs)
+        missing = sorted(needed - bound.keys())
+        if missing:  # never a silent pass: what cannot be found cannot be checked
+            raise TransferRefused(
+                f"{op_name}: cannot check the call: no argument {', '.join(missing)} (by "
+                f"name or in sgl-kernel's positional order {', '.join(order)})", "unchecked")
         item = bound.get("item_size")
         if item is not None:
             for p in rows:
@@ -353,7 +368,9 @@ def guard_transfer_ops(*namespaces: Any) -> list[str]:
     Ops whose arguments are pointer tables (``transfer_kv_all_layer``,
     ``transfer_kv_all_layer_mla``) carry no strides and are left as they are:
     :func:`check_item_sizes` covers them once, when the pools are built. Wrapping twice is a
-    no-op."""
+    no-op. An op whose signature does not name the checked parameters (``(*args, **kwargs)``,
+    renamed, compiled) is bound by sgl-kernel's positional order; a call in which a checked
+    argument cannot be found is refused (``kind == "unchecked"``), never passed unchecked."""
     wrapped = []
     for namespace in namespaces:
         ns: MutableMapping[str, Any] = (

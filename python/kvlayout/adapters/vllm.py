@@ -26,11 +26,22 @@ Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in 
   a list of state tensors ``[num_blocks, *shape]`` sharing one block, as vLLM's model runner
   views the raw cache; one ``state`` buffer per state tensor).
 
-Buffers are named ``kv`` for a single KV cache group (``kv.k`` / ``kv.v`` for FlashAttention's
-split layout), as ``kvlayout describe`` names them, and ``group{i}`` (``group{i}.k`` ...) for a
-hybrid model's groups, with the group's layers as ``layer_ids`` (the integer in each layer name), its block size
-as the buffer's ``page_size_tokens`` and sliding / chunked windows as its ``attention`` (geometry
-v2), so hybrid models (gpt-oss, Gemma 3, Llama 4) keep one buffer per group.
+Buffer names follow ``kvlayout describe`` (and the SGLang adapter), so ``compare`` works across
+them: ``kv`` for the KV cache (FlashInfer's block of K and V planes, MLA's latent), ``index_k``
+for the DeepSeek-V3.2 indexer (any layer whose name holds ``indexer``); FlashAttention's split
+layout keeps K blocks and V blocks in two regions, so it gives two buffers ``k`` and ``v``, as
+SGLang's MHA device pool (``k_buffer`` / ``v_buffer``) does. A hybrid model's groups are named by
+their attention, as ``describe`` names them: ``full``, ``swa`` (sliding window), ``chunked``
+(chunked local attention), ``state`` (Mamba / linear attention, one ``state.state{j}`` buffer
+per state tensor); a second group of the same kind gets its index (``swa1``), a split
+FlashAttention group ``swa.k`` / ``swa.v``. A hybrid group carries its layers as ``layer_ids``
+(the integer in each layer name), its block size as the buffer's ``page_size_tokens`` and
+sliding / chunked windows as its ``attention`` (geometry v2).
+
+``tp`` / ``rank``: the worker's tensor-parallel size and rank. Given (``tp=1`` too: a TP1 side
+must say so to compare with a sharded one), every buffer carries a
+``shard``: KV heads split (``heads_total = num_kv_heads x tp``) for MHA caches, replicated for MLA
+and the indexer, so a TP1 prefill and a TP2 decode compare at level ``token``.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ import re
 from typing import Any, Mapping, Optional
 
 from .._kvlayout import Geometry
-from ..errors import KvLayoutError
+from ..errors import InvalidGeometry, KvLayoutError
 from ..tensors import TensorBuffer, geometry_from_tensors, tensor_facts
 
 __all__ = ["geometry", "transfer_guard"]
@@ -105,9 +116,43 @@ def _attention(spec: Any) -> Any:
     return None
 
 
-def _group_buffers(i: int, layers: list[str], spec: Any, kv_caches: Mapping[str, Any],
-                   kv_cache_dtype: str, qk_rope_head_dim: int, hybrid: bool) -> list[TensorBuffer]:
-    base = f"group{i}" if hybrid else "kv"
+def _kind(layers: list[str], spec: Any) -> str:
+    """What a group holds, named as ``kvlayout describe`` names its buffers."""
+    if any("indexer" in n for n in layers):
+        return "index_k"
+    if getattr(spec, "shapes", None) is not None:
+        return "state"
+    att = _attention(spec)
+    if isinstance(att, dict):
+        return "swa" if "sliding_window_tokens" in att else "chunked"
+    return "full"
+
+
+def _names(groups: list[tuple[list[str], Any]]) -> tuple[list[str], bool]:
+    """Each group's buffer name, and whether the groups split layers by attention (hybrid)."""
+    kinds = [_kind(layers, spec) for layers, spec in groups]
+    hybrid = len([k for k in kinds if k != "index_k"]) > 1
+    names: list[str] = []
+    seen: dict[str, int] = {}
+    for k in kinds:
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        base = "kv" if k != "index_k" and not hybrid else k
+        names.append(base if n == 0 else f"{base}{n}")
+    return names, hybrid
+
+
+def _shard(tp: Optional[int], rank: int, heads: Optional[int]) -> Optional[dict]:
+    if tp is None:
+        return None
+    if heads is None:
+        return {"split": "replicated", "tp_size": tp, "rank": rank}
+    return {"split": "heads", "tp_size": tp, "rank": rank, "heads_total": heads * tp}
+
+
+def _group_buffers(base: str, layers: list[str], spec: Any, kv_caches: Mapping[str, Any],
+                   kv_cache_dtype: str, qk_rope_head_dim: int, hybrid: bool,
+                   tp: Optional[int] = None, rank: int = 0) -> list[TensorBuffer]:
     what = f"{base} ({type(spec).__name__}, layers {layers[0]}..)"
     missing = [n for n in layers if n not in kv_caches]
     if missing:
@@ -129,8 +174,12 @@ def _group_buffers(i: int, layers: list[str], spec: Any, kv_caches: Mapping[str,
     f = tensor_facts(tensors[0])
     heads, head = int(spec.num_kv_heads), int(spec.head_size)
     if len(f.shape) == 3:  # MLA or the indexer: [num_blocks, block_size, head_size]
+        shard = _shard(tp, rank, None)
+        if shard is not None:
+            extra["shard"] = shard
         cache = getattr(spec, "cache_dtype_str", None)
         is_indexer = any("indexer" in n for n in layers)
+        sections: list[dict]
         if is_indexer:
             # uint8 rows of head_size = dim + dim // 128 * 4 bytes: e4m3 keys, then f32 scales.
             dim = head * 128 // 132
@@ -160,6 +209,9 @@ def _group_buffers(i: int, layers: list[str], spec: Any, kv_caches: Mapping[str,
         raise KvLayoutError(f"{what}: tensor shape {list(f.shape)} is neither MLA [blocks, "
                             "block_size, head_size] nor attention [2, blocks, block_size, heads, "
                             "head_size] / [blocks, 2, block_size, heads, head_size]")
+    shard = _shard(tp, rank, heads)
+    if shard is not None:
+        extra["shard"] = shard
     d = _elem_dtype(spec.dtype, kv_cache_dtype, what)
     head_v = int(getattr(spec, "head_size_v", None) or head)
     kv_first = f.shape[0] == 2 and f.shape[1] != 2
@@ -170,7 +222,7 @@ def _group_buffers(i: int, layers: list[str], spec: Any, kv_caches: Mapping[str,
     hnd = f.strides_bytes[3] > f.strides_bytes[2]  # heads outside the block's tokens
     if kv_first:  # FlashAttention: K blocks, then V blocks: two token-major buffers
         arrangement = "head_major" if hnd else "token_major"
-        return [TensorBuffer(f"{base}.{side}", [t[j] for t in tensors],
+        return [TensorBuffer(side if base == "kv" else f"{base}.{side}", [t[j] for t in tensors],
                              axes=("page", "page_token", "head", "dim"),
                              sections=[{"name": side, "dtype": d, "shape": [heads, width]}],
                              arrangement=arrangement, extra=dict(extra))
@@ -190,8 +242,9 @@ def _state_buffers(base: str, what: str, layers: list[str], spec: Any,
     one ``state`` buffer per state tensor, its slot stride the block."""
     shapes, dtypes = list(spec.shapes), list(spec.dtypes)
     item = {"f32": 4, "bf16": 2, "f16": 2}
-    files = [_WIDE.get(_name(d)) for d in dtypes]
-    if None in files:
+    maybe = [_WIDE.get(_name(d)) for d in dtypes]
+    files = [f for f in maybe if f is not None]
+    if len(files) != len(maybe):
         raise KvLayoutError(f"{what}: state dtypes {[_name(d) for d in dtypes]}: only "
                             f"{', '.join(_WIDE)} are modelled")
     payload = sum(item[f] * _prod(sh) for f, sh in zip(files, shapes))
@@ -243,20 +296,28 @@ class _Block:
 
 
 def geometry(kv_caches: Mapping[str, Any], kv_cache_config: Any, *, kv_cache_dtype: str = "auto",
-             qk_rope_head_dim: int = 64, name: Optional[str] = None) -> Geometry:
+             qk_rope_head_dim: int = 64, tp: Optional[int] = None, rank: int = 0,
+             name: Optional[str] = None) -> Geometry:
     """The geometry of a vLLM worker's KV caches (module docs for the inputs).
 
     ``kv_cache_dtype``: vLLM's ``--kv-cache-dtype`` (``auto``, ``fp8``, ``fp8_e4m3``,
     ``fp8_e5m2``), the meaning of ``uint8`` storage. ``qk_rope_head_dim``: the MLA RoPE width
-    (64 for DeepSeek / Kimi). Raises ``TensorMismatch`` where a tensor disagrees with its spec
+    (64 for DeepSeek / Kimi). ``tp``, ``rank``: the worker's tensor-parallel size and rank
+    (``vllm.distributed.get_tensor_model_parallel_world_size()`` / ``_rank()``); given, each
+    buffer carries its ``shard`` (module docs). Raises ``TensorMismatch`` where a tensor disagrees with its spec
     (bytes per token, page stride), ``KvLayoutError`` for what is not modelled."""
     groups = _groups(kv_cache_config)
     if not groups:
         raise KvLayoutError("kv_cache_config: no KV cache groups")
+    if tp is not None and (isinstance(tp, bool) or not isinstance(tp, int) or tp < 1):
+        raise InvalidGeometry("tp", f"{tp!r}: expected an int >= 1")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < (tp or 1):
+        raise InvalidGeometry("rank", f"{rank!r}: expected an int in 0..{tp or 1}")
+    names, hybrid = _names(groups)
     buffers: list[TensorBuffer] = []
-    for i, (layers, spec) in enumerate(groups):
-        buffers.extend(_group_buffers(i, layers, spec, kv_caches, kv_cache_dtype,
-                                      qk_rope_head_dim, len(groups) > 1))
+    for base, (layers, spec) in zip(names, groups):
+        buffers.extend(_group_buffers(base, layers, spec, kv_caches, kv_cache_dtype,
+                                      qk_rope_head_dim, hybrid, tp, rank))
     token_groups = [s for _, s in groups if getattr(s, "shapes", None) is None]
     pool_block = int((token_groups or [groups[0][1]])[0].block_size)
     for b in buffers:

@@ -163,6 +163,7 @@ def main(opts) -> int:
         "without_check_iqr_over_median": (q[2] - q[0]) / mp,
     }
     print(json.dumps(out), flush=True)
+    assert prefill.stdin is not None  # started with stdin=PIPE
     prefill.stdin.write("exit\n")
     prefill.stdin.flush()
     prefill.wait(timeout=30)

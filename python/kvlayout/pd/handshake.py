@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import kvlayout
 
@@ -68,18 +69,26 @@ def make_message(
     return json.dumps(msg).encode()
 
 
+def _refuse(line: str) -> PeerRefused:
+    return PeerRefused([line], "handshake")
+
+
 def parse_message(raw: bytes) -> dict:
+    """The peer's message as a dict; `PeerRefused` (level `handshake`) naming what is wrong
+    when it is not JSON, too deeply nested, not an object or of another schema."""
     try:
         msg = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PeerRefused([f"handshake: not JSON ({e})"], "handshake") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError, ValueError) as e:
+        raise _refuse(f"handshake: not JSON ({e})") from None
+    except RecursionError:
+        raise _refuse("handshake: JSON nested too deeply") from None
     if not isinstance(msg, dict) or msg.get("schema") != SCHEMA:
         got = msg.get("schema") if isinstance(msg, dict) else type(msg).__name__
         raise PeerRefused([f"handshake.schema: {got!r}, expected {SCHEMA!r}"], "handshake")
     return msg
 
 
-def choose_level(peer_json: str, local_json: str) -> str:
+def choose_level(peer_json: str, local_json: str) -> Literal["pool", "token"]:
     """`token` when a buffer present on both sides has another page size or another
     tensor-parallel split (tp_size, or rank of a heads-split buffer); `pool` otherwise."""
     peer, local = json.loads(peer_json), json.loads(local_json)
@@ -104,7 +113,13 @@ def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Ve
     """Checks a peer's handshake against the local geometry; raises `PeerRefused` with the diff.
 
     Runs before the peer is registered with the engine: a refusal leaves no trace in it."""
+    if not isinstance(msg, dict):
+        raise _refuse(f"handshake: a {type(msg).__name__}, expected a JSON object")
     text = msg.get("geometry")
+    if text is not None and not isinstance(text, str):
+        raise _refuse(
+            f"geometry: a {type(text).__name__}, expected the geometry file's text (a string)"
+        )
     if text is None:
         if require:
             raise PeerRefused(
@@ -120,7 +135,10 @@ def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Ve
         peer = kvlayout.Geometry.from_json(text)
     except kvlayout.InvalidGeometry as e:
         raise PeerRefused([f"geometry: peer's file unreadable: {e}"], "handshake") from None
-    sent = (msg.get("fingerprints") or {}).get("pool")
+    fps = msg.get("fingerprints")
+    if fps is not None and not isinstance(fps, dict):
+        raise _refuse(f"fingerprints: a {type(fps).__name__}, expected an object {{\"pool\": int}}")
+    sent = (fps or {}).get("pool")
     if sent != peer.fingerprint:
         raise PeerRefused(
             [
@@ -128,7 +146,7 @@ def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Ve
             ],
             "handshake",
         )
-    level = choose_level(text, local.to_json())
+    level: Literal["pool", "token"] = choose_level(text, local.to_json())
     lines = kvlayout.compare(peer, local, level)
     if lines:
         raise PeerRefused(
@@ -145,15 +163,26 @@ def check_regions(msg: dict, layouts: dict) -> None:
     """The peer's published regions (`{buffer: [address, length_bytes]}`) must hold what its
     geometry lays out (`regions.BufferLayout.region_bytes`); raises `PeerRefused` otherwise, so a
     plan never reads past what the peer registered."""
+    if not isinstance(msg, dict):
+        raise _refuse(f"handshake: a {type(msg).__name__}, expected a JSON object")
     regions = msg.get("regions") or {}
+    if not isinstance(regions, dict):
+        raise _refuse(f"regions: a {type(regions).__name__}, expected an object {{buffer: [address, length_bytes]}}")
     lines = []
     for name, lay in layouts.items():
         got = regions.get(name)
         if got is None:
             lines.append(f"regions.{name}: missing, geometry lays out {lay.region_bytes} bytes")
-        elif int(got[1]) < lay.region_bytes:
+            continue
+        if (
+            not isinstance(got, (list, tuple))
+            or len(got) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in got)
+        ):
+            raise _refuse(f"regions.{name}: {got!r}, expected [address, length_bytes] (two ints >= 0)")
+        if got[1] < lay.region_bytes:
             lines.append(
-                f"regions.{name}: {int(got[1])} bytes published, geometry lays out "
+                f"regions.{name}: {got[1]} bytes published, geometry lays out "
                 f"{lay.region_bytes} bytes"
             )
     if lines:

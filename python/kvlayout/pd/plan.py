@@ -138,7 +138,7 @@ def token_plan(
         sw, dw = _head_window(s), _head_window(d)
         if (sw is None) != (dw is None):
             raise LayoutError(f"{name}.shard.split: heads on one side only")
-        if sw is None:
+        if sw is None or dw is None:
             lo = hi = None
         else:
             lo, hi = max(sw[0], dw[0]), min(sw[1], dw[1])
@@ -153,7 +153,7 @@ def token_plan(
                 dp, dt = dst_pages[i // d.page_size_tokens], i % d.page_size_tokens
                 s_base, d_base = s.page_offset_bytes(layer, sp), d.page_offset_bytes(layer, dp)
                 for k, (ssec, dsec) in enumerate(zip(s.sections, d.sections)):
-                    if sw is None:
+                    if sw is None or dw is None or lo is None or hi is None:
                         s_rng = (0, s.heads_local(ssec))
                         d_rng = (0, d.heads_local(dsec))
                     else:

@@ -128,6 +128,7 @@ class BufferLayout:
                 for h in range(head_lo, head_hi)
             ]
         # planes: group after group; token-major rows of the group's sections inside a group
+        assert isinstance(arr, dict)  # the planes form (the named forms returned above)
         groups = arr["planes"]
         group_start = 0
         for group in groups:

@@ -166,6 +166,7 @@ def load_geometry(repo: Path, rel: str, edits: list) -> str:
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> dict | None:
     deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None  # started with stdout=PIPE
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 0.2)
         if ready:
@@ -263,7 +264,7 @@ def run_case(case: Case, engine: str, repo: Path, opts, index: int, logdir: Path
                 "lines": [f"decode side gave no result (logs in {logdir})"],
             }
     finally:
-        if prefill is not None:
+        if prefill is not None and prefill.stdin is not None:
             try:
                 prefill.stdin.write("exit\n")
                 prefill.stdin.flush()

@@ -44,6 +44,7 @@ def sections(layout: BufferLayout, region: np.ndarray) -> list[np.ndarray]:
             [[i] for i in range(len(sizes))] if arr != "token_major" else [list(range(len(sizes)))]
         )
     else:
+        assert isinstance(arr, dict)  # the planes form
         groups = [[layout.section_index(n) for n in g] for g in arr["planes"]]
     start = 0
     for group in groups:
@@ -74,6 +75,7 @@ def _window(layout: BufferLayout, heads: int) -> tuple[int, int]:
     sh = layout.shard
     if sh is None or sh.split != "heads":
         return 0, heads
+    assert sh.heads_total is not None  # regions.Shard: a heads split names its total
     per = sh.heads_total // sh.tp_size
     return sh.rank * per, (sh.rank + 1) * per
 
