@@ -278,7 +278,7 @@ impl BufferGeometry {
     /// a window or chunk of at least 1 token; `layer_ids` of length `layers` without repeats;
     /// a shard with `tp_size` at least 1, `rank < tp_size`, and for a heads split
     /// `heads_total` divisible by `tp_size` with every section's first shape entry equal to
-    /// `heads_total / tp_size`.
+    /// `heads_total / tp_size` and one head of every section filling whole bytes.
     pub(crate) fn check_v2(&self, index: usize) -> Result<(), GeometryError> {
         let path = buffer_path(index, self);
         if let Some(p) = self.page_size_tokens {
@@ -363,6 +363,28 @@ impl BufferGeometry {
                             format!(
                                 "split heads: the first entry is this rank's heads, heads_total {heads_total} / tp_size {} = {local}, got {first}",
                                 shard.tp_size
+                            ),
+                        ));
+                    }
+                    // A rank's heads are a byte range only when one head fills whole bytes:
+                    // 3 e2m1 per head is 12 bits, and a copy planned in bytes would floor it.
+                    // Overflow is left to the layout's own check, which names it.
+                    let per_head_elems = s
+                        .shape()
+                        .iter()
+                        .skip(1)
+                        .try_fold(1u64, |a, &d| a.checked_mul(d));
+                    let bits = s.dtype.bits();
+                    if let Some(per_head_elems) = per_head_elems
+                        && let Some(head_bits) = per_head_elems.checked_mul(bits)
+                        && head_bits % 8 != 0
+                    {
+                        return Err(GeometryError::new(
+                            format!("{path}.sections[{k}] ({}).shape", s.name()),
+                            format!(
+                                "split heads: one head is {per_head_elems} elems x {bits} bits ({}) = {head_bits} bits, \
+                                 not whole bytes, so a rank's heads are no byte range",
+                                s.dtype.name()
                             ),
                         ));
                     }

@@ -170,6 +170,48 @@ fn v2_rules_are_refused_naming_the_field() {
     assert!(e.contains("no token axis"), "{e}");
 }
 
+/// Regression: a heads split of a section whose one head is not whole bytes was accepted
+/// (head_major and page_head refuse the same shape), so a per-rank copy was planned short:
+/// `[4, 3]` f4e2m1 is 4 heads x 3 x 4 bits = 12 bits = 1.5 B per head.
+#[test]
+fn a_heads_split_of_sub_byte_heads_is_refused() {
+    use serde_json::json;
+    let e = fa_error(|b| {
+        for s in 0..2 {
+            b["sections"][s]["dtype"] = json!("f4e2m1");
+            b["sections"][s]["shape"] = json!([4, 3]);
+        }
+    });
+    let head_bits = 3 * 4;
+    assert!(
+        e.contains("buffers[1] (fa).sections[0] (k).shape")
+            && e.contains(&format!("= {head_bits} bits"))
+            && e.contains("not whole bytes"),
+        "{e}"
+    );
+    // 4 e2m1 per head = 16 bits = 2 B: whole bytes, accepted (4 heads x 2 B x 2 sections).
+    let mut v: serde_json::Value =
+        serde_json::from_str(&case_text("22-hetero-tp-1-to-2-token-level", "b")).unwrap();
+    for s in 0..2 {
+        v["buffers"][1]["sections"][s]["dtype"] = json!("f4e2m1");
+        v["buffers"][1]["sections"][s]["shape"] = json!([4, 4]);
+    }
+    let g = file::from_json(&v.to_string()).unwrap();
+    assert_eq!(
+        g.buffers[1].layout.bytes_per_token(),
+        Ok(2 * 4 * (4 * 4 / 8))
+    );
+    // Without a shard the same [4, 3] f4e2m1 section is 12 x 4 bits = 6 B: no head split asked.
+    v["buffers"][1]["sections"][0]["shape"] = json!([4, 3]);
+    v["buffers"][1]["sections"][1]["shape"] = json!([4, 3]);
+    v["buffers"][1].as_object_mut().unwrap().remove("shard");
+    let g = file::from_json(&v.to_string()).unwrap();
+    assert_eq!(
+        g.buffers[1].layout.bytes_per_token(),
+        Ok(2 * (4 * 3 * 4 / 8))
+    );
+}
+
 #[test]
 fn each_level_compares_what_it_says() {
     // Case 19/20: memory layouts differ; compatible as pools, not as stored objects.

@@ -111,6 +111,11 @@ class BufferLayout:
         in every arrangement (one run per head in `head_major`)."""
         sec = self.sections[section_idx]
         heads = self.heads_local(sec)
+        if sec.bytes_per_token % heads:
+            raise LayoutError(
+                f"{self.name}.{sec.name}: {sec.bytes_per_token} B per token over "
+                f"{heads} heads is not whole bytes per head"
+            )
         head_bytes = sec.bytes_per_token // heads
         tokens = self.page_size_tokens
         arr = self.arrangement
