@@ -56,10 +56,12 @@ pub struct ModelConfig {
     /// Gemma 3: every `sliding_window_pattern`-th layer is global (`(i + 1) % p == 0`).
     #[serde(default)]
     pub sliding_window_pattern: Option<u64>,
-    /// `false` turns `sliding_window` off (Qwen2/Qwen3 configs carry a window they do not use).
+    /// `false` turns `sliding_window` off (Qwen2/Qwen3 configs carry a window they do not use;
+    /// absent on a `qwen*` config it is `false`, the transformers default).
     #[serde(default)]
     pub use_sliding_window: Option<bool>,
-    /// Qwen2: with `use_sliding_window`, the first layers stay full (not modelled: refused).
+    /// Qwen2/Qwen3: with `use_sliding_window`, the first `max_window_layers` layers stay full
+    /// and the rest are windowed.
     #[serde(default)]
     pub max_window_layers: Option<u64>,
     /// Llama 4: chunk length of the chunked local attention of RoPE layers.

@@ -13,11 +13,16 @@
 //!    `no_rope_layers[i] == 1` is a RoPE layer with chunked local attention, `0` a NoPE layer
 //!    attending globally; an empty or absent list is `(i + 1) % no_rope_layer_interval != 0`
 //!    (interval 4 by default: layers 3, 7, 11, ... are global).
-//! 5. `sliding_window` (unless `use_sliding_window` is `false`): with `sliding_window_pattern`
-//!    `p` (Gemma 3) layer `i` is global iff `(i + 1) % p == 0`; without it Gemma 2 alternates
-//!    (`p` = 2) and Gemma 3 uses the transformers default `p` = 6; any other model windows every
-//!    layer (Mistral-7B-v0.1). `use_sliding_window: true` with `max_window_layers` (Qwen2) is
-//!    refused.
+//! 5. `sliding_window`, when in use: `use_sliding_window` says so; absent, it is `false` for
+//!    a `qwen*` model type or a config with `max_window_layers` (transformers `Qwen2Config`,
+//!    `Qwen3Config` default it to `False`: the window field is carried, not used) and `true`
+//!    otherwise. With `use_sliding_window: true` (or `max_window_layers`), layers
+//!    `i >= max_window_layers` are windowed and the first ones full (transformers
+//!    `Qwen3Config.layer_types`); `max_window_layers` missing is refused. Else, with
+//!    `sliding_window_pattern` `p` (Gemma 3) layer `i` is global iff `(i + 1) % p == 0`; without
+//!    it Gemma 2 alternates (`p` = 2) and Gemma 3 uses the transformers default `p` = 6, a
+//!    Cohere 2 / EXAONE 4 config is refused (its default pattern is not modelled); any other
+//!    model windows every layer (Mistral-7B-v0.1).
 //! 6. Otherwise every layer is full attention.
 //!
 //! When both `layer_types` and a pattern field are given they must agree (the first layer where
@@ -191,15 +196,85 @@ impl Ctx<'_> {
             .collect()
     }
 
-    fn sliding_period(&self) -> Option<u64> {
+    fn sliding_period(&self) -> Result<Option<u64>, ModelError> {
         if self.c.sliding_window_pattern.is_some() {
-            return self.c.sliding_window_pattern;
+            return Ok(self.c.sliding_window_pattern);
         }
         match self.c.model_type.as_deref() {
-            Some(t) if t.starts_with("gemma2") => Some(2),
-            Some(t) if t.starts_with("gemma3") => Some(6),
-            _ => None,
+            Some(t) if t.starts_with("gemma2") => Ok(Some(2)),
+            Some(t) if t.starts_with("gemma3") => Ok(Some(6)),
+            // transformers Cohere2Config / Exaone4Config default the pattern (4) and derive
+            // layer_types from it; not modelled without the field: refused, never every layer.
+            Some(t) if t.starts_with("cohere2") || t.starts_with("exaone4") => Err(self.err(
+                "sliding_window_pattern",
+                format!(
+                    "missing: a {t} config windows only some layers (transformers defaults the \
+                     pattern); give sliding_window_pattern or layer_types"
+                ),
+            )),
+            _ => Ok(None),
         }
+    }
+
+    /// Whether `sliding_window` is in use: `use_sliding_window` when given; absent, `false` for
+    /// the configs that define it (transformers `Qwen2Config`, `Qwen3Config` and their MoE and
+    /// multimodal kin default it to `False`; `max_window_layers` is their field too), else
+    /// `true` (Mistral-7B-v0.1 windows every layer).
+    fn uses_sliding_window(&self) -> bool {
+        match self.c.use_sliding_window {
+            Some(u) => u,
+            None => !self.qwen() && self.c.max_window_layers.is_none(),
+        }
+    }
+
+    /// A `qwen*` model type (Qwen2, Qwen3, their MoE and VL kin).
+    fn qwen(&self) -> bool {
+        self.c
+            .model_type
+            .as_deref()
+            .is_some_and(|t| t.starts_with("qwen"))
+    }
+
+    /// `use_sliding_window: true` (transformers `Qwen2Config` / `Qwen3Config` `layer_types`):
+    /// layers `i >= max_window_layers` are windowed, the first `max_window_layers` full. A
+    /// missing `max_window_layers` (transformers would default it to 28) is refused by name.
+    fn qwen_windows(&self, layers: u64) -> Result<Vec<LayerKind>, ModelError> {
+        let first_window = self.c.max_window_layers.ok_or_else(|| {
+            self.err(
+                "max_window_layers",
+                "missing: use_sliding_window true windows the layers from max_window_layers on \
+                 (transformers defaults it to 28); give it",
+            )
+        })?;
+        // The formula is the one of transformers Qwen2Config / Qwen3Config; the MoE and VL
+        // kin are not checked against it: refused rather than guessed.
+        if let Some(t) = self.c.model_type.as_deref()
+            && t != "qwen2"
+            && t != "qwen3"
+        {
+            return Err(self.err(
+                "use_sliding_window",
+                format!(
+                    "true on a {t} config: windowing from max_window_layers on is modelled for \
+                     qwen2 and qwen3 only"
+                ),
+            ));
+        }
+        if self.c.sliding_window_pattern.is_some() {
+            return Err(self.err(
+                "sliding_window_pattern",
+                "given with use_sliding_window / max_window_layers: one windowing rule only",
+            ));
+        }
+        (0..layers)
+            .map(|i| {
+                if i >= first_window {
+                    self.window("layers from max_window_layers on")
+                } else {
+                    Ok(LayerKind::Full)
+                }
+            })
+            .collect()
     }
 
     fn nemotron_h(&self, pattern: &str, layers: u64) -> Result<Vec<LayerKind>, ModelError> {
@@ -251,16 +326,12 @@ impl Ctx<'_> {
         if c.attention_chunk_size.is_some() {
             return self.llama4(layers).map(Some);
         }
-        if c.sliding_window.is_some() && c.use_sliding_window != Some(false) {
-            if c.use_sliding_window == Some(true) && c.max_window_layers.is_some() {
-                return Err(ModelError::Unmodelled {
-                    name: self.name.to_string(),
-                    field: "max_window_layers".into(),
-                    value: format!("{}", c.max_window_layers.unwrap_or_default()),
-                    why: "Qwen2-style windowing of only some layers".into(),
-                });
+        if c.sliding_window.is_some() && self.uses_sliding_window() {
+            if c.use_sliding_window == Some(true) && (self.qwen() || c.max_window_layers.is_some())
+            {
+                return self.qwen_windows(layers).map(Some);
             }
-            return Ok(Some(match self.sliding_period() {
+            return Ok(Some(match self.sliding_period()? {
                 Some(p) => {
                     let global = self.every("sliding_window_pattern", Some(p), layers)?;
                     global

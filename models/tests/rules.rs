@@ -58,8 +58,55 @@ fn sliding_window_patterns() {
         kinds(r#", "sliding_window": 8, "use_sliding_window": false"#),
         ["full"; 6]
     );
-    let e = err(r#", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 3"#);
-    assert!(e.contains("max_window_layers = 3"), "{e}");
+    // Regression: a qwen config with a window and no use_sliding_window read every layer as
+    // windowed; transformers Qwen2Config / Qwen3Config default use_sliding_window to False.
+    assert_eq!(
+        kinds(r#", "model_type": "qwen3", "sliding_window": 8"#),
+        ["full"; 6]
+    );
+    assert_eq!(
+        kinds(r#", "model_type": "qwen2_moe", "sliding_window": 8"#),
+        ["full"; 6]
+    );
+    // max_window_layers is a field of that family: the same default without a model type.
+    assert_eq!(
+        kinds(r#", "sliding_window": 8, "max_window_layers": 3"#),
+        ["full"; 6]
+    );
+    // use_sliding_window true: layers i >= max_window_layers (3) windowed, 0..3 full
+    // (transformers Qwen3Config.layer_types).
+    assert_eq!(
+        kinds(
+            r#", "model_type": "qwen3", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 3"#
+        ),
+        ["full", "full", "full", "sliding", "sliding", "sliding"]
+    );
+    assert_eq!(
+        kinds(r#", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 4"#),
+        ["full", "full", "full", "full", "sliding", "sliding"]
+    );
+    let e = err(r#", "model_type": "qwen3", "sliding_window": 8, "use_sliding_window": true"#);
+    assert!(
+        e.contains("max_window_layers") && e.contains("missing"),
+        "{e}"
+    );
+    let e = err(
+        r#", "model_type": "qwen3_moe", "sliding_window": 8, "use_sliding_window": true, "max_window_layers": 3"#,
+    );
+    assert!(
+        e.contains("use_sliding_window") && e.contains("qwen3_moe"),
+        "{e}"
+    );
+    // Cohere 2 / EXAONE 4 window only some layers by a default pattern: refused without it.
+    let e = err(r#", "model_type": "cohere2", "sliding_window": 8"#);
+    assert!(
+        e.contains("sliding_window_pattern") && e.contains("missing"),
+        "{e}"
+    );
+    assert_eq!(
+        kinds(r#", "model_type": "cohere2", "sliding_window": 8, "sliding_window_pattern": 3"#),
+        ["sliding", "sliding", "full", "sliding", "sliding", "full"]
+    );
 }
 
 #[test]
