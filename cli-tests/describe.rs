@@ -232,3 +232,39 @@ fn bad_tp_and_rank_exit_2() {
     let (code, _, _) = describe(&["--model", "llama-3.1-8b", "--rank", "1"]);
     assert_eq!(code, 2);
 }
+
+/// Regression: Qwen3-8B's config plus `"sliding_window": 4096` and no `use_sliding_window`
+/// read as 36 windowed layers; transformers Qwen3Config defaults use_sliding_window to False,
+/// so every layer is full.
+#[test]
+fn a_qwen_window_without_use_sliding_window_is_not_used() {
+    let dir = temp_dir("qwen-window");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/configs/qwen3-8b.json"
+    ))
+    .unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    config["sliding_window"] = serde_json::json!(4096);
+    let path = dir.join("config.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let (code, out, err) = describe(&["--model", path.to_str().unwrap(), "--totals"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // 36 layers x 2 (K, V) x 8 KV heads x 128 x 2 B (bf16).
+    assert_eq!(v["full_bytes_per_token"], 36 * 2 * 8 * 128 * 2);
+    assert_eq!(v["window_bytes_per_request_max"], 0);
+    assert_eq!(v["layers_by_attention"]["sliding"], 0);
+    assert_eq!(v["layers_by_attention"]["full"], 36);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Regression: `--pages 0` printed the table on stdout with the error inside the `pool:` line
+/// and nothing on stderr; the error goes to stderr alone.
+#[test]
+fn a_bad_pool_prints_no_table() {
+    let (code, out, err) = describe(&["--model", "gpt-oss-20b", "--pages", "0"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(out, "", "stdout must stay empty");
+    assert!(err.contains("pages: must be at least 1, got 0"), "{err}");
+}

@@ -152,7 +152,8 @@ pub fn compare_at(a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Result<()
             diffs.push(FieldDiff { field, a: x, b: y });
         }
     };
-    if level != Level::Token {
+    // A pool of state buffers only (slots, no token axis) has no use for its page size.
+    if level != Level::Token && (a.has_token_axis() || b.has_token_axis()) {
         push(
             "page_size_tokens".into(),
             a.page_size_tokens.to_string(),

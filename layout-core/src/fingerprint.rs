@@ -29,7 +29,8 @@
 //!   u64(rank) u64(split code) u64(heads_total, 0 when replicated), then per section: u64(0) when
 //!   linear | u64(1) str(order))`.
 //! - [`PoolGeometry::fingerprint`] (`pool`; pairs, storage keys, handshakes):
-//!   `FNV(str("kvlayout.pool/v1"), u64(page_size_tokens), u64(buffer count),
+//!   `FNV(str("kvlayout.pool/v1"), u64(page_size_tokens, or 0 when every buffer is `state`:
+//!   slots have no token axis, so the pool's page size is no part of them), u64(buffer count),
 //!   u64(sum of h_b wrapping mod 2^64))`. The sum makes the buffer set order-free, as the
 //!   compatibility check is; `name`, `pages` and `memory_layout` are not hashed. A v1 file's
 //!   pool fingerprint is the same under v2 (DeepSeek-V3.2 fp8 + fp8 index-K:
@@ -332,7 +333,12 @@ impl PoolGeometry {
             sum = sum.wrapping_add(h);
             i += 1;
         }
-        Ok(pool_hash(self.page_size_tokens, buffers.len() as u64, sum))
+        let page = if self.has_token_axis() {
+            self.page_size_tokens
+        } else {
+            0
+        };
+        Ok(pool_hash(page, buffers.len() as u64, sum))
     }
 
     /// The `storage` fingerprint: the pool fingerprint and the memory layout.

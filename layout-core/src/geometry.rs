@@ -229,6 +229,21 @@ impl PoolGeometry {
         Ok(())
     }
 
+    /// Whether some buffer has a token axis (is not `state`): only then does the pool's
+    /// `page_size_tokens` describe any page, so only then is it compared and hashed at the
+    /// pool and storage levels. Every v1 pool has one.
+    pub const fn has_token_axis(&self) -> bool {
+        let buffers = self.buffers.as_slice();
+        let mut i = 0;
+        while i < buffers.len() {
+            if !matches!(buffers[i].attention, crate::buffer::Attention::State) {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
     /// Sizes of a page of buffer `b` (at its effective page size: its own, the pool's, or one
     /// slot for a `state` buffer).
     pub fn page_geometry(&self, b: usize) -> Result<PageGeometry, GeometryError> {

@@ -212,6 +212,36 @@ fn a_heads_split_of_sub_byte_heads_is_refused() {
     );
 }
 
+/// Regression: two pools of state buffers only (slots, no token axis) differing only in the
+/// pool's page size were reported as `page_size_tokens: 16, 64` at pool and storage level.
+#[test]
+fn a_state_only_pool_has_no_page_size_to_compare() {
+    use kvlayout_core::{Arrangement, Dtype, Section, TokenLayout};
+    const H: &[Section] = &[Section::new("h", Dtype::F32, &[8, 128, 128])];
+    let state = |name: &'static str| {
+        BufferGeometry::new(name, 30, TokenLayout::new(Arrangement::TokenMajor, H))
+            .with_attention(Attention::State)
+    };
+    let a = pool(16, vec![state("temporal")]);
+    let b = pool(64, vec![state("temporal")]);
+    assert!(!a.has_token_axis());
+    assert_eq!(compare_at(&a, &b, Level::Pool), Ok(()));
+    assert_eq!(compare_at(&a, &b, Level::Storage), Ok(()));
+    assert_eq!(a.fingerprint(), b.fingerprint());
+    assert_eq!(a.storage_fingerprint(), b.storage_fingerprint());
+    // With a token buffer beside the state one, the pool's page size matters again.
+    let full = || BufferGeometry::new("kv", 10, MHA_BF16_8X128);
+    let c = pool(16, vec![state("temporal"), full()]);
+    let d = pool(64, vec![state("temporal"), full()]);
+    assert!(c.has_token_axis());
+    let m = compare_at(&c, &d, Level::Pool).unwrap_err();
+    assert!(
+        m.lines().contains(&"page_size_tokens: 16, 64".to_string()),
+        "{m}"
+    );
+    assert_ne!(c.fingerprint(), d.fingerprint());
+}
+
 #[test]
 fn each_level_compares_what_it_says() {
     // Case 19/20: memory layouts differ; compatible as pools, not as stored objects.

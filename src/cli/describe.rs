@@ -274,25 +274,34 @@ pub fn run(args: &DescribeArgs) -> u8 {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
+    // Everything that can fail is computed before the first line: an error goes to stderr
+    // alone (exit 2), never after a half-printed table.
+    let pool = match model.pool(&opts) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
+    };
+    let fingerprints = match pool.geometry.fingerprints() {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
+    let totals = match model.totals(&opts) {
+        Ok(t) => t,
+        Err(e) => return fail(e),
+    };
+    let pool_bytes = match pool.geometry.total_bytes() {
+        Ok(b) => b,
+        Err(e) => return fail(e),
+    };
     println!("model {} ({})", model.name, model.source);
     println!("layers: {}", layer_counts(&kinds));
-    let pool = model.pool(&opts);
-    match &pool {
-        Ok(p) => match p.geometry.fingerprints() {
-            Ok(f) => {
-                println!(
-                    "pool: page_size_tokens {}, pages {}, memory_layout {}, fingerprint {:#018x}",
-                    p.geometry.page_size_tokens, p.geometry.pages, p.geometry.memory_layout, f.pool
-                );
-                println!("fingerprints: {f}");
-            }
-            Err(e) => return fail(e),
-        },
-        Err(e) => println!(
-            "pool: page_size_tokens {}, pages {} (no geometry file: {e})",
-            args.page_size, args.pages
-        ),
-    }
+    println!(
+        "pool: page_size_tokens {}, pages {}, memory_layout {}, fingerprint {:#018x}",
+        pool.geometry.page_size_tokens,
+        pool.geometry.pages,
+        pool.geometry.memory_layout,
+        fingerprints.pool
+    );
+    println!("fingerprints: {fingerprints}");
     println!(
         "{:<9} {:<34} {:<11} {:>6} {:>14} {:>14} {:>18}",
         "buffer", "format", "keeps", "layers", "B/token/layer", "page stride B", "B/token (layers)"
@@ -324,10 +333,6 @@ pub fn run(args: &DescribeArgs) -> u8 {
             println!("shard {}: {}", b.name, shard_text(s));
         }
     }
-    let totals = match model.totals(&opts) {
-        Ok(t) => t,
-        Err(e) => return fail(e),
-    };
     let full: Vec<&BufferSummary> = rows
         .iter()
         .filter(|r| r.attention == BufferAttention::Full)
@@ -370,16 +375,11 @@ pub fn run(args: &DescribeArgs) -> u8 {
             thousands(totals.state_bytes_per_request)
         );
     }
-    if let Ok(p) = &pool {
-        match p.geometry.total_bytes() {
-            Ok(b) => println!(
-                "pool bytes ({} pages x {} tokens): {}",
-                p.geometry.pages,
-                p.geometry.page_size_tokens,
-                thousands(b)
-            ),
-            Err(e) => return fail(e),
-        }
-    }
+    println!(
+        "pool bytes ({} pages x {} tokens): {}",
+        pool.geometry.pages,
+        pool.geometry.page_size_tokens,
+        thousands(pool_bytes)
+    );
     0
 }
