@@ -77,9 +77,14 @@ pub fn run(args: &CheckArgs) -> u8 {
     let level = args.level;
     match compare_at(&a, &b, level) {
         Ok(()) => {
+            // A pool of state slots only has no token axis: its page size is not compared.
+            let page = if a.has_token_axis() {
+                format!("page_size_tokens {}", a.page_size_tokens)
+            } else {
+                "state slots only".to_string()
+            };
             println!(
-                "compatible at level {level}: page_size_tokens {}, {} buffers, {level} fingerprint {}",
-                a.page_size_tokens,
+                "compatible at level {level}: {page}, {} buffers, {level} fingerprint {}",
                 a.buffers.len(),
                 level_fingerprint(&a, level),
             );
