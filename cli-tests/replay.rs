@@ -412,12 +412,21 @@ fn sliding_window_model_is_refused_naming_the_buffer() {
     );
     assert!(!text.contains("requests 12"), "{text}");
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args(["replay", "--model", "gpt-oss-20b", "--workload", "synthetic"])
+        .args([
+            "replay",
+            "--model",
+            "gpt-oss-20b",
+            "--workload",
+            "synthetic",
+        ])
         .output()
         .expect("run kvlayout");
     let text = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{text}");
-    assert!(text.contains("buffer `swa` keeps a sliding window"), "{text}");
+    assert!(
+        text.contains("buffer `swa` keeps a sliding window"),
+        "{text}"
+    );
 }
 
 /// Regression: qwen3-coder-next (Gated DeltaNet layers: `conv` and `temporal` state buffers)
@@ -433,7 +442,13 @@ fn state_buffer_model_is_refused_naming_the_buffer() {
     assert!(text.contains(want), "{text}");
     assert!(!text.contains("token index out of range"), "{text}");
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args(["replay", "--model", "qwen3-coder-next", "--workload", "synthetic"])
+        .args([
+            "replay",
+            "--model",
+            "qwen3-coder-next",
+            "--workload",
+            "synthetic",
+        ])
         .output()
         .expect("run kvlayout");
     let text = String::from_utf8_lossy(&out.stderr);

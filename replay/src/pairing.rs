@@ -228,3 +228,33 @@ pub(crate) fn pair_pools<B: Backend>(
         pairing,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(model: &str) -> PoolGeometry {
+        let m = Model::load(model).unwrap();
+        m.pool(&PoolOptions::default()).unwrap().geometry
+    }
+
+    /// llama-4-scout: 36 chunked layers (config.json `attention_chunk_size` 8192) in buffer
+    /// `chunked`, 12 full ones in `full`: refused, naming `chunked` and its chunk; llama-3.1-8b
+    /// (every layer full) passes.
+    #[test]
+    fn only_full_attention_pools_pass() {
+        let e = require_full_attention("llama-4-scout", &geometry("llama-4-scout"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "--model llama-4-scout: buffer `chunked` keeps chunked local attention: at most \
+                 8192 tokens of a request (attention: chunk_tokens 8192); `kvlayout describe` \
+                 covers this model"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains("`full`"), "{e}");
+        require_full_attention("llama-3.1-8b", &geometry("llama-3.1-8b")).unwrap();
+    }
+}

@@ -160,7 +160,9 @@ fn a_request_larger_than_the_pool_counts_its_private_pages_honestly() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.ends_with("1 private for its 8 prompt tokens past the last full page and 1 decoded tokens)"),
+        e.ends_with(
+            "1 private for its 8 prompt tokens past the last full page and 1 decoded tokens)"
+        ),
         "{e}"
     );
 }

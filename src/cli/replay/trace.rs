@@ -153,7 +153,9 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
                 }
             }
             if let Some(Err(e)) = &plotted {
-                eprintln!("error: --plot {e} (the report above stands; the exit code is the run's)");
+                eprintln!(
+                    "error: --plot {e} (the report above stands; the exit code is the run's)"
+                );
             }
             // A transfer the shim refused is recomputed (as an engine would), but the run is not
             // clean: exit 1, as a refused pairing.
