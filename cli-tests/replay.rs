@@ -241,7 +241,24 @@ fn trace_bad_line_exits_2_naming_line_and_field() {
     );
     assert_eq!(code, 2, "{text}");
     assert!(
-        text.contains("trace line 13: hash_ids: 2 ids do not cover input_length 1025"),
+        text.contains(
+            "trace line 13: hash_ids: 2 ids for input_length 1025; 512-token blocks need exactly \
+             ceil(1025/512) = 3"
+        ),
+        "{text}"
+    );
+    // Regression: a surplus was reported as ids that "do not cover" the prompt. 512 tokens are
+    // ceil(512 / 512) = 1 block; 2 ids are given.
+    let (code, text) = trace_replay(
+        "{\"timestamp\": 12000, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1, 2]}\n",
+        &[],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "trace line 13: hash_ids: 2 ids for input_length 512; 512-token blocks need exactly \
+             ceil(512/512) = 1"
+        ),
         "{text}"
     );
     let (code, text) = trace_replay(
@@ -360,15 +377,13 @@ fn host_pages_with_a_host_geometry_is_refused() {
     );
 }
 
-/// Regression: a hybrid model's buffers carry `layer_ids` (gpt-oss-20b: 12 sliding + 12 full
-/// layers, ids 0, 2, .. and 1, 3, ..); sampling the first simulated layer must cut them too
-/// (it was refused with "layer_ids: 12 ids for 1 layers").
-#[test]
-fn hybrid_model_trace_replay_runs() {
+/// Runs `kvlayout replay ARGS` on the 12-request trace; (exit code, stdout + stderr).
+fn replay_on_trace(args: &[&str]) -> (i32, String) {
     let trace = multi_turn_trace("");
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args(["replay", "--model", "gpt-oss-20b", "--device-pages", "24"])
-        .args(["--host-pages", "96", "--trace"])
+        .arg("replay")
+        .args(args)
+        .arg("--trace")
         .arg(&trace)
         .output()
         .expect("run kvlayout");
@@ -377,10 +392,196 @@ fn hybrid_model_trace_replay_runs() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(out.status.code(), Some(0), "{text}");
-    // The same schedule as the DSA run above: 8 of 12 requests load from the host.
+    (out.status.code().expect("exit code"), text)
+}
+
+/// Regression: gpt-oss-20b ran with its sliding-window buffer `swa` sized as if it kept every
+/// token. The page schedule models full-attention pools only: refused, naming `swa` and its
+/// window (config.json `sliding_window` 128).
+#[test]
+fn sliding_window_model_is_refused_naming_the_buffer() {
+    let (code, text) = replay_on_trace(&["--model", "gpt-oss-20b", "--device-pages", "24"]);
+    assert_eq!(code, 2, "{text}");
     assert!(
-        text.contains("requests 12: with host hits 8 (66.7%)"),
+        text.contains(
+            "error: --model gpt-oss-20b: buffer `swa` keeps a sliding window: the last 128 \
+             tokens of a request (attention: sliding_window_tokens 128); `kvlayout describe` \
+             covers this model, but the replay's page schedule models full-attention pools only"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("requests 12"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--model",
+            "gpt-oss-20b",
+            "--workload",
+            "synthetic",
+        ])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("buffer `swa` keeps a sliding window"),
+        "{text}"
+    );
+}
+
+/// Regression: qwen3-coder-next (Gated DeltaNet layers: `conv` and `temporal` state buffers)
+/// failed inside the pool ("token index out of range for the page") and was reported as bad
+/// input. It is refused up front, naming the state buffers, on both workloads.
+#[test]
+fn state_buffer_model_is_refused_naming_the_buffer() {
+    let want = "error: --model qwen3-coder-next: buffer `conv` keeps a recurrent state: one \
+                fixed-size slot per request, no token axis (attention: state); buffer `temporal` \
+                keeps a recurrent state";
+    let (code, text) = replay_on_trace(&["--model", "qwen3-coder-next"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains(want), "{text}");
+    assert!(!text.contains("token index out of range"), "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--model",
+            "qwen3-coder-next",
+            "--workload",
+            "synthetic",
+        ])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains(want), "{text}");
+}
+
+/// Regression: an unwritable `--plot` path was found only after the whole run, and the report
+/// was lost. It is refused before the run (exit 2, naming --plot and the path).
+#[test]
+fn unwritable_plot_is_refused_before_the_run() {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-such-dir/plot.svg");
+    let (code, text) = trace_replay("", &["--plot", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(&format!("error: --plot {}:", path.display())),
+        "{text}"
+    );
+    assert!(!text.contains("requests 12"), "{text}");
+}
+
+/// Regression: a drawing that fails after the run (here /dev/full: it opens, every write fails)
+/// printed only the drawing error and exited 2, hiding the run's exit 3. The report comes
+/// first, the plot error follows on stderr, and the exit code is the run's.
+#[cfg(target_os = "linux")]
+#[test]
+fn failed_drawing_keeps_the_report_and_the_exit_code() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--index-k", "bf16", "--device-pages", "24"])
+        .args(["--no-verify", "--plot", "/dev/full", "--host-geometry"])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/configs/geometry/host-index-k-fp8-formula.json"
+        ))
+        .arg("--trace")
+        .arg(multi_turn_trace(""))
+        .output()
+        .expect("run kvlayout");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    // The seed bug without the shim: exit 3, as trace_seed_host_without_the_shim_exits_3.
+    assert_eq!(out.status.code(), Some(3), "{stdout}{stderr}");
+    assert!(stdout.contains("requests 12: with host hits 8"), "{stdout}");
+    assert!(!stdout.contains("plot: /dev/full"), "{stdout}");
+    assert!(stderr.contains("error: --plot /dev/full: "), "{stderr}");
+}
+
+/// Regression: `--require-gpu` without `--device cuda` was ignored.
+#[test]
+fn require_gpu_without_cuda_is_refused() {
+    let (code, text) = trace_replay("", &["--require-gpu"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("error: --require-gpu needs --device cuda"),
+        "{text}"
+    );
+    assert!(!text.contains("requests 12"), "{text}");
+}
+
+/// Regression: `--buffers index_k,index_k` was accepted silently.
+#[test]
+fn a_buffer_named_twice_is_refused() {
+    let (code, text) = trace_replay("", &["--buffers", "index_k,index_k"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("workload: --buffers: index_k is named twice"),
+        "{text}"
+    );
+}
+
+/// Regression: a trace without requests (empty, or empty lines only) exited 0 saying nothing.
+#[test]
+fn an_empty_trace_is_refused() {
+    for (name, body) in [("empty.jsonl", ""), ("blank.jsonl", "\n\n")] {
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+        std::fs::write(&path, body).expect("write the trace");
+        let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+            .args(["replay", "--device-pages", "24", "--trace"])
+            .arg(&path)
+            .output()
+            .expect("run kvlayout");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(
+            text.contains(&format!("error: trace {}: no requests", path.display())),
+            "{text}"
+        );
+    }
+}
+
+/// Regression: for every model the default device pool was DeepSeek-V3.2's H200 budget, said
+/// as if it were the model's own. llama-3.1-70b: 80 layers x 8 KV heads x 128 dims x 2 (K, V)
+/// x 2 B (bf16) = 327,680 B per token, x 64 tokens = 20,971,520 B per page; the budget
+/// 0.90 x 141 GB - 86.25 GB = 40,650,000,000 B holds floor(40,650,000,000 / 20,971,520) =
+/// 1,938 pages. The report says whose budget it is, and an error blaming --device-pages names
+/// the default: a 128,000-token prompt needs 128,000 / 64 = 2,000 pages.
+#[test]
+fn default_device_pages_say_whose_budget_they_are() {
+    let source = "DeepSeek-V3.2's H200 budget; pass --device-pages for this model's deployment: \
+                  KV budget 40650000000 B (0.90 x 141 GB HBM - 86.25 GB DeepSeek-V3.2 weights \
+                  at TP 8) / 20971520 B per page of this model over all layers";
+    let (code, text) = replay_on_trace(&["--model", "llama-3.1-70b"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains(&format!("device pool 1,938 pages of 64 tokens ({source})")),
+        "{text}"
+    );
+    let ids: Vec<String> = (0..128_000 / 512).map(|i: u64| i.to_string()).collect();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("one-long-prompt.jsonl");
+    std::fs::write(
+        &path,
+        format!(
+            "{{\"timestamp\": 0, \"input_length\": 128000, \"output_length\": 0, \"hash_ids\": [{}]}}\n",
+            ids.join(", ")
+        ),
+    )
+    .expect("write the trace");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--model", "llama-3.1-70b", "--trace"])
+        .arg(&path)
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(&format!(
+            "error: workload: --device-pages: 1938 pages cannot hold the request of trace line \
+             1: it needs 2000 pages (0 to load, 2000 to compute, 0 private for its 0 prompt \
+             tokens past the last full page and 0 decoded tokens) (--device-pages not given: \
+             the default 1938 pages came from {source})"
+        )),
         "{text}"
     );
 }

@@ -21,6 +21,18 @@ pub enum ReplayError {
     /// A trace line is not a valid request.
     #[error(transparent)]
     Trace(#[from] TraceError),
+    /// The model's pool has a buffer that does not keep every token (sliding window, chunked
+    /// local attention, recurrent state): the page schedule models full-attention pools only.
+    #[error(
+        "--model {model}: {buffers}; `kvlayout describe` covers this model, but the replay's \
+         page schedule models full-attention pools only (every buffer keeps every token)"
+    )]
+    NotFullAttention {
+        /// The model's name.
+        model: String,
+        /// The buffers that are not full attention, each with what it keeps.
+        buffers: String,
+    },
     /// A workload parameter is out of range.
     #[error("workload: {field}: {problem}")]
     Workload {

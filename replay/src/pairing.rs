@@ -2,7 +2,7 @@
 //! host's (the values `check` and `describe` print), then pools of the simulated layers are
 //! built and paired (checked, or unverified for `--no-verify`).
 
-use kvlayout_core::{MemoryLayout, PoolGeometry, compare, file};
+use kvlayout_core::{Attention, MemoryLayout, PoolGeometry, compare, file};
 use kvlayout_models::{Model, ModelPool, PoolOptions};
 use kvlayout_pool::backend::Backend;
 use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode};
@@ -57,11 +57,52 @@ pub(crate) fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
     g
 }
 
+/// Refuses a pool with a buffer whose attention is not `full`: the page schedule gives every
+/// buffer one page per 64 tokens of a request and keeps them all, which a sliding-window or
+/// chunked buffer (at most W / C tokens) or a state buffer (one slot per request, no token
+/// axis) does not. The error names each such buffer and what it keeps.
+pub fn require_full_attention(model: &str, g: &PoolGeometry) -> Result<(), ReplayError> {
+    let others: Vec<String> = g
+        .buffers
+        .iter()
+        .filter_map(|b| {
+            let keeps = match b.attention {
+                Attention::Full => return None,
+                Attention::SlidingWindow { window_tokens } => format!(
+                    "a sliding window: the last {window_tokens} tokens of a request \
+                     (attention: sliding_window_tokens {window_tokens})"
+                ),
+                Attention::Chunked { chunk_tokens } => format!(
+                    "chunked local attention: at most {chunk_tokens} tokens of a request \
+                     (attention: chunk_tokens {chunk_tokens})"
+                ),
+                Attention::State => "a recurrent state: one fixed-size slot per request, \
+                                     no token axis (attention: state)"
+                    .to_string(),
+            };
+            Some(format!("buffer `{}` keeps {keeps}", b.name()))
+        })
+        .collect();
+    if others.is_empty() {
+        return Ok(());
+    }
+    Err(ReplayError::NotFullAttention {
+        model: model.to_string(),
+        buffers: others.join("; "),
+    })
+}
+
 /// `g` cut down to `sample`; a buffer name the geometry lacks is an error naming it.
 fn sampled(g: &PoolGeometry, sample: &Sample) -> Result<PoolGeometry, ReplayError> {
     let mut g = truncate_layers(g, sample.layers);
     if let Some(names) = &sample.buffers {
-        for n in names {
+        for (i, n) in names.iter().enumerate() {
+            if names[..i].contains(n) {
+                return Err(workload_err(
+                    "--buffers",
+                    format!("{n} is named twice (each buffer at most once)"),
+                ));
+            }
             if g.buffer_index(n).is_none() {
                 return Err(workload_err(
                     "--buffers",
@@ -110,6 +151,7 @@ pub(crate) fn pair_pools<B: Backend>(
 ) -> Result<Result<Paired<B>, Refused>, ReplayError> {
     let layers = sample.layers;
     let model_pool = model.pool(opts)?;
+    require_full_attention(&model.name, &model_pool.geometry)?;
     let full_device = model_pool.geometry.clone();
     let (full_host, host_source) = match host {
         HostSource::Mirror {
@@ -185,4 +227,34 @@ pub(crate) fn pair_pools<B: Backend>(
         host_fingerprint,
         pairing,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry(model: &str) -> PoolGeometry {
+        let m = Model::load(model).unwrap();
+        m.pool(&PoolOptions::default()).unwrap().geometry
+    }
+
+    /// llama-4-scout: 36 chunked layers (config.json `attention_chunk_size` 8192) in buffer
+    /// `chunked`, 12 full ones in `full`: refused, naming `chunked` and its chunk; llama-3.1-8b
+    /// (every layer full) passes.
+    #[test]
+    fn only_full_attention_pools_pass() {
+        let e = require_full_attention("llama-4-scout", &geometry("llama-4-scout"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "--model llama-4-scout: buffer `chunked` keeps chunked local attention: at most \
+                 8192 tokens of a request (attention: chunk_tokens 8192); `kvlayout describe` \
+                 covers this model"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains("`full`"), "{e}");
+        require_full_attention("llama-3.1-8b", &geometry("llama-3.1-8b")).unwrap();
+    }
 }

@@ -44,6 +44,12 @@ pub enum TraceError {
         /// What is wrong, with the value.
         problem: String,
     },
+    /// The trace holds no request (only empty lines, or nothing).
+    #[error("trace {trace}: no requests")]
+    Empty {
+        /// The trace's name (its path, `stdin`, or the embedded trace).
+        trace: String,
+    },
     /// The file cannot be read.
     #[error("trace: reading line {line}: {source}")]
     Io {
@@ -132,7 +138,7 @@ pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Req
             line,
             "hash_ids",
             format!(
-                "{} ids do not cover input_length {input_tokens}: {input_tokens} tokens at {BLOCK_TOKENS} per block need ceil({input_tokens} / {BLOCK_TOKENS}) = {blocks}",
+                "{} ids for input_length {input_tokens}; {BLOCK_TOKENS}-token blocks need exactly ceil({input_tokens}/{BLOCK_TOKENS}) = {blocks}",
                 hash_ids.len()
             ),
         ));
@@ -254,7 +260,14 @@ mod tests {
             err(&format!(
                 r#"{{"timestamp": 100, "input_length": 1025, {ok}}}"#
             )),
-            "trace line 7: hash_ids: 2 ids do not cover input_length 1025: 1025 tokens at 512 per block need ceil(1025 / 512) = 3"
+            "trace line 7: hash_ids: 2 ids for input_length 1025; 512-token blocks need exactly ceil(1025/512) = 3"
+        );
+        // A surplus is refused too: 512 tokens are ceil(512 / 512) = 1 block; 2 ids are given.
+        assert_eq!(
+            err(&format!(
+                r#"{{"timestamp": 100, "input_length": 512, {ok}}}"#
+            )),
+            "trace line 7: hash_ids: 2 ids for input_length 512; 512-token blocks need exactly ceil(512/512) = 1"
         );
         assert!(err(r#"{"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": 1}"#)
             .contains("x: unknown field"));

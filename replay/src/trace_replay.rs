@@ -16,6 +16,14 @@
 //!   40,650,000,000 / (55,632 x 64) = 11,417 pages (730,688 tokens); with fp8 index-K
 //!   61 x (656 + 132) = 48,068 B: 13,213 pages;
 //! - host pages: 2 x device pages (SGLang `--hicache-ratio` default 2).
+//!
+//! Another model gets the same budget divided by its own bytes per page, and the report says
+//! the budget is DeepSeek-V3.2's (pass `--device-pages` for the model's own deployment); an
+//! error blaming `--device-pages` when it was not given names the default it came from.
+//!
+//! The page schedule gives every buffer one page per 64 tokens and keeps them all: a model
+//! with a sliding-window, chunked or state buffer is refused, naming the buffer and what it
+//! keeps ([`crate::pairing::require_full_attention`]).
 
 use std::io::BufRead;
 
@@ -24,11 +32,11 @@ use kvlayout_pool::KvPool;
 use kvlayout_pool::backend::{Backend, CpuBackend};
 
 use crate::error::{ReplayError, workload_err};
-use crate::pairing::{HostSource, Paired, Sample, pair_pools};
+use crate::pairing::{HostSource, Paired, Sample, pair_pools, require_full_attention};
 use crate::report::{Minute, TraceRefusal, TraceReport, share};
 use crate::schedule::{Schedule, ScheduleConfig, WritePolicy};
 use crate::store::{IndexerParams, PoolStore};
-use crate::trace::TraceReader;
+use crate::trace::{TraceError, TraceReader};
 
 /// HBM of one H200 GPU, bytes (141 GB).
 pub const H200_HBM_BYTES: u64 = 141_000_000_000;
@@ -104,6 +112,24 @@ pub fn default_device_pages(bytes_per_page: u64) -> u64 {
     KV_BUDGET_BYTES / bytes_per_page.max(1)
 }
 
+/// Where the default device pages came from, for the report. For DeepSeek-V3.2 the budget is
+/// its own; for any other model the line says the budget is DeepSeek-V3.2's and that only this
+/// model's bytes per page are its own.
+pub fn default_device_pages_source(model: &str, bytes_per_page: u64) -> String {
+    if model.to_ascii_lowercase().starts_with("deepseek-v3.2") {
+        format!(
+            "H200 KV budget {KV_BUDGET_BYTES} B (0.90 x 141 GB HBM - 86.25 GB weights, \
+             DeepSeek-V3.2 at TP 8) / {bytes_per_page} B per page over all layers"
+        )
+    } else {
+        format!(
+            "DeepSeek-V3.2's H200 budget; pass --device-pages for this model's deployment: KV \
+             budget {KV_BUDGET_BYTES} B (0.90 x 141 GB HBM - 86.25 GB DeepSeek-V3.2 weights at \
+             TP 8) / {bytes_per_page} B per page of this model over all layers"
+        )
+    }
+}
+
 /// Replays `trace` on the CPU backend; `progress(bytes_read)` after each request.
 pub fn run_trace(
     input: &TraceInput,
@@ -168,6 +194,7 @@ pub fn run_trace_with<B: Backend>(
         pages: 1,
         ..input.pool
     })?;
+    require_full_attention(&input.model.name, &full.geometry)?;
     let bytes_per_page = full
         .geometry
         .total_bytes()
@@ -177,17 +204,29 @@ pub fn run_trace_with<B: Backend>(
         Some(p) => (p, "--device-pages".to_string()),
         None => (
             default_device_pages(bytes_per_page),
-            format!(
-                "H200 KV budget {KV_BUDGET_BYTES} B (0.90 x 141 GB HBM - 86.25 GB weights, \
-                 DeepSeek-V3.2 at TP 8) / {bytes_per_page} B per page over all layers"
-            ),
+            default_device_pages_source(&input.model.name, bytes_per_page),
         ),
     };
+    // An error that blames `--device-pages` when the user did not pass it says where the
+    // default came from.
+    let blame_default = |e: ReplayError| match e {
+        ReplayError::Workload {
+            field: "--device-pages",
+            problem,
+        } if input.device_pages.is_none() => workload_err(
+            "--device-pages",
+            format!(
+                "{problem} (--device-pages not given: the default {device_pages} pages came \
+                 from {device_pages_source})"
+            ),
+        ),
+        e => e,
+    };
     if device_pages == 0 {
-        return Err(workload_err(
+        return Err(blame_default(workload_err(
             "--device-pages",
             "must be at least 1, got 0".into(),
-        ));
+        )));
     }
     let (host, host_pages_source) = match &input.host {
         TraceHost::Mirror {
@@ -275,7 +314,8 @@ pub fn run_trace_with<B: Backend>(
         write_policy: input.write_policy,
         prefill_tokens_per_s: input.prefill_tokens_per_s,
         decode_ms_per_token: input.decode_ms_per_token,
-    })?;
+    })
+    .map_err(blame_default)?;
     let mut per_minute: Vec<Minute> = Vec::new();
     let mut report = TraceReport {
         model: input.model.name.clone(),
@@ -291,7 +331,7 @@ pub fn run_trace_with<B: Backend>(
         simulated_layers: input.layers,
         page_size_tokens: page_size,
         device_pages,
-        device_pages_source,
+        device_pages_source: device_pages_source.clone(),
         host_pages,
         host_pages_source,
         host_memory_layout,
@@ -361,7 +401,7 @@ pub fn run_trace_with<B: Backend>(
     });
     while let Some(req) = requests.next() {
         let req = req?;
-        let out = schedule.admit(&req, &mut store)?;
+        let out = schedule.admit(&req, &mut store).map_err(blame_default)?;
         let minute = usize::try_from(req.timestamp_ms / 60_000).map_err(|_| {
             workload_err("timestamp", format!("{} ms is too far", req.timestamp_ms))
         })?;
@@ -384,6 +424,12 @@ pub fn run_trace_with<B: Backend>(
         report.host_tokens += out.host_tokens;
         report.recomputed_tokens += out.recomputed_tokens;
         progress(requests.get_ref().bytes);
+    }
+    if report.requests == 0 {
+        return Err(TraceError::Empty {
+            trace: input.trace_name.clone(),
+        }
+        .into());
     }
     schedule.drain();
     for (i, m) in per_minute.iter_mut().enumerate() {

@@ -352,8 +352,12 @@ impl Schedule {
                         format!(
                             "{} pages cannot hold the request of trace line {}: it needs {need} \
                              pages ({load_pages} to load, {compute_pages} to compute, \
-                             {private_pages} for its last partial page and {} decoded tokens)",
-                            self.cfg.device_pages, req.line, req.output_tokens
+                             {private_pages} private for its {} prompt tokens past the last \
+                             full page and {} decoded tokens)",
+                            self.cfg.device_pages,
+                            req.line,
+                            req.input_tokens % page,
+                            req.output_tokens
                         ),
                     ));
                 };

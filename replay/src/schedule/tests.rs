@@ -136,6 +136,37 @@ fn a_request_larger_than_the_device_pool_names_device_pages() {
     assert!(e.starts_with("workload: --device-pages: 4 pages cannot hold the request of trace line 9: it needs 8 pages"), "{e}");
 }
 
+/// Regression: 512 prompt tokens fill 512 / 64 = 8 pages exactly; the 1 decoded token needs
+/// ceil(513 / 64) - 8 = 1 private page, and no prompt token is past the last full page (the
+/// message said "for its last partial page", which this prompt does not have).
+#[test]
+fn a_request_larger_than_the_pool_counts_its_private_pages_honestly() {
+    let mut s = Schedule::new(cfg(4, 8, WritePolicy::WriteBack)).unwrap();
+    let e = s
+        .admit(&req(9, 0, 512, 1, &[1]), &mut Log::default())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "workload: --device-pages: 4 pages cannot hold the request of trace line 9: it needs \
+         9 pages (0 to load, 8 to compute, 1 private for its 0 prompt tokens past the last full \
+         page and 1 decoded tokens)"
+    );
+    // 520 tokens: 8 full pages and 520 - 512 = 8 tokens past them; with 1 decoded token
+    // ceil(521 / 64) - 8 = 1 private page.
+    let mut s = Schedule::new(cfg(4, 8, WritePolicy::WriteBack)).unwrap();
+    let e = s
+        .admit(&req(3, 0, 520, 1, &[1, 2]), &mut Log::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.ends_with(
+            "1 private for its 8 prompt tokens past the last full page and 1 decoded tokens)"
+        ),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_request_waits_for_a_running_one() {
     let mut c = cfg(8, 8, WritePolicy::WriteBack);

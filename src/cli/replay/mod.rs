@@ -5,7 +5,8 @@
 //! workload ([`kvlayout_replay::synthetic`]). Exit 0 when it ran with nothing corrupted, 1 when
 //! the host pool's pairing was refused (the mismatch lines are printed) or the shim refused a
 //! trace transfer (its pages are recomputed; the first refusal is printed), 2 on bad input, 3 when
-//! it ran and requests (sessions) were corrupted (a CI gate).
+//! it ran and requests (sessions) were corrupted (a CI gate). The replay models full-attention
+//! pools only: a model with a sliding-window, chunked or state buffer is refused (exit 2).
 //!
 //! `--device cuda` puts the device pool in GPU memory and the host pool in pinned host memory
 //! and runs every checked transfer with the CUDA copy kernel (`kvlayout_pool::backend::
@@ -115,7 +116,8 @@ pub struct ReplayArgs {
     #[arg(long, value_delimiter = ',')]
     pub buffers: Option<Vec<String>>,
     /// Device pool pages [default: trace: an H200's KV budget for DeepSeek-V3.2 at TP 8,
-    /// 40.65 GB / the model's bytes per page; synthetic: 128].
+    /// 40.65 GB / the model's bytes per page (for another model the report says the budget is
+    /// DeepSeek-V3.2's: pass this for the model's deployment); synthetic: 128].
     #[arg(long)]
     pub device_pages: Option<u64>,
     /// Host pool pages (mirrored host only; a geometry file brings its own) [default: trace:
@@ -368,6 +370,12 @@ pub fn run(args: &ReplayArgs) -> u8 {
             return 2;
         }
     };
+    if args.require_gpu && args.device != DeviceArg::Cuda {
+        eprintln!(
+            "error: --require-gpu needs --device cuda (the device is cpu: nothing to require)"
+        );
+        return 2;
+    }
     let pools = match Pools::open(args.device, args.require_gpu) {
         Ok(p) => p,
         Err(e) => {

@@ -53,6 +53,23 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
             }
         },
     };
+    // The plot file is opened before the run: an unwritable path is refused now, not after it.
+    // A file created here is removed again when no report comes (an error or a refusal).
+    let plot_created = match &args.plot {
+        Some(path) => match open_plot(path) {
+            Ok(created) => created,
+            Err(e) => {
+                eprintln!("error: --plot {}: {e}", path.display());
+                return 2;
+            }
+        },
+        None => false,
+    };
+    let remove_plot = || {
+        if let (Some(path), true) = (&args.plot, plot_created) {
+            let _ = std::fs::remove_file(path);
+        }
+    };
     let input = TraceInput {
         model,
         pool,
@@ -101,10 +118,12 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
     }
     match outcome {
         Err(e) => {
+            remove_plot();
             eprintln!("error: {e}");
             2
         }
         Ok(TraceOutcome::Refused(r)) => {
+            remove_plot();
             if args.json {
                 println!("{}", json_with_backend(&r, backend, args.device));
             } else {
@@ -119,19 +138,24 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
             1
         }
         Ok(TraceOutcome::Completed(r)) => {
-            if let Some(path) = &args.plot
-                && let Err(e) = kvlayout_replay::plot::plot_svg(&r, path)
-            {
-                eprintln!("error: --plot {e}");
-                return 2;
-            }
+            // A drawing that fails after the run loses neither the report nor the exit code:
+            // the error goes to stderr after the report.
+            let plotted = args
+                .plot
+                .as_ref()
+                .map(|path| kvlayout_replay::plot::plot_svg(&r, path).map(|()| path));
             if args.json {
                 println!("{}", json_with_backend(&r, backend, args.device));
             } else {
                 print_trace_report(&r, &backend_text);
-                if let Some(path) = &args.plot {
+                if let Some(Ok(path)) = &plotted {
                     println!("plot: {}", path.display());
                 }
+            }
+            if let Some(Err(e)) = &plotted {
+                eprintln!(
+                    "error: --plot {e} (the report above stands; the exit code is the run's)"
+                );
             }
             // A transfer the shim refused is recomputed (as an engine would), but the run is not
             // clean: exit 1, as a refused pairing.
@@ -144,6 +168,18 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
             }
         }
     }
+}
+
+/// Opens `path` for writing, creating it when it does not exist (true: created here). The
+/// contents are left alone: the plot overwrites them after the run.
+fn open_plot(path: &std::path::Path) -> std::io::Result<bool> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    Ok(!existed)
 }
 
 fn pct(share: f64) -> String {
