@@ -79,9 +79,9 @@ pub const fn fnv_str(h: u64, s: &str) -> u64 {
     fnv_bytes(fnv_u64(h, s.len() as u64), s.as_bytes())
 }
 
-/// The layout core hash: arrangement and sections (no labels, no alignment).
-pub const fn layout_core_hash(layout: &TokenLayout) -> u64 {
-    let mut h = fnv_str(FNV_OFFSET, "kvlayout.layout/v1");
+/// The arrangement's code, then (for planes) the plane count and each plane's length and
+/// section indices: the same bytes in the layout, pool and token streams.
+const fn fnv_arrangement(mut h: u64, layout: &TokenLayout) -> u64 {
     h = fnv_u64(h, layout.arrangement.code() as u64);
     let planes = layout.arrangement.planes();
     if !planes.is_empty() {
@@ -98,6 +98,13 @@ pub const fn layout_core_hash(layout: &TokenLayout) -> u64 {
             p += 1;
         }
     }
+    h
+}
+
+/// The layout core hash: arrangement and sections (no labels, no alignment).
+pub const fn layout_core_hash(layout: &TokenLayout) -> u64 {
+    let mut h = fnv_str(FNV_OFFSET, "kvlayout.layout/v1");
+    h = fnv_arrangement(h, layout);
     let sections = layout.sections();
     h = fnv_u64(h, sections.len() as u64);
     let mut i = 0;
@@ -243,22 +250,7 @@ pub const fn token_hash(b: &BufferGeometry, pool_page_size_tokens: u64) -> u64 {
     h = fnv_u64(h, b.layers);
     h = fnv_attention(h, b.attention);
     h = fnv_layer_ids(h, b.layer_ids());
-    h = fnv_u64(h, layout.arrangement.code() as u64);
-    let planes = layout.arrangement.planes();
-    if !planes.is_empty() {
-        h = fnv_u64(h, planes.len() as u64);
-        let mut p = 0;
-        while p < planes.len() {
-            let plane = cow_slice(&planes[p]);
-            h = fnv_u64(h, plane.len() as u64);
-            let mut k = 0;
-            while k < plane.len() {
-                h = fnv_u64(h, plane[k] as u64);
-                k += 1;
-            }
-            p += 1;
-        }
-    }
+    h = fnv_arrangement(h, layout);
     let page_bound = matches!(
         layout.arrangement,
         Arrangement::SectionMajor | Arrangement::Planes(_)
