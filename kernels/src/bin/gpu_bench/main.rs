@@ -14,6 +14,7 @@
 //! of 1 layer, and a token-granular load. `--overlap-small`: only the 1- and 8-page rows of the
 //! driver's batch and the chooser. `--dma-sweep`: copy-engine variants on the large transfers.
 
+mod explore;
 mod overlap;
 mod quantizer;
 mod report;
@@ -111,14 +112,15 @@ fn gbps(bytes: u64, secs: f64) -> f64 {
 }
 
 fn main() -> Result<(), KernelError> {
-    if std::env::args().any(|a| a == "--overlap") {
-        return overlap::run(false, false);
-    }
-    if std::env::args().any(|a| a == "--overlap-small") {
-        return overlap::run(false, true);
-    }
-    if std::env::args().any(|a| a == "--dma-sweep") {
-        return overlap::run(true, false);
+    for (flag, mode) in [
+        ("--overlap", overlap::Mode::Full),
+        ("--overlap-small", overlap::Mode::Small),
+        ("--dma-sweep", overlap::Mode::Sweep),
+        ("--explore", overlap::Mode::Explore),
+    ] {
+        if std::env::args().any(|a| a == flag) {
+            return overlap::run(mode);
+        }
     }
     let dump = std::env::args().skip_while(|a| a != "--dump").nth(1);
     let t0 = Instant::now();

@@ -23,8 +23,9 @@ use kvlayout_kernels::{
     PinnedBytes, RunOrder,
 };
 
+use crate::explore;
 use crate::report::{self, Row, Stat, print_row, stat};
-use crate::workload::{Call, Shape, dsa_pool, page_shape, token_shape};
+use crate::workload::{Call, Shape, dsa_pool, page_shape, subset_shape, token_shape};
 
 const GEMM_N: usize = 8192;
 const WINDOWS: usize = 5;
@@ -81,6 +82,21 @@ enum Path {
     Staged,
     /// kvlayout's chooser (`Gpu::enqueue_transfer_runs`), what the CUDA pool backend calls.
     Auto,
+    /// A candidate of `--explore`.
+    Explore(explore::Candidate),
+}
+
+/// What a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Every path on every shape.
+    Full,
+    /// The 1- and 8-page rows only.
+    Small,
+    /// Copy-engine variants on the large transfers.
+    Sweep,
+    /// The `--explore` candidates.
+    Explore,
 }
 
 /// The driver's batched copy as a caller would first write it.
@@ -118,6 +134,7 @@ impl Path {
                 kvlayout_kernels::STAGING_SLOTS
             ),
             Path::Auto => "kvlayout chooser (CUDA pool backend)".into(),
+            Path::Explore(c) => c.label(),
         }
     }
 }
@@ -130,6 +147,7 @@ struct Ctx<'a> {
     dev: DeviceBytes,
     peer: CudaFunction,
     gemm: GemmLoop,
+    extra: explore::Extra,
 }
 
 struct GemmLoop {
@@ -266,6 +284,7 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
                 .map(|_| ()),
+            Path::Explore(c) => explore::enqueue(gpu, &cx.extra, call, (src_base, dst_base), h2d, c),
         }
     }
 }
@@ -384,7 +403,8 @@ fn measure(
 /// `sweep`: only the copy-engine variants (order, hint, streams, runs per call) on the large
 /// page transfers.
 /// `small`: only the 1- and 8-page transfers, memcpy, the driver's batch and the chooser.
-pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
+pub fn run(mode: Mode) -> Result<(), KernelError> {
+    let (sweep, small, exploring) = (mode == Mode::Sweep, mode == Mode::Small, mode == Mode::Explore);
     let gpu = Gpu::new(0)?;
     gpu.compile()?;
     let name = gpu.context().name().unwrap_or_default();
@@ -431,6 +451,22 @@ pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
     let peer = module
         .load_function("sglang_warp_copy")
         .map_err(drv("cuModuleGetFunction"))?;
+    let ptx = compile_ptx_with_opts(
+        explore::SOURCE,
+        CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}")],
+            ..Default::default()
+        },
+    )
+    .map_err(|e| KernelError::Compile {
+        arch: arch.clone(),
+        log: format!("{e:?}"),
+    })?;
+    let explore_module = gpu
+        .context()
+        .load_module(ptx)
+        .map_err(drv("cuModuleLoadData"))?;
+    let extra = explore::Extra::new(&gpu, &explore_module)?;
 
     let stream = gpu.context().new_stream().map_err(drv("cuStreamCreate"))?;
     let blas = CudaBlas::new(stream.clone()).map_err(|e| KernelError::Driver {
@@ -461,6 +497,7 @@ pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
         dev,
         peer,
         gemm,
+        extra,
     };
 
     // The GEMM alone: median of 20 after 5 warm-ups.
@@ -500,6 +537,8 @@ pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
     let picked = all_shapes.into_iter().enumerate().filter(|&(i, _)| {
         if sweep {
             i < 3
+        } else if exploring {
+            i < 4
         } else if small {
             i >= 4
         } else {
@@ -511,7 +550,22 @@ pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
             &gpu, &mut rng, &host_pool, &dev_pool, pages, layers, h2d, lbl, burst,
         )?);
     }
-    if !sweep && !small {
+    if exploring {
+        let mut gemm_fn = || cx.gemm.enqueue();
+        explore::spin_cost(
+            &gpu,
+            &cx.extra,
+            &mut gemm_fn,
+            &stream,
+            &[(1, 32), (1, 1024), (2, 1024), (8, 1024)],
+        )?;
+        for i in [0, 1] {
+            for long in [true, false] {
+                let sub = subset_shape(&gpu, &shapes[i], long)?;
+                shapes.push(sub);
+            }
+        }
+    } else if !sweep && !small {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
 
@@ -525,7 +579,34 @@ pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
             Path::Batch(true, true, 1, 2048),
             Path::Batch(true, true, 8, 16384),
         ];
-        if small {
+        if exploring {
+            use explore::Candidate as C;
+            if shape.name.contains("only") {
+                paths.push(Path::Batch(true, true, 1, 2048));
+            } else if huge {
+                paths.push(Path::Auto);
+                paths.extend(
+                    [C::SplitTwoStreams, C::SplitKernel(8), C::Threads(4), C::PrioKernel(8)]
+                        .map(Path::Explore),
+                );
+            } else {
+                paths.extend([Path::Auto, Path::RunKernel(Some(4))]);
+                paths.extend(
+                    [
+                        C::SplitTwoStreams,
+                        C::SplitKernel(2),
+                        C::SplitKernel(8),
+                        C::Threads(2),
+                        C::Threads(4),
+                        C::PrioKernel(2),
+                        C::PrioKernel(4),
+                        C::PrioKernel(8),
+                        C::PrioKernel(32),
+                    ]
+                    .map(Path::Explore),
+                );
+            }
+        } else if small {
             paths.extend([BATCH_DEFAULT, Path::Staged, Path::Auto]);
         } else if sweep {
             paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384)]);
@@ -568,7 +649,7 @@ pub fn run(sweep: bool, small: bool) -> Result<(), KernelError> {
                 loop_outlasted: ok,
             };
             print_row(&row, shape.burst);
-            if sweep {
+            if sweep || exploring {
                 println!(
                     "    host enqueue time of the last alone window: {:.2} ms",
                     cx.host_ms

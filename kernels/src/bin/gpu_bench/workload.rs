@@ -243,3 +243,26 @@ fn call(
         bytes,
     })
 }
+
+/// `shape` with only its long runs (MLA pages, `long`) or only its short ones (index-K pages):
+/// what each buffer costs the copy engines on its own.
+pub fn subset_shape(gpu: &Gpu, shape: &Shape, long: bool) -> Result<Shape, KernelError> {
+    let keep = |r: &ByteRun| (r.len_bytes >= 16 * 1024) == long;
+    let mut calls = Vec::new();
+    for c in &shape.calls {
+        let runs: Vec<ByteRun> = c.runs.iter().copied().filter(keep).collect();
+        let peer = runs.clone();
+        calls.push(call(gpu, runs, peer, Vec::new(), shape.h2d)?);
+    }
+    Ok(Shape {
+        name: format!(
+            "{}, {} only",
+            shape.name,
+            if long { "MLA runs" } else { "index-K runs" }
+        ),
+        h2d: shape.h2d,
+        calls,
+        burst: shape.burst,
+        token_granular: false,
+    })
+}

@@ -1,0 +1,332 @@
+//! `gpu_bench --explore`: candidate designs for sharing the GPU with the model (issue 11),
+//! measured side by side before one is built into the library.
+//!
+//! Candidates: long runs (>= 16 KiB, MLA pages) and short runs (index-K pages) on two copy
+//! engines; short runs by a small SM kernel on a high-priority stream while the copy engines
+//! take the long ones; the batch split over host threads; the whole transfer by the small
+//! kernel on a high-priority stream; and a resident spinning kernel next to the GEMM loop (what
+//! a persistent copy kernel would cost the model).
+
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use kvlayout_kernels::{ByteRun, Gpu, KernelError, RunOrder};
+
+use crate::workload::Call;
+
+/// Runs at least this long go to the copy engines in the split candidates.
+pub const LONG_RUN_BYTES: u64 = 16 * 1024;
+
+/// The small copy kernel and a spinner (bench-local).
+pub const SOURCE: &str = r#"
+typedef unsigned long long u64;
+struct Run { u64 src; u64 dst; u64 len; };
+#define UNROLL 8
+extern "C" __global__ void __launch_bounds__(1024) fast_copy(const Run* runs, u64 n,
+    const unsigned char* src, unsigned char* dst, u64 min_len, u64 max_len)
+{
+    const unsigned lane = threadIdx.x & 31u;
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
+    for (u64 i = warp; i < n; i += warps) {
+        const Run r = runs[i];
+        if (r.len < min_len || r.len >= max_len) continue;
+        const uint4* s = reinterpret_cast<const uint4*>(src + r.src);
+        uint4* d = reinterpret_cast<uint4*>(dst + r.dst);
+        const u64 nv = r.len >> 4;
+        for (u64 first = lane; first < nv; first += 32 * UNROLL) {
+            uint4 buf[UNROLL];
+#pragma unroll
+            for (int k = 0; k < UNROLL; ++k) {
+                const u64 v = first + 32 * k;
+                if (v < nv) buf[k] = s[v];
+            }
+#pragma unroll
+            for (int k = 0; k < UNROLL; ++k) {
+                const u64 v = first + 32 * k;
+                if (v < nv) d[v] = buf[k];
+            }
+        }
+    }
+}
+extern "C" __global__ void spin(const volatile unsigned* stop)
+{
+    while (*stop == 0u) { __nanosleep(2000); }
+}
+"#;
+
+/// A candidate path.
+#[derive(Clone, Copy, Debug)]
+pub enum Candidate {
+    /// Long runs batched on the `Gpu`'s stream, short runs batched on a second stream.
+    SplitTwoStreams,
+    /// Long runs batched on the `Gpu`'s stream, short runs by the small kernel on this many
+    /// blocks of 1024 threads on a high-priority stream.
+    SplitKernel(u32),
+    /// The batch split over this many host threads (rayon), each on its own stream.
+    Threads(usize),
+    /// Every run by the small kernel, this many blocks of 1024 threads, high-priority stream.
+    PrioKernel(u32),
+}
+
+impl Candidate {
+    pub fn label(self) -> String {
+        match self {
+            Candidate::SplitTwoStreams => {
+                "explore: long runs CE stream 1, short runs CE stream 2".into()
+            }
+            Candidate::SplitKernel(k) => {
+                format!("explore: long runs CE, short runs kernel {k} x 1024 thr, prio")
+            }
+            Candidate::Threads(t) => format!("explore: batch from {t} host threads"),
+            Candidate::PrioKernel(k) => format!("explore: all runs kernel {k} x 1024 thr, prio"),
+        }
+    }
+}
+
+/// Streams and kernels of the candidates.
+pub struct Extra {
+    pub prio: Arc<CudaStream>,
+    pub side: Vec<Arc<CudaStream>>,
+    pub fast: CudaFunction,
+    pub spin: CudaFunction,
+}
+
+impl Extra {
+    pub fn new(gpu: &Gpu, module: &Arc<cudarc::driver::CudaModule>) -> Result<Extra, KernelError> {
+        let (_least, greatest) = cudarc::driver::result::stream::get_priority_range()
+            .map_err(drv("cuCtxGetStreamPriorityRange"))?;
+        println!("stream priorities: greatest {greatest}");
+        let prio = gpu
+            .context()
+            .new_stream_with_priority(greatest)
+            .map_err(drv("cuStreamCreateWithPriority"))?;
+        let side = (0..8)
+            .map(|_| gpu.context().new_stream().map_err(drv("cuStreamCreate")))
+            .collect::<Result<_, _>>()?;
+        let f = |n: &str| module.load_function(n).map_err(drv("cuModuleGetFunction"));
+        Ok(Extra {
+            prio,
+            side,
+            fast: f("fast_copy")?,
+            spin: f("spin")?,
+        })
+    }
+}
+
+fn drv(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> KernelError {
+    move |e| KernelError::Driver {
+        call,
+        message: format!("{e:?}"),
+    }
+}
+
+/// `to` waits for everything enqueued on `from` so far.
+fn follow(from: &CudaStream, to: &CudaStream) -> Result<(), KernelError> {
+    let e = from
+        .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .map_err(drv("cuEventRecord"))?;
+    to.wait(&e).map_err(drv("cuStreamWaitEvent"))
+}
+
+/// `cuMemcpyBatchAsync` of `runs` (already ordered) on `stream`, 2,048 per call, overlap hint.
+fn batch(
+    stream: &CudaStream,
+    (src_base, dst_base): (u64, u64),
+    runs: &[ByteRun],
+) -> Result<(), KernelError> {
+    let location = sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: 0,
+    };
+    let mut attrs = [sys::CUmemcpyAttributes {
+        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        srcLocHint: location,
+        dstLocHint: location,
+        flags: sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32,
+    }];
+    let mut attr_idx = [0usize];
+    for chunk in runs.chunks(2048) {
+        let mut dsts: Vec<u64> = chunk.iter().map(|r| dst_base + r.dst_offset_bytes).collect();
+        let mut srcs: Vec<u64> = chunk.iter().map(|r| src_base + r.src_offset_bytes).collect();
+        let mut sizes: Vec<usize> = chunk.iter().map(|r| r.len_bytes as usize).collect();
+        // SAFETY: three arrays of chunk.len() entries; the runs lie inside the bench's pools.
+        unsafe {
+            sys::cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                chunk.len(),
+                attrs.as_mut_ptr(),
+                attr_idx.as_mut_ptr(),
+                1,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(drv("cuMemcpyBatchAsync"))?;
+    }
+    Ok(())
+}
+
+fn launch_fast(
+    x: &Extra,
+    call: &Call,
+    bases: (u64, u64),
+    blocks: u32,
+    (min_len, max_len): (u64, u64),
+) -> Result<(), KernelError> {
+    let n = call.dev_runs.len() as u64;
+    let runs = call.dev_runs.device_address();
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the run list holds n runs of 3 words, 16-byte aligned inside both pools.
+    unsafe {
+        x.prio
+            .launch_builder(&x.fast)
+            .arg(&runs)
+            .arg(&n)
+            .arg(&bases.0)
+            .arg(&bases.1)
+            .arg(&min_len)
+            .arg(&max_len)
+            .launch(cfg)
+    }
+    .map(|_| ())
+    .map_err(drv("cuLaunchKernel(fast_copy)"))
+}
+
+/// Enqueues one call of a candidate; everything joins back into the `Gpu`'s stream.
+pub fn enqueue(
+    gpu: &Gpu,
+    x: &Extra,
+    call: &Call,
+    bases: (u64, u64),
+    h2d: bool,
+    c: Candidate,
+) -> Result<(), KernelError> {
+    let main = gpu.stream();
+    let order = if h2d {
+        RunOrder::SrcAscending
+    } else {
+        RunOrder::DstAscending
+    };
+    match c {
+        Candidate::SplitTwoStreams => {
+            let runs = order.sorted_and_merged(&call.runs);
+            let (long, short): (Vec<ByteRun>, Vec<ByteRun>) =
+                runs.iter().partition(|r| r.len_bytes >= LONG_RUN_BYTES);
+            follow(main, &x.side[0])?;
+            batch(&x.side[0], bases, &short)?;
+            batch(main, bases, &long)?;
+            follow(&x.side[0], main)
+        }
+        Candidate::SplitKernel(k) => {
+            let runs = order.sorted_and_merged(&call.runs);
+            let long: Vec<ByteRun> = runs
+                .into_iter()
+                .filter(|r| r.len_bytes >= LONG_RUN_BYTES)
+                .collect();
+            follow(main, &x.prio)?;
+            launch_fast(x, call, bases, k, (0, LONG_RUN_BYTES))?;
+            batch(main, bases, &long)?;
+            follow(&x.prio, main)
+        }
+        Candidate::Threads(t) => {
+            let runs = order.sorted_and_merged(&call.runs);
+            let t = t.clamp(1, x.side.len());
+            for s in &x.side[..t] {
+                follow(main, s)?;
+            }
+            let part = runs.len().div_ceil(t).max(1);
+            let results: Vec<Result<(), KernelError>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = runs
+                    .chunks(part)
+                    .zip(&x.side)
+                    .map(|(p, s)| scope.spawn(move || batch(s, bases, p)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("batch thread"))
+                    .collect()
+            });
+            for r in results {
+                r?;
+            }
+            for s in &x.side[..t] {
+                follow(s, main)?;
+            }
+            Ok(())
+        }
+        Candidate::PrioKernel(k) => {
+            follow(main, &x.prio)?;
+            launch_fast(x, call, bases, k, (0, u64::MAX))?;
+            follow(&x.prio, main)
+        }
+    }
+}
+
+/// The GEMM loop's median with a spinner of `blocks` x `threads` resident on a high-priority
+/// stream, against without: what a persistent copy kernel costs the model.
+pub fn spin_cost(
+    gpu: &Gpu,
+    x: &Extra,
+    gemm: &mut dyn FnMut() -> Result<(), KernelError>,
+    gemm_stream: &CudaStream,
+    configs: &[(u32, u32)],
+) -> Result<(), KernelError> {
+    let mut flag = gpu.alloc_pinned(64)?;
+    let median_of = |gemm: &mut dyn FnMut() -> Result<(), KernelError>| {
+        let ev: Vec<_> = (0..31)
+            .map(|_| {
+                gpu.context()
+                    .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(drv("cuEventCreate"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        ev[0].record(gemm_stream).map_err(drv("cuEventRecord"))?;
+        for e in &ev[1..] {
+            gemm()?;
+            e.record(gemm_stream).map_err(drv("cuEventRecord"))?;
+        }
+        gemm_stream
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))?;
+        let mut ms: Vec<f64> = (6..31)
+            .map(|i| ev[i - 1].elapsed_ms(&ev[i]).map(f64::from))
+            .collect::<Result<_, _>>()
+            .map_err(drv("cuEventElapsedTime"))?;
+        ms.sort_by(f64::total_cmp);
+        Ok::<f64, KernelError>(ms[ms.len() / 2])
+    };
+    let base = median_of(gemm)?;
+    println!("spin: GEMM alone {base:.3} ms");
+    for &(blocks, threads) in configs {
+        flag.as_mut_slice().fill(0);
+        let addr = kvlayout_kernels::GpuBytes::device_address(&flag);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the flag is a live pinned word the kernel polls until the host sets it.
+        unsafe { x.prio.launch_builder(&x.spin).arg(&addr).launch(cfg) }
+            .map_err(drv("cuLaunchKernel(spin)"))?;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let with = median_of(gemm)?;
+        let p = flag.as_mut_slice().as_mut_ptr() as *mut u32;
+        // SAFETY: p points into the live pinned allocation; a volatile store the GPU polls.
+        unsafe { std::ptr::write_volatile(p, 1) };
+        x.prio.synchronize().map_err(drv("cuStreamSynchronize"))?;
+        println!(
+            "spin {blocks} x {threads} threads resident: GEMM {with:.3} ms ({:+.1}%)",
+            (with / base - 1.0) * 100.0
+        );
+    }
+    let _ = gpu;
+    Ok(())
+}
