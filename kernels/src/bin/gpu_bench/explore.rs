@@ -68,6 +68,8 @@ pub enum Candidate {
     Threads(usize),
     /// Every run by the small kernel, this many blocks of 1024 threads, high-priority stream.
     PrioKernel(u32),
+    /// Two host threads on two streams: one batches the long runs, the other the short ones.
+    ThreadsSplit,
 }
 
 impl Candidate {
@@ -81,6 +83,7 @@ impl Candidate {
             }
             Candidate::Threads(t) => format!("explore: batch from {t} host threads"),
             Candidate::PrioKernel(k) => format!("explore: all runs kernel {k} x 1024 thr, prio"),
+            Candidate::ThreadsSplit => "explore: long / short runs from 2 host threads".into(),
         }
     }
 }
@@ -236,18 +239,36 @@ pub fn enqueue(
             batch(main, bases, &long)?;
             follow(&x.prio, main)
         }
-        Candidate::Threads(t) => {
+        Candidate::Threads(_) | Candidate::ThreadsSplit => {
             let runs = order.sorted_and_merged(&call.runs);
-            let t = t.clamp(1, x.side.len());
+            let parts: Vec<Vec<ByteRun>> = match c {
+                Candidate::Threads(t) => {
+                    let t = t.clamp(1, x.side.len());
+                    runs.chunks(runs.len().div_ceil(t).max(1))
+                        .map(<[ByteRun]>::to_vec)
+                        .collect()
+                }
+                _ => {
+                    let (long, short): (Vec<ByteRun>, Vec<ByteRun>) =
+                        runs.iter().partition(|r| r.len_bytes >= LONG_RUN_BYTES);
+                    vec![long, short]
+                }
+            };
+            let t = parts.len();
             for s in &x.side[..t] {
                 follow(main, s)?;
             }
-            let part = runs.len().div_ceil(t).max(1);
+            let ctx = gpu.context();
             let results: Vec<Result<(), KernelError>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = runs
-                    .chunks(part)
+                let handles: Vec<_> = parts
+                    .iter()
                     .zip(&x.side)
-                    .map(|(p, s)| scope.spawn(move || batch(s, bases, p)))
+                    .map(|(p, s)| {
+                        scope.spawn(move || {
+                            ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+                            batch(s, bases, p)
+                        })
+                    })
                     .collect();
                 handles
                     .into_iter()

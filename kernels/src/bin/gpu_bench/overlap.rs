@@ -552,19 +552,23 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     }
     if exploring {
         let mut gemm_fn = || cx.gemm.enqueue();
-        explore::spin_cost(
-            &gpu,
-            &cx.extra,
-            &mut gemm_fn,
-            &stream,
-            &[(1, 32), (1, 1024), (2, 1024), (8, 1024)],
-        )?;
+        if std::env::args().any(|a| a == "--spin") {
+            explore::spin_cost(
+                &gpu,
+                &cx.extra,
+                &mut gemm_fn,
+                &stream,
+                &[(1, 32), (1, 1024), (2, 1024), (8, 1024)],
+            )?;
+        }
+        let mut subsets = Vec::new();
         for i in [0, 1] {
             for long in [true, false] {
-                let sub = subset_shape(&gpu, &shapes[i], long)?;
-                shapes.push(sub);
+                subsets.push(subset_shape(&gpu, &shapes[i], long)?);
             }
         }
+        subsets.append(&mut shapes);
+        shapes = subsets;
     } else if !sweep && !small {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
@@ -583,23 +587,22 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             use explore::Candidate as C;
             if shape.name.contains("only") {
                 paths.push(Path::Batch(true, true, 1, 2048));
+                paths.extend([C::Threads(2), C::Threads(4)].map(Path::Explore));
             } else if huge {
                 paths.push(Path::Auto);
                 paths.extend(
-                    [C::SplitTwoStreams, C::SplitKernel(8), C::Threads(4), C::PrioKernel(8)]
+                    [C::ThreadsSplit, C::Threads(4), C::SplitKernel(8), C::PrioKernel(8)]
                         .map(Path::Explore),
                 );
             } else {
-                paths.extend([Path::Auto, Path::RunKernel(Some(4))]);
+                paths.push(Path::Auto);
                 paths.extend(
                     [
-                        C::SplitTwoStreams,
-                        C::SplitKernel(2),
-                        C::SplitKernel(8),
                         C::Threads(2),
                         C::Threads(4),
-                        C::PrioKernel(2),
-                        C::PrioKernel(4),
+                        C::Threads(8),
+                        C::ThreadsSplit,
+                        C::SplitTwoStreams,
                         C::PrioKernel(8),
                         C::PrioKernel(32),
                     ]
