@@ -62,6 +62,7 @@ pub mod device;
 pub mod device_memory;
 pub mod error;
 pub mod index_k;
+pub mod pitched;
 pub mod staging;
 pub mod test_data;
 
@@ -77,3 +78,4 @@ pub use device::{
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
+pub use pitched::{PitchedRun, group_pitched};

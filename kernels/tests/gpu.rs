@@ -12,7 +12,7 @@ use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
     ByteRun, CopyEngineHint, CopyEngineOptions, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET,
-    TransferPath,
+    TransferPath, group_pitched,
 };
 use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
@@ -669,17 +669,29 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
             RunOrder::DstAscending,
         ];
         for order in orders {
-            // One stream, one call; 3 streams; every stream, 7 runs per call.
-            for (hint, lanes, runs_per_call) in [
-                (CopyEngineHint::Default, 1, 1 << 14),
-                (CopyEngineHint::PreferOverlapWithCompute, 3, 1 << 14),
-                (CopyEngineHint::Default, MAX_COPY_ENGINE_LANES, 7),
+            // Every layer of a page_first host page is a pitched group in host order (2D
+            // copies): the list must hold some, or the 2D path is not under test.
+            let groups = group_pitched(&order.sorted_and_merged(&runs), gpu.max_pitch_bytes());
+            if order != RunOrder::AsGiven {
+                assert!(
+                    groups.iter().any(|g| g.count == LAYERS),
+                    "{order:?}: no 2D group"
+                );
+            }
+            // One stream, one call, all batched; 3 streams, 2D groups; every stream, 7 runs per
+            // call, 2D groups; one stream, 2D groups.
+            for (hint, lanes, runs_per_call, pitched) in [
+                (CopyEngineHint::Default, 1, 1 << 14, false),
+                (CopyEngineHint::PreferOverlapWithCompute, 3, 1 << 14, true),
+                (CopyEngineHint::Default, MAX_COPY_ENGINE_LANES, 7, true),
+                (CopyEngineHint::PreferOverlapWithCompute, 1, 1 << 14, true),
             ] {
                 let opts = CopyEngineOptions {
                     order,
                     hint,
                     lanes,
                     runs_per_call,
+                    pitched,
                 };
                 let mut dst = Buf::new(&gpu, !h2d, &poison);
                 // SAFETY: finish() waits before src and dst are touched or dropped.

@@ -116,6 +116,8 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     sm_count: u32,
+    /// Largest pitch a 2D copy takes (`CU_DEVICE_ATTRIBUTE_MAX_PITCH`, 2^31 - 1 on an H200).
+    max_pitch_bytes: u64,
     compute_capability: (i32, i32),
     kernels: OnceLock<Result<Kernels, KernelError>>,
     /// `[bad positions, !first bad position]`, zero when no validation failed.
@@ -145,6 +147,10 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("cuDeviceGetAttribute"))? as u32;
+        let max_pitch_bytes = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_PITCH)
+            .map_err(driver_err("cuDeviceGetAttribute"))?
+            .max(0) as u64;
         let compute_capability = ctx
             .compute_capability()
             .map_err(driver_err("cuDeviceGetAttribute"))?;
@@ -158,6 +164,7 @@ impl Gpu {
             ctx,
             stream,
             sm_count,
+            max_pitch_bytes,
             compute_capability,
             kernels: OnceLock::new(),
             err,
@@ -180,6 +187,11 @@ impl Gpu {
     /// Multiprocessors of the device (132 on an H200).
     pub fn sm_count(&self) -> u32 {
         self.sm_count
+    }
+
+    /// Largest pitch of a 2D copy, bytes (`CU_DEVICE_ATTRIBUTE_MAX_PITCH`).
+    pub fn max_pitch_bytes(&self) -> u64 {
+        self.max_pitch_bytes
     }
 
     /// Compute capability (9.0 on an H200).

@@ -151,6 +151,9 @@ pub struct CopyEngineOptions {
     pub lanes: usize,
     /// Most runs per `cuMemcpyBatchAsync` call.
     pub runs_per_call: usize,
+    /// Consecutive runs with constant pitches go as one 2D copy each
+    /// ([`crate::pitched::group_pitched`], `cuMemcpy2DAsync`); the rest are batched.
+    pub pitched: bool,
 }
 
 impl CopyEngineOptions {
@@ -160,6 +163,8 @@ impl CopyEngineOptions {
     /// busiest won. Loads ([`RunOrder::SrcAscending`], the host is the source): host order,
     /// the overlap hint, one stream, 2,048 runs per call. Backups ([`RunOrder::DstAscending`]):
     /// host order, the overlap hint, 8 streams, 16,384 runs per call. As given: one stream.
+    /// Always: runs with constant pitches as 2D copies (a backup of all layers: one copy per
+    /// page and buffer).
     pub const fn chosen(order: RunOrder) -> CopyEngineOptions {
         let (lanes, runs_per_call) = match order {
             RunOrder::SrcAscending => (1, 2048),
@@ -171,6 +176,7 @@ impl CopyEngineOptions {
             hint: CopyEngineHint::PreferOverlapWithCompute,
             lanes,
             runs_per_call,
+            pitched: true,
         }
     }
 }

@@ -14,6 +14,7 @@ use super::{
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
 use crate::error::KernelError;
+use crate::pitched::{PitchedRun, group_pitched};
 
 /// Fewest runs worth a stream of their own.
 const MIN_RUNS_PER_LANE: usize = 1024;
@@ -178,11 +179,86 @@ impl Gpu {
         Ok(())
     }
 
-    /// `cuMemcpyBatchAsync` of checked runs on `stream`, `opts.runs_per_call` per call.
+    /// Checked runs on `stream`, in list order: with `opts.pitched`, each group of two or more
+    /// runs with constant pitches ([`group_pitched`]) as one `cuMemcpy2DAsync`, the runs
+    /// between them batched; else all batched.
     ///
     /// # Safety
     /// Every run lies inside both buffers, which stay alive until the stream has finished.
     unsafe fn enqueue_batch(
+        &self,
+        bases: (u64, u64),
+        runs: &[ByteRun],
+        opts: CopyEngineOptions,
+        stream: &CudaStream,
+    ) -> Result<(), KernelError> {
+        if !opts.pitched {
+            // SAFETY: forwarded.
+            return unsafe { self.enqueue_runs_batched(bases, runs, opts, stream) };
+        }
+        let mut singles: Vec<ByteRun> = Vec::new();
+        for g in group_pitched(runs, self.max_pitch_bytes) {
+            if g.count == 1 {
+                singles.push(ByteRun::new(
+                    g.src_offset_bytes,
+                    g.dst_offset_bytes,
+                    g.len_bytes,
+                ));
+                continue;
+            }
+            // SAFETY: forwarded; the singles before the group go first (list order).
+            unsafe {
+                self.enqueue_runs_batched(bases, &singles, opts, stream)?;
+                self.enqueue_pitched(bases, &g, stream)?;
+            }
+            singles.clear();
+        }
+        // SAFETY: forwarded.
+        unsafe { self.enqueue_runs_batched(bases, &singles, opts, stream) }
+    }
+
+    /// One 2D copy of a pitched group of checked runs.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_batch`].
+    unsafe fn enqueue_pitched(
+        &self,
+        (src_base, dst_base): (u64, u64),
+        g: &PitchedRun,
+        stream: &CudaStream,
+    ) -> Result<(), KernelError> {
+        let unified = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED;
+        let copy = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: unified,
+            srcHost: std::ptr::null(),
+            srcDevice: src_base + g.src_offset_bytes,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: g.src_pitch_bytes as usize,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: unified,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst_base + g.dst_offset_bytes,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: g.dst_pitch_bytes as usize,
+            WidthInBytes: g.len_bytes as usize,
+            Height: g.count as usize,
+        };
+        // SAFETY: every line of the group is a checked run inside both buffers (unified
+        // addresses of a device allocation and of pinned, mapped host memory); the driver reads
+        // the descriptor during the call.
+        unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
+            .result()
+            .map_err(driver_err("cuMemcpy2DAsync"))
+    }
+
+    /// `cuMemcpyBatchAsync` of checked runs on `stream`, `opts.runs_per_call` per call.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_batch`].
+    unsafe fn enqueue_runs_batched(
         &self,
         (src_base, dst_base): (u64, u64),
         runs: &[ByteRun],

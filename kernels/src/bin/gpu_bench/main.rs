@@ -13,6 +13,10 @@
 //! `overlap.rs`), DeepSeek-V3.2 DSA pools, 1,024 and 4,096 pages x 61 layers, 8 pages and 1 page
 //! of 1 layer, and a token-granular load. `--overlap-small`: only the 1- and 8-page rows of the
 //! driver's batch and the chooser. `--dma-sweep`: copy-engine variants on the large transfers.
+//! `--explore`: the candidate designs of `explore.rs` (pitched 2D copies, lanes; with
+//! `--candidates` also two copy-engine streams, host threads and a high-priority kernel; with
+//! `--subsets` the MLA and index-K runs alone; with `--spin` a resident kernel's cost to the
+//! GEMM).
 
 mod explore;
 mod overlap;

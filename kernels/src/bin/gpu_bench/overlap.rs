@@ -71,8 +71,8 @@ enum Path {
     Peer,
     /// `cuMemcpyBatchAsync` of the runs: in host-address order (else as given), hinted to
     /// overlap with compute (else default flags), split over this many streams, at most this
-    /// many runs per call.
-    Batch(bool, bool, usize, usize),
+    /// many runs per call, runs with constant pitches as 2D copies (else all batched).
+    Batch(bool, bool, usize, usize, bool),
     /// kvlayout's run-list kernel on at most this many SMs (`None`: all).
     RunKernel(Option<u32>),
     /// kvlayout's index-list kernel (page or token items per the shape).
@@ -100,7 +100,7 @@ pub enum Mode {
 }
 
 /// The driver's batched copy as a caller would first write it.
-const BATCH_DEFAULT: Path = Path::Batch(false, false, 1, 16384);
+const BATCH_DEFAULT: Path = Path::Batch(false, false, 1, 16384, false);
 
 impl Path {
     fn label(self) -> String {
@@ -109,11 +109,11 @@ impl Path {
             Path::Memcpy => "pinned contiguous memcpy (ceiling)".into(),
             Path::MemcpyPerRun => "one cuMemcpyAsync per run".into(),
             Path::Peer => "SGLang-style warp copy, 2 x 32 warps".into(),
-            Path::Batch(false, false, 1, 16384) => {
+            Path::Batch(false, false, 1, 16384, false) => {
                 "cuMemcpyBatchAsync, runs as given, default flags".into()
             }
-            Path::Batch(sorted, hint, lanes, per_call) => format!(
-                "cuMemcpyBatchAsync, {}, {}, {lanes} stream{}, {per_call} runs/call",
+            Path::Batch(sorted, hint, lanes, per_call, pitched) => format!(
+                "cuMemcpyBatchAsync, {}, {}, {lanes} stream{}, {per_call} runs/call{}",
                 if sorted {
                     "host order, merged"
                 } else {
@@ -124,7 +124,8 @@ impl Path {
                 } else {
                     "default flags"
                 },
-                if lanes == 1 { "" } else { "s" }
+                if lanes == 1 { "" } else { "s" },
+                if pitched { ", pitched runs as 2D" } else { "" }
             ),
             Path::RunKernel(s) => format!("kvlayout run-list kernel, {}", sms(s)),
             Path::Items(s) => format!("kvlayout index-list kernel, {}", sms(s)),
@@ -255,7 +256,7 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                     .map(|_| ())
                     .map_err(drv("cuLaunchKernel(sglang_warp_copy)"))
             }
-            Path::Batch(sorted, hint, lanes, runs_per_call) => {
+            Path::Batch(sorted, hint, lanes, runs_per_call, pitched) => {
                 let opts = CopyEngineOptions {
                     order: if sorted { order } else { RunOrder::AsGiven },
                     hint: if hint {
@@ -265,6 +266,7 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                     },
                     lanes,
                     runs_per_call,
+                    pitched,
                 };
                 gpu.enqueue_copy_runs_dma(src, dst, &call.runs, opts)
                     .map(|_| ())
@@ -284,7 +286,9 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
                 .map(|_| ()),
-            Path::Explore(c) => explore::enqueue(gpu, &cx.extra, call, (src_base, dst_base), h2d, c),
+            Path::Explore(c) => {
+                explore::enqueue(gpu, &cx.extra, call, (src_base, dst_base), h2d, c)
+            }
         }
     }
 }
@@ -404,7 +408,11 @@ fn measure(
 /// page transfers.
 /// `small`: only the 1- and 8-page transfers, memcpy, the driver's batch and the chooser.
 pub fn run(mode: Mode) -> Result<(), KernelError> {
-    let (sweep, small, exploring) = (mode == Mode::Sweep, mode == Mode::Small, mode == Mode::Explore);
+    let (sweep, small, exploring) = (
+        mode == Mode::Sweep,
+        mode == Mode::Small,
+        mode == Mode::Explore,
+    );
     let gpu = Gpu::new(0)?;
     gpu.compile()?;
     let name = gpu.context().name().unwrap_or_default();
@@ -525,29 +533,39 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
 
     let mut shapes = Vec::new();
     let all_shapes = [
-        (1024u64, 61u64, true, true, 1usize),
-        (1024, 61, false, false, 1),
-        (4096, 61, true, true, 1),
-        (4096, 61, false, false, 1),
-        (8, 1, true, true, 500),
-        (8, 1, false, true, 500),
-        (1, 1, true, true, 2000),
-        (1, 1, false, true, 2000),
+        (1024u64, 61u64, true, true, 1usize, false),
+        (1024, 61, false, false, 1, false),
+        (4096, 61, true, true, 1, false),
+        (4096, 61, false, false, 1, false),
+        (1024, 61, true, true, 1, true),
+        (8, 1, true, true, 500, false),
+        (8, 1, false, true, 500, false),
+        (1, 1, true, true, 2000, false),
+        (1, 1, false, true, 2000, false),
     ];
     let picked = all_shapes.into_iter().enumerate().filter(|&(i, _)| {
         if sweep {
             i < 3
         } else if exploring {
-            i < 4
+            i < 5
         } else if small {
-            i >= 4
+            i >= 5
         } else {
             true
         }
     });
-    for (_, (pages, layers, h2d, lbl, burst)) in picked {
+    for (_, (pages, layers, h2d, lbl, burst, consecutive)) in picked {
         shapes.push(page_shape(
-            &gpu, &mut rng, &host_pool, &dev_pool, pages, layers, h2d, lbl, burst,
+            &gpu,
+            &mut rng,
+            &host_pool,
+            &dev_pool,
+            pages,
+            layers,
+            h2d,
+            lbl,
+            burst,
+            consecutive,
         )?);
     }
     if exploring {
@@ -561,14 +579,16 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
                 &[(1, 32), (1, 1024), (2, 1024), (8, 1024)],
             )?;
         }
-        let mut subsets = Vec::new();
-        for i in [0, 1] {
-            for long in [true, false] {
-                subsets.push(subset_shape(&gpu, &shapes[i], long)?);
+        if std::env::args().any(|a| a == "--subsets") {
+            let mut subsets = Vec::new();
+            for i in [0, 1] {
+                for long in [true, false] {
+                    subsets.push(subset_shape(&gpu, &shapes[i], long)?);
+                }
             }
+            subsets.append(&mut shapes);
+            shapes = subsets;
         }
-        subsets.append(&mut shapes);
-        shapes = subsets;
     } else if !sweep && !small {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
@@ -579,32 +599,32 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         let huge = shape.bytes() > 5_000_000_000;
         let mut paths = vec![Path::Memcpy];
         let variants = [
-            Path::Batch(false, true, 1, 2048),
-            Path::Batch(true, true, 1, 2048),
-            Path::Batch(true, true, 8, 16384),
+            Path::Batch(false, true, 1, 2048, false),
+            Path::Batch(true, true, 1, 2048, false),
+            Path::Batch(true, true, 8, 16384, false),
         ];
         if exploring {
             use explore::Candidate as C;
             if shape.name.contains("only") {
-                paths.push(Path::Batch(true, true, 1, 2048));
+                paths.push(Path::Batch(true, true, 1, 2048, false));
                 paths.extend([C::Threads(2), C::Threads(4)].map(Path::Explore));
-            } else if huge {
-                paths.push(Path::Auto);
-                paths.extend(
-                    [C::ThreadsSplit, C::Threads(4), C::SplitKernel(8), C::PrioKernel(8)]
-                        .map(Path::Explore),
-                );
+            } else if shape.h2d {
+                paths.extend([Path::Auto, Path::Batch(true, true, 1, 2048, false)]);
+                paths.push(Path::Explore(C::SplitKernel(8)));
             } else {
-                paths.push(Path::Auto);
+                paths.extend([Path::Auto, Path::Batch(true, true, 8, 16384, false)]);
+                paths.extend([
+                    Path::Batch(true, true, 1, 16384, true),
+                    Path::Batch(true, true, 2, 16384, true),
+                ]);
+            }
+            if std::env::args().any(|a| a == "--candidates") && !shape.name.contains("only") {
                 paths.extend(
                     [
-                        C::Threads(2),
-                        C::Threads(4),
-                        C::Threads(8),
-                        C::ThreadsSplit,
                         C::SplitTwoStreams,
+                        C::ThreadsSplit,
+                        C::Threads(4),
                         C::PrioKernel(8),
-                        C::PrioKernel(32),
                     ]
                     .map(Path::Explore),
                 );
@@ -612,11 +632,11 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         } else if small {
             paths.extend([BATCH_DEFAULT, Path::Staged, Path::Auto]);
         } else if sweep {
-            paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384)]);
+            paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384, false)]);
             paths.extend(variants);
-            paths.extend([Path::Batch(true, true, 8, 2048), Path::Auto]);
+            paths.extend([Path::Batch(true, true, 8, 2048, false), Path::Auto]);
         } else if shape.token_granular {
-            paths.extend([Path::Peer, Path::Batch(true, true, 1, 2048)]);
+            paths.extend([Path::Peer, Path::Batch(true, true, 1, 2048, false)]);
             paths.extend([Some(4), Some(8), None].map(Path::RunKernel));
             paths.extend([Path::Items(None), Path::Auto]);
         } else if huge {

@@ -64,9 +64,10 @@ impl Shape {
     }
 }
 
-/// A page-granular transfer of `pages` random pages: `layer_by_layer` gives one call per
-/// layer (a HiCache load during the forward pass), else one call for all layers (a backup);
-/// `layers` limits the layers moved.
+/// A page-granular transfer of `pages` random pages (`consecutive`: a random range of pages on
+/// each side, what a fresh allocator hands out): `layer_by_layer` gives one call per layer (a
+/// HiCache load during the forward pass), else one call for all layers (a backup); `layers`
+/// limits the layers moved.
 #[allow(clippy::too_many_arguments)]
 pub fn page_shape(
     gpu: &Gpu,
@@ -78,9 +79,18 @@ pub fn page_shape(
     h2d: bool,
     layer_by_layer: bool,
     burst: usize,
+    consecutive: bool,
 ) -> Result<Shape, KernelError> {
-    let host_pages = rng.distinct_below(POOL_PAGES, pages as usize);
-    let dev_pages = rng.distinct_below(POOL_PAGES, pages as usize);
+    let mut pick = || {
+        if consecutive {
+            let start = rng.next_u64() % (POOL_PAGES - pages + 1);
+            (start..start + pages).collect()
+        } else {
+            rng.distinct_below(POOL_PAGES, pages as usize)
+        }
+    };
+    let host_pages: Vec<u64> = pick();
+    let dev_pages: Vec<u64> = pick();
     let (sp, dp, s_pages, d_pages) = if h2d {
         (host, device, &host_pages, &dev_pages)
     } else {
@@ -134,8 +144,9 @@ pub fn page_shape(
     }
     Ok(Shape {
         name: format!(
-            "{} {pages} pages x {layers} layers{}",
+            "{} {pages}{} pages x {layers} layers{}",
             if h2d { "load H2D" } else { "backup D2H" },
+            if consecutive { " consecutive" } else { "" },
             if layer_by_layer {
                 ", layer by layer"
             } else {
