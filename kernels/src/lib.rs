@@ -71,9 +71,9 @@ pub use copy_runs::{ByteRun, validate_runs};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
     COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, Gpu,
-    KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SELF_CHECK_MAX_ITEMS, SM_BUDGET,
-    STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES, TransferPath,
-    driver_present, nvrtc_present,
+    KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RunOrder,
+    SELF_CHECK_MAX_ITEMS, SM_BUDGET, STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS,
+    STAGING_WARP_RUN_BYTES, TransferPath, driver_present, nvrtc_present,
 };
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};

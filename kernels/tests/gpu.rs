@@ -11,8 +11,8 @@ use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    ByteRun, CopyEngineHint, CopyEngineOptions, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET,
-    TransferPath, group_pitched,
+    ByteRun, CopyEngineHint, CopyEngineOptions, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RunOrder,
+    SM_BUDGET, TransferPath, group_pitched,
 };
 use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
@@ -27,14 +27,19 @@ const DEVICE_PAGES: u64 = 16;
 /// DeepSeek-V3.2's pool at page size 64: `kv` (656 B/token, token_major) and `index_k` (fp8,
 /// 132 B/token, section_major), three layers.
 fn pool(memory_layout: MemoryLayout, pages: u64) -> PoolGeometry {
+    pool_of(memory_layout, pages, LAYERS)
+}
+
+/// [`pool`] with `layers` layers.
+fn pool_of(memory_layout: MemoryLayout, pages: u64, layers: u64) -> PoolGeometry {
     PoolGeometry {
         name: format!("test {memory_layout}"),
         page_size_tokens: 64,
         pages,
         memory_layout,
         buffers: vec![
-            BufferGeometry::new("kv", LAYERS, formats::DSA_MLA_FP8),
-            BufferGeometry::new("index_k", LAYERS, formats::INDEX_K_FP8),
+            BufferGeometry::new("kv", layers, formats::DSA_MLA_FP8),
+            BufferGeometry::new("index_k", layers, formats::INDEX_K_FP8),
         ],
     }
 }
@@ -790,6 +795,84 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
     gpu.finish().unwrap();
     assert!(merged <= 5000);
     assert!(gpu.read(&dst).unwrap() == expect);
+}
+
+/// Pitched groups as 2D copies, bit for bit against the pool crate's CPU backend: a backup of
+/// all 12 layers of 5 random pages (host order: per page and buffer, 12 lines at the device's
+/// layer stride) and a load of one layer of 10 consecutive pages (10 lines at the host's page
+/// stride), through the chooser and the copy-engine call with and without grouping.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pitched_groups_match_the_pool_cpu_backend() {
+    let gpu = gpu();
+    let layers = 12;
+    let host = pool_of(MemoryLayout::PageFirst, 20, layers);
+    let device = pool_of(MemoryLayout::LayerFirst, 16, layers);
+    let mut rng = SplitMix64::new(907);
+    let backup_pages = rng.distinct_below(16, 5);
+    let host_pages = rng.distinct_below(20, 5);
+    let mut backup = Vec::new();
+    for b in 0..2usize {
+        let len = device.stored_page_bytes(b).unwrap();
+        for (&d, &h) in backup_pages.iter().zip(&host_pages) {
+            for layer in 0..layers {
+                backup.push(ByteRun::new(
+                    device.page_offset_bytes(b, layer, d).unwrap(),
+                    host.page_offset_bytes(b, layer, h).unwrap(),
+                    len,
+                ));
+            }
+        }
+    }
+    let mut load = Vec::new();
+    for b in 0..2usize {
+        let len = host.stored_page_bytes(b).unwrap();
+        for p in 0..10 {
+            load.push(ByteRun::new(
+                host.page_offset_bytes(b, 7, 4 + p).unwrap(),
+                device.page_offset_bytes(b, 7, 3 + p).unwrap(),
+                len,
+            ));
+        }
+    }
+    for (h2d, runs, order) in [
+        (false, &backup, RunOrder::DstAscending),
+        (true, &load, RunOrder::SrcAscending),
+    ] {
+        let (src_pool, dst_pool) = if h2d {
+            (&host, &device)
+        } else {
+            (&device, &host)
+        };
+        let groups = group_pitched(&order.sorted_and_merged(runs), gpu.max_pitch_bytes());
+        let long = groups
+            .iter()
+            .filter(|g| g.count >= MIN_PITCHED_LINES)
+            .count();
+        assert_eq!(long, if h2d { 2 } else { 10 }, "h2d={h2d}: 2D groups");
+        let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
+        let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
+        let src = Buf::new(&gpu, h2d, &src_bytes);
+        let expect = cpu_reference(&src_bytes, &poison, runs);
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        let path = gpu
+            .transfer_runs(src.bytes(), dst.bytes_mut(), runs, order)
+            .unwrap();
+        assert!(matches!(path, TransferPath::CopyEngines { .. }), "{path:?}");
+        assert!(dst.read(&gpu) == expect, "chooser h2d={h2d}");
+        for (pitched, lanes) in [(true, 1), (true, 3), (false, 1)] {
+            let opts = CopyEngineOptions {
+                pitched,
+                lanes,
+                ..CopyEngineOptions::chosen(order)
+            };
+            let mut dst = Buf::new(&gpu, !h2d, &poison);
+            // SAFETY: finish() waits before src and dst are touched or dropped.
+            unsafe { gpu.enqueue_copy_runs_dma(src.bytes(), dst.bytes_mut(), runs, opts) }.unwrap();
+            gpu.finish().unwrap();
+            assert!(dst.read(&gpu) == expect, "h2d={h2d} {opts:?}");
+        }
+    }
 }
 
 /// Every page of `pages` of the device-side pool (both buffers, every layer) against distinct

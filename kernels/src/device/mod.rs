@@ -39,7 +39,7 @@ use crate::error::KernelError;
 
 pub use options::{
     COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, KernelReport,
-    LaunchShape, MAX_COPY_ENGINE_LANES, RunOrder, SM_BUDGET, TransferPath,
+    LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RunOrder, SM_BUDGET, TransferPath,
 };
 pub use staging::{STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES};
 

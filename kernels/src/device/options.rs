@@ -137,6 +137,14 @@ pub const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
 /// barely slowed (BENCHMARKS.md, "Transfers next to the model").
 pub const SM_BUDGET: u32 = 8;
 
+/// Fewest lines a pitched group needs to go as one 2D copy; shorter groups are batched with the
+/// single runs. Among random pages of one layer about half of the neighbouring runs pair up by
+/// chance; sent as 2-line 2D copies (one driver call each) they took a layer-by-layer load of
+/// 1,024 random DeepSeek-V3.2 pages from 0.89 to 0.23 of memcpy on the H200, while groups of
+/// 61 layers (a backup) and of 1,024 consecutive pages moved as fast as the batch or faster, at
+/// a seventh of its host time (BENCHMARKS.md, "Transfers next to the model").
+pub const MIN_PITCHED_LINES: u64 = 8;
+
 /// Most streams a copy-engine transfer is split over ([`crate::Gpu::enqueue_copy_runs_dma`]).
 pub const MAX_COPY_ENGINE_LANES: usize = 8;
 
@@ -151,30 +159,29 @@ pub struct CopyEngineOptions {
     pub lanes: usize,
     /// Most runs per `cuMemcpyBatchAsync` call.
     pub runs_per_call: usize,
-    /// Consecutive runs with constant pitches go as one 2D copy each
-    /// ([`crate::pitched::group_pitched`], `cuMemcpy2DAsync`); the rest are batched.
+    /// Consecutive runs with constant pitches, at least [`MIN_PITCHED_LINES`] of them, go as
+    /// one 2D copy each ([`crate::pitched::group_pitched`], `cuMemcpy2DAsync`); the rest are
+    /// batched.
     pub pitched: bool,
 }
 
 impl CopyEngineOptions {
     /// What the chooser uses for a transfer walked in `order`, set from measurement on the
-    /// H200 (BENCHMARKS.md, "Transfers next to the model"): the driver spends host time on
-    /// every run of a batch, so the options that kept both the host and the copy engines
-    /// busiest won. Loads ([`RunOrder::SrcAscending`], the host is the source): host order,
-    /// the overlap hint, one stream, 2,048 runs per call. Backups ([`RunOrder::DstAscending`]):
-    /// host order, the overlap hint, 8 streams, 16,384 runs per call. As given: one stream.
-    /// Always: runs with constant pitches as 2D copies (a backup of all layers: one copy per
-    /// page and buffer).
+    /// H200 (BENCHMARKS.md, "Transfers next to the model"): one stream, the overlap hint, host
+    /// order, and runs with constant pitches as 2D copies (a backup of all layers: one copy
+    /// per page and buffer, a seventh of the batch's host time; with 2D copies 8 streams moved
+    /// no more than one). Loads ([`RunOrder::SrcAscending`]): 2,048 runs per batch call (8,192
+    /// per call took a 4,096-page load from 47.4 to 12.7 GB/s). Backups
+    /// ([`RunOrder::DstAscending`]) and as given: 16,384.
     pub const fn chosen(order: RunOrder) -> CopyEngineOptions {
-        let (lanes, runs_per_call) = match order {
-            RunOrder::SrcAscending => (1, 2048),
-            RunOrder::DstAscending => (MAX_COPY_ENGINE_LANES, 16 * 1024),
-            RunOrder::AsGiven => (1, 16 * 1024),
+        let runs_per_call = match order {
+            RunOrder::SrcAscending => 2048,
+            RunOrder::DstAscending | RunOrder::AsGiven => 16 * 1024,
         };
         CopyEngineOptions {
             order,
             hint: CopyEngineHint::PreferOverlapWithCompute,
-            lanes,
+            lanes: 1,
             runs_per_call,
             pitched: true,
         }

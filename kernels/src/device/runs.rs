@@ -8,8 +8,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, sys};
 
 use super::{
-    Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, PendingCheck,
-    RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
+    Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES,
+    MIN_PITCHED_LINES, PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
@@ -179,9 +179,9 @@ impl Gpu {
         Ok(())
     }
 
-    /// Checked runs on `stream`, in list order: with `opts.pitched`, each group of two or more
-    /// runs with constant pitches ([`group_pitched`]) as one `cuMemcpy2DAsync`, the runs
-    /// between them batched; else all batched.
+    /// Checked runs on `stream`, in list order: with `opts.pitched`, each group of at least
+    /// [`MIN_PITCHED_LINES`] runs with constant pitches ([`group_pitched`]) as one
+    /// `cuMemcpy2DAsync`, the runs between them batched; else all batched.
     ///
     /// # Safety
     /// Every run lies inside both buffers, which stay alive until the stream has finished.
@@ -198,12 +198,8 @@ impl Gpu {
         }
         let mut singles: Vec<ByteRun> = Vec::new();
         for g in group_pitched(runs, self.max_pitch_bytes) {
-            if g.count == 1 {
-                singles.push(ByteRun::new(
-                    g.src_offset_bytes,
-                    g.dst_offset_bytes,
-                    g.len_bytes,
-                ));
+            if g.count < MIN_PITCHED_LINES {
+                singles.extend(g.runs());
                 continue;
             }
             // SAFETY: forwarded; the singles before the group go first (list order).

@@ -640,9 +640,11 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             paths.extend([Some(4), Some(8), None].map(Path::RunKernel));
             paths.extend([Path::Items(None), Path::Auto]);
         } else if huge {
+            // The all-SM kernel and the staged path at this size: earlier logs
+            // (h200-overlap.txt, h200-overlap-staged.txt).
             paths.push(BATCH_DEFAULT);
             paths.extend(&variants[..2]);
-            paths.extend([Path::RunKernel(None), Path::Staged, Path::Auto]);
+            paths.push(Path::Auto);
         } else if big {
             paths.extend([Path::Peer, BATCH_DEFAULT]);
             paths.extend(variants);
