@@ -674,13 +674,20 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
             RunOrder::DstAscending,
         ];
         for order in orders {
-            // Every layer of a page_first host page is a pitched group in host order (2D
-            // copies): the list must hold some, or the 2D path is not under test.
+            // Every layer of a page_first host page is a pitched group in host order (3 lines:
+            // under MIN_PITCHED_LINES, so batched here; pitched_groups_match_the_pool_cpu_backend
+            // moves 10- and 12-line groups as 2D copies).
             let groups = group_pitched(&order.sorted_and_merged(&runs), gpu.max_pitch_bytes());
-            if order != RunOrder::AsGiven {
+            // (Device order walks the pages of one layer: random pitches, no group.)
+            let host_order = if h2d {
+                RunOrder::SrcAscending
+            } else {
+                RunOrder::DstAscending
+            };
+            if order == host_order {
                 assert!(
                     groups.iter().any(|g| g.count == LAYERS),
-                    "{order:?}: no 2D group"
+                    "{order:?}: no group of every layer of a page"
                 );
             }
             // One stream, one call, all batched; 3 streams, 2D groups; every stream, 7 runs per
