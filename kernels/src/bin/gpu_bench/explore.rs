@@ -15,6 +15,9 @@ use kvlayout_kernels::{ByteRun, Gpu, KernelError, RunOrder};
 
 use crate::workload::Call;
 
+const STAGING_SLOTS: usize = 4;
+const STAGING_SLOT_BYTES: u64 = 64 << 20;
+
 /// Runs at least this long go to the copy engines in the split candidates.
 pub const LONG_RUN_BYTES: u64 = 16 * 1024;
 
@@ -70,6 +73,10 @@ pub enum Candidate {
     PrioKernel(u32),
     /// Two host threads on two streams: one batches the long runs, the other the short ones.
     ThreadsSplit,
+    /// Backups: the copy engines gather the runs into a device staging slot (device to
+    /// device, one 2D copy per pitched group), then copy each host-contiguous stretch of the
+    /// slot to the host in one copy; two streams, a ring of slots.
+    DeviceStaged,
 }
 
 impl Candidate {
@@ -84,12 +91,17 @@ impl Candidate {
             Candidate::Threads(t) => format!("explore: batch from {t} host threads"),
             Candidate::PrioKernel(k) => format!("explore: all runs kernel {k} x 1024 thr, prio"),
             Candidate::ThreadsSplit => "explore: long / short runs from 2 host threads".into(),
+            Candidate::DeviceStaged => format!(
+                "explore: device staging, D2D gather then 1 copy per host stretch, {STAGING_SLOTS} x {} MiB",
+                STAGING_SLOT_BYTES >> 20
+            ),
         }
     }
 }
 
 /// Streams and kernels of the candidates.
 pub struct Extra {
+    pub staging: kvlayout_kernels::DeviceBytes,
     pub prio: Arc<CudaStream>,
     pub side: Vec<Arc<CudaStream>>,
     pub fast: CudaFunction,
@@ -110,6 +122,7 @@ impl Extra {
             .collect::<Result<_, _>>()?;
         let f = |n: &str| module.load_function(n).map_err(drv("cuModuleGetFunction"));
         Ok(Extra {
+            staging: gpu.alloc_device(STAGING_SLOTS * STAGING_SLOT_BYTES as usize)?,
             prio,
             side,
             fast: f("fast_copy")?,
@@ -289,6 +302,7 @@ pub fn enqueue(
             }
             Ok(())
         }
+        Candidate::DeviceStaged => device_staged(gpu, x, call, bases, order),
         Candidate::PrioKernel(k) => {
             follow(main, &x.prio)?;
             launch_fast(x, call, bases, k, (0, u64::MAX))?;
@@ -356,4 +370,213 @@ pub fn spin_cost(
     }
     let _ = gpu;
     Ok(())
+}
+
+/// A host pool on transparent huge pages (2 MiB, `madvise(MADV_HUGEPAGE)`), pinned and mapped
+/// for the GPU with `cuMemHostRegister`: does the copy engines' per-run cost depend on the
+/// host pages' size (`--huge`)?
+pub struct HugeHost {
+    ptr: *mut u8,
+    len: usize,
+    device_ptr: u64,
+}
+
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
+unsafe extern "C" {
+    fn madvise(addr: *mut std::ffi::c_void, len: usize, advice: i32) -> i32;
+}
+
+impl HugeHost {
+    pub fn new(gpu: &Gpu, len: usize) -> Result<HugeHost, KernelError> {
+        let len = len.div_ceil(HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES;
+        let layout = std::alloc::Layout::from_size_align(len, HUGE_PAGE_BYTES)
+            .map_err(|e| KernelError::spec("len", e.to_string()))?;
+        // SAFETY: a non-zero size with a valid alignment; freed in Drop with the same layout.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(KernelError::spec("len", "host allocation failed"));
+        }
+        // SAFETY: ptr..ptr+len is our allocation; MADV_HUGEPAGE (14) only advises the kernel.
+        let rc = unsafe { madvise(ptr.cast(), len, 14) };
+        println!("huge host pool: madvise(MADV_HUGEPAGE) = {rc}");
+        gpu.context()
+            .bind_to_thread()
+            .map_err(drv("cuCtxSetCurrent"))?;
+        let flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: a live host allocation of len bytes, unregistered in Drop.
+        unsafe { sys::cuMemHostRegister_v2(ptr.cast(), len, flags) }
+            .result()
+            .map_err(drv("cuMemHostRegister"))?;
+        let mut device_ptr: sys::CUdeviceptr = 0;
+        // SAFETY: ptr was registered with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr.cast(), 0) }
+            .result()
+            .map_err(drv("cuMemHostGetDevicePointer"))?;
+        Ok(HugeHost {
+            ptr,
+            len,
+            device_ptr,
+        })
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: a live allocation of len bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl kvlayout_kernels::GpuBytes for HugeHost {
+    fn device_address(&self) -> u64 {
+        self.device_ptr
+    }
+    fn len_bytes(&self) -> u64 {
+        self.len as u64
+    }
+}
+
+impl Drop for HugeHost {
+    fn drop(&mut self) {
+        // SAFETY: registered in new; the bench has finished every transfer by now.
+        let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
+        let layout = std::alloc::Layout::from_size_align(self.len, HUGE_PAGE_BYTES)
+            .expect("the layout of new");
+        // SAFETY: allocated in new with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+/// What the kernel reports about huge pages for this process.
+pub fn print_huge_page_status() {
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let anon = std::fs::read_to_string("/proc/self/smaps_rollup")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("AnonHugePages") || l.starts_with("Rss"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    println!("transparent_hugepage: {}; {anon}", thp.trim());
+}
+
+fn memcpy(stream: &CudaStream, dst: u64, src: u64, len: u64) -> Result<(), KernelError> {
+    // SAFETY: both ranges lie inside live allocations (the bench's pools and staging).
+    unsafe { sys::cuMemcpyAsync(dst, src, len as usize, stream.cu_stream()) }
+        .result()
+        .map_err(drv("cuMemcpyAsync"))
+}
+
+fn memcpy_2d(
+    stream: &CudaStream,
+    g: &kvlayout_kernels::PitchedRun,
+    bases: (u64, u64),
+) -> Result<(), KernelError> {
+    let unified = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED;
+    let copy = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: unified,
+        srcHost: std::ptr::null(),
+        srcDevice: bases.0 + g.src_offset_bytes,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: g.src_pitch_bytes as usize,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: unified,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: bases.1 + g.dst_offset_bytes,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: g.dst_pitch_bytes as usize,
+        WidthInBytes: g.len_bytes as usize,
+        Height: g.count as usize,
+    };
+    // SAFETY: every line lies inside live allocations.
+    unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
+        .result()
+        .map_err(drv("cuMemcpy2DAsync"))
+}
+
+/// The device-staged backup: gather on one stream (device to device), copy out on another.
+fn device_staged(
+    gpu: &Gpu,
+    x: &Extra,
+    call: &Call,
+    bases: (u64, u64),
+    order: RunOrder,
+) -> Result<(), KernelError> {
+    let main = gpu.stream();
+    let (gather, out) = (&x.side[0], &x.side[1]);
+    follow(main, gather)?;
+    follow(main, out)?;
+    let staging = kvlayout_kernels::GpuBytes::device_address(&x.staging);
+    let runs = order.sorted_and_merged(&call.runs);
+    let mut slot_free: Vec<Option<cudarc::driver::CudaEvent>> =
+        (0..STAGING_SLOTS).map(|_| None).collect();
+    let mut chunk: Vec<ByteRun> = Vec::new();
+    let mut used = 0u64;
+    let mut slot = 0usize;
+    let mut flush =
+        |chunk: &mut Vec<ByteRun>, used: &mut u64, slot: &mut usize| -> Result<(), KernelError> {
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            if let Some(e) = slot_free[*slot].take() {
+                gather.wait(&e).map_err(drv("cuStreamWaitEvent"))?;
+            }
+            let base = staging + *slot as u64 * STAGING_SLOT_BYTES;
+            // Gather: run i goes to the slot at the sum of the lengths before it.
+            let mut packed = Vec::with_capacity(chunk.len());
+            let mut at = 0u64;
+            for r in chunk.iter() {
+                packed.push(ByteRun::new(r.src_offset_bytes, at, r.len_bytes));
+                at += r.len_bytes;
+            }
+            for g in kvlayout_kernels::group_pitched(&packed, gpu.max_pitch_bytes()) {
+                if g.count >= 2 {
+                    memcpy_2d(gather, &g, (bases.0, base))?;
+                } else {
+                    memcpy(
+                        gather,
+                        base + g.dst_offset_bytes,
+                        bases.0 + g.src_offset_bytes,
+                        g.len_bytes,
+                    )?;
+                }
+            }
+            follow(gather, out)?;
+            // Out: host-contiguous stretches of the chunk, one copy each.
+            let mut i = 0;
+            let mut at = 0u64;
+            while i < chunk.len() {
+                let (start_host, start_at) = (chunk[i].dst_offset_bytes, at);
+                let mut len = 0u64;
+                while i < chunk.len() && chunk[i].dst_offset_bytes == start_host + len {
+                    len += chunk[i].len_bytes;
+                    i += 1;
+                }
+                memcpy(out, bases.1 + start_host, base + start_at, len)?;
+                at += len;
+            }
+            slot_free[*slot] = Some(
+                out.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(drv("cuEventRecord"))?,
+            );
+            *slot = (*slot + 1) % STAGING_SLOTS;
+            chunk.clear();
+            *used = 0;
+            Ok(())
+        };
+    for r in runs {
+        if used + r.len_bytes > STAGING_SLOT_BYTES {
+            flush(&mut chunk, &mut used, &mut slot)?;
+        }
+        if r.len_bytes > STAGING_SLOT_BYTES {
+            return Err(KernelError::spec("len", "a run longer than a staging slot"));
+        }
+        used += r.len_bytes;
+        chunk.push(r);
+    }
+    flush(&mut chunk, &mut used, &mut slot)?;
+    follow(gather, main)?;
+    follow(out, main)
 }

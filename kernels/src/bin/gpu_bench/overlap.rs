@@ -20,7 +20,7 @@ use kvlayout_core::MemoryLayout;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
     CopyEngineHint, CopyEngineOptions, DeviceBytes, Gpu, GpuBytes, KernelError, LaunchShape,
-    PinnedBytes, RunOrder,
+    RunOrder,
 };
 
 use crate::explore;
@@ -144,7 +144,7 @@ struct Ctx<'a> {
     gpu: &'a Gpu,
     /// Host milliseconds of the last alone window's enqueue calls.
     host_ms: f64,
-    host: PinnedBytes,
+    host: Box<dyn GpuBytes>,
     dev: DeviceBytes,
     peer: CudaFunction,
     gemm: GemmLoop,
@@ -217,8 +217,11 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
         RunOrder::DstAscending
     };
     let Ctx { host, dev, .. } = cx;
-    let (src, dst): (&dyn GpuBytes, &mut dyn GpuBytes) =
-        if h2d { (&*host, dev) } else { (&*dev, host) };
+    let (src, dst): (&dyn GpuBytes, &mut dyn GpuBytes) = if h2d {
+        (&**host, dev)
+    } else {
+        (&*dev, &mut **host)
+    };
     // SAFETY: (every arm) both pools live until the window's finish(); every run and item lies
     // inside them (planned from the pool geometries, checked by each path).
     unsafe {
@@ -420,19 +423,31 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     let host_pool = dsa_pool(MemoryLayout::PageFirst);
     let dev_pool = dsa_pool(MemoryLayout::LayerFirst);
     let total = host_pool.total_bytes()? as usize;
-    let mut host = gpu.alloc_pinned(total)?;
-    std::thread::scope(|s| {
-        for (c, chunk) in host.as_mut_slice().chunks_mut(1 << 30).enumerate() {
-            s.spawn(move || {
-                for (i, w) in chunk.chunks_exact_mut(8).enumerate() {
-                    let x = ((c as u64) << 32 | i as u64)
-                        .wrapping_add(1)
-                        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    w.copy_from_slice(&x.to_le_bytes());
-                }
-            });
-        }
-    });
+    let fill = |bytes: &mut [u8]| {
+        std::thread::scope(|s| {
+            for (c, chunk) in bytes.chunks_mut(1 << 30).enumerate() {
+                s.spawn(move || {
+                    for (i, w) in chunk.chunks_exact_mut(8).enumerate() {
+                        let x = ((c as u64) << 32 | i as u64)
+                            .wrapping_add(1)
+                            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                        w.copy_from_slice(&x.to_le_bytes());
+                    }
+                });
+            }
+        })
+    };
+    // `--huge`: the host pool on transparent huge pages, registered (explore.rs).
+    let host: Box<dyn GpuBytes> = if std::env::args().any(|a| a == "--huge") {
+        let mut h = explore::HugeHost::new(&gpu, total)?;
+        fill(h.as_mut_slice());
+        explore::print_huge_page_status();
+        Box::new(h)
+    } else {
+        let mut p = gpu.alloc_pinned(total)?;
+        fill(p.as_mut_slice());
+        Box::new(p)
+    };
     let dev = gpu.alloc_device(total)?;
     println!(
         "pools: {} pages x 61 layers x (656 + 132) B/token x 64 tokens = {:.2} GB each side",
@@ -547,7 +562,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         if sweep {
             i < 3
         } else if exploring {
-            i < 5
+            i < 5 && (i < 2 || i == 4 || std::env::args().any(|a| a == "--large"))
         } else if small {
             i >= 5
         } else {
@@ -607,16 +622,11 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             use explore::Candidate as C;
             if shape.name.contains("only") {
                 paths.push(Path::Batch(true, true, 1, 2048, false));
-                paths.extend([C::Threads(2), C::Threads(4)].map(Path::Explore));
             } else if shape.h2d {
-                paths.extend([Path::Auto, Path::Batch(true, true, 1, 2048, false)]);
-                paths.push(Path::Explore(C::SplitKernel(8)));
+                paths.push(Path::Auto);
             } else {
                 paths.extend([Path::Auto, Path::Batch(true, true, 8, 16384, false)]);
-                paths.extend([
-                    Path::Batch(true, true, 1, 16384, true),
-                    Path::Batch(true, true, 2, 16384, true),
-                ]);
+                paths.push(Path::Explore(C::DeviceStaged));
             }
             if std::env::args().any(|a| a == "--candidates") && !shape.name.contains("only") {
                 paths.extend(
