@@ -633,7 +633,9 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
                     [
                         C::SplitTwoStreams,
                         C::ThreadsSplit,
+                        C::Threads(2),
                         C::Threads(4),
+                        C::SplitKernel(8),
                         C::PrioKernel(8),
                     ]
                     .map(Path::Explore),
