@@ -151,14 +151,8 @@ fn batch(
     }];
     let mut attr_idx = [0usize];
     for chunk in runs.chunks(2048) {
-        let mut dsts: Vec<u64> = chunk
-            .iter()
-            .map(|r| dst_base + r.dst_offset_bytes)
-            .collect();
-        let mut srcs: Vec<u64> = chunk
-            .iter()
-            .map(|r| src_base + r.src_offset_bytes)
-            .collect();
+        let mut dsts: Vec<u64> = chunk.iter().map(|r| dst_base + r.dst_offset_bytes).collect();
+        let mut srcs: Vec<u64> = chunk.iter().map(|r| src_base + r.src_offset_bytes).collect();
         let mut sizes: Vec<usize> = chunk.iter().map(|r| r.len_bytes as usize).collect();
         // SAFETY: three arrays of chunk.len() entries; the runs lie inside the bench's pools.
         unsafe {

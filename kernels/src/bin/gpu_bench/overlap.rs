@@ -284,9 +284,7 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
                 .map(|_| ()),
-            Path::Explore(c) => {
-                explore::enqueue(gpu, &cx.extra, call, (src_base, dst_base), h2d, c)
-            }
+            Path::Explore(c) => explore::enqueue(gpu, &cx.extra, call, (src_base, dst_base), h2d, c),
         }
     }
 }
@@ -406,11 +404,7 @@ fn measure(
 /// page transfers.
 /// `small`: only the 1- and 8-page transfers, memcpy, the driver's batch and the chooser.
 pub fn run(mode: Mode) -> Result<(), KernelError> {
-    let (sweep, small, exploring) = (
-        mode == Mode::Sweep,
-        mode == Mode::Small,
-        mode == Mode::Explore,
-    );
+    let (sweep, small, exploring) = (mode == Mode::Sweep, mode == Mode::Small, mode == Mode::Explore);
     let gpu = Gpu::new(0)?;
     gpu.compile()?;
     let name = gpu.context().name().unwrap_or_default();
@@ -597,13 +591,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             } else if huge {
                 paths.push(Path::Auto);
                 paths.extend(
-                    [
-                        C::ThreadsSplit,
-                        C::Threads(4),
-                        C::SplitKernel(8),
-                        C::PrioKernel(8),
-                    ]
-                    .map(Path::Explore),
+                    [C::ThreadsSplit, C::Threads(4), C::SplitKernel(8), C::PrioKernel(8)]
+                        .map(Path::Explore),
                 );
             } else {
                 paths.push(Path::Auto);
