@@ -8,7 +8,10 @@
 
 use kvlayout_core::compare;
 
-use crate::backend::{Backend, CpuBackend};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::backend::{Backend, BackendError, CpuBackend, Memory, check_runs};
 pub use crate::error::PairError;
 use crate::error::{PoolError, TransferError};
 use crate::plan::{CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
@@ -65,6 +68,9 @@ pub enum TransferMode {
 /// }
 /// ```
 pub struct HiCache<B: Backend = CpuBackend> {
+    /// Copies enqueued and not yet waited for. Declared first, so dropped (waited for) before
+    /// the pools are freed.
+    in_flight: InFlight<B>,
     device: DevicePool<B>,
     host: HostPool<B>,
     mode: TransferMode,
@@ -89,6 +95,7 @@ impl<B: Backend> HiCache<B> {
         )
         .map_err(PairError::Route)?;
         Ok(HiCache {
+            in_flight: InFlight::new(device.backend().clone()),
             device,
             host,
             mode: TransferMode::Checked,
@@ -104,6 +111,7 @@ impl<B: Backend> HiCache<B> {
     /// what the shim prevents.
     pub fn pair_unverified(device: DevicePool<B>, host: HostPool<B>) -> Self {
         HiCache {
+            in_flight: InFlight::new(device.backend().clone()),
             device,
             host,
             mode: TransferMode::Unverified,
@@ -118,28 +126,64 @@ impl<B: Backend> HiCache<B> {
         self.mode
     }
 
-    /// The device pool (read only: a paired pool cannot be replaced or resized).
+    /// The device pool (read only: a paired pool cannot be replaced or resized). Waits for
+    /// enqueued transfers first ([`HiCache::enqueue`]; a failure is kept for
+    /// [`HiCache::complete`]).
     pub fn device(&self) -> &DevicePool<B> {
+        self.in_flight.settle();
         &self.device
     }
 
-    /// The host pool (read only).
+    /// The host pool (read only); waits as [`HiCache::device`] does.
     pub fn host(&self) -> &HostPool<B> {
+        self.in_flight.settle();
         &self.host
     }
 
     /// Writes into the device pool's bytes, pages and tokens (what the model does); the pool
-    /// itself stays paired.
+    /// itself stays paired. Waits as [`HiCache::device`] does.
     pub fn device_writer(&mut self) -> PoolWriter<'_, DevicePool<B>> {
+        self.in_flight.settle();
         PoolWriter::new(&mut self.device)
     }
 
-    /// Writes into the host pool's bytes, pages and tokens.
+    /// Writes into the host pool's bytes, pages and tokens; waits as [`HiCache::device`] does.
     pub fn host_writer(&mut self) -> PoolWriter<'_, HostPool<B>> {
+        self.in_flight.settle();
         PoolWriter::new(&mut self.host)
     }
 
-    /// Writes a canonical page payload into the device pool ([`KvPool::write_page`]).
+    /// Copies `runs` from `src` (`src_offset_bytes`, a host region of this cache's backend)
+    /// into the device pool's region (`dst_offset_bytes`), in list order, and waits: how a
+    /// model's freshly computed pages land from a staging buffer in one call
+    /// ([`crate::page_copy_runs`] lays the runs of a page). Waits for enqueued transfers
+    /// first.
+    ///
+    /// Errors: [`BackendError::OutOfRange`] for the first run outside `src` or the device
+    /// region, with no byte moved; the backend's copy errors as [`Backend::host_to_device`];
+    /// a failure of an enqueued transfer found by the wait first (as [`HiCache::complete`]).
+    pub fn write_device_runs(
+        &mut self,
+        src: &B::HostMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.in_flight.settle();
+        self.in_flight.take_failure()?;
+        check_runs(
+            Direction::Load,
+            src.len_bytes(),
+            self.device.len_bytes(),
+            runs,
+        )?;
+        let device = &mut self.device;
+        device
+            .backend()
+            .clone()
+            .host_to_device(src, device.memory_mut(), runs)
+    }
+
+    /// Writes a canonical page payload into the device pool ([`KvPool::write_page`]), after
+    /// waiting for enqueued transfers.
     pub fn write_page(
         &mut self,
         buffer: usize,
@@ -147,6 +191,7 @@ impl<B: Backend> HiCache<B> {
         page: u64,
         data: &[u8],
     ) -> Result<(), PoolError> {
+        self.in_flight.settle();
         self.device.write_page(buffer, layer, page, data)
     }
 
@@ -159,6 +204,7 @@ impl<B: Backend> HiCache<B> {
         token: u64,
         sections: &[&[u8]],
     ) -> Result<(), PoolError> {
+        self.in_flight.settle();
         self.device
             .write_token(buffer, layer, page, token, sections)
     }
@@ -168,8 +214,33 @@ impl<B: Backend> HiCache<B> {
         self.stats
     }
 
-    /// Both pools back (the pairing ends).
+    /// Copies `runs` from the device pool's region (`src_offset_bytes`) into `dst`
+    /// (`dst_offset_bytes`, a host region of this cache's backend), in list order, and waits:
+    /// many pages read back in one call instead of one read each. Waits for enqueued transfers
+    /// first. Errors: as [`HiCache::write_device_runs`] (sides named for a backup: `device`
+    /// source, `host` destination).
+    pub fn read_device_runs(
+        &mut self,
+        dst: &mut B::HostMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.in_flight.settle();
+        self.in_flight.take_failure()?;
+        check_runs(
+            Direction::Backup,
+            self.device.len_bytes(),
+            dst.len_bytes(),
+            runs,
+        )?;
+        self.device
+            .backend()
+            .device_to_host(self.device.memory(), dst, runs)
+    }
+
+    /// Both pools back (the pairing ends), after waiting for enqueued transfers (a failure
+    /// is dropped: call [`HiCache::complete`] first to see it).
     pub fn into_parts(self) -> (DevicePool<B>, HostPool<B>) {
+        self.in_flight.settle();
         (self.device, self.host)
     }
 
@@ -225,12 +296,54 @@ impl<B: Backend> HiCache<B> {
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
+        self.in_flight.settle();
+        self.in_flight
+            .take_failure()
+            .map_err(TransferError::Backend)?;
         let result = match self.routes.is_some() {
-            true => self.transfer_routed(direction, layers, pairs, true),
+            true => self.transfer_routed(direction, layers, pairs, CopyMode::Wait),
             false => self.transfer_legacy(direction, layers, pairs),
         };
         self.stats.record(direction, layers, &result);
         result
+    }
+
+    /// [`HiCache::transfer`] without the wait (checked pairings): the same checks, all before
+    /// any byte moves, with the same errors (a refusal leaves both pools untouched and is
+    /// counted as [`HiCache::transfer`] counts it); then the copy is started and this returns
+    /// what it will move, while the backend copies (CUDA: on the GPU's stream, in order after
+    /// every transfer before it; CPU backends: copied before it returns). The CPU work of the
+    /// caller's step can run meanwhile.
+    ///
+    /// The pools cannot be reached while the copy runs: every accessor ([`HiCache::device`],
+    /// [`HiCache::host`], the writers, transfers, [`HiCache::into_parts`], dropping the cache)
+    /// waits for it first. [`HiCache::complete`] waits and reports a copy that failed while
+    /// running ([`TransferError::Backend`]; the transfer stays counted as moved).
+    ///
+    /// Errors: [`HiCache::transfer`]'s; [`TransferError::Unsupported`] for an unverified
+    /// pairing; a failure of an earlier enqueued transfer found by a wait before this call.
+    pub fn enqueue(
+        &mut self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<Transferred, TransferError> {
+        self.in_flight
+            .take_failure()
+            .map_err(TransferError::Backend)?;
+        let result = self.transfer_routed(direction, layers, pairs, CopyMode::Enqueue);
+        self.stats.record(direction, layers, &result);
+        result
+    }
+
+    /// Waits for every transfer started by [`HiCache::enqueue`]. Errors:
+    /// [`TransferError::Backend`] with the first copy that failed while running (its bytes,
+    /// and those of transfers enqueued after it, may have moved in part).
+    pub fn complete(&mut self) -> Result<(), TransferError> {
+        self.in_flight.settle();
+        self.in_flight
+            .take_failure()
+            .map_err(TransferError::Backend)
     }
 
     /// The checks a transfer makes before it lays any run, alone (see [`crate::shim`]). Moves
@@ -262,7 +375,7 @@ impl<B: Backend> HiCache<B> {
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
         if self.routes.is_some() {
-            return self.transfer_routed(direction, layers, pairs, false);
+            return self.transfer_routed(direction, layers, pairs, CopyMode::Skip);
         }
         let plan = self.plan(direction, layers, pairs)?;
         Ok(Transferred {
@@ -275,16 +388,17 @@ impl<B: Backend> HiCache<B> {
         })
     }
 
-    /// A checked transfer along the pairing's routes (`execute` false: everything but the
-    /// copy).
+    /// A checked transfer along the pairing's routes ([`CopyMode`]: waited for, enqueued, or
+    /// everything but the copy).
     fn transfer_routed(
         &mut self,
         direction: Direction,
         layers: Layers,
         pairs: &[PagePair],
-        execute: bool,
+        copy: CopyMode,
     ) -> Result<Transferred, TransferError> {
         let HiCache {
+            in_flight,
             device,
             host,
             routes: Some(routes),
@@ -304,25 +418,44 @@ impl<B: Backend> HiCache<B> {
             layers,
             pairs,
         )?;
-        run_transfer(
-            routes,
-            direction,
-            layers,
-            pairs,
-            scratch,
-            |runs| match direction {
-                _ if !execute => Ok(()),
-                Direction::Backup => {
+        run_transfer(routes, direction, layers, pairs, scratch, |runs| {
+            match (copy, direction) {
+                (CopyMode::Skip, _) => Ok(()),
+                (CopyMode::Wait, Direction::Backup) => {
                     device
                         .backend()
                         .device_to_host(device.memory(), host.memory_mut(), runs)
                 }
-                Direction::Load => {
+                (CopyMode::Wait, Direction::Load) => {
                     host.backend()
                         .host_to_device(host.memory(), device.memory_mut(), runs)
                 }
-            },
-        )
+                (CopyMode::Enqueue, Direction::Backup) => {
+                    in_flight.mark();
+                    // SAFETY: the pools are owned by this cache, and every way to them (the
+                    // accessors, transfers, `into_parts`, dropping the cache: `in_flight` is
+                    // its first field) waits for `in_flight` first.
+                    unsafe {
+                        device.backend().enqueue_device_to_host(
+                            device.memory(),
+                            host.memory_mut(),
+                            runs,
+                        )
+                    }
+                }
+                (CopyMode::Enqueue, Direction::Load) => {
+                    in_flight.mark();
+                    // SAFETY: as for the backup just above.
+                    unsafe {
+                        host.backend().enqueue_host_to_device(
+                            host.memory(),
+                            device.memory_mut(),
+                            runs,
+                        )
+                    }
+                }
+            }
+        })
     }
 
     fn transfer_legacy(
@@ -403,8 +536,10 @@ impl<B: Backend> HiCache<B> {
         self.routes.as_ref()
     }
 
-    /// Both pools, mutable (for [`crate::ConcurrentHiCache`], which keeps them paired).
+    /// Both pools, mutable (for [`crate::ConcurrentHiCache`], which keeps them paired), after
+    /// waiting for enqueued transfers.
     pub(crate) fn parts_mut(&mut self) -> (&mut DevicePool<B>, &mut HostPool<B>) {
+        self.in_flight.settle();
         (&mut self.device, &mut self.host)
     }
 
@@ -416,3 +551,59 @@ impl<B: Backend> HiCache<B> {
 
 #[cfg(test)]
 mod tests;
+
+/// What a routed transfer does with its runs.
+#[derive(Clone, Copy)]
+enum CopyMode {
+    /// Copies and waits ([`HiCache::transfer`]).
+    Wait,
+    /// Starts the copy ([`HiCache::enqueue`]).
+    Enqueue,
+    /// Lays the runs only ([`HiCache::dry_run`]).
+    Skip,
+}
+
+/// Whether copies were enqueued on the backend since the last wait, and the first failure a
+/// wait found. Waits when dropped.
+struct InFlight<B: Backend> {
+    backend: B,
+    enqueued: AtomicBool,
+    failure: Mutex<Option<BackendError>>,
+}
+
+impl<B: Backend> InFlight<B> {
+    fn new(backend: B) -> Self {
+        InFlight {
+            backend,
+            enqueued: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// A copy is about to be enqueued (marked before it is: a panic part way still waits).
+    fn mark(&self) {
+        self.enqueued.store(true, Ordering::SeqCst);
+    }
+
+    /// Waits for enqueued copies, if any; keeps the first failure.
+    fn settle(&self) {
+        if self.enqueued.swap(false, Ordering::SeqCst)
+            && let Err(e) = self.backend.wait()
+        {
+            let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+            failure.get_or_insert(e);
+        }
+    }
+
+    /// The failure a wait found, once.
+    fn take_failure(&self) -> Result<(), BackendError> {
+        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        failure.take().map_or(Ok(()), Err)
+    }
+}
+
+impl<B: Backend> Drop for InFlight<B> {
+    fn drop(&mut self) {
+        self.settle();
+    }
+}

@@ -76,6 +76,6 @@ pub use concurrent::ConcurrentHiCache;
 pub use error::{PairError, PoolError, PoolFact, TransferError};
 pub use hicache::{HiCache, TransferMode};
 pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
-pub use pool::{DevicePool, HostPool, KvPool, PoolWriter};
+pub use pool::{DevicePool, HostPool, KvPool, PoolWriter, page_copy_runs};
 pub use transfer::TransferStats;
 pub use typed::{TypedDevicePool, TypedHiCache, TypedHostPool};

@@ -13,6 +13,7 @@ use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, layout_error};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory};
 pub use crate::error::PoolError;
+use crate::plan::CopyRun;
 
 /// What device and host pools share: geometry, fingerprint, byte access, and token / page
 /// accessors that place bytes by the geometry (the Rust counterpart of SGLang's
@@ -207,6 +208,34 @@ pub trait KvPool {
         }
         Ok(())
     }
+}
+
+/// The runs that copy a canonical page payload held at `src_offset_bytes` of a source region
+/// into `layer`, `page` of buffer `buffer` of a pool of `geometry` (one run per pool segment, in
+/// canonical order: several under `page_head`), for [`crate::HiCache::write_device_runs`].
+/// Errors: as [`KvPool::read_page_bytes`] (a bad buffer, layer or page), or an overflowing
+/// source offset.
+pub fn page_copy_runs(
+    geometry: &PoolGeometry,
+    buffer: usize,
+    layer: u64,
+    page: u64,
+    src_offset_bytes: u64,
+) -> Result<Vec<CopyRun>, PoolError> {
+    let payload_bytes = geometry.page_geometry(buffer)?.page_payload_bytes;
+    page_ranges(geometry, buffer, layer, page, 0, payload_bytes)?
+        .into_iter()
+        .map(|(at, pool_off, len)| {
+            let src = src_offset_bytes
+                .checked_add(at)
+                .ok_or_else(|| GeometryError::new("source offset", "overflow computing a run"))?;
+            Ok(CopyRun {
+                src_offset_bytes: src,
+                dst_offset_bytes: pool_off,
+                len_bytes: len,
+            })
+        })
+        .collect()
 }
 
 /// Maps `[page_offset, page_offset + len)` of the canonical page to pool ranges:

@@ -18,8 +18,14 @@
 //! sampled tokens.
 
 use kvlayout_core::TokenLayout;
-use kvlayout_pool::backend::Backend;
-use kvlayout_pool::{DevicePool, HiCache, KvPool, PagePair};
+use std::collections::HashSet;
+
+use kvlayout_core::PoolGeometry;
+use kvlayout_pool::backend::{Backend, Memory};
+use kvlayout_pool::{
+    BackendError, CopyRun, DevicePool, Direction, HiCache, KvPool, Layers, PagePair, PoolError,
+    TransferError, TransferMode, page_copy_runs,
+};
 
 use crate::codec::{self, CodecError};
 use crate::error::ReplayError;
@@ -63,6 +69,29 @@ pub struct PoolStore<B: Backend> {
     layouts: Vec<TokenLayout>,
     first_refusal: Option<String>,
     scratch: Vec<u8>,
+    /// `Some` with overlap on ([`PoolStore::with_overlap`]).
+    overlap: Option<Overlap<B>>,
+}
+
+/// The overlapped store's state: loads and backups are enqueued ([`HiCache::enqueue`]) and
+/// waited for only before the device pool's bytes are read or written; computed pages are
+/// copied from `staging` in one call per batch.
+struct Overlap<B: Backend> {
+    /// Every template page, `[buffer][layer][template]` in that order, in host memory of the
+    /// pools' backend (pinned under CUDA).
+    staging: B::HostMem,
+    /// `[buffer][layer]` offset of template 0 in `staging` and the page's length; template
+    /// `t` is `t` pages further.
+    template_offsets_bytes: Vec<Vec<(u64, u64)>>,
+    /// The device geometry (runs are laid without reaching the pools).
+    geometry: PoolGeometry,
+    /// Runs of computed pages not yet copied, and their device pages.
+    runs: Vec<CopyRun>,
+    pages: HashSet<u64>,
+    /// Transfers are enqueued (a checked pairing; an unverified one has no enqueue).
+    enqueue: bool,
+    /// Where the checked pages' index-K bytes are read back to, in one call per layer.
+    readback: Option<B::HostMem>,
 }
 
 fn value(
@@ -180,6 +209,119 @@ impl<B: Backend> PoolStore<B> {
             layouts: geometry.buffers.iter().map(|b| b.layout.clone()).collect(),
             first_refusal: None,
             scratch: Vec::new(),
+            overlap: None,
+        })
+    }
+
+    /// Turns the overlap on: loads and backups are enqueued and waited for only before the
+    /// device pool's bytes are next read or written (the schedule's bookkeeping and the laying
+    /// of computed pages run meanwhile), and computed pages are copied into the device pool from
+    /// a staging copy of the templates (host memory of the backend) in one call per batch
+    /// instead of one write per page. The outcome (transfers, refusals, what the indexer reads)
+    /// is the same as without it. Errors: the staging region cannot be allocated or written.
+    pub fn with_overlap(mut self) -> Result<Self, ReplayError> {
+        let backend = self.cache.device().backend().clone();
+        let geometry = self.cache.device().geometry().clone();
+        let mut bytes = Vec::new();
+        let mut template_offsets_bytes = Vec::new();
+        for per_layer in &self.templates {
+            let mut offsets = Vec::new();
+            for pages in per_layer {
+                let page_bytes = pages.first().map_or(0, |p| p.len() as u64);
+                offsets.push((bytes.len() as u64, page_bytes));
+                for page in pages {
+                    bytes.extend_from_slice(page);
+                }
+            }
+            template_offsets_bytes.push(offsets);
+        }
+        let mut staging = backend
+            .alloc_host(bytes.len() as u64)
+            .map_err(PoolError::from)?;
+        backend
+            .write_host(&mut staging, 0, &bytes)
+            .map_err(PoolError::from)?;
+        self.overlap = Some(Overlap {
+            staging,
+            template_offsets_bytes,
+            geometry,
+            runs: Vec::new(),
+            pages: HashSet::new(),
+            enqueue: self.cache.mode() == TransferMode::Checked,
+            readback: None,
+        });
+        Ok(self)
+    }
+
+    /// Overlap on: the canonical pages `pages` of buffer `b`, layer `l` (`page_bytes` each)
+    /// read back from the device pool into `readback`, in order, in one call.
+    fn read_back(
+        &mut self,
+        b: usize,
+        l: u64,
+        pages: &[(PageId, u64)],
+        page_bytes: u64,
+    ) -> Result<(), ReplayError> {
+        let Some(o) = &mut self.overlap else {
+            return Ok(());
+        };
+        let mut runs = Vec::new();
+        for (i, &(_, dev)) in pages.iter().enumerate() {
+            for r in page_copy_runs(&o.geometry, b, l, dev, i as u64 * page_bytes)? {
+                runs.push(CopyRun {
+                    src_offset_bytes: r.dst_offset_bytes,
+                    dst_offset_bytes: r.src_offset_bytes,
+                    len_bytes: r.len_bytes,
+                });
+            }
+        }
+        let need_bytes = pages.len() as u64 * page_bytes;
+        if o.readback
+            .as_ref()
+            .is_none_or(|r| r.len_bytes() < need_bytes)
+        {
+            let backend = self.cache.device().backend().clone();
+            o.readback = Some(backend.alloc_host(need_bytes).map_err(PoolError::from)?);
+        }
+        if let Some(r) = &mut o.readback {
+            self.cache
+                .read_device_runs(r, &runs)
+                .map_err(PoolError::from)?;
+        }
+        Ok(())
+    }
+
+    /// Whether transfers are enqueued rather than waited for.
+    fn enqueues(&self) -> bool {
+        self.overlap.as_ref().is_some_and(|o| o.enqueue)
+    }
+
+    /// Copies the computed pages not yet copied (overlap on), waiting for enqueued transfers
+    /// first. Errors: the copy failed, or an enqueued transfer failed while running.
+    fn flush_computed(&mut self) -> Result<(), ReplayError> {
+        if let Some(o) = &mut self.overlap
+            && !o.runs.is_empty()
+        {
+            self.cache
+                .write_device_runs(&o.staging, &o.runs)
+                .map_err(PoolError::from)?;
+            o.runs.clear();
+            o.pages.clear();
+        }
+        Ok(())
+    }
+
+    /// Every computed page copied and every enqueued transfer finished (overlap on; a no-op
+    /// otherwise). Errors: as a flush, or a transfer that failed while running.
+    pub fn finish(&mut self) -> Result<(), ReplayError> {
+        self.flush_computed()?;
+        // `complete` fails with `TransferError::Backend` only.
+        self.cache.complete().map_err(|e| {
+            let b = match e {
+                TransferError::Backend(b) => b,
+                e => BackendError::Driver(e.to_string()),
+            };
+            ReplayError::Pool(PoolError::from(b))
         })
     }
 
@@ -253,14 +395,28 @@ impl<B: Backend> PoolStore<B> {
                 let mut got = Vec::with_capacity(pages.len() * self.page_size as usize);
                 let mut want = Vec::with_capacity(got.capacity());
                 let mut page = vec![0u8; page_bytes];
-                for (&(_, dev), &tp) in pages.iter().zip(&templates) {
+                self.read_back(ib, l, pages, page_bytes as u64)?;
+                for (i, (&(_, dev), &tp)) in pages.iter().zip(&templates).enumerate() {
                     let refs = &self.ref_scores[l as usize][qi];
                     let base = tp * self.page_size as usize;
                     let ref_page = &refs[base..base + self.page_size as usize];
                     want.extend_from_slice(ref_page);
-                    self.cache
-                        .device()
-                        .read_page_bytes(ib, l, dev, 0, &mut page)?;
+                    match &self.overlap {
+                        Some(Overlap {
+                            readback: Some(r), ..
+                        }) => {
+                            let backend = self.cache.device().backend();
+                            let at = i as u64 * page_bytes as u64;
+                            backend
+                                .read_host(r, at, &mut page)
+                                .map_err(PoolError::from)?;
+                        }
+                        _ => {
+                            self.cache
+                                .device()
+                                .read_page_bytes(ib, l, dev, 0, &mut page)?;
+                        }
+                    }
                     let template = &self.templates[ib][l as usize][tp];
                     if page == *template {
                         got.extend_from_slice(ref_page);
@@ -317,6 +473,27 @@ impl<B: Backend> PoolStore<B> {
 impl<B: Backend> PageStore for PoolStore<B> {
     fn compute(&mut self, page: PageId, device_page: u64) -> Result<(), ReplayError> {
         let tp = self.template_of(page);
+        if self.overlap.is_some() {
+            // A page computed twice in one batch: the first copy lands first.
+            if self
+                .overlap
+                .as_ref()
+                .is_some_and(|o| o.pages.contains(&device_page))
+            {
+                self.flush_computed()?;
+            }
+            if let Some(o) = &mut self.overlap {
+                for (b, offsets) in o.template_offsets_bytes.iter().enumerate() {
+                    for (l, &(base, page_bytes)) in offsets.iter().enumerate() {
+                        let src = base + tp as u64 * page_bytes;
+                        o.runs
+                            .extend(page_copy_runs(&o.geometry, b, l as u64, device_page, src)?);
+                    }
+                }
+                o.pages.insert(device_page);
+            }
+            return Ok(());
+        }
         for (b, per_layer) in self.templates.iter().enumerate() {
             for (l, pages) in per_layer.iter().enumerate() {
                 self.cache
@@ -327,7 +504,12 @@ impl<B: Backend> PageStore for PoolStore<B> {
     }
 
     fn backup(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
-        match self.cache.backup(pairs) {
+        self.flush_computed()?;
+        let result = match self.enqueues() {
+            true => self.cache.enqueue(Direction::Backup, Layers::All, pairs),
+            false => self.cache.backup(pairs),
+        };
+        match result {
             Ok(_) => Ok(true),
             Err(e) => {
                 self.note(&e);
@@ -337,8 +519,13 @@ impl<B: Backend> PageStore for PoolStore<B> {
     }
 
     fn load(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
+        self.flush_computed()?;
         for l in 0..self.layers {
-            if let Err(e) = self.cache.load_layer(l, pairs) {
+            let result = match self.enqueues() {
+                true => self.cache.enqueue(Direction::Load, Layers::One(l), pairs),
+                false => self.cache.load_layer(l, pairs),
+            };
+            if let Err(e) = result {
                 self.note(&e);
                 return Ok(false);
             }
@@ -350,6 +537,8 @@ impl<B: Backend> PageStore for PoolStore<B> {
         if pages.is_empty() {
             return Ok(false);
         }
+        // The loaded bytes are read now: everything enqueued must have landed.
+        self.finish()?;
         for l in 0..self.layers {
             if self.check_layer(req, pages, l)? {
                 return Ok(true);

@@ -163,10 +163,26 @@ impl<R: BufRead> BufRead for Counting<R> {
     }
 }
 
-/// Replays `trace` with both pools on `backend`.
+/// Replays `trace` with both pools on `backend`, loads and backups overlapped with the
+/// schedule's work ([`run_trace_overlapped`] with `overlap` true).
 pub fn run_trace_with<B: Backend>(
     backend: B,
     input: &TraceInput,
+    trace: impl BufRead,
+    progress: &mut dyn FnMut(u64),
+) -> Result<TraceOutcome, ReplayError> {
+    run_trace_overlapped(backend, input, true, trace, progress)
+}
+
+/// Replays `trace` with both pools on `backend`. `overlap` true: loads and backups are enqueued
+/// and waited for only before the device pool's bytes are next read or written, and computed
+/// pages are copied in one call per batch ([`PoolStore::with_overlap`]); false: every transfer
+/// and page write waits. The outcome is the same either way; errors as [`run_trace`]'s, plus a
+/// transfer that failed on the device while running ([`ReplayError::Pool`]).
+pub fn run_trace_overlapped<B: Backend>(
+    backend: B,
+    input: &TraceInput,
+    overlap: bool,
     trace: impl BufRead,
     progress: &mut dyn FnMut(u64),
 ) -> Result<TraceOutcome, ReplayError> {
@@ -307,6 +323,9 @@ pub fn run_trace_with<B: Backend>(
             seed: input.seed,
         },
     )?;
+    if overlap {
+        store = store.with_overlap()?;
+    }
     let mut schedule = Schedule::new(ScheduleConfig {
         device_pages,
         host_pages,
@@ -432,6 +451,7 @@ pub fn run_trace_with<B: Backend>(
         .into());
     }
     schedule.drain();
+    store.finish()?;
     for (i, m) in per_minute.iter_mut().enumerate() {
         m.minute = i as u64;
     }

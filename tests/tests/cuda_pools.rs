@@ -648,3 +648,50 @@ fn gpu_replay_gives_the_four_expected_outcomes_and_the_cpu_report() {
         }
     }
 }
+
+/// Every case: a backup of [`PAIRS`] and a one-layer load back, enqueued and completed once
+/// ([`HiCache::enqueue`], [`HiCache::complete`]), leave both pools as the same transfers made
+/// one at a time with waits on the CPU backend; a refused enqueue leaves both pools untouched.
+fn enqueued_transfers<B: Backend>(backend: B) {
+    let load = [PagePair::new(1, 5), PagePair::new(2, 1)];
+    for case in cases() {
+        let mut split = cache_on(backend.clone(), &case);
+        let mut sync = cache_on(CpuBackend, &case);
+        fill_random(split.device_writer(), 11);
+        fill_random(sync.device_writer(), 11);
+        let a = split
+            .enqueue(Direction::Backup, Layers::All, &PAIRS)
+            .unwrap();
+        let b = split
+            .enqueue(Direction::Load, Layers::One(1), &load)
+            .unwrap();
+        assert_eq!(a, sync.backup(&PAIRS).unwrap());
+        assert_eq!(b, sync.load_layer(1, &load).unwrap());
+        split.complete().unwrap();
+        assert_eq!(snapshots(&split), snapshots(&sync), "{:?}", case.layout);
+        let before = snapshots(&split);
+        let err = split
+            .enqueue(
+                Direction::Load,
+                Layers::All,
+                &[PagePair::new(DEVICE_PAGES, 0)],
+            )
+            .unwrap_err();
+        assert!(matches!(err, TransferError::PageOutOfRange { .. }), "{err}");
+        split.complete().unwrap();
+        assert_eq!(snapshots(&split), before);
+    }
+}
+
+#[test]
+fn cpu_enqueued_transfers_match_waited_ones() {
+    enqueued_transfers(CpuBackend);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored on the device machine"]
+fn gpu_enqueued_transfers_match_the_cpu_backend() {
+    if let Some(cuda) = gpu("gpu_enqueued_transfers_match_the_cpu_backend") {
+        enqueued_transfers(cuda);
+    }
+}

@@ -338,6 +338,43 @@ mod trace {
         assert_eq!((r.requests, r.corrupted_requests), (0, 0));
     }
 
+    /// The overlap (loads and backups enqueued, computed pages copied in batches) changes when
+    /// bytes move, never what moves: the report is the same with it on and off, and holds the
+    /// values the tests above derive (8 requests load from the host; the checked mirror
+    /// corrupts none, the unverified seed host corrupts some of those 8 only).
+    #[test]
+    fn overlap_on_and_off_give_the_same_report() {
+        let on_off = |input: &TraceInput| {
+            let reports = [true, false].map(|overlap| {
+                let trace = multi_turn_trace();
+                let o = trace_replay::run_trace_overlapped(
+                    kvlayout_pool::CpuBackend,
+                    input,
+                    overlap,
+                    trace.as_bytes(),
+                    &mut |_| {},
+                )
+                .unwrap();
+                completed(o)
+            });
+            let [on, off] = reports;
+            assert_eq!(on, off);
+            on
+        };
+        let clean = on_off(&input(IndexK::Bf16, mirror(), true));
+        assert_eq!(
+            (clean.requests_with_host_hits, clean.corrupted_requests),
+            (8, 0)
+        );
+        assert_eq!(clean.pages.refused_transfers, 0);
+        assert!(clean.pages.loaded_pages > 0 && clean.pages.backed_up_pages > 0);
+        let seed = on_off(&input(IndexK::Bf16, fp8_formula_host(), false));
+        assert!(seed.corrupted_requests > 0, "{seed:?}");
+        assert!(seed.corrupted_requests <= seed.requests_with_host_hits);
+        // 12 blocks of 8 pages never fill the seed host's 4,096 pages: nothing dropped.
+        assert_eq!(seed.pages.dropped_pages, 0);
+    }
+
     #[test]
     fn seed_host_unverified_corrupts_only_requests_that_loaded() {
         let r = completed(run(&input(IndexK::Bf16, fp8_formula_host(), false)));

@@ -73,8 +73,9 @@ impl Memory for CudaHostMem {
 }
 
 impl CudaHostMem {
-    /// The host bytes, for the CPU (no kernel is running: every backend call waits for its
-    /// kernels).
+    /// The host bytes, for the CPU. No copy is running on them while they can be reached:
+    /// every backend call but the `enqueue_*` ones waits for its copies, and a
+    /// [`crate::HiCache`] waits for enqueued ones before it hands out its pools.
     pub fn as_slice(&self) -> &[u8] {
         self.bytes.as_ref().map_or(&[], |b| b.as_slice())
     }
@@ -143,13 +144,18 @@ impl CudaBackend {
     }
 
     /// Executes `runs` from `src` to `dst` on the GPU by the path the runs call for
-    /// ([`Gpu::transfer_runs`]): all checked before any byte moves.
-    fn copy(
+    /// ([`Gpu::transfer_runs`]): all checked before any byte moves. `wait` false: enqueued
+    /// only ([`Gpu::enqueue_transfer_runs`]); [`Backend::wait`] completes it.
+    ///
+    /// # Safety
+    /// With `wait` false, as [`Backend::enqueue_device_to_host`].
+    unsafe fn copy(
         &self,
         (src_side, src, src_len): (&'static str, Option<&dyn GpuBytes>, u64),
         (dst_side, dst, dst_len): (&'static str, Option<&mut dyn GpuBytes>, u64),
         runs: &[CopyRun],
         order: RunOrder,
+        wait: bool,
     ) -> Result<(), BackendError> {
         let (Some(src_mem), Some(dst_mem)) = (src, dst) else {
             // An empty region (nothing allocated): only empty runs at offset 0 fit.
@@ -166,7 +172,16 @@ impl CudaBackend {
             .iter()
             .map(|r| ByteRun::new(r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes))
             .collect();
-        match self.gpu.transfer_runs(src_mem, dst_mem, &list, order) {
+        let result = match wait {
+            true => self.gpu.transfer_runs(src_mem, dst_mem, &list, order),
+            // SAFETY: forwarded to the caller (`enqueue_*`): both regions stay alive and
+            // untouched by the CPU until `wait` (Gpu::finish) returns.
+            false => unsafe {
+                self.gpu
+                    .enqueue_transfer_runs(src_mem, dst_mem, &list, order)
+            },
+        };
+        match result {
             Ok(TransferPath::CopyEngines { .. } | TransferPath::SmKernel { .. }) => Ok(()),
             Err(KernelError::RunOutOfRange { run, .. }) => {
                 Err(out_of_range((src_side, src_len), (dst_side, dst_len), run))
@@ -277,21 +292,8 @@ impl Backend for CudaBackend {
         dst: &mut CudaHostMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
-        let (src_len, dst_len) = (src.len_bytes, dst.len_bytes);
-        self.copy(
-            (
-                "device",
-                src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
-                src_len,
-            ),
-            (
-                "host",
-                dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
-                dst_len,
-            ),
-            runs,
-            RunOrder::DstAscending,
-        )
+        // SAFETY: `wait` true: the copy has finished when it returns.
+        unsafe { self.backup(src, dst, runs, true) }
     }
 
     fn host_to_device(
@@ -300,21 +302,100 @@ impl Backend for CudaBackend {
         dst: &mut CudaDeviceMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
+        // SAFETY: `wait` true: the copy has finished when it returns.
+        unsafe { self.load(src, dst, runs, true) }
+    }
+
+    unsafe fn enqueue_device_to_host(
+        &self,
+        src: &CudaDeviceMem,
+        dst: &mut CudaHostMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.backup(src, dst, runs, false) }
+    }
+
+    unsafe fn enqueue_host_to_device(
+        &self,
+        src: &CudaHostMem,
+        dst: &mut CudaDeviceMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.load(src, dst, runs, false) }
+    }
+
+    /// [`Gpu::finish`]: waits for the stream; a run the GPU refused is a driver error here
+    /// (the shim and the host-side check passed it, so no region lengths name its side).
+    fn wait(&self) -> Result<(), BackendError> {
+        self.gpu.finish().map_err(driver)
+    }
+}
+
+impl CudaBackend {
+    /// A backup by [`Self::copy`] (host-address order).
+    ///
+    /// # Safety
+    /// As [`Self::copy`].
+    unsafe fn backup(
+        &self,
+        src: &CudaDeviceMem,
+        dst: &mut CudaHostMem,
+        runs: &[CopyRun],
+        wait: bool,
+    ) -> Result<(), BackendError> {
         let (src_len, dst_len) = (src.len_bytes, dst.len_bytes);
-        self.copy(
-            (
-                "host",
-                src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
-                src_len,
-            ),
-            (
-                "device",
-                dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
-                dst_len,
-            ),
-            runs,
-            RunOrder::SrcAscending,
-        )
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            self.copy(
+                (
+                    "device",
+                    src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
+                    src_len,
+                ),
+                (
+                    "host",
+                    dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
+                    dst_len,
+                ),
+                runs,
+                RunOrder::DstAscending,
+                wait,
+            )
+        }
+    }
+
+    /// A load by [`Self::copy`] (host-address order).
+    ///
+    /// # Safety
+    /// As [`Self::copy`].
+    unsafe fn load(
+        &self,
+        src: &CudaHostMem,
+        dst: &mut CudaDeviceMem,
+        runs: &[CopyRun],
+        wait: bool,
+    ) -> Result<(), BackendError> {
+        let (src_len, dst_len) = (src.len_bytes, dst.len_bytes);
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            self.copy(
+                (
+                    "host",
+                    src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
+                    src_len,
+                ),
+                (
+                    "device",
+                    dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
+                    dst_len,
+                ),
+                runs,
+                RunOrder::SrcAscending,
+                wait,
+            )
+        }
     }
 }
 

@@ -131,6 +131,46 @@ pub trait Backend: Clone {
         dst: &mut Self::DeviceMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError>;
+
+    /// [`Backend::device_to_host`] without the wait: checks every run and starts the copy;
+    /// [`Backend::wait`] completes it. Errors found before the copy starts are returned here,
+    /// with the same meaning as [`Backend::device_to_host`]'s (on a refusal no byte moves);
+    /// a failure while copying is reported by [`Backend::wait`]. The default copies before it
+    /// returns (the CPU backends).
+    ///
+    /// # Safety
+    /// `src` and `dst` must stay alive, and must be neither read nor written by the CPU, until
+    /// [`Backend::wait`] returns (the copy may still be reading and writing them).
+    unsafe fn enqueue_device_to_host(
+        &self,
+        src: &Self::DeviceMem,
+        dst: &mut Self::HostMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.device_to_host(src, dst, runs)
+    }
+
+    /// [`Backend::host_to_device`] without the wait (see
+    /// [`Backend::enqueue_device_to_host`]).
+    ///
+    /// # Safety
+    /// As [`Backend::enqueue_device_to_host`].
+    unsafe fn enqueue_host_to_device(
+        &self,
+        src: &Self::HostMem,
+        dst: &mut Self::DeviceMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.host_to_device(src, dst, runs)
+    }
+
+    /// Waits until every copy enqueued on this backend (and its clones) has finished. Errors:
+    /// the first copy that failed while running ([`BackendError::Driver`], or
+    /// [`BackendError::OutOfRange`] for a run the device refused); bytes of copies enqueued
+    /// since the last wait may then have moved in part. The default has nothing to wait for.
+    fn wait(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// `[start, start + len)` inside a region of `region_bytes`, or [`BackendError::OutOfRange`].

@@ -244,3 +244,187 @@ fn an_empty_list_is_not_counted() {
     assert_eq!(c.backup(&[PagePair::new(1, 5)]).unwrap().bytes, 16_896);
     assert_eq!((c.stats().backups, c.stats().bytes_backed_up), (1, 16_896));
 }
+
+// ---- The enqueue / complete split (issue 11, item 4) ----
+
+/// A cache of 4 device and 6 host pages (fp8 index-K, 2 layers: 64 x 132 = 8,448 B per page
+/// per layer) with every device byte `1 + i % 251` and every host byte 0.
+fn filled_cache<B: Backend>(backend: B) -> HiCache<B> {
+    let device = DevicePool::new_in(backend, index_k(formats::INDEX_K_FP8, 4)).unwrap();
+    let host = HostPool::mirror_of(&device, 6, MemoryLayout::PageFirst).unwrap();
+    let mut c = HiCache::pair(device, host).unwrap();
+    let len = c.device().len_bytes() as usize;
+    let bytes: Vec<u8> = (0..len).map(|i| 1 + (i % 251) as u8).collect();
+    c.device_writer().write_bytes(0, &bytes).unwrap();
+    c
+}
+
+fn both(c: &HiCache<impl Backend>) -> (Vec<u8>, Vec<u8>) {
+    (c.device().snapshot().unwrap(), c.host().snapshot().unwrap())
+}
+
+const PAGE_LAYER_BYTES: u64 = 64 * 132;
+
+#[test]
+fn enqueue_then_complete_moves_what_transfer_moves() {
+    let pairs = [PagePair::new(3, 5), PagePair::new(0, 1)];
+    let back = [PagePair::new(2, 5), PagePair::new(1, 1)];
+    let mut sync = filled_cache(CpuBackend);
+    let mut split = filled_cache(CpuBackend);
+    let a = sync.backup(&pairs).unwrap();
+    let b = split
+        .enqueue(Direction::Backup, Layers::All, &pairs)
+        .unwrap();
+    assert_eq!(a, b);
+    // 2 pairs x 2 layers x 8,448 B.
+    assert_eq!(b.bytes, 2 * 2 * PAGE_LAYER_BYTES);
+    let a = sync.load_layer(1, &back).unwrap();
+    let b = split
+        .enqueue(Direction::Load, Layers::One(1), &back)
+        .unwrap();
+    assert_eq!(a, b);
+    split.complete().unwrap();
+    assert_eq!(both(&sync), both(&split));
+    assert_eq!(sync.stats(), split.stats());
+    // Device page 2, layer 1 now holds what device page 3, layer 1 held (layer_first:
+    // layer 1 page p at (4 + p) x 8,448), read from the pool independently of the routes.
+    let (device, _) = both(&split);
+    let at = |p: u64| ((4 + p) * PAGE_LAYER_BYTES) as usize;
+    let n = PAGE_LAYER_BYTES as usize;
+    let want: Vec<u8> = (at(3)..at(3) + n).map(|i| 1 + (i % 251) as u8).collect();
+    assert_eq!(device[at(2)..at(2) + n], want[..]);
+}
+
+#[test]
+fn a_refused_enqueue_leaves_both_pools_untouched_and_errs_as_transfer() {
+    let mut sync = filled_cache(CpuBackend);
+    let mut split = filled_cache(CpuBackend);
+    let before = both(&split);
+    // Host page 6 of 6 is out of range; the destination page 1 twice is refused too.
+    for pairs in [
+        vec![PagePair::new(0, 0), PagePair::new(1, 6)],
+        vec![PagePair::new(0, 1), PagePair::new(2, 1)],
+    ] {
+        let want = sync.backup(&pairs).unwrap_err();
+        let got = split
+            .enqueue(Direction::Backup, Layers::All, &pairs)
+            .unwrap_err();
+        assert_eq!(got.to_string(), want.to_string());
+        split.complete().unwrap();
+        assert_eq!(both(&split), before);
+    }
+    let err = split
+        .enqueue(Direction::Load, Layers::One(2), &[PagePair::new(0, 0)])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TransferError::Layer {
+                layer: 2,
+                layers: 2
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(both(&split), before);
+    assert_eq!(split.stats().refused, 3);
+    assert_eq!(
+        split.stats(),
+        TransferStats {
+            refused: 3,
+            ..sync.stats()
+        }
+    );
+}
+
+#[test]
+fn a_failing_backend_reports_an_enqueue_as_a_transfer_and_moves_nothing() {
+    // A budget of 0 runs: the first copy fails before moving a byte.
+    let mut sync = filled_cache(CpuBackend::failing_after(0));
+    let mut split = filled_cache(CpuBackend::failing_after(0));
+    let before = both(&split);
+    let pairs = [PagePair::new(1, 2)];
+    let want = sync.backup(&pairs).unwrap_err();
+    let got = split
+        .enqueue(Direction::Backup, Layers::All, &pairs)
+        .unwrap_err();
+    assert_eq!(got, want);
+    assert!(
+        matches!(got, TransferError::Interrupted { moved_runs: 0, ref moved_pairs, .. } if moved_pairs.is_empty()),
+        "{got}"
+    );
+    split.complete().unwrap();
+    assert_eq!(both(&split), before);
+    assert_eq!(split.stats().interrupted, 1);
+}
+
+#[test]
+fn enqueue_needs_a_checked_pairing() {
+    let device = DevicePool::new(index_k(formats::INDEX_K_FP8, 4)).unwrap();
+    let host = HostPool::mirror_of(&device, 6, MemoryLayout::PageFirst).unwrap();
+    let mut c = HiCache::pair_unverified(device, host);
+    let err = c
+        .enqueue(Direction::Load, Layers::All, &[PagePair::new(0, 0)])
+        .unwrap_err();
+    assert!(matches!(err, TransferError::Unsupported { .. }), "{err}");
+}
+
+#[test]
+fn staged_writes_and_reads_are_checked_before_a_byte_moves() {
+    let mut c = filled_cache(CpuBackend);
+    let before = both(&c);
+    let staging: Vec<u8> = vec![9; 2 * PAGE_LAYER_BYTES as usize];
+    // Device page 3, layer 0 from the staging's second page (layer_first: at 3 x 8,448).
+    let runs = crate::page_copy_runs(c.device().geometry(), 0, 0, 3, PAGE_LAYER_BYTES).unwrap();
+    assert_eq!(
+        runs,
+        [CopyRun {
+            src_offset_bytes: PAGE_LAYER_BYTES,
+            dst_offset_bytes: 3 * PAGE_LAYER_BYTES,
+            len_bytes: PAGE_LAYER_BYTES,
+        }]
+    );
+    // One run past the staging's end: refused, nothing written.
+    let bad = [
+        runs[0],
+        CopyRun {
+            src_offset_bytes: PAGE_LAYER_BYTES + 1,
+            ..runs[0]
+        },
+    ];
+    let err = c.write_device_runs(&staging, &bad).unwrap_err();
+    assert_eq!(
+        err,
+        BackendError::OutOfRange {
+            side: "host",
+            start_bytes: PAGE_LAYER_BYTES + 1,
+            end_bytes: 2 * PAGE_LAYER_BYTES + 1,
+            len_bytes: 2 * PAGE_LAYER_BYTES,
+        }
+    );
+    assert_eq!(both(&c), before);
+    c.write_device_runs(&staging, &runs).unwrap();
+    assert_eq!(
+        c.device().read_page(0, 0, 3).unwrap(),
+        vec![9; PAGE_LAYER_BYTES as usize]
+    );
+    // Read it back through a run list; a run past the device region is refused first.
+    let mut out = vec![0u8; PAGE_LAYER_BYTES as usize];
+    let back = [CopyRun {
+        src_offset_bytes: 3 * PAGE_LAYER_BYTES,
+        dst_offset_bytes: 0,
+        len_bytes: PAGE_LAYER_BYTES,
+    }];
+    let past = CopyRun {
+        src_offset_bytes: 8 * PAGE_LAYER_BYTES,
+        ..back[0]
+    };
+    let err = c.read_device_runs(&mut out, &[past]).unwrap_err();
+    assert!(
+        matches!(err, BackendError::OutOfRange { side: "device", .. }),
+        "{err}"
+    );
+    assert_eq!(out, vec![0; PAGE_LAYER_BYTES as usize]);
+    c.read_device_runs(&mut out, &back).unwrap();
+    assert_eq!(out, vec![9; PAGE_LAYER_BYTES as usize]);
+}
