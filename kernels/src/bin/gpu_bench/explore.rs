@@ -77,6 +77,8 @@ pub enum Candidate {
     /// device, one 2D copy per pitched group), then copy each host-contiguous stretch of the
     /// slot to the host in one copy; two streams, a ring of slots.
     DeviceStaged,
+    /// The batch (one stream, 2,048 runs per call, overlap hint) in this order.
+    Order(RunOrder),
 }
 
 impl Candidate {
@@ -91,6 +93,7 @@ impl Candidate {
             Candidate::Threads(t) => format!("explore: batch from {t} host threads"),
             Candidate::PrioKernel(k) => format!("explore: all runs kernel {k} x 1024 thr, prio"),
             Candidate::ThreadsSplit => "explore: long / short runs from 2 host threads".into(),
+            Candidate::Order(o) => format!("explore: batch, 1 stream, 2048 runs/call, {o:?}"),
             Candidate::DeviceStaged => format!(
                 "explore: device staging, D2D gather then 1 copy per host stretch, {STAGING_SLOTS} x {} MiB",
                 STAGING_SLOT_BYTES >> 20
@@ -303,6 +306,7 @@ pub fn enqueue(
             Ok(())
         }
         Candidate::DeviceStaged => device_staged(gpu, x, call, bases, order),
+        Candidate::Order(o) => batch(main, bases, &o.sorted_and_merged(&call.runs)),
         Candidate::PrioKernel(k) => {
             follow(main, &x.prio)?;
             launch_fast(x, call, bases, k, (0, u64::MAX))?;

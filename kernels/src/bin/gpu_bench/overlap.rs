@@ -561,6 +561,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     let picked = all_shapes.into_iter().enumerate().filter(|&(i, _)| {
         if sweep {
             i < 3
+        } else if exploring && std::env::args().any(|a| a == "--orders") {
+            i == 0
         } else if exploring {
             i < 5 && (i < 2 || i == 4 || std::env::args().any(|a| a == "--large"))
         } else if small {
@@ -582,6 +584,14 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             burst,
             consecutive,
         )?);
+    }
+    if exploring && std::env::args().any(|a| a == "--orders") {
+        // The load's order, on three sets of random pages.
+        for _ in 0..2 {
+            shapes.push(page_shape(
+                &gpu, &mut rng, &host_pool, &dev_pool, 1024, 61, true, true, 1, false,
+            )?);
+        }
     }
     if exploring {
         let mut gemm_fn = || cx.gemm.enqueue();
@@ -622,6 +632,17 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             use explore::Candidate as C;
             if shape.name.contains("only") {
                 paths.push(Path::Batch(true, true, 1, 2048, false));
+            } else if shape.h2d && std::env::args().any(|a| a == "--orders") {
+                paths.push(Path::Auto);
+                paths.extend(
+                    [
+                        RunOrder::AsGiven,
+                        RunOrder::SrcAscending,
+                        RunOrder::DstAscending,
+                    ]
+                    .map(|o| Path::Explore(C::Order(o))),
+                );
+                paths.push(Path::Auto);
             } else if shape.h2d {
                 paths.push(Path::Auto);
             } else {
