@@ -1,5 +1,5 @@
 //! The CUDA backend through the pools (issue 4, items 4 and 5): device pool in GPU memory, host
-//! pool in pinned host memory, every checked transfer run by the run-list copy kernel.
+//! pool in pinned host memory, every checked transfer by the chooser (copy engines for page runs, the run-list kernel for token runs).
 //!
 //! Each GPU test is `#[ignore]`d (CI has no GPU) and runs with `--ignored` on the device
 //! machine. Without a CUDA driver it prints why it skipped and returns, never panics — unless

@@ -228,7 +228,7 @@ impl Pools {
             #[cfg(feature = "cuda")]
             Pools::Cuda(b) => format!(
                 "cuda (device pool in GPU 0 memory, {}; host pool in pinned host memory; \
-                 transfers by the run-list copy kernel)",
+                 transfers: page runs by the copy engines (2D copies for pitched groups), token runs by the run-list kernel on a few SMs; loads and backups enqueued, waited for before the device bytes are read)",
                 b.describe()
             ),
         }
