@@ -26,8 +26,9 @@
 //! - the shim's checked plan as it is today, a list of `(src offset, dst offset, len)` runs:
 //!   [`Gpu::transfer_runs`] with [`RunOrder::SrcAscending`] for a load (host -> device) or
 //!   [`RunOrder::DstAscending`] for a backup picks the path from the runs (page runs: the copy
-//!   engines, leaving every SM to the model; token-granular runs: the run-list kernel on
-//!   [`SM_BUDGET`] SMs); or choose yourself: [`Gpu::enqueue_copy_runs_dma`],
+//!   engines, leaving every SM to the model, with each group of at least
+//!   [`MIN_PITCHED_LINES`] runs of constant pitches as one 2D copy, see [`pitched`];
+//!   token-granular runs: the run-list kernel on [`SM_BUDGET`] SMs); or choose yourself: [`Gpu::enqueue_copy_runs_dma`],
 //!   [`Gpu::enqueue_staged_runs`] (host threads and one contiguous copy per chunk, see
 //!   [`staging`]) or [`Gpu::upload_runs`] then [`Gpu::copy_runs`]. Every run is checked before any byte moves
 //!   ([`KernelError::RunOutOfRange`]); the CPU reference is the pool crate's `CpuBackend`;

@@ -2,7 +2,8 @@
 //! pool in pinned, device-mapped host memory (`cuMemHostAlloc`, not write-combined), and every
 //! checked [`TransferPlan`] executed by [`Gpu::transfer_runs`] of `kvlayout-kernels`, which
 //! picks the path from the plan with no tuning by the user: page runs go to the copy engines
-//! (`cuMemcpyBatchAsync`, no SM taken from a model running next to the transfer), token-granular
+//! (`cuMemcpyBatchAsync`, and `cuMemcpy2DAsync` for groups of runs with constant pitches such as
+//! every layer of a page; no SM taken from a model running next to the transfer), token-granular
 //! runs to the run-list kernel on a few SMs ([`kvlayout_kernels::SM_BUDGET`]).
 //!
 //! The shim has checked the plan before the backend sees it; every path checks every run
