@@ -20,6 +20,7 @@
 
 mod explore;
 mod overlap;
+mod paths;
 mod quantizer;
 mod report;
 mod workload;
@@ -117,10 +118,10 @@ fn gbps(bytes: u64, secs: f64) -> f64 {
 
 fn main() -> Result<(), KernelError> {
     for (flag, mode) in [
-        ("--overlap", overlap::Mode::Full),
-        ("--overlap-small", overlap::Mode::Small),
-        ("--dma-sweep", overlap::Mode::Sweep),
-        ("--explore", overlap::Mode::Explore),
+        ("--overlap", paths::Mode::Full),
+        ("--overlap-small", paths::Mode::Small),
+        ("--dma-sweep", paths::Mode::Sweep),
+        ("--explore", paths::Mode::Explore),
     ] {
         if std::env::args().any(|a| a == flag) {
             return overlap::run(mode);

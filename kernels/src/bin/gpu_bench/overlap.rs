@@ -24,6 +24,7 @@ use kvlayout_kernels::{
 };
 
 use crate::explore;
+use crate::paths::{self, Mode, Path};
 use crate::report::{self, Row, Stat, print_row, stat};
 use crate::workload::{Call, Shape, dsa_pool, page_shape, subset_shape, token_shape};
 
@@ -60,85 +61,6 @@ extern "C" __global__ void sglang_warp_copy(const Run* runs, u64 n, const unsign
 /// SGLang's Python defaults on NVIDIA (`block_quota=2`, `num_warps_per_block=32`).
 const PEER_BLOCKS: u32 = 2;
 const PEER_WARPS_PER_BLOCK: u32 = 32;
-
-#[derive(Clone, Copy, Debug)]
-enum Path {
-    /// One contiguous `cuMemcpyAsync` of the call's bytes (the ceiling).
-    Memcpy,
-    /// One `cuMemcpyAsync` per run.
-    MemcpyPerRun,
-    /// The SGLang-style warp copy at its default launch.
-    Peer,
-    /// `cuMemcpyBatchAsync` of the runs: in host-address order (else as given), hinted to
-    /// overlap with compute (else default flags), split over this many streams, at most this
-    /// many runs per call, runs with constant pitches as 2D copies (else all batched).
-    Batch(bool, bool, usize, usize, bool),
-    /// kvlayout's run-list kernel on at most this many SMs (`None`: all).
-    RunKernel(Option<u32>),
-    /// kvlayout's index-list kernel (page or token items per the shape).
-    Items(Option<u32>),
-    /// kvlayout's staged path (`Gpu::enqueue_staged_runs`): host threads gather or scatter,
-    /// one contiguous copy per chunk, the run-list kernel on a few SMs on the device side.
-    Staged,
-    /// kvlayout's chooser (`Gpu::enqueue_transfer_runs`), what the CUDA pool backend calls.
-    Auto,
-    /// A candidate of `--explore`.
-    Explore(explore::Candidate),
-}
-
-/// What a run measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Every path on every shape.
-    Full,
-    /// The 1- and 8-page rows only.
-    Small,
-    /// Copy-engine variants on the large transfers.
-    Sweep,
-    /// The `--explore` candidates.
-    Explore,
-}
-
-/// The driver's batched copy as a caller would first write it.
-const BATCH_DEFAULT: Path = Path::Batch(false, false, 1, 16384, false);
-
-impl Path {
-    fn label(self) -> String {
-        let sms = |s: Option<u32>| s.map_or("all SMs".to_string(), |n| format!("{n} SMs"));
-        match self {
-            Path::Memcpy => "pinned contiguous memcpy (ceiling)".into(),
-            Path::MemcpyPerRun => "one cuMemcpyAsync per run".into(),
-            Path::Peer => "SGLang-style warp copy, 2 x 32 warps".into(),
-            Path::Batch(false, false, 1, 16384, false) => {
-                "cuMemcpyBatchAsync, runs as given, default flags".into()
-            }
-            Path::Batch(sorted, hint, lanes, per_call, pitched) => format!(
-                "cuMemcpyBatchAsync, {}, {}, {lanes} stream{}, {per_call} runs/call{}",
-                if sorted {
-                    "host order, merged"
-                } else {
-                    "as given"
-                },
-                if hint {
-                    "overlap hint"
-                } else {
-                    "default flags"
-                },
-                if lanes == 1 { "" } else { "s" },
-                if pitched { ", pitched runs as 2D" } else { "" }
-            ),
-            Path::RunKernel(s) => format!("kvlayout run-list kernel, {}", sms(s)),
-            Path::Items(s) => format!("kvlayout index-list kernel, {}", sms(s)),
-            Path::Staged => format!(
-                "kvlayout staged: host threads, 1 copy per {} MiB chunk, {} slots",
-                kvlayout_kernels::STAGING_CHUNK_BYTES >> 20,
-                kvlayout_kernels::STAGING_SLOTS
-            ),
-            Path::Auto => "kvlayout chooser (CUDA pool backend)".into(),
-            Path::Explore(c) => c.label(),
-        }
-    }
-}
 
 struct Ctx<'a> {
     gpu: &'a Gpu,
@@ -195,6 +117,25 @@ fn event(gpu: &Gpu) -> Result<CudaEvent, KernelError> {
     gpu.context()
         .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(drv("cuEventCreate"))
+}
+
+/// A bench-local CUDA source compiled for the device and loaded.
+fn load_module(gpu: &Gpu, source: &str) -> Result<Arc<cudarc::driver::CudaModule>, KernelError> {
+    let arch = gpu.arch();
+    let ptx = compile_ptx_with_opts(
+        source,
+        CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}")],
+            ..Default::default()
+        },
+    )
+    .map_err(|e| KernelError::Compile {
+        arch: arch.clone(),
+        log: format!("{e:?}"),
+    })?;
+    gpu.context()
+        .load_module(ptx)
+        .map_err(drv("cuModuleLoadData"))
 }
 
 /// Enqueues one window of `shape` by `path` on the transfer stream.
@@ -455,40 +396,10 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         total as f64 / 1e9
     );
 
-    let arch = gpu.arch();
-    let ptx = compile_ptx_with_opts(
-        PEER_SOURCE,
-        CompileOptions {
-            options: vec![format!("--gpu-architecture={arch}")],
-            ..Default::default()
-        },
-    )
-    .map_err(|e| KernelError::Compile {
-        arch: arch.clone(),
-        log: format!("{e:?}"),
-    })?;
-    let module = gpu
-        .context()
-        .load_module(ptx)
-        .map_err(drv("cuModuleLoadData"))?;
-    let peer = module
+    let peer = load_module(&gpu, PEER_SOURCE)?
         .load_function("sglang_warp_copy")
         .map_err(drv("cuModuleGetFunction"))?;
-    let ptx = compile_ptx_with_opts(
-        explore::SOURCE,
-        CompileOptions {
-            options: vec![format!("--gpu-architecture={arch}")],
-            ..Default::default()
-        },
-    )
-    .map_err(|e| KernelError::Compile {
-        arch: arch.clone(),
-        log: format!("{e:?}"),
-    })?;
-    let explore_module = gpu
-        .context()
-        .load_module(ptx)
-        .map_err(drv("cuModuleLoadData"))?;
+    let explore_module = load_module(&gpu, explore::SOURCE)?;
     let extra = explore::Extra::new(&gpu, &explore_module)?;
 
     let stream = gpu.context().new_stream().map_err(drv("cuStreamCreate"))?;
@@ -620,74 +531,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
 
     let mut rows = Vec::new();
     for shape in &shapes {
-        let big = shape.calls.len() > 1 || shape.bytes() > 100_000_000;
-        let huge = shape.bytes() > 5_000_000_000;
-        let mut paths = vec![Path::Memcpy];
-        let variants = [
-            Path::Batch(false, true, 1, 2048, false),
-            Path::Batch(true, true, 1, 2048, false),
-            Path::Batch(true, true, 8, 16384, false),
-        ];
-        if exploring {
-            use explore::Candidate as C;
-            if shape.name.contains("only") {
-                paths.push(Path::Batch(true, true, 1, 2048, false));
-            } else if shape.h2d && std::env::args().any(|a| a == "--orders") {
-                paths.push(Path::Auto);
-                paths.extend(
-                    [
-                        RunOrder::AsGiven,
-                        RunOrder::SrcAscending,
-                        RunOrder::DstAscending,
-                    ]
-                    .map(|o| Path::Explore(C::Order(o))),
-                );
-                paths.push(Path::Auto);
-            } else if shape.h2d {
-                paths.push(Path::Auto);
-            } else {
-                paths.extend([Path::Auto, Path::Batch(true, true, 8, 16384, false)]);
-                paths.push(Path::Explore(C::DeviceStaged));
-            }
-            if std::env::args().any(|a| a == "--candidates") && !shape.name.contains("only") {
-                paths.extend(
-                    [
-                        C::SplitTwoStreams,
-                        C::ThreadsSplit,
-                        C::Threads(2),
-                        C::Threads(4),
-                        C::SplitKernel(8),
-                        C::PrioKernel(8),
-                    ]
-                    .map(Path::Explore),
-                );
-            }
-        } else if small {
-            paths.extend([BATCH_DEFAULT, Path::Staged, Path::Auto]);
-        } else if sweep {
-            paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384, false)]);
-            paths.extend(variants);
-            paths.extend([Path::Batch(true, true, 8, 2048, false), Path::Auto]);
-        } else if shape.token_granular {
-            paths.extend([Path::Peer, Path::Batch(true, true, 1, 2048, false)]);
-            paths.extend([Some(4), Some(8), None].map(Path::RunKernel));
-            paths.extend([Path::Items(None), Path::Auto]);
-        } else if huge {
-            // The all-SM kernel and the staged path at this size: earlier logs
-            // (h200-overlap.txt, h200-overlap-staged.txt).
-            paths.push(BATCH_DEFAULT);
-            paths.extend(&variants[..2]);
-            paths.push(Path::Auto);
-        } else if big {
-            paths.extend([Path::Peer, BATCH_DEFAULT]);
-            paths.extend(variants);
-            paths.extend([Path::RunKernel(Some(4)), Path::RunKernel(None)]);
-            paths.extend([Path::Items(None), Path::Staged, Path::Auto]);
-        } else {
-            paths.extend([Path::Peer, BATCH_DEFAULT, Path::RunKernel(None)]);
-            paths.extend([Path::Items(None), Path::Staged, Path::Auto]);
-            paths.push(Path::MemcpyPerRun);
-        }
+        let paths = paths::for_shape(shape, mode);
         let bytes = shape.bytes() * shape.burst as u64;
         let mut ceiling = (0.0, 0.0);
         for path in paths {
