@@ -18,6 +18,13 @@ use crate::workload::Call;
 const STAGING_SLOTS: usize = 4;
 const STAGING_SLOT_BYTES: u64 = 64 << 20;
 
+/// `--sm-carveout K`: the GEMM's cuBLAS handle leaves K SMs (`cublasSetSmCountTarget`).
+pub fn sm_carveout() -> Option<u32> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|a| a == "--sm-carveout")?;
+    args.get(at + 1)?.parse().ok()
+}
+
 /// Runs at least this long go to the copy engines in the split candidates.
 pub const LONG_RUN_BYTES: u64 = 16 * 1024;
 

@@ -119,6 +119,25 @@ fn event(gpu: &Gpu) -> Result<CudaEvent, KernelError> {
         .map_err(drv("cuEventCreate"))
 }
 
+/// The GEMM alone: median of 20 after 5 warm-ups.
+fn gemm_alone(gpu: &Gpu, gemm: &mut GemmLoop) -> Result<Stat, KernelError> {
+    let ev: Vec<CudaEvent> = (0..26).map(|_| event(gpu)).collect::<Result<_, _>>()?;
+    ev[0].record(&gemm.stream).map_err(drv("cuEventRecord"))?;
+    for e in &ev[1..] {
+        gemm.enqueue()?;
+        e.record(&gemm.stream).map_err(drv("cuEventRecord"))?;
+    }
+    gemm.stream
+        .synchronize()
+        .map_err(drv("cuStreamSynchronize"))?;
+    Ok(stat(
+        (6..26)
+            .map(|i| ev[i - 1].elapsed_ms(&ev[i]).map(f64::from))
+            .collect::<Result<_, _>>()
+            .map_err(drv("cuEventElapsedTime"))?,
+    ))
+}
+
 /// A bench-local CUDA source compiled for the device and loaded.
 fn load_module(gpu: &Gpu, source: &str) -> Result<Arc<cudarc::driver::CudaModule>, KernelError> {
     let arch = gpu.arch();
@@ -434,20 +453,28 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         extra,
     };
 
-    // The GEMM alone: median of 20 after 5 warm-ups.
-    let ev: Vec<CudaEvent> = (0..26).map(|_| event(&gpu)).collect::<Result<_, _>>()?;
-    ev[0].record(&stream).map_err(drv("cuEventRecord"))?;
-    for e in &ev[1..] {
-        cx.gemm.enqueue()?;
-        e.record(&stream).map_err(drv("cuEventRecord"))?;
+    let mut gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
+    if let Some(k) = explore::sm_carveout() {
+        // `--sm-carveout K`: the model's cuBLAS handle targets all SMs but K
+        // (`cublasSetSmCountTarget`), leaving K to a copy kernel.
+        let full = gemm_ms.median;
+        let target = gpu.sm_count().saturating_sub(k) as i32;
+        // SAFETY: a live cuBLAS handle; the call only sets a field of it.
+        let st =
+            unsafe { cudarc::cublas::sys::cublasSetSmCountTarget(*cx.gemm.blas.handle(), target) };
+        if st != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(KernelError::Driver {
+                call: "cublasSetSmCountTarget",
+                message: format!("{st:?}"),
+            });
+        }
+        gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
+        println!(
+            "GEMM with an SM target of {target} (carve-out {k}): {:.3} ms, {:+.1}% against all SMs ({full:.3} ms); GEMM slowed below is against this",
+            gemm_ms.median,
+            (gemm_ms.median / full - 1.0) * 100.0
+        );
     }
-    stream.synchronize().map_err(drv("cuStreamSynchronize"))?;
-    let gemm_ms = stat(
-        (6..26)
-            .map(|i| ev[i - 1].elapsed_ms(&ev[i]).map(f64::from))
-            .collect::<Result<_, _>>()
-            .map_err(drv("cuEventElapsedTime"))?,
-    );
     let flop = 2.0 * (GEMM_N as f64).powi(3);
     println!(
         "GEMM bf16 {GEMM_N}^3 alone: {:.3} ms ({:.0} TFLOP/s), range {:.3}-{:.3} ms",
@@ -474,6 +501,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             i < 3
         } else if exploring && std::env::args().any(|a| a == "--orders") {
             i == 0
+        } else if exploring && explore::sm_carveout().is_some() {
+            i < 4
         } else if exploring {
             i < 5 && (i < 2 || i == 4 || std::env::args().any(|a| a == "--large"))
         } else if small {

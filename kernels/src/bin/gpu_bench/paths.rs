@@ -102,7 +102,10 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
     ];
     if exploring {
         use explore::Candidate as C;
-        if shape.name.contains("only") {
+        if let Some(k) = explore::sm_carveout() {
+            paths.extend([Path::Auto, Path::RunKernel(Some(k))]);
+            paths.extend([C::PrioKernel(k), C::SplitKernel(k)].map(Path::Explore));
+        } else if shape.name.contains("only") {
             paths.push(Path::Batch(true, true, 1, 2048, false));
         } else if shape.h2d && std::env::args().any(|a| a == "--orders") {
             paths.push(Path::Auto);
