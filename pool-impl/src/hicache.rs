@@ -9,7 +9,6 @@
 use kvlayout_core::compare;
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory, check_runs};
 pub use crate::error::PairError;
@@ -95,7 +94,7 @@ impl<B: Backend> HiCache<B> {
         )
         .map_err(PairError::Route)?;
         Ok(HiCache {
-            in_flight: InFlight::new(device.backend().clone()),
+            in_flight: InFlight::new([device.backend().clone(), host.backend().clone()]),
             device,
             host,
             mode: TransferMode::Checked,
@@ -111,7 +110,7 @@ impl<B: Backend> HiCache<B> {
     /// what the shim prevents.
     pub fn pair_unverified(device: DevicePool<B>, host: HostPool<B>) -> Self {
         HiCache {
-            in_flight: InFlight::new(device.backend().clone()),
+            in_flight: InFlight::new([device.backend().clone(), host.backend().clone()]),
             device,
             host,
             mode: TransferMode::Unverified,
@@ -563,42 +562,59 @@ enum CopyMode {
     Skip,
 }
 
-/// Whether copies were enqueued on the backend since the last wait, and the first failure a
-/// wait found. Waits when dropped.
+/// Whether copies were enqueued since the last wait, and the first failure a wait found. Waits
+/// when dropped.
+///
+/// It waits on the backends of both pools (a backup is enqueued on the device pool's backend, a
+/// load on the host pool's; two instances of one backend type, such as two `CudaBackend`s with
+/// two streams, pair). The lock is held across the wait, so a second reader that finds copies
+/// in flight waits until they are done instead of reading while the first one waits.
 struct InFlight<B: Backend> {
-    backend: B,
-    enqueued: AtomicBool,
-    failure: Mutex<Option<BackendError>>,
+    /// The device pool's backend, then the host pool's.
+    backends: [B; 2],
+    state: Mutex<InFlightState>,
+}
+
+#[derive(Default)]
+struct InFlightState {
+    enqueued: bool,
+    failure: Option<BackendError>,
 }
 
 impl<B: Backend> InFlight<B> {
-    fn new(backend: B) -> Self {
+    fn new(backends: [B; 2]) -> Self {
         InFlight {
-            backend,
-            enqueued: AtomicBool::new(false),
-            failure: Mutex::new(None),
+            backends,
+            state: Mutex::new(InFlightState::default()),
         }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, InFlightState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A copy is about to be enqueued (marked before it is: a panic part way still waits).
     fn mark(&self) {
-        self.enqueued.store(true, Ordering::SeqCst);
+        self.state().enqueued = true;
     }
 
-    /// Waits for enqueued copies, if any; keeps the first failure.
+    /// Waits for enqueued copies, if any, on both backends; keeps the first failure. Cleared
+    /// only after the waits returned, under the lock.
     fn settle(&self) {
-        if self.enqueued.swap(false, Ordering::SeqCst)
-            && let Err(e) = self.backend.wait()
-        {
-            let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-            failure.get_or_insert(e);
+        let mut state = self.state();
+        if state.enqueued {
+            for backend in &self.backends {
+                if let Err(e) = backend.wait() {
+                    state.failure.get_or_insert(e);
+                }
+            }
+            state.enqueued = false;
         }
     }
 
     /// The failure a wait found, once.
     fn take_failure(&self) -> Result<(), BackendError> {
-        let mut failure = self.failure.lock().unwrap_or_else(|p| p.into_inner());
-        failure.take().map_or(Ok(()), Err)
+        self.state().failure.take().map_or(Ok(()), Err)
     }
 }
 
