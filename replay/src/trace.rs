@@ -1,7 +1,9 @@
 //! The Mooncake FAST'25 request trace (kvcache-ai/Mooncake, `FAST25-release/traces/`), read one
 //! line at a time: a trace of millions of lines is never held in memory.
 //!
-//! One JSON object per line: `timestamp` (ms since the first request), `input_length` and
+//! One JSON object per line: `timestamp` (ms; Mooncake's count from the first request, and the
+//! replay counts its minutes from the first line's, so epoch timestamps work too; a trace may
+//! span 366 days, [`crate::trace_replay::MAX_TRACE_SPAN_MS`]), `input_length` and
 //! `output_length` (tokens), `hash_ids` (ids of the prompt's 512-token prefix blocks; equal ids
 //! mean the same prefix, so the KV of that block can be reused). A line is refused, naming its
 //! number (from 1) and the field, when a length is missing, negative or not an integer, when

@@ -422,6 +422,55 @@ mod trace {
         );
     }
 
+    /// Review 3: a timestamp of u64::MAX made the per-minute series allocate 17 PB and abort.
+    /// Minutes now count from the first request (epoch timestamps work), and a span over 366
+    /// days is refused naming the field.
+    #[test]
+    fn trace_minutes_count_from_the_first_request_and_the_span_is_bounded() {
+        let line = |ms: u64| {
+            format!(
+                "{{\"timestamp\": {ms}, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1]}}\n"
+            )
+        };
+        let epoch = 1_700_000_000_000u64;
+        // Two requests 61 s apart: minutes 0 and 1 since the first.
+        let text = line(epoch) + &line(epoch + 61_000);
+        let r = completed(
+            trace_replay::run_trace(
+                &input(IndexK::Bf16, mirror(), true),
+                text.as_bytes(),
+                &mut |_| {},
+            )
+            .unwrap(),
+        );
+        assert_eq!(r.per_minute.len(), 2);
+        assert_eq!((r.per_minute[0].requests, r.per_minute[1].requests), (1, 1));
+        // One request alone at u64::MAX: a span of 0.
+        let r = completed(
+            trace_replay::run_trace(
+                &input(IndexK::Bf16, mirror(), true),
+                line(u64::MAX).as_bytes(),
+                &mut |_| {},
+            )
+            .unwrap(),
+        );
+        assert_eq!(r.per_minute.len(), 1);
+        // 366 days = 31,622,400,000 ms; one more ms is refused.
+        let text = line(5) + &line(5 + 31_622_400_001);
+        let e = trace_replay::run_trace(
+            &input(IndexK::Bf16, mirror(), true),
+            text.as_bytes(),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "workload: timestamp: 31622400006 ms is 31622400001 ms after the first request's \
+             (5 ms), more than the 31622400000 ms (366 days) a trace may span"
+        );
+    }
+
     #[test]
     fn default_capacities_are_the_h200_arithmetic() {
         // 0.90 x 141 GB - 86.25 GB = 40.65 GB; bf16 index-K: 61 x (656 + 256) = 55,632 B per
