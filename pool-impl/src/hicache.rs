@@ -335,6 +335,15 @@ impl<B: Backend> HiCache<B> {
         result
     }
 
+    /// The failure of an enqueued copy that an earlier wait found, if any (reported once), so a
+    /// caller can stop on it before it enqueues more: without it the next
+    /// [`HiCache::enqueue`] returns it, in place of its own transfer. Does not wait.
+    pub fn copy_failure(&mut self) -> Result<(), TransferError> {
+        self.in_flight
+            .take_failure()
+            .map_err(TransferError::Backend)
+    }
+
     /// Waits for every transfer started by [`HiCache::enqueue`]. Errors:
     /// [`TransferError::Backend`] with the first copy that failed while running (its bytes,
     /// and those of transfers enqueued after it, may have moved in part).

@@ -315,14 +315,7 @@ impl<B: Backend> PoolStore<B> {
     /// otherwise). Errors: as a flush, or a transfer that failed while running.
     pub fn finish(&mut self) -> Result<(), ReplayError> {
         self.flush_computed()?;
-        // `complete` fails with `TransferError::Backend` only.
-        self.cache.complete().map_err(|e| {
-            let b = match e {
-                TransferError::Backend(b) => b,
-                e => BackendError::Driver(e.to_string()),
-            };
-            ReplayError::Pool(PoolError::from(b))
-        })
+        self.cache.complete().map_err(copy_failed)
     }
 
     /// The pools (for the report's counters and geometry).
@@ -506,7 +499,10 @@ impl<B: Backend> PageStore for PoolStore<B> {
     fn backup(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
         self.flush_computed()?;
         let result = match self.enqueues() {
-            true => self.cache.enqueue(Direction::Backup, Layers::All, pairs),
+            true => {
+                self.cache.copy_failure().map_err(copy_failed)?;
+                self.cache.enqueue(Direction::Backup, Layers::All, pairs)
+            }
             false => self.cache.backup(pairs),
         };
         match result {
@@ -522,7 +518,10 @@ impl<B: Backend> PageStore for PoolStore<B> {
         self.flush_computed()?;
         for l in 0..self.layers {
             let result = match self.enqueues() {
-                true => self.cache.enqueue(Direction::Load, Layers::One(l), pairs),
+                true => {
+                    self.cache.copy_failure().map_err(copy_failed)?;
+                    self.cache.enqueue(Direction::Load, Layers::One(l), pairs)
+                }
                 false => self.cache.load_layer(l, pairs),
             };
             if let Err(e) = result {
@@ -546,4 +545,15 @@ impl<B: Backend> PageStore for PoolStore<B> {
         }
         Ok(false)
     }
+}
+
+/// A copy that failed while running (overlap on): the replay stops with it as a pool error
+/// (exit 2), wherever it is found, instead of charging it to a later transfer as a refusal.
+/// (`HiCache::complete` and `copy_failure` fail with `TransferError::Backend` only.)
+fn copy_failed(e: TransferError) -> ReplayError {
+    let b = match e {
+        TransferError::Backend(b) => b,
+        e => BackendError::Driver(e.to_string()),
+    };
+    ReplayError::Pool(PoolError::from(b))
 }

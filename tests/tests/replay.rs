@@ -205,6 +205,7 @@ fn dense_models_compare_sampled_rows() {
 mod trace {
     use kvlayout_core::{MemoryLayout, file};
     use kvlayout_models::{IndexK, Model, PoolOptions};
+    use kvlayout_pool::{BackendError, CopyRun, CpuBackend};
     use kvlayout_replay::HostSource;
     use kvlayout_replay::report::TraceReport;
     use kvlayout_replay::schedule::WritePolicy;
@@ -420,6 +421,133 @@ mod trace {
             e,
             "trace line 13: timestamp: 1 goes back (the previous line's is 11000)"
         );
+    }
+
+    /// The CPU backend, except that the first wait after an enqueued copy reports that the
+    /// copy failed while running (what a GPU stream error looks like to the replay).
+    #[derive(Clone, Default)]
+    struct WaitFails {
+        enqueued: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl kvlayout_pool::Backend for WaitFails {
+        type DeviceMem = Vec<u8>;
+        type HostMem = Vec<u8>;
+        fn name(&self) -> &'static str {
+            "wait-fails"
+        }
+        fn alloc_device(&self, n: u64) -> Result<Vec<u8>, BackendError> {
+            CpuBackend.alloc_device(n)
+        }
+        fn alloc_host(&self, n: u64) -> Result<Vec<u8>, BackendError> {
+            CpuBackend.alloc_host(n)
+        }
+        fn read_device(&self, m: &Vec<u8>, o: u64, out: &mut [u8]) -> Result<(), BackendError> {
+            CpuBackend.read_device(m, o, out)
+        }
+        fn write_device(&self, m: &mut Vec<u8>, o: u64, d: &[u8]) -> Result<(), BackendError> {
+            CpuBackend.write_device(m, o, d)
+        }
+        fn read_host(&self, m: &Vec<u8>, o: u64, out: &mut [u8]) -> Result<(), BackendError> {
+            CpuBackend.read_host(m, o, out)
+        }
+        fn write_host(&self, m: &mut Vec<u8>, o: u64, d: &[u8]) -> Result<(), BackendError> {
+            CpuBackend.write_host(m, o, d)
+        }
+        fn device_to_host(
+            &self,
+            s: &Vec<u8>,
+            d: &mut Vec<u8>,
+            r: &[CopyRun],
+        ) -> Result<(), BackendError> {
+            CpuBackend.device_to_host(s, d, r)
+        }
+        fn host_to_device(
+            &self,
+            s: &Vec<u8>,
+            d: &mut Vec<u8>,
+            r: &[CopyRun],
+        ) -> Result<(), BackendError> {
+            CpuBackend.host_to_device(s, d, r)
+        }
+        unsafe fn enqueue_device_to_host(
+            &self,
+            s: &Vec<u8>,
+            d: &mut Vec<u8>,
+            r: &[CopyRun],
+        ) -> Result<(), BackendError> {
+            self.enqueued
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            CpuBackend.device_to_host(s, d, r)
+        }
+        unsafe fn enqueue_host_to_device(
+            &self,
+            s: &Vec<u8>,
+            d: &mut Vec<u8>,
+            r: &[CopyRun],
+        ) -> Result<(), BackendError> {
+            self.enqueued
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            CpuBackend.host_to_device(s, d, r)
+        }
+        fn wait(&self) -> Result<(), BackendError> {
+            if self
+                .enqueued
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                return Err(BackendError::Driver(
+                    "injected: a copy failed while running".into(),
+                ));
+            }
+            Ok(())
+        }
+    }
+
+    /// Review 3: in the overlapped replay a copy that failed while running was charged to the
+    /// next transfer as a refusal (or, found at a flush, stopped the run). It now stops the
+    /// replay as a pool error wherever it is found, naming the failure.
+    #[test]
+    fn a_copy_that_fails_while_running_stops_the_overlapped_replay() {
+        let e = trace_replay::run_trace_overlapped(
+            WaitFails::default(),
+            &input(IndexK::Bf16, mirror(), true),
+            true,
+            multi_turn_trace().as_bytes(),
+            &mut |_| {},
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("pool: ") && e.contains("injected: a copy failed while running"),
+            "{e}"
+        );
+    }
+
+    /// A failure that a plain read's wait found (which does not report it) is reported once by
+    /// `copy_failure`, so the replay stops on it before it enqueues more; the enqueue after it
+    /// is not charged with it.
+    #[test]
+    fn a_failure_found_by_a_read_is_reported_once_by_copy_failure() {
+        use kvlayout_core::{BufferGeometry, PoolGeometry, formats};
+        use kvlayout_pool::{DevicePool, Direction, HiCache, HostPool, KvPool, Layers, PagePair};
+        let geometry = PoolGeometry {
+            name: "wait-fails".into(),
+            page_size_tokens: 64,
+            pages: 4,
+            memory_layout: MemoryLayout::LayerFirst,
+            buffers: vec![BufferGeometry::new("index_k", 2, formats::INDEX_K_FP8)],
+        };
+        let device = DevicePool::new_in(WaitFails::default(), geometry).unwrap();
+        let host = HostPool::mirror_of(&device, 6, MemoryLayout::PageFirst).unwrap();
+        let mut cache = HiCache::pair(device, host).unwrap();
+        let pairs = [PagePair::new(1, 0)];
+        cache.enqueue(Direction::Load, Layers::All, &pairs).unwrap();
+        let mut out = [0u8; 8];
+        cache.device().read_bytes(0, &mut out).unwrap(); // waits; keeps the failure
+        let e = cache.copy_failure().unwrap_err().to_string();
+        assert!(e.contains("injected: a copy failed while running"), "{e}");
+        assert!(cache.copy_failure().is_ok(), "reported once");
+        cache.enqueue(Direction::Load, Layers::All, &pairs).unwrap();
     }
 
     /// Review 3: a timestamp of u64::MAX made the per-minute series allocate 17 PB and abort.
