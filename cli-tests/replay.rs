@@ -585,3 +585,15 @@ fn default_device_pages_say_whose_budget_they_are() {
         "{text}"
     );
 }
+
+/// Review 3: `--host-pages 0` was refused as `pool: geometry: pages: ...`, not naming the flag
+/// the way `--device-pages 0` is.
+#[test]
+fn zero_host_pages_names_the_flag() {
+    let (code, text) = replay_on_trace(&["--index-k", "bf16", "--host-pages", "0"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("error: workload: --host-pages: must be at least 1, got 0"),
+        "{text}"
+    );
+}

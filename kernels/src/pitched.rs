@@ -1,6 +1,6 @@
 //! Pitched runs: consecutive runs of one length whose starts advance by a constant pitch on
-//! both sides, moved by the copy engines as one 2D copy (`cuMemcpy2DAsync`: `count` lines of
-//! `len_bytes`, source pitch, destination pitch) instead of `count` copies.
+//! both sides, moved by the copy engines as one 2D copy (`cuMemcpy2DAsync`: `lines` lines of
+//! `len_bytes`, source pitch, destination pitch) instead of `lines` copies.
 //!
 //! Why: a copy engine pays a fixed cost per copy. On the H200 a batch of 8,448-byte index-K
 //! page runs moved 0.245 of pinned memcpy alone and 41,984-byte MLA page runs 0.81 next to a
@@ -16,23 +16,26 @@
 
 use crate::copy_runs::ByteRun;
 
-/// `count` runs of `len_bytes`: run `i` copies from `src_offset_bytes + i * src_pitch_bytes` to
-/// `dst_offset_bytes + i * dst_pitch_bytes`. With `count == 1` the pitches are 0.
+/// `lines` runs of `len_bytes`: run `i` copies from `src_offset_bytes + i * src_pitch_bytes` to
+/// `dst_offset_bytes + i * dst_pitch_bytes`. With one line the pitches are 0. Made only by
+/// [`group_pitched`] (or [`PitchedRun::single`]), so every line is one of the runs it was given:
+/// the fields are read through methods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PitchedRun {
     /// Source offset of the first line.
-    pub src_offset_bytes: u64,
+    src_offset_bytes: u64,
     /// Destination offset of the first line.
-    pub dst_offset_bytes: u64,
+    dst_offset_bytes: u64,
     /// Bytes per line.
-    pub len_bytes: u64,
+    len_bytes: u64,
     /// Lines (at least 1).
-    pub count: u64,
-    /// Source bytes from one line's start to the next (at least `len_bytes` when `count > 1`).
-    pub src_pitch_bytes: u64,
-    /// Destination bytes from one line's start to the next (at least `len_bytes` when
-    /// `count > 1`).
-    pub dst_pitch_bytes: u64,
+    lines: u64,
+    /// Source bytes from one line's start to the next (at least `len_bytes` with two lines or
+    /// more).
+    src_pitch_bytes: u64,
+    /// Destination bytes from one line's start to the next (at least `len_bytes` with two
+    /// lines or more).
+    dst_pitch_bytes: u64,
 }
 
 impl PitchedRun {
@@ -42,16 +45,47 @@ impl PitchedRun {
             src_offset_bytes: run.src_offset_bytes,
             dst_offset_bytes: run.dst_offset_bytes,
             len_bytes: run.len_bytes,
-            count: 1,
+            lines: 1,
             src_pitch_bytes: 0,
             dst_pitch_bytes: 0,
         }
     }
 
+    /// Source offset of the first line.
+    pub const fn src_offset_bytes(&self) -> u64 {
+        self.src_offset_bytes
+    }
+
+    /// Destination offset of the first line.
+    pub const fn dst_offset_bytes(&self) -> u64 {
+        self.dst_offset_bytes
+    }
+
+    /// Bytes per line.
+    pub const fn len_bytes(&self) -> u64 {
+        self.len_bytes
+    }
+
+    /// Lines (at least 1).
+    pub const fn lines(&self) -> u64 {
+        self.lines
+    }
+
+    /// Source bytes from one line's start to the next (0 for one line).
+    pub const fn src_pitch_bytes(&self) -> u64 {
+        self.src_pitch_bytes
+    }
+
+    /// Destination bytes from one line's start to the next (0 for one line).
+    pub const fn dst_pitch_bytes(&self) -> u64 {
+        self.dst_pitch_bytes
+    }
+
     /// The lines as runs, in order.
     pub fn runs(&self) -> impl Iterator<Item = ByteRun> + '_ {
-        // No overflow: every line was a checked run inside both regions.
-        (0..self.count).map(|i| {
+        // No overflow: every line is one of the runs given to `group_pitched` (its offsets are
+        // u64 values that were passed in).
+        (0..self.lines).map(|i| {
             ByteRun::new(
                 self.src_offset_bytes + i * self.src_pitch_bytes,
                 self.dst_offset_bytes + i * self.dst_pitch_bytes,
@@ -60,20 +94,20 @@ impl PitchedRun {
         })
     }
 
-    /// Bytes moved (`count * len_bytes`; the lines were checked runs, so no overflow).
-    pub fn total_bytes(&self) -> u64 {
-        self.count * self.len_bytes
+    /// Bytes moved (`lines * len_bytes`, as u128: the runs given need not fit one region).
+    pub fn total_bytes(&self) -> u128 {
+        u128::from(self.lines) * u128::from(self.len_bytes)
     }
 
-    /// The start of line `count` (the next line the group would take), if it fits in u64.
+    /// The start of line `lines` (the next line the group would take), if it fits in u64.
     fn next_line(&self) -> Option<(u64, u64)> {
         let src = self
             .src_pitch_bytes
-            .checked_mul(self.count)?
+            .checked_mul(self.lines)?
             .checked_add(self.src_offset_bytes)?;
         let dst = self
             .dst_pitch_bytes
-            .checked_mul(self.count)?
+            .checked_mul(self.lines)?
             .checked_add(self.dst_offset_bytes)?;
         Some((src, dst))
     }
@@ -91,7 +125,7 @@ pub fn group_pitched(runs: &[ByteRun], max_pitch_bytes: u64) -> Vec<PitchedRun> 
             && g.len_bytes == r.len_bytes
             && r.len_bytes > 0
         {
-            if g.count == 1 {
+            if g.lines == 1 {
                 let pitches = (
                     r.src_offset_bytes.checked_sub(g.src_offset_bytes),
                     r.dst_offset_bytes.checked_sub(g.dst_offset_bytes),
@@ -101,12 +135,12 @@ pub fn group_pitched(runs: &[ByteRun], max_pitch_bytes: u64) -> Vec<PitchedRun> 
                     if fits(sp) && fits(dp) {
                         g.src_pitch_bytes = sp;
                         g.dst_pitch_bytes = dp;
-                        g.count = 2;
+                        g.lines = 2;
                         continue;
                     }
                 }
             } else if g.next_line() == Some((r.src_offset_bytes, r.dst_offset_bytes)) {
-                g.count += 1;
+                g.lines += 1;
                 continue;
             }
         }
@@ -148,7 +182,7 @@ mod tests {
                     src_offset_bytes: 7 * 41_984,
                     dst_offset_bytes: 0,
                     len_bytes: 41_984,
-                    count: 3,
+                    lines: 3,
                     src_pitch_bytes: 671_744,
                     dst_pitch_bytes: 41_984,
                 },
@@ -156,7 +190,7 @@ mod tests {
                     src_offset_bytes: 2 * 41_984,
                     dst_offset_bytes: 125_952,
                     len_bytes: 41_984,
-                    count: 3,
+                    lines: 3,
                     src_pitch_bytes: 671_744,
                     dst_pitch_bytes: 41_984,
                 },
@@ -164,7 +198,7 @@ mod tests {
         );
         assert_eq!(expand(&groups), runs);
         assert_eq!(
-            groups.iter().map(PitchedRun::total_bytes).sum::<u64>(),
+            groups.iter().map(PitchedRun::total_bytes).sum::<u128>(),
             6 * 41_984
         );
     }
@@ -181,7 +215,7 @@ mod tests {
         let groups = group_pitched(&runs, 1 << 31);
         assert_eq!(groups.len(), 2, "5 -> 1 is backwards; 1 -> 9 pairs up");
         assert_eq!(groups[0], PitchedRun::single(runs[0]));
-        assert_eq!(groups[1].count, 2);
+        assert_eq!(groups[1].lines, 2);
         assert_eq!(groups[1].dst_pitch_bytes, 8 * page);
         assert_eq!(expand(&groups), runs);
     }
@@ -204,8 +238,8 @@ mod tests {
             ByteRun::new(3_021, 220, 4), // breaks the pitch (3,020 expected): new group
         ];
         let groups = group_pitched(&runs, 512);
-        let counts: Vec<u64> = groups.iter().map(|g| g.count).collect();
-        assert_eq!(counts, vec![1, 1, 3, 1, 1, 1, 2, 1]);
+        let lines: Vec<u64> = groups.iter().map(|g| g.lines).collect();
+        assert_eq!(lines, vec![1, 1, 3, 1, 1, 1, 2, 1]);
         assert_eq!(expand(&groups), runs.to_vec());
     }
 
@@ -220,7 +254,7 @@ mod tests {
         ];
         let groups = group_pitched(&runs, u64::MAX);
         assert_eq!(
-            groups.iter().map(|g| g.count).collect::<Vec<_>>(),
+            groups.iter().map(|g| g.lines).collect::<Vec<_>>(),
             vec![2, 1]
         );
         assert_eq!(expand(&groups), runs.to_vec());
@@ -241,8 +275,8 @@ mod tests {
             let groups = group_pitched(&runs, max_pitch * 4);
             proptest::prop_assert_eq!(expand(&groups), runs.clone());
             for g in &groups {
-                proptest::prop_assert!(g.count >= 1);
-                if g.count > 1 {
+                proptest::prop_assert!(g.lines >= 1);
+                if g.lines > 1 {
                     for p in [g.src_pitch_bytes, g.dst_pitch_bytes] {
                         proptest::prop_assert!(p >= g.len_bytes && p <= max_pitch * 4);
                     }
@@ -251,7 +285,7 @@ mod tests {
             }
             for w in groups.windows(2) {
                 let (a, b) = (w[0], w[1]);
-                if a.count == 1 && b.len_bytes == a.len_bytes && a.len_bytes > 0 {
+                if a.lines == 1 && b.len_bytes == a.len_bytes && a.len_bytes > 0 {
                     let sp = b.src_offset_bytes.checked_sub(a.src_offset_bytes);
                     let dp = b.dst_offset_bytes.checked_sub(a.dst_offset_bytes);
                     let ok = |p: Option<u64>| {
@@ -261,5 +295,76 @@ mod tests {
                 }
             }
         }
+    }
+
+    // Hostile inputs (review 3).
+
+    fn strategy_run() -> impl proptest::strategy::Strategy<Value = (u64, u64, u64)> {
+        use proptest::prelude::*;
+        let off = prop_oneof![0u64..64, (u64::MAX - 64)..=u64::MAX, any::<u64>()];
+        (
+            off.clone(),
+            off,
+            prop_oneof![Just(0u64), 1u64..16, any::<u64>()],
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4_096))]
+        /// Offsets near 0 and near u64::MAX, any length, any limit (0 included), lists built
+        /// from pitched families with duplicates and perturbations: no panic, expansion exact,
+        /// every group's lines pairwise disjoint on each side.
+        #[test]
+        fn hostile_lists_expand_exactly(
+            seeds in proptest::collection::vec(strategy_run(), 0..12),
+            fam in proptest::collection::vec((0u64..4, 1u64..6, 0u64..10, 0u64..10), 0..6),
+            max_pitch in proptest::prop_oneof![proptest::strategy::Just(0u64), 0u64..64, proptest::prelude::any::<u64>()],
+        ) {
+            let mut runs: Vec<ByteRun> = seeds.iter().map(|&(s, d, l)| ByteRun::new(s, d, l)).collect();
+            for &(len4, lines, sp, dp) in &fam {
+                let base = runs.first().copied().unwrap_or(ByteRun::new(u64::MAX - 100, 5, 4));
+                for i in 0..lines {
+                    runs.push(ByteRun::new(
+                        base.src_offset_bytes.wrapping_add(i * sp * 4),
+                        base.dst_offset_bytes.wrapping_add(i * dp * 4),
+                        len4 * 4,
+                    ));
+                }
+            }
+            let groups = group_pitched(&runs, max_pitch);
+            let expanded: Vec<ByteRun> = groups.iter().flat_map(|g| g.runs()).collect();
+            proptest::prop_assert_eq!(&expanded, &runs);
+            for g in &groups {
+                if g.lines > 1 {
+                    proptest::prop_assert!(g.src_pitch_bytes >= g.len_bytes && g.dst_pitch_bytes >= g.len_bytes);
+                    proptest::prop_assert!(g.src_pitch_bytes <= max_pitch && g.dst_pitch_bytes <= max_pitch);
+                    proptest::prop_assert!(g.len_bytes > 0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn max_pitch_zero_and_pitch_equal_to_length() {
+        let runs = [
+            ByteRun::new(0, 0, 8),
+            ByteRun::new(8, 8, 8),
+            ByteRun::new(16, 16, 8),
+        ];
+        assert!(group_pitched(&runs, 0).iter().all(|g| g.lines == 1));
+        let g = group_pitched(&runs, 8);
+        assert_eq!(g.len(), 1);
+        assert_eq!((g[0].lines, g[0].src_pitch_bytes), (3, 8));
+        // Duplicates (pitch 0) and overlapping lines (pitch < len) never group.
+        let dup = [ByteRun::new(0, 0, 8); 4];
+        assert_eq!(group_pitched(&dup, u64::MAX).len(), 4);
+        // A run ending exactly at u64::MAX and the one before it.
+        let top = [
+            ByteRun::new(u64::MAX - 16, u64::MAX - 16, 8),
+            ByteRun::new(u64::MAX - 8, u64::MAX - 8, 8),
+        ];
+        let g = group_pitched(&top, u64::MAX);
+        assert_eq!(g.len(), 1);
+        assert_eq!(g[0].runs().collect::<Vec<_>>(), top.to_vec());
     }
 }

@@ -686,7 +686,7 @@ fn copy_engines_and_the_chooser_match_the_pool_cpu_backend() {
             };
             if order == host_order {
                 assert!(
-                    groups.iter().any(|g| g.count == LAYERS),
+                    groups.iter().any(|g| g.lines() == LAYERS),
                     "{order:?}: no group of every layer of a page"
                 );
             }
@@ -854,7 +854,7 @@ fn pitched_groups_match_the_pool_cpu_backend() {
         let groups = group_pitched(&order.sorted_and_merged(runs), gpu.max_pitch_bytes());
         let long = groups
             .iter()
-            .filter(|g| g.count >= MIN_PITCHED_LINES)
+            .filter(|g| g.lines() >= MIN_PITCHED_LINES)
             .count();
         assert_eq!(long, if h2d { 2 } else { 10 }, "h2d={h2d}: 2D groups");
         let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
@@ -867,7 +867,9 @@ fn pitched_groups_match_the_pool_cpu_backend() {
             .unwrap();
         assert!(matches!(path, TransferPath::CopyEngines { .. }), "{path:?}");
         assert!(dst.read(&gpu) == expect, "chooser h2d={h2d}");
-        for (pitched, lanes) in [(true, 1), (true, 3), (false, 1)] {
+        // (Lists this short stay on one stream whatever `lanes` says: lanes are covered by the
+        // 5,000-run list of copy_engines_and_the_chooser_match_the_pool_cpu_backend.)
+        for (pitched, lanes) in [(true, 1), (false, 1)] {
             let opts = CopyEngineOptions {
                 pitched,
                 lanes,

@@ -253,6 +253,12 @@ pub fn run_trace_overlapped<B: Backend>(
             memory_layout,
         } => {
             let (pages, source) = match pages {
+                Some(0) => {
+                    return Err(workload_err(
+                        "--host-pages",
+                        "must be at least 1, got 0".into(),
+                    ));
+                }
                 Some(p) => (*p, "--host-pages".to_string()),
                 None => (
                     device_pages.checked_mul(HICACHE_RATIO).ok_or_else(|| {

@@ -191,7 +191,8 @@ impl CopyEngineOptions {
 /// How [`crate::Gpu::transfer_runs`] moved a run list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TransferPath {
-    /// The copy engines (`cuMemcpyBatchAsync`, hinted to overlap with compute): no SM used.
+    /// The copy engines (`cuMemcpyBatchAsync` hinted to overlap with compute, and
+    /// `cuMemcpy2DAsync` for pitched groups): no SM used.
     CopyEngines {
         /// Runs after merging neighbours.
         runs: u64,

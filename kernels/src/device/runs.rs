@@ -104,7 +104,8 @@ impl Gpu {
     /// `opts.order` and neighbours merged ([`RunOrder::sorted_and_merged`]) first, then split
     /// into `opts.lanes` consecutive parts (at most [`MAX_COPY_ENGINE_LANES`]), each batched
     /// (`opts.runs_per_call` runs per driver call) on its own stream forked from and joined
-    /// back into this `Gpu`'s stream. Returns the number of runs handed to the driver.
+    /// back into this `Gpu`'s stream. Returns the number of runs after merging (a pitched group
+    /// of them goes to the driver as one 2D copy when `opts.pitched`).
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -198,7 +199,7 @@ impl Gpu {
         }
         let mut singles: Vec<ByteRun> = Vec::new();
         for g in group_pitched(runs, self.max_pitch_bytes) {
-            if g.count < MIN_PITCHED_LINES {
+            if g.lines() < MIN_PITCHED_LINES {
                 singles.extend(g.runs());
                 continue;
             }
@@ -229,18 +230,18 @@ impl Gpu {
             srcY: 0,
             srcMemoryType: unified,
             srcHost: std::ptr::null(),
-            srcDevice: src_base + g.src_offset_bytes,
+            srcDevice: src_base + g.src_offset_bytes(),
             srcArray: std::ptr::null_mut(),
-            srcPitch: g.src_pitch_bytes as usize,
+            srcPitch: g.src_pitch_bytes() as usize,
             dstXInBytes: 0,
             dstY: 0,
             dstMemoryType: unified,
             dstHost: std::ptr::null_mut(),
-            dstDevice: dst_base + g.dst_offset_bytes,
+            dstDevice: dst_base + g.dst_offset_bytes(),
             dstArray: std::ptr::null_mut(),
-            dstPitch: g.dst_pitch_bytes as usize,
-            WidthInBytes: g.len_bytes as usize,
-            Height: g.count as usize,
+            dstPitch: g.dst_pitch_bytes() as usize,
+            WidthInBytes: g.len_bytes() as usize,
+            Height: g.lines() as usize,
         };
         // SAFETY: every line of the group is a checked run inside both buffers (unified
         // addresses of a device allocation and of pinned, mapped host memory); the driver reads

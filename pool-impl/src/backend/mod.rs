@@ -26,9 +26,12 @@ pub trait Memory {
     fn len_bytes(&self) -> u64;
 }
 
-/// An error of a memory backend. A backend error on a copy means no byte was moved (the CPU
-/// backend checks every run before copying any), except [`BackendError::Interrupted`], which
-/// says how many runs of the list were copied in full before the failure.
+/// An error of a memory backend. A refused copy ([`BackendError::OutOfRange`]) moved no byte:
+/// every backend checks every run before copying any. [`BackendError::Interrupted`] says how
+/// many runs of the list were copied in full before the failure. A [`BackendError::Driver`]
+/// error of the CUDA backend after its checks (a driver call failing part way through the
+/// several calls one transfer takes: batches and 2D copies, or a copy failing while it runs)
+/// may leave the destination partly written.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
     /// The region could not be allocated.

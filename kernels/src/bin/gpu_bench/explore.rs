@@ -488,18 +488,18 @@ fn memcpy_2d(
         srcY: 0,
         srcMemoryType: unified,
         srcHost: std::ptr::null(),
-        srcDevice: bases.0 + g.src_offset_bytes,
+        srcDevice: bases.0 + g.src_offset_bytes(),
         srcArray: std::ptr::null_mut(),
-        srcPitch: g.src_pitch_bytes as usize,
+        srcPitch: g.src_pitch_bytes() as usize,
         dstXInBytes: 0,
         dstY: 0,
         dstMemoryType: unified,
         dstHost: std::ptr::null_mut(),
-        dstDevice: bases.1 + g.dst_offset_bytes,
+        dstDevice: bases.1 + g.dst_offset_bytes(),
         dstArray: std::ptr::null_mut(),
-        dstPitch: g.dst_pitch_bytes as usize,
-        WidthInBytes: g.len_bytes as usize,
-        Height: g.count as usize,
+        dstPitch: g.dst_pitch_bytes() as usize,
+        WidthInBytes: g.len_bytes() as usize,
+        Height: g.lines() as usize,
     };
     // SAFETY: every line lies inside live allocations.
     unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
@@ -543,14 +543,14 @@ fn device_staged(
                 at += r.len_bytes;
             }
             for g in kvlayout_kernels::group_pitched(&packed, gpu.max_pitch_bytes()) {
-                if g.count >= 2 {
+                if g.lines() >= 2 {
                     memcpy_2d(gather, &g, (bases.0, base))?;
                 } else {
                     memcpy(
                         gather,
-                        base + g.dst_offset_bytes,
-                        bases.0 + g.src_offset_bytes,
-                        g.len_bytes,
+                        base + g.dst_offset_bytes(),
+                        bases.0 + g.src_offset_bytes(),
+                        g.len_bytes(),
                     )?;
                 }
             }
