@@ -579,8 +579,9 @@ enum CopyMode {
 /// two streams, pair). The lock is held across the wait, so a second reader that finds copies
 /// in flight waits until they are done instead of reading while the first one waits.
 struct InFlight<B: Backend> {
-    /// The device pool's backend, then the host pool's.
-    backends: [B; 2],
+    /// The device pool's backend, then the host pool's unless one wait covers both
+    /// ([`Backend::shares_waits_with`]: a duplicate wait costs a stream synchronisation).
+    backends: Vec<B>,
     state: Mutex<InFlightState>,
 }
 
@@ -591,7 +592,12 @@ struct InFlightState {
 }
 
 impl<B: Backend> InFlight<B> {
-    fn new(backends: [B; 2]) -> Self {
+    fn new([device, host]: [B; 2]) -> Self {
+        let backends = if device.shares_waits_with(&host) {
+            vec![device]
+        } else {
+            vec![device, host]
+        };
         InFlight {
             backends,
             state: Mutex::new(InFlightState::default()),

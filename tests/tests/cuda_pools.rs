@@ -695,3 +695,19 @@ fn gpu_enqueued_transfers_match_the_cpu_backend() {
         enqueued_transfers(cuda);
     }
 }
+
+/// Clones of one CUDA backend share one stream, so a paired cache waits once for both pools;
+/// two backends opened apart (two streams) do not, and it waits on each (review 3).
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored on the device machine"]
+fn gpu_clones_share_waits_and_separate_backends_do_not() {
+    use kvlayout_pool::Backend;
+    let (Some(a), Some(b)) = (
+        gpu("gpu_clones_share_waits_and_separate_backends_do_not"),
+        gpu("gpu_clones_share_waits_and_separate_backends_do_not"),
+    ) else {
+        return;
+    };
+    assert!(a.shares_waits_with(&a.clone()));
+    assert!(!a.shares_waits_with(&b));
+}

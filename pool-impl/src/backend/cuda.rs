@@ -332,6 +332,11 @@ impl Backend for CudaBackend {
     fn wait(&self) -> Result<(), BackendError> {
         self.gpu.finish().map_err(driver)
     }
+
+    /// Clones of one backend share one `Gpu` (one stream): one wait covers both.
+    fn shares_waits_with(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.gpu, &other.gpu)
+    }
 }
 
 impl CudaBackend {

@@ -174,6 +174,13 @@ pub trait Backend: Clone {
     fn wait(&self) -> Result<(), BackendError> {
         Ok(())
     }
+    /// True when [`Backend::wait`] on `self` also waits for every copy enqueued on `other` (one
+    /// queue: clones of one CUDA backend share its stream), so a caller holding both waits once.
+    /// The default says no: waiting on each is always correct.
+    fn shares_waits_with(&self, other: &Self) -> bool {
+        let _ = other;
+        false
+    }
 }
 
 /// `[start, start + len)` inside a region of `region_bytes`, or [`BackendError::OutOfRange`].
