@@ -82,10 +82,10 @@ impl PitchedRun {
     }
 
     /// The lines as runs, in order.
-    pub fn runs(&self) -> impl Iterator<Item = ByteRun> + '_ {
+    pub fn runs(self) -> impl Iterator<Item = ByteRun> {
         // No overflow: every line is one of the runs given to `group_pitched` (its offsets are
         // u64 values that were passed in).
-        (0..self.lines).map(|i| {
+        (0..self.lines).map(move |i| {
             ByteRun::new(
                 self.src_offset_bytes + i * self.src_pitch_bytes,
                 self.dst_offset_bytes + i * self.dst_pitch_bytes,

@@ -578,3 +578,26 @@ fn gpu_handles_can_be_shared_between_threads() {
     send_sync::<kvlayout_kernels::DeviceIndices>();
     send_sync::<kvlayout_kernels::DeviceRuns>();
 }
+
+/// Review 4: the public `PitchedRun` API from outside the crate: owned groups expand in a
+/// plain pipeline (`runs` takes the group by value), and every field reads through a method.
+#[test]
+fn pitched_groups_expand_from_outside_the_crate() {
+    use kvlayout_kernels::{ByteRun, PitchedRun, group_pitched};
+    // Four runs of 10 bytes, sources 100 apart, destinations 10 apart: one group.
+    let runs: Vec<ByteRun> = (0..4).map(|i| ByteRun::new(i * 100, i * 10, 10)).collect();
+    let groups = group_pitched(&runs, u64::MAX);
+    assert_eq!(groups.len(), 1);
+    let g: PitchedRun = groups[0];
+    assert_eq!(
+        (g.src_offset_bytes(), g.dst_offset_bytes(), g.len_bytes()),
+        (0, 0, 10)
+    );
+    assert_eq!(
+        (g.lines(), g.src_pitch_bytes(), g.dst_pitch_bytes()),
+        (4, 100, 10)
+    );
+    assert_eq!(g.total_bytes(), 40);
+    let back: Vec<ByteRun> = groups.into_iter().flat_map(|g| g.runs()).collect();
+    assert_eq!(back, runs);
+}

@@ -286,9 +286,12 @@ impl<B: Backend> HiCache<B> {
     ///   stats (a bad layer is still refused).
     /// - Duplicate *source* pages are allowed (a device page backed up to two host pages; a
     ///   host page loaded into two device pages): reading a page twice is safe, as in SGLang.
-    /// - Runs execute pair by pair; if the backend fails part way the error is
-    ///   [`TransferError::Interrupted`] naming the pairs moved in full and the torn one, and
-    ///   every later pair's destination page is untouched.
+    /// - Runs execute pair by pair; if the backend fails part way with
+    ///   [`BackendError::Interrupted`] the error is [`TransferError::Interrupted`] naming the
+    ///   pairs moved in full and the torn one, and every later pair's destination page is
+    ///   untouched. A driver error of the CUDA backend after the checks
+    ///   ([`BackendError::Driver`]) may leave destination pages partly written (see
+    ///   [`BackendError`]).
     pub fn transfer(
         &mut self,
         direction: Direction,
@@ -439,7 +442,7 @@ impl<B: Backend> HiCache<B> {
                         .host_to_device(host.memory(), device.memory_mut(), runs)
                 }
                 (CopyMode::Enqueue, Direction::Backup) => {
-                    in_flight.mark();
+                    in_flight.mark(DEVICE_SIDE);
                     // SAFETY: the pools are owned by this cache, and every way to them (the
                     // accessors, transfers, `into_parts`, dropping the cache: `in_flight` is
                     // its first field) waits for `in_flight` first.
@@ -452,7 +455,7 @@ impl<B: Backend> HiCache<B> {
                     }
                 }
                 (CopyMode::Enqueue, Direction::Load) => {
-                    in_flight.mark();
+                    in_flight.mark(HOST_SIDE);
                     // SAFETY: as for the backup just above.
                     unsafe {
                         host.backend().enqueue_host_to_device(
@@ -571,13 +574,19 @@ enum CopyMode {
     Skip,
 }
 
+/// Which backend a copy is enqueued on: the device pool's (backups) or the host pool's (loads).
+const DEVICE_SIDE: usize = 0;
+const HOST_SIDE: usize = 1;
+
 /// Whether copies were enqueued since the last wait, and the first failure a wait found. Waits
 /// when dropped.
 ///
 /// It waits on the backends of both pools (a backup is enqueued on the device pool's backend, a
 /// load on the host pool's; two instances of one backend type, such as two `CudaBackend`s with
-/// two streams, pair). The lock is held across the wait, so a second reader that finds copies
-/// in flight waits until they are done instead of reading while the first one waits.
+/// two streams, pair). When they are two queues, an enqueue on one side after copies on the
+/// other waits for those first, so transfers keep their order. The lock is held across a wait,
+/// so a second reader that finds copies in flight waits until they are done instead of reading
+/// while the first one waits.
 struct InFlight<B: Backend> {
     /// The device pool's backend, then the host pool's unless one wait covers both
     /// ([`Backend::shares_waits_with`]: a duplicate wait costs a stream synchronisation).
@@ -587,8 +596,24 @@ struct InFlight<B: Backend> {
 
 #[derive(Default)]
 struct InFlightState {
+    /// Copies were enqueued since the last wait.
     enqueued: bool,
+    /// The side the last copy was enqueued on.
+    last_side: Option<usize>,
     failure: Option<BackendError>,
+}
+
+impl InFlightState {
+    /// Waits on every backend; keeps the first failure; clears the flag after the waits.
+    fn wait_all<B: Backend>(&mut self, backends: &[B]) {
+        for backend in backends {
+            if let Err(e) = backend.wait() {
+                self.failure.get_or_insert(e);
+            }
+        }
+        self.enqueued = false;
+        self.last_side = None;
+    }
 }
 
 impl<B: Backend> InFlight<B> {
@@ -608,9 +633,15 @@ impl<B: Backend> InFlight<B> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A copy is about to be enqueued (marked before it is: a panic part way still waits).
-    fn mark(&self) {
-        self.state().enqueued = true;
+    /// A copy is about to be enqueued on `side` (marked before it is: a panic part way still
+    /// waits). On two queues, copies in flight on the other side are waited for first.
+    fn mark(&self, side: usize) {
+        let mut state = self.state();
+        if self.backends.len() == 2 && state.enqueued && state.last_side != Some(side) {
+            state.wait_all(&self.backends);
+        }
+        state.enqueued = true;
+        state.last_side = Some(side);
     }
 
     /// Waits for enqueued copies, if any, on both backends; keeps the first failure. Cleared
@@ -618,12 +649,7 @@ impl<B: Backend> InFlight<B> {
     fn settle(&self) {
         let mut state = self.state();
         if state.enqueued {
-            for backend in &self.backends {
-                if let Err(e) = backend.wait() {
-                    state.failure.get_or_insert(e);
-                }
-            }
-            state.enqueued = false;
+            state.wait_all(&self.backends);
         }
     }
 
@@ -635,6 +661,11 @@ impl<B: Backend> InFlight<B> {
 
 impl<B: Backend> Drop for InFlight<B> {
     fn drop(&mut self) {
-        self.settle();
+        // The pools are dropped (freed) right after this: a wait that panics, so that a copy
+        // may still be running, must not unwind into freeing them.
+        let settled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.settle()));
+        if settled.is_err() {
+            std::process::abort();
+        }
     }
 }

@@ -2,8 +2,8 @@
 //! line at a time: a trace of millions of lines is never held in memory.
 //!
 //! One JSON object per line: `timestamp` (ms; Mooncake's count from the first request, and the
-//! replay counts its minutes from the first line's, so epoch timestamps work too; a trace may
-//! span 366 days, [`crate::trace_replay::MAX_TRACE_SPAN_MS`]), `input_length` and
+//! replay runs its clock from the first line's, so epoch timestamps replay the same; a trace may
+//! span 31 days, [`crate::trace_replay::MAX_TRACE_SPAN_MS`]), `input_length` and
 //! `output_length` (tokens), `hash_ids` (ids of the prompt's 512-token prefix blocks; equal ids
 //! mean the same prefix, so the KV of that block can be reused). A line is refused, naming its
 //! number (from 1) and the field, when a length is missing, negative or not an integer, when
@@ -23,7 +23,7 @@ pub const BLOCK_TOKENS: u64 = 512;
 pub struct Request {
     /// Line number in the trace (from 1).
     pub line: u64,
-    /// Arrival, milliseconds since the first request.
+    /// Arrival, milliseconds (as in the trace; the replay counts from the first request's).
     pub timestamp_ms: u64,
     /// Prompt tokens.
     pub input_tokens: u64,

@@ -56,7 +56,8 @@ impl Drop for Mem {
     }
 }
 
-impl Backend for Deferred {
+// SAFETY: copies finish at once; `wait` only does the bookkeeping the tests check.
+unsafe impl Backend for Deferred {
     type DeviceMem = Mem;
     type HostMem = Mem;
     fn name(&self) -> &'static str {
@@ -207,7 +208,8 @@ fn complete_waits_for_a_load_on_the_host_backend() {
 #[derive(Clone)]
 struct Slow(Deferred);
 
-impl Backend for Slow {
+// SAFETY: as `Deferred`, whose methods it forwards to.
+unsafe impl Backend for Slow {
     type DeviceMem = Mem;
     type HostMem = Mem;
     fn name(&self) -> &'static str {
@@ -294,4 +296,156 @@ fn two_threads_reading_a_shared_cache_both_wait_for_the_copy() {
             "a reader touched the pool while the copy ran"
         );
     });
+}
+
+/// A backend whose enqueued copies run only when *it* waits: one instance is one stream, two
+/// instances are two unordered streams (a legal schedule under the enqueue contract).
+#[derive(Clone)]
+struct Stream {
+    queue: Arc<std::sync::Mutex<Vec<Pending>>>,
+}
+
+struct Pending {
+    dir: Direction,
+    src: *const u8,
+    src_len: usize,
+    dst: *mut u8,
+    dst_len: usize,
+    runs: Vec<CopyRun>,
+}
+// SAFETY: test only; the pointers are used only under the enqueue contract.
+unsafe impl Send for Pending {}
+
+impl Stream {
+    fn new() -> Self {
+        Stream {
+            queue: Arc::new(std::sync::Mutex::new(Vec::new())),
+        }
+    }
+    fn push(&self, dir: Direction, s: &[u8], d: &mut [u8], r: &[CopyRun]) {
+        self.queue.lock().unwrap().push(Pending {
+            dir,
+            src: s.as_ptr(),
+            src_len: s.len(),
+            dst: d.as_mut_ptr(),
+            dst_len: d.len(),
+            runs: r.to_vec(),
+        });
+    }
+}
+
+// SAFETY: `wait` runs every queued copy before it returns and never calls back;
+// `shares_waits_with` is the default (false).
+unsafe impl Backend for Stream {
+    type DeviceMem = Vec<u8>;
+    type HostMem = Vec<u8>;
+    fn name(&self) -> &'static str {
+        "stream"
+    }
+    fn alloc_device(&self, n: u64) -> Result<Vec<u8>, BackendError> {
+        Ok(vec![0; n as usize])
+    }
+    fn alloc_host(&self, n: u64) -> Result<Vec<u8>, BackendError> {
+        Ok(vec![0; n as usize])
+    }
+    fn read_device(&self, m: &Vec<u8>, o: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        out.copy_from_slice(&m[o as usize..o as usize + out.len()]);
+        Ok(())
+    }
+    fn write_device(&self, m: &mut Vec<u8>, o: u64, d: &[u8]) -> Result<(), BackendError> {
+        m[o as usize..o as usize + d.len()].copy_from_slice(d);
+        Ok(())
+    }
+    fn read_host(&self, m: &Vec<u8>, o: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        self.read_device(m, o, out)
+    }
+    fn write_host(&self, m: &mut Vec<u8>, o: u64, d: &[u8]) -> Result<(), BackendError> {
+        self.write_device(m, o, d)
+    }
+    fn device_to_host(
+        &self,
+        s: &Vec<u8>,
+        d: &mut Vec<u8>,
+        r: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        copy_runs(Direction::Backup, s, d, r)
+    }
+    fn host_to_device(
+        &self,
+        s: &Vec<u8>,
+        d: &mut Vec<u8>,
+        r: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        copy_runs(Direction::Load, s, d, r)
+    }
+    unsafe fn enqueue_device_to_host(
+        &self,
+        s: &Vec<u8>,
+        d: &mut Vec<u8>,
+        r: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.push(Direction::Backup, s, d, r);
+        Ok(())
+    }
+    unsafe fn enqueue_host_to_device(
+        &self,
+        s: &Vec<u8>,
+        d: &mut Vec<u8>,
+        r: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.push(Direction::Load, s, d, r);
+        Ok(())
+    }
+    fn wait(&self) -> Result<(), BackendError> {
+        let pending: Vec<Pending> = std::mem::take(&mut *self.queue.lock().unwrap());
+        for p in pending {
+            // SAFETY: the enqueue contract keeps both regions alive and untouched until this
+            // wait returns.
+            let (s, d) = unsafe {
+                (
+                    std::slice::from_raw_parts(p.src, p.src_len),
+                    std::slice::from_raw_parts_mut(p.dst, p.dst_len),
+                )
+            };
+            copy_runs(p.dir, s, d, &p.runs)?;
+        }
+        Ok(())
+    }
+}
+
+/// Review 4: device pool on stream `a`, host pool on stream `b`. Load host 1 -> device 0, then
+/// back up device 0 -> host 2: host 2 must hold what host 1 held. The load is on `b`, the backup
+/// on `a`: before the fix nothing ordered them and the backup copied the old page.
+#[test]
+fn enqueued_load_then_backup_on_two_streams_stay_in_order() {
+    let device = DevicePool::new_in(Stream::new(), geometry(4)).unwrap();
+    let host = HostPool::from_geometry_in(Stream::new(), geometry(6)).unwrap();
+    let mut c = HiCache::pair(device, host).unwrap();
+    let len = c.device().read_page(0, 0, 0).unwrap().len();
+    for layer in 0..2 {
+        c.device_writer()
+            .write_page(0, layer, 0, &vec![0xAA; len])
+            .unwrap();
+        c.host_writer()
+            .write_page(0, layer, 1, &vec![0x55; len])
+            .unwrap();
+    }
+    c.enqueue(Direction::Load, Layers::All, &[PagePair::new(0, 1)])
+        .unwrap();
+    c.enqueue(Direction::Backup, Layers::All, &[PagePair::new(0, 2)])
+        .unwrap();
+    c.complete().unwrap();
+    assert!(
+        c.device()
+            .read_page(0, 0, 0)
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0x55)
+    );
+    let host2 = c.host().read_page(0, 0, 2).unwrap();
+    assert!(
+        host2.iter().all(|&b| b == 0x55),
+        "host page 2 starts {:#x}: the backup ran before the load it follows",
+        host2[0]
+    );
 }

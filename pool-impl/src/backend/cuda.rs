@@ -192,7 +192,10 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+// SAFETY: every copy of a backend and its clones goes on the one stream of their shared `Gpu`
+// (stream order); `wait` is `Gpu::finish`, which synchronises that stream before it returns and
+// never calls back; `shares_waits_with` is true only for the same `Gpu` (the same stream).
+unsafe impl Backend for CudaBackend {
     type DeviceMem = CudaDeviceMem;
     type HostMem = CudaHostMem;
 

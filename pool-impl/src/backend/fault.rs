@@ -73,7 +73,9 @@ impl FailingCpuBackend {
 }
 
 /// Everything but the run copies is the CPU backend's.
-impl Backend for FailingCpuBackend {
+// SAFETY: as the CPU backend: copies finish before the call returns; the default `wait` and
+// `shares_waits_with`.
+unsafe impl Backend for FailingCpuBackend {
     type DeviceMem = Vec<u8>;
     type HostMem = Vec<u8>;
 

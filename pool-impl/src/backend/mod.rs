@@ -76,7 +76,21 @@ pub enum BackendError {
 ///
 /// Generic rather than object-safe: pools are `DevicePool<B>` / `HostPool<B>` with `B` chosen
 /// at build time (`CpuBackend` by default; a CUDA backend behind the `cuda` feature).
-pub trait Backend: Clone {
+///
+/// # Safety
+/// [`crate::HiCache`] frees and hands out pool memory, from safe code, on the word of these
+/// methods; an implementation must keep it:
+/// - [`Backend::wait`] returns only when no copy enqueued on this backend or its clones (by
+///   [`Backend::enqueue_device_to_host`] / [`Backend::enqueue_host_to_device`]) can still read
+///   or write memory, and it must not call back into the cache that called it (the cache
+///   holds a lock across the wait);
+/// - [`Backend::shares_waits_with`] returns true only when a wait on `self` also covers every
+///   copy enqueued on `other`, and when copies enqueued on the two run in the order they were
+///   enqueued (one queue).
+///
+/// Implementations whose enqueue copies before it returns (the default) and whose `wait` does
+/// nothing (the default) keep both by construction.
+pub unsafe trait Backend: Clone {
     /// Device pool memory (CPU: `Vec<u8>`; CUDA: device allocation).
     type DeviceMem: Memory;
     /// Host pool memory (CPU: `Vec<u8>`; CUDA: pinned host allocation).
@@ -117,8 +131,9 @@ pub trait Backend: Clone {
         data: &[u8],
     ) -> Result<(), BackendError>;
     /// Backup: copies every run from device (`src_offset_bytes`) to host (`dst_offset_bytes`),
-    /// in list order. Checks every run first; on error no byte is moved, except
-    /// [`BackendError::Interrupted`] (a prefix of the runs moved).
+    /// in list order. Checks every run first; on a refusal no byte is moved; see
+    /// [`BackendError`] for [`BackendError::Interrupted`] (a prefix of the runs moved) and for
+    /// driver errors after the checks.
     fn device_to_host(
         &self,
         src: &Self::DeviceMem,
@@ -126,8 +141,9 @@ pub trait Backend: Clone {
         runs: &[CopyRun],
     ) -> Result<(), BackendError>;
     /// Load: copies every run from host (`src_offset_bytes`) to device (`dst_offset_bytes`),
-    /// in list order. Checks every run first; on error no byte is moved, except
-    /// [`BackendError::Interrupted`] (a prefix of the runs moved).
+    /// in list order. Checks every run first; on a refusal no byte is moved; see
+    /// [`BackendError`] for [`BackendError::Interrupted`] (a prefix of the runs moved) and for
+    /// driver errors after the checks.
     fn host_to_device(
         &self,
         src: &Self::HostMem,
@@ -171,12 +187,14 @@ pub trait Backend: Clone {
     /// the first copy that failed while running ([`BackendError::Driver`], or
     /// [`BackendError::OutOfRange`] for a run the device refused); bytes of copies enqueued
     /// since the last wait may then have moved in part. The default has nothing to wait for.
+    /// Must not panic and must not call back into the cache (trait-level `# Safety`).
     fn wait(&self) -> Result<(), BackendError> {
         Ok(())
     }
-    /// True when [`Backend::wait`] on `self` also waits for every copy enqueued on `other` (one
-    /// queue: clones of one CUDA backend share its stream), so a caller holding both waits once.
-    /// The default says no: waiting on each is always correct.
+    /// True when [`Backend::wait`] on `self` also waits for every copy enqueued on `other`, and
+    /// copies enqueued on the two run in enqueue order (one queue: clones of one CUDA backend
+    /// share its stream), so a caller holding both waits once and need not wait between them.
+    /// The default says no: waiting on each, and between them, is always correct.
     fn shares_waits_with(&self, other: &Self) -> bool {
         let _ = other;
         false

@@ -4,13 +4,15 @@
 //! [`kvlayout_replay::trace_replay`]); `--workload synthetic` runs the multi-turn synthetic
 //! workload ([`kvlayout_replay::synthetic`]). Exit 0 when it ran with nothing corrupted, 1 when
 //! the host pool's pairing was refused (the mismatch lines are printed) or the shim refused a
-//! trace transfer (its pages are recomputed; the first refusal is printed), 2 on bad input, 3 when
+//! trace transfer (its pages are recomputed; the first refusal is printed), 2 on bad input or a
+//! pool or device failure while running (a GPU copy that failed, named), 3 when
 //! it ran and requests (sessions) were corrupted (a CI gate). The replay models full-attention
 //! pools only: a model with a sliding-window, chunked or state buffer is refused (exit 2).
 //!
 //! `--device cuda` puts the device pool in GPU memory and the host pool in pinned host memory
-//! and runs every checked transfer with the CUDA copy kernel (`kvlayout_pool::backend::
-//! CudaBackend`); without a CUDA driver (or a build without the `cuda` feature) it says so on
+//! and runs every checked transfer on the GPU (`kvlayout_pool::backend::CudaBackend`: copy
+//! engines for page runs; loads and backups enqueued and waited for before device bytes are
+//! read); without a CUDA driver (or a build without the `cuda` feature) it says so on
 //! stderr and runs on the CPU backend, unless `--require-gpu` makes that an error (exit 2). The
 //! report names the backend that ran.
 
