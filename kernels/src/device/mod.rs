@@ -13,10 +13,12 @@
 //! runs on the host before the driver sees them.
 //!
 //! Modules, one concept each: [`options`] (launch shapes, orders, the transfer chooser),
+//! [`copy_engine`] (the copy engines' driver calls on a stream),
 //! `memory` (allocation, uploads, byte access), `items` (index-list copies), `runs` (run-list
 //! copies: SM kernel, copy engines, and the chooser), `staging` (the staged path: host threads
 //! and one contiguous copy per chunk), `quantizer` (the index-K launches).
 
+pub mod copy_engine;
 mod items;
 mod memory;
 pub mod options;

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, sys};
 
 use super::{
-    Arg, CopyEngineHint, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES,
-    MIN_PITCHED_LINES, PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath,
+    Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
+    PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath, copy_engine,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
 use crate::error::KernelError;
-use crate::pitched::{PitchedRun, group_pitched};
+use crate::pitched::group_pitched;
 
 /// Fewest runs worth a stream of their own.
 const MIN_RUNS_PER_LANE: usize = 1024;
@@ -193,120 +193,27 @@ impl Gpu {
         opts: CopyEngineOptions,
         stream: &CudaStream,
     ) -> Result<(), KernelError> {
+        let batch = |part: &[ByteRun]| {
+            // SAFETY: forwarded; `part` is a slice of the checked runs.
+            unsafe { copy_engine::batch_on(stream, bases, part, opts.hint, opts.runs_per_call) }
+        };
         if !opts.pitched {
-            // SAFETY: forwarded.
-            return unsafe { self.enqueue_runs_batched(bases, runs, opts, stream) };
+            return batch(runs);
         }
-        let mut singles: Vec<ByteRun> = Vec::new();
+        // Groups are consecutive stretches of `runs`: the runs between long groups are batched
+        // as slices of the list, in list order.
+        let (mut first_single, mut at) = (0, 0);
         for g in group_pitched(runs, self.max_pitch_bytes) {
-            if g.lines() < MIN_PITCHED_LINES {
-                singles.extend(g.runs());
-                continue;
+            let lines = g.lines() as usize;
+            if g.lines() >= MIN_PITCHED_LINES {
+                batch(&runs[first_single..at])?;
+                // SAFETY: forwarded; every line of the group is one of the checked runs.
+                unsafe { copy_engine::pitched_on(stream, bases, &g)? };
+                first_single = at + lines;
             }
-            // SAFETY: forwarded; the singles before the group go first (list order).
-            unsafe {
-                self.enqueue_runs_batched(bases, &singles, opts, stream)?;
-                self.enqueue_pitched(bases, &g, stream)?;
-            }
-            singles.clear();
+            at += lines;
         }
-        // SAFETY: forwarded.
-        unsafe { self.enqueue_runs_batched(bases, &singles, opts, stream) }
-    }
-
-    /// One 2D copy of a pitched group of checked runs.
-    ///
-    /// # Safety
-    /// As [`Gpu::enqueue_batch`].
-    unsafe fn enqueue_pitched(
-        &self,
-        (src_base, dst_base): (u64, u64),
-        g: &PitchedRun,
-        stream: &CudaStream,
-    ) -> Result<(), KernelError> {
-        let unified = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED;
-        let copy = sys::CUDA_MEMCPY2D {
-            srcXInBytes: 0,
-            srcY: 0,
-            srcMemoryType: unified,
-            srcHost: std::ptr::null(),
-            srcDevice: src_base + g.src_offset_bytes(),
-            srcArray: std::ptr::null_mut(),
-            srcPitch: g.src_pitch_bytes() as usize,
-            dstXInBytes: 0,
-            dstY: 0,
-            dstMemoryType: unified,
-            dstHost: std::ptr::null_mut(),
-            dstDevice: dst_base + g.dst_offset_bytes(),
-            dstArray: std::ptr::null_mut(),
-            dstPitch: g.dst_pitch_bytes() as usize,
-            WidthInBytes: g.len_bytes() as usize,
-            Height: g.lines() as usize,
-        };
-        // SAFETY: every line of the group is a checked run inside both buffers (unified
-        // addresses of a device allocation and of pinned, mapped host memory); the driver reads
-        // the descriptor during the call.
-        unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
-            .result()
-            .map_err(driver_err("cuMemcpy2DAsync"))
-    }
-
-    /// `cuMemcpyBatchAsync` of checked runs on `stream`, `opts.runs_per_call` per call.
-    ///
-    /// # Safety
-    /// As [`Gpu::enqueue_batch`].
-    unsafe fn enqueue_runs_batched(
-        &self,
-        (src_base, dst_base): (u64, u64),
-        runs: &[ByteRun],
-        opts: CopyEngineOptions,
-        stream: &CudaStream,
-    ) -> Result<(), KernelError> {
-        let location = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: 0,
-        };
-        let mut attrs = [sys::CUmemcpyAttributes {
-            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-            srcLocHint: location,
-            dstLocHint: location,
-            flags: match opts.hint {
-                CopyEngineHint::Default => sys::CUmemcpyFlags::CU_MEMCPY_FLAG_DEFAULT as u32,
-                CopyEngineHint::PreferOverlapWithCompute => {
-                    sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32
-                }
-            },
-        }];
-        let mut attr_idx = [0usize];
-        for chunk in runs.chunks(opts.runs_per_call.max(1)) {
-            let mut dsts: Vec<u64> = chunk
-                .iter()
-                .map(|r| dst_base + r.dst_offset_bytes)
-                .collect();
-            let mut srcs: Vec<u64> = chunk
-                .iter()
-                .map(|r| src_base + r.src_offset_bytes)
-                .collect();
-            let mut sizes: Vec<usize> = chunk.iter().map(|r| r.len_bytes as usize).collect();
-            // SAFETY: three arrays of chunk.len() entries, one attribute applying from entry 0;
-            // the driver reads them during the call. Every range lies inside a live buffer
-            // (checked by the caller).
-            unsafe {
-                sys::cuMemcpyBatchAsync_v2(
-                    dsts.as_mut_ptr(),
-                    srcs.as_mut_ptr(),
-                    sizes.as_mut_ptr(),
-                    chunk.len(),
-                    attrs.as_mut_ptr(),
-                    attr_idx.as_mut_ptr(),
-                    1,
-                    stream.cu_stream(),
-                )
-            }
-            .result()
-            .map_err(driver_err("cuMemcpyBatchAsync"))?;
-        }
-        Ok(())
+        batch(&runs[first_single..])
     }
 
     /// Moves `runs` from `src` to `dst` by the path the runs call for, chosen with no tuning by

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use kvlayout_kernels::device::copy_engine;
 use kvlayout_kernels::{ByteRun, Gpu, KernelError, RunOrder};
 
 use crate::workload::Call;
@@ -156,50 +157,19 @@ fn follow(from: &CudaStream, to: &CudaStream) -> Result<(), KernelError> {
     to.wait(&e).map_err(drv("cuStreamWaitEvent"))
 }
 
-/// `cuMemcpyBatchAsync` of `runs` (already ordered) on `stream`, 2,048 per call, overlap hint.
-fn batch(
-    stream: &CudaStream,
-    (src_base, dst_base): (u64, u64),
-    runs: &[ByteRun],
-) -> Result<(), KernelError> {
-    let location = sys::CUmemLocation {
-        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-        id: 0,
-    };
-    let mut attrs = [sys::CUmemcpyAttributes {
-        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-        srcLocHint: location,
-        dstLocHint: location,
-        flags: sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32,
-    }];
-    let mut attr_idx = [0usize];
-    for chunk in runs.chunks(2048) {
-        let mut dsts: Vec<u64> = chunk
-            .iter()
-            .map(|r| dst_base + r.dst_offset_bytes)
-            .collect();
-        let mut srcs: Vec<u64> = chunk
-            .iter()
-            .map(|r| src_base + r.src_offset_bytes)
-            .collect();
-        let mut sizes: Vec<usize> = chunk.iter().map(|r| r.len_bytes as usize).collect();
-        // SAFETY: three arrays of chunk.len() entries; the runs lie inside the bench's pools.
-        unsafe {
-            sys::cuMemcpyBatchAsync_v2(
-                dsts.as_mut_ptr(),
-                srcs.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                chunk.len(),
-                attrs.as_mut_ptr(),
-                attr_idx.as_mut_ptr(),
-                1,
-                stream.cu_stream(),
-            )
-        }
-        .result()
-        .map_err(drv("cuMemcpyBatchAsync"))?;
+/// `cuMemcpyBatchAsync` of `runs` (already ordered) on `stream`, 2,048 per call, overlap hint
+/// (the library's call on a stream of ours).
+fn batch(stream: &CudaStream, bases: (u64, u64), runs: &[ByteRun]) -> Result<(), KernelError> {
+    // SAFETY: the runs lie inside the bench's pools, alive until the window's finish.
+    unsafe {
+        copy_engine::batch_on(
+            stream,
+            bases,
+            runs,
+            kvlayout_kernels::CopyEngineHint::PreferOverlapWithCompute,
+            2048,
+        )
     }
-    Ok(())
 }
 
 fn launch_fast(
@@ -477,36 +447,6 @@ fn memcpy(stream: &CudaStream, dst: u64, src: u64, len: u64) -> Result<(), Kerne
         .map_err(drv("cuMemcpyAsync"))
 }
 
-fn memcpy_2d(
-    stream: &CudaStream,
-    g: &kvlayout_kernels::PitchedRun,
-    bases: (u64, u64),
-) -> Result<(), KernelError> {
-    let unified = sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED;
-    let copy = sys::CUDA_MEMCPY2D {
-        srcXInBytes: 0,
-        srcY: 0,
-        srcMemoryType: unified,
-        srcHost: std::ptr::null(),
-        srcDevice: bases.0 + g.src_offset_bytes(),
-        srcArray: std::ptr::null_mut(),
-        srcPitch: g.src_pitch_bytes() as usize,
-        dstXInBytes: 0,
-        dstY: 0,
-        dstMemoryType: unified,
-        dstHost: std::ptr::null_mut(),
-        dstDevice: bases.1 + g.dst_offset_bytes(),
-        dstArray: std::ptr::null_mut(),
-        dstPitch: g.dst_pitch_bytes() as usize,
-        WidthInBytes: g.len_bytes() as usize,
-        Height: g.lines() as usize,
-    };
-    // SAFETY: every line lies inside live allocations.
-    unsafe { sys::cuMemcpy2DAsync_v2(&copy, stream.cu_stream()) }
-        .result()
-        .map_err(drv("cuMemcpy2DAsync"))
-}
-
 /// The device-staged backup: gather on one stream (device to device), copy out on another.
 fn device_staged(
     gpu: &Gpu,
@@ -544,7 +484,8 @@ fn device_staged(
             }
             for g in kvlayout_kernels::group_pitched(&packed, gpu.max_pitch_bytes()) {
                 if g.lines() >= 2 {
-                    memcpy_2d(gather, &g, (bases.0, base))?;
+                    // SAFETY: every line lies inside the device pool and the staging slot.
+                    unsafe { copy_engine::pitched_on(gather, (bases.0, base), &g)? };
                 } else {
                     memcpy(
                         gather,
