@@ -9,6 +9,7 @@
 use kvlayout_core::compare;
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory, check_runs};
 pub use crate::error::PairError;
@@ -591,29 +592,18 @@ struct InFlight<B: Backend> {
     /// The device pool's backend, then the host pool's unless one wait covers both
     /// ([`Backend::shares_waits_with`]: a duplicate wait costs a stream synchronisation).
     backends: Vec<B>,
+    /// Copies were enqueued since the last wait. Set under the lock before a copy is
+    /// enqueued, cleared under it only after the waits returned: read false without the lock,
+    /// nothing is in flight (the transfers' and accessors' path takes no lock then).
+    enqueued: AtomicBool,
     state: Mutex<InFlightState>,
 }
 
 #[derive(Default)]
 struct InFlightState {
-    /// Copies were enqueued since the last wait.
-    enqueued: bool,
     /// The side the last copy was enqueued on.
     last_side: Option<usize>,
     failure: Option<BackendError>,
-}
-
-impl InFlightState {
-    /// Waits on every backend; keeps the first failure; clears the flag after the waits.
-    fn wait_all<B: Backend>(&mut self, backends: &[B]) {
-        for backend in backends {
-            if let Err(e) = backend.wait() {
-                self.failure.get_or_insert(e);
-            }
-        }
-        self.enqueued = false;
-        self.last_side = None;
-    }
 }
 
 impl<B: Backend> InFlight<B> {
@@ -625,6 +615,7 @@ impl<B: Backend> InFlight<B> {
         };
         InFlight {
             backends,
+            enqueued: AtomicBool::new(false),
             state: Mutex::new(InFlightState::default()),
         }
     }
@@ -633,23 +624,41 @@ impl<B: Backend> InFlight<B> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Waits on every backend (the lock held by the caller); keeps the first failure; clears
+    /// the flag after the waits.
+    fn wait_all(&self, state: &mut InFlightState) {
+        for backend in &self.backends {
+            if let Err(e) = backend.wait() {
+                state.failure.get_or_insert(e);
+            }
+        }
+        state.last_side = None;
+        self.enqueued.store(false, Ordering::SeqCst);
+    }
+
     /// A copy is about to be enqueued on `side` (marked before it is: a panic part way still
     /// waits). On two queues, copies in flight on the other side are waited for first.
     fn mark(&self, side: usize) {
         let mut state = self.state();
-        if self.backends.len() == 2 && state.enqueued && state.last_side != Some(side) {
-            state.wait_all(&self.backends);
+        if self.backends.len() == 2
+            && self.enqueued.load(Ordering::SeqCst)
+            && state.last_side != Some(side)
+        {
+            self.wait_all(&mut state);
         }
-        state.enqueued = true;
+        self.enqueued.store(true, Ordering::SeqCst);
         state.last_side = Some(side);
     }
 
     /// Waits for enqueued copies, if any, on both backends; keeps the first failure. Cleared
     /// only after the waits returned, under the lock.
     fn settle(&self) {
+        if !self.enqueued.load(Ordering::SeqCst) {
+            return;
+        }
         let mut state = self.state();
-        if state.enqueued {
-            state.wait_all(&self.backends);
+        if self.enqueued.load(Ordering::SeqCst) {
+            self.wait_all(&mut state);
         }
     }
 
