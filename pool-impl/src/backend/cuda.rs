@@ -297,7 +297,15 @@ unsafe impl Backend for CudaBackend {
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         // SAFETY: `wait` true: the copy has finished when it returns.
-        unsafe { self.backup(src, dst, runs, true) }
+        unsafe {
+            self.copy(
+                src.side(),
+                dst.side_mut(),
+                runs,
+                RunOrder::DstAscending,
+                true,
+            )
+        }
     }
 
     fn host_to_device(
@@ -307,7 +315,15 @@ unsafe impl Backend for CudaBackend {
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         // SAFETY: `wait` true: the copy has finished when it returns.
-        unsafe { self.load(src, dst, runs, true) }
+        unsafe {
+            self.copy(
+                src.side(),
+                dst.side_mut(),
+                runs,
+                RunOrder::SrcAscending,
+                true,
+            )
+        }
     }
 
     unsafe fn enqueue_device_to_host(
@@ -317,7 +333,15 @@ unsafe impl Backend for CudaBackend {
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.backup(src, dst, runs, false) }
+        unsafe {
+            self.copy(
+                src.side(),
+                dst.side_mut(),
+                runs,
+                RunOrder::DstAscending,
+                false,
+            )
+        }
     }
 
     unsafe fn enqueue_host_to_device(
@@ -327,7 +351,15 @@ unsafe impl Backend for CudaBackend {
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         // SAFETY: forwarded to the caller.
-        unsafe { self.load(src, dst, runs, false) }
+        unsafe {
+            self.copy(
+                src.side(),
+                dst.side_mut(),
+                runs,
+                RunOrder::SrcAscending,
+                false,
+            )
+        }
     }
 
     /// [`Gpu::finish`]: waits for the stream; a run the GPU refused is a driver error here
@@ -342,69 +374,31 @@ unsafe impl Backend for CudaBackend {
     }
 }
 
-impl CudaBackend {
-    /// A backup by [`Self::copy`] (host-address order).
-    ///
-    /// # Safety
-    /// As [`Self::copy`].
-    unsafe fn backup(
-        &self,
-        src: &CudaDeviceMem,
-        dst: &mut CudaHostMem,
-        runs: &[CopyRun],
-        wait: bool,
-    ) -> Result<(), BackendError> {
-        let (src_len, dst_len) = (src.len_bytes, dst.len_bytes);
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            self.copy(
-                (
-                    "device",
-                    src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
-                    src_len,
-                ),
-                (
-                    "host",
-                    dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
-                    dst_len,
-                ),
-                runs,
-                RunOrder::DstAscending,
-                wait,
-            )
-        }
+impl CudaDeviceMem {
+    /// The side as [`CudaBackend::copy`] takes it.
+    fn side(&self) -> (&'static str, Option<&dyn GpuBytes>, u64) {
+        let bytes = self.bytes.as_ref().map(|b| b as &dyn GpuBytes);
+        ("device", bytes, self.len_bytes)
     }
 
-    /// A load by [`Self::copy`] (host-address order).
-    ///
-    /// # Safety
-    /// As [`Self::copy`].
-    unsafe fn load(
-        &self,
-        src: &CudaHostMem,
-        dst: &mut CudaDeviceMem,
-        runs: &[CopyRun],
-        wait: bool,
-    ) -> Result<(), BackendError> {
-        let (src_len, dst_len) = (src.len_bytes, dst.len_bytes);
-        // SAFETY: forwarded to the caller.
-        unsafe {
-            self.copy(
-                (
-                    "host",
-                    src.bytes.as_ref().map(|b| b as &dyn GpuBytes),
-                    src_len,
-                ),
-                (
-                    "device",
-                    dst.bytes.as_mut().map(|b| b as &mut dyn GpuBytes),
-                    dst_len,
-                ),
-                runs,
-                RunOrder::SrcAscending,
-                wait,
-            )
-        }
+    /// [`CudaDeviceMem::side`], writable.
+    fn side_mut(&mut self) -> (&'static str, Option<&mut dyn GpuBytes>, u64) {
+        let bytes = self.bytes.as_mut().map(|b| b as &mut dyn GpuBytes);
+        ("device", bytes, self.len_bytes)
+    }
+}
+
+impl CudaHostMem {
+    /// The side as [`CudaBackend::copy`] takes it.
+    fn side(&self) -> (&'static str, Option<&dyn GpuBytes>, u64) {
+        let bytes = self.bytes.as_ref().map(|b| b as &dyn GpuBytes);
+        ("host", bytes, self.len_bytes)
+    }
+
+    /// [`CudaHostMem::side`], writable.
+    fn side_mut(&mut self) -> (&'static str, Option<&mut dyn GpuBytes>, u64) {
+        let bytes = self.bytes.as_mut().map(|b| b as &mut dyn GpuBytes);
+        ("host", bytes, self.len_bytes)
     }
 }
 
