@@ -464,71 +464,76 @@ fn device_staged(
     let mut slot_free: Vec<Option<cudarc::driver::CudaEvent>> =
         (0..STAGING_SLOTS).map(|_| None).collect();
     let mut chunk: Vec<ByteRun> = Vec::new();
-    let mut used = 0u64;
+    let mut used_bytes = 0u64;
     let mut slot = 0usize;
-    let mut flush =
-        |chunk: &mut Vec<ByteRun>, used: &mut u64, slot: &mut usize| -> Result<(), KernelError> {
-            if chunk.is_empty() {
-                return Ok(());
+    let mut flush = |chunk: &mut Vec<ByteRun>,
+                     used_bytes: &mut u64,
+                     slot: &mut usize|
+     -> Result<(), KernelError> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        if let Some(e) = slot_free[*slot].take() {
+            gather.wait(&e).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        let base = staging + *slot as u64 * STAGING_SLOT_BYTES;
+        // Gather: run i goes to the slot at the sum of the lengths before it.
+        let mut packed = Vec::with_capacity(chunk.len());
+        let mut at_bytes = 0u64;
+        for r in chunk.iter() {
+            packed.push(ByteRun::new(r.src_offset_bytes, at_bytes, r.len_bytes));
+            at_bytes += r.len_bytes;
+        }
+        for g in kvlayout_kernels::group_pitched(&packed, gpu.max_pitch_bytes()) {
+            if g.lines() >= 2 {
+                // SAFETY: every line lies inside the device pool and the staging slot.
+                unsafe { copy_engine::pitched_on(gather, (bases.0, base), &g)? };
+            } else {
+                memcpy(
+                    gather,
+                    base + g.dst_offset_bytes(),
+                    bases.0 + g.src_offset_bytes(),
+                    g.len_bytes(),
+                )?;
             }
-            if let Some(e) = slot_free[*slot].take() {
-                gather.wait(&e).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        follow(gather, out)?;
+        // Out: host-contiguous stretches of the chunk, one copy each.
+        let mut i = 0;
+        let mut at_bytes = 0u64;
+        while i < chunk.len() {
+            let (start_host, start_at_bytes) = (chunk[i].dst_offset_bytes, at_bytes);
+            let mut len_bytes = 0u64;
+            while i < chunk.len() && chunk[i].dst_offset_bytes == start_host + len_bytes {
+                len_bytes += chunk[i].len_bytes;
+                i += 1;
             }
-            let base = staging + *slot as u64 * STAGING_SLOT_BYTES;
-            // Gather: run i goes to the slot at the sum of the lengths before it.
-            let mut packed = Vec::with_capacity(chunk.len());
-            let mut at = 0u64;
-            for r in chunk.iter() {
-                packed.push(ByteRun::new(r.src_offset_bytes, at, r.len_bytes));
-                at += r.len_bytes;
-            }
-            for g in kvlayout_kernels::group_pitched(&packed, gpu.max_pitch_bytes()) {
-                if g.lines() >= 2 {
-                    // SAFETY: every line lies inside the device pool and the staging slot.
-                    unsafe { copy_engine::pitched_on(gather, (bases.0, base), &g)? };
-                } else {
-                    memcpy(
-                        gather,
-                        base + g.dst_offset_bytes(),
-                        bases.0 + g.src_offset_bytes(),
-                        g.len_bytes(),
-                    )?;
-                }
-            }
-            follow(gather, out)?;
-            // Out: host-contiguous stretches of the chunk, one copy each.
-            let mut i = 0;
-            let mut at = 0u64;
-            while i < chunk.len() {
-                let (start_host, start_at) = (chunk[i].dst_offset_bytes, at);
-                let mut len = 0u64;
-                while i < chunk.len() && chunk[i].dst_offset_bytes == start_host + len {
-                    len += chunk[i].len_bytes;
-                    i += 1;
-                }
-                memcpy(out, bases.1 + start_host, base + start_at, len)?;
-                at += len;
-            }
-            slot_free[*slot] = Some(
-                out.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                    .map_err(drv("cuEventRecord"))?,
-            );
-            *slot = (*slot + 1) % STAGING_SLOTS;
-            chunk.clear();
-            *used = 0;
-            Ok(())
-        };
+            memcpy(out, bases.1 + start_host, base + start_at_bytes, len_bytes)?;
+            at_bytes += len_bytes;
+        }
+        slot_free[*slot] = Some(
+            out.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(drv("cuEventRecord"))?,
+        );
+        *slot = (*slot + 1) % STAGING_SLOTS;
+        chunk.clear();
+        *used_bytes = 0;
+        Ok(())
+    };
     for r in runs {
-        if used + r.len_bytes > STAGING_SLOT_BYTES {
-            flush(&mut chunk, &mut used, &mut slot)?;
+        if used_bytes + r.len_bytes > STAGING_SLOT_BYTES {
+            flush(&mut chunk, &mut used_bytes, &mut slot)?;
         }
         if r.len_bytes > STAGING_SLOT_BYTES {
-            return Err(KernelError::spec("len", "a run longer than a staging slot"));
+            return Err(KernelError::spec(
+                "len_bytes",
+                "a run longer than a staging slot",
+            ));
         }
-        used += r.len_bytes;
+        used_bytes += r.len_bytes;
         chunk.push(r);
     }
-    flush(&mut chunk, &mut used, &mut slot)?;
+    flush(&mut chunk, &mut used_bytes, &mut slot)?;
     follow(gather, main)?;
     follow(out, main)
 }
