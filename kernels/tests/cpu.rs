@@ -569,6 +569,37 @@ fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budg
 }
 
 #[test]
+fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
+    use kvlayout_kernels::{CARVEOUT_MIN_RUNS, SM_BUDGET, TransferDirection as D};
+    // 64 DeepSeek-V3.2 page runs (MLA 41,984 B and index-K 8,448 B alternating): CARVEOUT_MIN_RUNS.
+    let page = |i: u64| ByteRun::new(i * 50_432, i * 50_432, [41_984, 8_448][(i % 2) as usize]);
+    let pages: Vec<ByteRun> = (0..64).map(page).collect();
+    assert_eq!(CARVEOUT_MIN_RUNS, 64);
+    let sm = |max_sms, runs| TransferPath::SmKernel { max_sms, runs };
+    let ce = |runs| TransferPath::CopyEngines { runs };
+    // A load on a carve-out of 2: the kernel on those 2 SMs; one run fewer: the copy engines.
+    assert_eq!(TransferPath::choose(&pages, D::Load, Some(2)), sm(2, 64));
+    assert_eq!(TransferPath::choose(&pages[..63], D::Load, Some(2)), ce(63));
+    // Backups and other directions keep the copy engines, carve-out or not.
+    assert_eq!(TransferPath::choose(&pages, D::Backup, Some(2)), ce(64));
+    assert_eq!(TransferPath::choose(&pages, D::Other, Some(2)), ce(64));
+    // Without a carve-out: the copy engines, as `for_runs`.
+    assert_eq!(TransferPath::choose(&pages, D::Load, None), ce(64));
+    assert_eq!(TransferPath::for_runs(&pages), ce(64));
+    // Token runs (132-byte index-K tokens): the carve-out's SMs in every direction, else the
+    // fixed budget.
+    let tokens: Vec<ByteRun> = (0..3)
+        .map(|i| ByteRun::new(i * 132, i * 132, 132))
+        .collect();
+    assert_eq!(TransferPath::choose(&tokens, D::Backup, Some(5)), sm(5, 3));
+    assert_eq!(TransferPath::choose(&tokens, D::Load, Some(5)), sm(5, 3));
+    assert_eq!(
+        TransferPath::choose(&tokens, D::Load, None),
+        sm(SM_BUDGET, 3)
+    );
+}
+
+#[test]
 fn gpu_handles_can_be_shared_between_threads() {
     // A pool backend holds an Arc<Gpu> and moves buffers between threads.
     fn send_sync<T: Send + Sync>() {}

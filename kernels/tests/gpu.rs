@@ -1025,3 +1025,127 @@ fn device_sub_range_reads_and_writes() {
     let z = gpu.alloc_pinned_zeroed(4096).unwrap();
     assert!(z.as_slice().iter().all(|&b| b == 0));
 }
+
+/// The chooser with the model's SM carve-out set (`Gpu::set_model_sm_carveout`), against the
+/// pool crate's CPU backend, bit for bit: a load of 100 random pages x 3 layers x 2 buffers
+/// (600 page runs, over CARVEOUT_MIN_RUNS) goes to the run-list kernel on the carve-out, the
+/// backup of the same runs stays on the copy engines, a load of 2 runs too; 140,000 token runs
+/// (9 launches of at most RUN_RING_SLOT_RUNS runs: the ring of 8 slots wraps inside one call)
+/// on the carve-out, called 3 times (the ring wraps across calls); a bad run refused with the
+/// exact error and nothing moved; a carve-out above the SM count refused naming `sms`.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
+    use kvlayout_kernels::{CARVEOUT_MIN_RUNS, RUN_RING_SLOT_RUNS, RUN_RING_SLOTS};
+    let gpu = gpu();
+    assert_eq!(gpu.model_sm_carveout(), None);
+    let err = gpu.set_model_sm_carveout(gpu.sm_count() + 1).unwrap_err();
+    assert!(
+        matches!(&err, KernelError::Spec { field, .. } if field == "sms"),
+        "{err:?}"
+    );
+    assert_eq!(gpu.model_sm_carveout(), None);
+    gpu.set_model_sm_carveout(2).unwrap();
+    assert_eq!(gpu.model_sm_carveout(), Some(2));
+
+    let host = pool(MemoryLayout::PageFirst, 256);
+    let device = pool(MemoryLayout::LayerFirst, 128);
+    let mut rng = SplitMix64::new(1201);
+    for h2d in [true, false] {
+        let (src_pool, dst_pool) = if h2d {
+            (&host, &device)
+        } else {
+            (&device, &host)
+        };
+        let runs = all_page_runs(&mut rng, src_pool, dst_pool, 100);
+        assert_eq!(runs.len(), 600);
+        assert!(runs.len() as u64 >= CARVEOUT_MIN_RUNS);
+        let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
+        let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
+        let src = Buf::new(&gpu, h2d, &src_bytes);
+        let order = if h2d {
+            RunOrder::SrcAscending
+        } else {
+            RunOrder::DstAscending
+        };
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        let path = gpu
+            .transfer_runs(src.bytes(), dst.bytes_mut(), &runs, order)
+            .unwrap();
+        if h2d {
+            // Random pages: no two runs continue each other, all 600 stay.
+            assert_eq!(
+                path,
+                TransferPath::SmKernel {
+                    max_sms: 2,
+                    runs: 600
+                }
+            );
+        } else {
+            assert!(matches!(path, TransferPath::CopyEngines { .. }), "{path:?}");
+        }
+        let expect = cpu_reference(&src_bytes, &poison, &runs);
+        assert!(dst.read(&gpu) == expect, "carve-out chooser h2d={h2d}");
+        // Two runs: the copy engines, both ways.
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        let path = gpu
+            .transfer_runs(src.bytes(), dst.bytes_mut(), &runs[..2], order)
+            .unwrap();
+        assert!(matches!(path, TransferPath::CopyEngines { .. }), "{path:?}");
+        assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &runs[..2]));
+        // A run one byte past the destination: refused before anything moves.
+        let dst_len = dst_pool.total_bytes().unwrap();
+        let mut bad = runs.clone();
+        bad[300] = ByteRun::new(0, dst_len - 10, 11);
+        let mut dst = Buf::new(&gpu, !h2d, &poison);
+        let err = gpu
+            .transfer_runs(src.bytes(), dst.bytes_mut(), &bad, order)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::RunOutOfRange {
+                position: 300,
+                run: bad[300],
+                src_len_bytes: src_pool.total_bytes().unwrap(),
+                dst_len_bytes: dst_len,
+                bad_count: 1,
+            }
+        );
+        assert!(
+            dst.read(&gpu) == poison,
+            "h2d={h2d}: a refused list moved bytes"
+        );
+    }
+
+    // Token-granular: 140,000 runs of 40 bytes between random slots, on the carve-out's 3 SMs.
+    gpu.set_model_sm_carveout(3).unwrap();
+    let n = 140_000usize;
+    assert!(n > RUN_RING_SLOTS * RUN_RING_SLOT_RUNS);
+    let src_bytes = rng.bytes(200_000 * 40);
+    let src = gpu.upload(&src_bytes).unwrap();
+    for call in 0..3 {
+        let runs: Vec<ByteRun> = rng
+            .distinct_below(200_000, n)
+            .into_iter()
+            .zip(rng.distinct_below(200_000, n))
+            .map(|(s, d)| ByteRun::new(s * 40, d * 40, 40))
+            .collect();
+        let poison = rng.bytes(200_000 * 40);
+        let mut dst = gpu.upload(&poison).unwrap();
+        let path = gpu
+            .transfer_runs(&src, &mut dst, &runs, RunOrder::AsGiven)
+            .unwrap();
+        assert_eq!(
+            path,
+            TransferPath::SmKernel {
+                max_sms: 3,
+                runs: n as u64
+            },
+            "call {call}"
+        );
+        let expect = cpu_reference(&src_bytes, &poison, &runs);
+        assert!(gpu.read(&dst).unwrap() == expect, "token runs, call {call}");
+    }
+    gpu.set_model_sm_carveout(0).unwrap();
+    assert_eq!(gpu.model_sm_carveout(), None);
+}

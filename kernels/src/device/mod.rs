@@ -23,9 +23,11 @@ mod items;
 mod memory;
 pub mod options;
 mod quantizer;
+mod run_ring;
 mod runs;
 mod staging;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
@@ -40,9 +42,11 @@ use crate::device_memory::{DeviceIndices, driver_err};
 use crate::error::KernelError;
 
 pub use options::{
-    COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions, CopyOrder, KernelReport,
-    LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RunOrder, SM_BUDGET, TransferPath,
+    CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
+    CopyOrder, KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RunOrder,
+    SM_BUDGET, TransferDirection, TransferPath,
 };
+pub use run_ring::{RUN_RING_SLOT_RUNS, RUN_RING_SLOTS};
 pub use staging::{STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES};
 
 /// True when the CUDA driver library can be loaded. Checked before any cudarc driver call,
@@ -130,6 +134,10 @@ pub struct Gpu {
     copy_streams: OnceLock<Result<Vec<Arc<CudaStream>>, KernelError>>,
     /// The staged path's ring of staging slots, created at first use.
     staging: staging::StagingCell,
+    /// The SM path's ring of run-list slots, created at first use.
+    run_ring: run_ring::RunRingCell,
+    /// Multiprocessors the model leaves free ([`Gpu::set_model_sm_carveout`]); 0: none.
+    model_sm_carveout: AtomicU32,
 }
 
 impl Gpu {
@@ -173,7 +181,44 @@ impl Gpu {
             pending: Mutex::new(Vec::new()),
             copy_streams: OnceLock::new(),
             staging: Mutex::new(None),
+            run_ring: Mutex::new(None),
+            model_sm_carveout: AtomicU32::new(0),
         })
+    }
+
+    /// Tells the transfer chooser ([`Gpu::enqueue_transfer_runs`]) that the model leaves `sms`
+    /// multiprocessors free (`0`: none, the default): its GEMMs target the others, as PyTorch's
+    /// and DeepGEMM's SM carve-outs do for communication kernels (`cublasSetSmCountTarget(handle,
+    /// sm_count - sms)` for cuBLAS). Loads of page runs then go to the run-list kernel on those
+    /// SMs instead of the copy engines, and token-granular runs use them instead of
+    /// [`SM_BUDGET`]. Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (the GEMM
+    /// itself 0.3% slower or less): a 1,024-page, 61-layer DSA load layer by layer at 0.87-0.90
+    /// of pinned memcpy with the GEMM 0.1-2.7% slower, against 0.39-0.79 on the copy engines
+    /// (BENCHMARKS.md, "Session 4"). Backups stay on the copy engines: SM stores to host memory
+    /// slowed the GEMM 31-240% at every launch shape measured.
+    ///
+    /// Errors: `sms` above the device's multiprocessor count ([`KernelError::Spec`] naming
+    /// `sms` and both values).
+    pub fn set_model_sm_carveout(&self, sms: u32) -> Result<(), KernelError> {
+        if sms > self.sm_count {
+            return Err(KernelError::spec(
+                "sms",
+                format!(
+                    "a carve-out of {sms} SMs is more than the device's {} SMs",
+                    self.sm_count
+                ),
+            ));
+        }
+        self.model_sm_carveout.store(sms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The model's SM carve-out ([`Gpu::set_model_sm_carveout`]); `None` when unset or 0.
+    pub fn model_sm_carveout(&self) -> Option<u32> {
+        match self.model_sm_carveout.load(Ordering::Relaxed) {
+            0 => None,
+            k => Some(k),
+        }
     }
 
     /// The CUDA context.

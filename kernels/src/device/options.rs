@@ -206,19 +206,66 @@ pub enum TransferPath {
     },
 }
 
+/// Fewest runs (after merging) a load needs before it goes to the run-list kernel on the
+/// model's SM carve-out ([`crate::Gpu::set_model_sm_carveout`]). Below it the copy engines
+/// stay: a load of 1 or 8 pages of one layer (2 or 16 runs) moved 0.93-1.0 of memcpy on them
+/// next to the GEMM, while a kernel launch with its list copy costs about as much as the copy.
+pub const CARVEOUT_MIN_RUNS: u64 = 64;
+
+/// Which way a transfer goes, for the chooser.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransferDirection {
+    /// Host pool to device pool.
+    Load,
+    /// Device pool to host pool.
+    Backup,
+    /// Anything else (device to device, host to host).
+    Other,
+}
+
 impl TransferPath {
-    /// The path for merged runs `runs` (mean length against
-    /// [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]).
-    pub fn for_runs(runs: &[ByteRun]) -> TransferPath {
-        let count = runs.len() as u64;
+    /// True when the mean length of `runs` is at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]
+    /// (page runs; an empty list counts as short).
+    pub fn mean_is_long(runs: &[ByteRun]) -> bool {
         let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
-        if total >= u128::from(COPY_ENGINE_MIN_MEAN_RUN_BYTES) * u128::from(count.max(1)) {
-            TransferPath::CopyEngines { runs: count }
-        } else {
-            TransferPath::SmKernel {
+        total >= u128::from(COPY_ENGINE_MIN_MEAN_RUN_BYTES) * u128::from((runs.len() as u64).max(1))
+    }
+
+    /// The path for merged runs `runs` with no carve-out ([`TransferPath::choose`]).
+    pub fn for_runs(runs: &[ByteRun]) -> TransferPath {
+        TransferPath::choose(runs, TransferDirection::Other, None)
+    }
+
+    /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
+    /// SMs free:
+    /// - mean run length at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]: the copy engines, except
+    ///   a load of at least [`CARVEOUT_MIN_RUNS`] runs with a carve-out, which goes to the
+    ///   run-list kernel on the carve-out (copy engines pay per run, 0.39-0.79 of memcpy for a
+    ///   1,024-page DSA load next to a GEMM; the kernel on 2 free SMs 0.87-0.90);
+    /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
+    ///   [`SM_BUDGET`] SMs without one.
+    pub fn choose(
+        runs: &[ByteRun],
+        direction: TransferDirection,
+        carveout: Option<u32>,
+    ) -> TransferPath {
+        let count = runs.len() as u64;
+        let long = TransferPath::mean_is_long(runs);
+        match carveout {
+            Some(k)
+                if !long
+                    || (direction == TransferDirection::Load && count >= CARVEOUT_MIN_RUNS) =>
+            {
+                TransferPath::SmKernel {
+                    max_sms: k,
+                    runs: count,
+                }
+            }
+            _ if long => TransferPath::CopyEngines { runs: count },
+            _ => TransferPath::SmKernel {
                 max_sms: SM_BUDGET,
                 runs: count,
-            }
+            },
         }
     }
 }

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaStream, sys};
 
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
-    PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferPath, copy_engine,
+    PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferDirection, TransferPath, copy_engine,
 };
 use crate::copy_runs::{ByteRun, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
@@ -217,12 +217,16 @@ impl Gpu {
     }
 
     /// Moves `runs` from `src` to `dst` by the path the runs call for, chosen with no tuning by
-    /// the caller ([`TransferPath::for_runs`] on the runs after ordering and merging): page
-    /// runs go to the copy engines (no SM taken from the model), token-granular runs to the
-    /// run-list kernel on at most [`super::SM_BUDGET`] SMs. Either way every run is checked
-    /// before any byte moves ([`KernelError::RunOutOfRange`]). Does not wait. (The staged path,
-    /// [`Gpu::enqueue_staged_runs`], is not chosen: on the H200 it moved 0.56-0.69 of memcpy
-    /// against the copy engines' 0.71-0.95, BENCHMARKS.md.)
+    /// the caller ([`TransferPath::choose`] on the runs after merging: page runs put in
+    /// `order` first, token runs merged in list order only; the
+    /// direction read from the buffers' memory types, and the model's SM carve-out if one was
+    /// set with [`Gpu::set_model_sm_carveout`]): page runs go to the copy engines (no SM taken
+    /// from the model) unless a load can use the carve-out; token-granular runs go to the
+    /// run-list kernel on the carve-out, or on at most [`super::SM_BUDGET`] SMs without one.
+    /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
+    /// Either way every run is checked before any byte moves ([`KernelError::RunOutOfRange`]).
+    /// Does not wait. (The staged path, [`Gpu::enqueue_staged_runs`], is not chosen: on the
+    /// H200 it moved 0.56-0.69 of memcpy against the copy engines' 0.71-0.95, BENCHMARKS.md.)
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -234,8 +238,21 @@ impl Gpu {
         order: RunOrder,
     ) -> Result<TransferPath, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
-        let merged = order.sorted_and_merged(runs);
-        let path = TransferPath::for_runs(&merged);
+        // Token runs are merged with their neighbours in list order only (engines list a
+        // page's tokens in order): sorting 49,152 token runs per layer took the host longer
+        // than the GPU takes to move them (BENCHMARKS.md). Page runs are sorted and merged.
+        let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
+        let merged = if TransferPath::mean_is_long(&as_listed) {
+            order.sorted_and_merged(runs)
+        } else {
+            as_listed
+        };
+        let direction = match (src.host_bytes().is_some(), dst.host_bytes().is_some()) {
+            (true, false) => TransferDirection::Load,
+            (false, true) => TransferDirection::Backup,
+            _ => TransferDirection::Other,
+        };
+        let path = TransferPath::choose(&merged, direction, self.model_sm_carveout());
         // A staged load before this one may still be scattering on its own stream.
         self.join_staged()?;
         match path {
@@ -245,11 +262,14 @@ impl Gpu {
                 unsafe { self.enqueue_lanes(bases, &merged, CopyEngineOptions::chosen(order))? }
             }
             TransferPath::SmKernel { max_sms, .. } => {
-                let on_device = self.upload_runs(&merged, RunOrder::AsGiven)?;
-                // SAFETY: forwarded to the caller. The list's device copy is freed on drop in
-                // stream order (cudarc: cuMemFreeAsync on this stream), after the kernel.
+                // SAFETY: forwarded to the caller; every merged run was checked just above.
                 unsafe {
-                    self.enqueue_copy_runs(src, dst, &on_device, LaunchShape::sm_budget(max_sms))?
+                    self.enqueue_checked_runs_from_ring(
+                        src,
+                        dst,
+                        &merged,
+                        LaunchShape::sm_budget(max_sms),
+                    )?
                 }
             }
         }

@@ -4,7 +4,10 @@
 //! picks the path from the plan with no tuning by the user: page runs go to the copy engines
 //! (`cuMemcpyBatchAsync`, and `cuMemcpy2DAsync` for groups of runs with constant pitches such as
 //! every layer of a page; no SM taken from a model running next to the transfer), token-granular
-//! runs to the run-list kernel on a few SMs ([`kvlayout_kernels::SM_BUDGET`]).
+//! runs to the run-list kernel on a few SMs ([`kvlayout_kernels::SM_BUDGET`]). When the model's
+//! GEMMs leave SMs free, tell the GPU (`backend.gpu().set_model_sm_carveout(k)`,
+//! [`Gpu::set_model_sm_carveout`]): loads of many page runs then run on those SMs, token-granular
+//! runs too, and backups stay on the copy engines.
 //!
 //! The shim has checked the plan before the backend sees it; every path checks every run
 //! against both regions again (on the host before the copy engines, on the GPU before the

@@ -87,6 +87,25 @@ pub enum Candidate {
     DeviceStaged,
     /// The batch (one stream, 2,048 runs per call, overlap hint) in this order.
     Order(RunOrder),
+    /// Every run by the small kernel on the high-priority stream, in launches of at most
+    /// `runs_per_launch` runs (short launches, so a launch's blocks are placed again each time
+    /// and a GEMM never waits long for an SM), `blocks` blocks of 1024 threads each, launched as
+    /// one thread-block cluster when `cluster` (its blocks then share a GPC).
+    Chunked {
+        blocks: u32,
+        runs_per_launch: u32,
+        cluster: bool,
+    },
+    /// Backups: the small kernel (this many blocks of 1024 threads, high-priority stream)
+    /// gathers the runs, in host order, into device staging slots; the copy engines copy each
+    /// host-contiguous stretch of a slot out with one `cuMemcpyAsync`. The second field
+    /// times a part alone: 0 both, 1 the gather only, 2 the copies out only. The third: the
+    /// copies out round-robin over this many streams (1 to 4), or 0: one `cuMemcpyBatchAsync`
+    /// per slot.
+    GatherThenCopy(u32, u8, u8),
+    /// The call's bytes as contiguous pieces of this many bytes, one `cuMemcpyAsync` each on
+    /// the `Gpu`'s stream: host addresses in order, or (true) pieces in a shuffled order.
+    Pieces(u64, bool),
 }
 
 impl Candidate {
@@ -102,6 +121,28 @@ impl Candidate {
             Candidate::PrioKernel(k) => format!("explore: all runs kernel {k} x 1024 thr, prio"),
             Candidate::ThreadsSplit => "explore: long / short runs from 2 host threads".into(),
             Candidate::Order(o) => format!("explore: batch, 1 stream, 2048 runs/call, {o:?}"),
+            Candidate::Chunked {
+                blocks,
+                runs_per_launch,
+                cluster,
+            } => format!(
+                "explore: kernel {blocks} x 1024 thr{}, prio, {runs_per_launch} runs/launch",
+                if cluster { " as 1 cluster" } else { "" }
+            ),
+            Candidate::GatherThenCopy(k, part, outs) => format!(
+                "explore: kernel {k} x 1024 gathers to slots, stretches out {}{}",
+                if outs == 0 {
+                    "batched".to_string()
+                } else {
+                    format!("on {outs} streams")
+                },
+                ["", " (gather only)", " (copies out only)"][usize::from(part.min(2))]
+            ),
+            Candidate::Pieces(b, shuffled) => format!(
+                "explore: contiguous bytes as {} KiB copies{}",
+                b >> 10,
+                if shuffled { ", shuffled" } else { ", in order" }
+            ),
             Candidate::DeviceStaged => format!(
                 "explore: device staging, D2D gather then 1 copy per host stretch, {STAGING_SLOTS} x {} MiB",
                 STAGING_SLOT_BYTES >> 20
@@ -179,27 +220,77 @@ fn launch_fast(
     blocks: u32,
     (min_len, max_len): (u64, u64),
 ) -> Result<(), KernelError> {
-    let n = call.dev_runs.len() as u64;
-    let runs = call.dev_runs.device_address();
-    let cfg = LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: the run list holds n runs of 3 words, 16-byte aligned inside both pools.
-    unsafe {
-        x.prio
-            .launch_builder(&x.fast)
-            .arg(&runs)
-            .arg(&n)
-            .arg(&bases.0)
-            .arg(&bases.1)
-            .arg(&min_len)
-            .arg(&max_len)
-            .launch(cfg)
+    let list = (call.dev_runs.device_address(), call.dev_runs.len() as u64);
+    launch_list(x, list, bases, blocks, false, (min_len, max_len))
+}
+
+/// The small kernel over `n` runs at device address `runs` (16-byte aligned runs), `blocks`
+/// blocks of 1024 threads on the high-priority stream; one cluster of `blocks` when `cluster`
+/// (`cuLaunchKernelEx` with a cluster dimension).
+fn launch_list(
+    x: &Extra,
+    (runs, n): (u64, u64),
+    bases: (u64, u64),
+    blocks: u32,
+    cluster: bool,
+    (min_len, max_len): (u64, u64),
+) -> Result<(), KernelError> {
+    if !cluster {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the run list holds n runs of 3 words, 16-byte aligned inside both buffers.
+        return unsafe {
+            x.prio
+                .launch_builder(&x.fast)
+                .arg(&runs)
+                .arg(&n)
+                .arg(&bases.0)
+                .arg(&bases.1)
+                .arg(&min_len)
+                .arg(&max_len)
+                .launch(cfg)
+        }
+        .map(|_| ())
+        .map_err(drv("cuLaunchKernel(fast_copy)"));
     }
-    .map(|_| ())
-    .map_err(drv("cuLaunchKernel(fast_copy)"))
+    let mut args = [runs, n, bases.0, bases.1, min_len, max_len];
+    let mut params: Vec<*mut std::ffi::c_void> = args
+        .iter_mut()
+        .map(|a| (a as *mut u64).cast::<std::ffi::c_void>())
+        .collect();
+    // SAFETY: a zeroed union is a valid attribute value; only clusterDim is set and read.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = blocks;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 1024,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: x.prio.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: the parameters match fast_copy's six 64-bit arguments and outlive the call
+    // (the driver copies them at launch); the list and buffers as above.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &cfg,
+            x.fast.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(drv("cuLaunchKernelEx(fast_copy, cluster)"))
 }
 
 /// Enqueues one call of a candidate; everything joins back into the `Gpu`'s stream.
@@ -289,7 +380,154 @@ pub fn enqueue(
             launch_fast(x, call, bases, k, (0, u64::MAX))?;
             follow(&x.prio, main)
         }
+        Candidate::Chunked {
+            blocks,
+            runs_per_launch,
+            cluster,
+        } => {
+            follow(main, &x.prio)?;
+            let (addr, n) = (call.dev_runs.device_address(), call.dev_runs.len() as u64);
+            let per = u64::from(runs_per_launch.max(1));
+            let mut first = 0u64;
+            while first < n {
+                let count = per.min(n - first);
+                let list = (addr + first * RUN_BYTES, count);
+                launch_list(x, list, bases, blocks, cluster, (0, u64::MAX))?;
+                first += count;
+            }
+            follow(&x.prio, main)
+        }
+        Candidate::Pieces(piece_bytes, shuffled) => {
+            let n = call.bytes / piece_bytes;
+            let mut order: Vec<u64> = (0..n).collect();
+            if shuffled {
+                // A fixed permutation: multiply by an odd number coprime to n, modulo n.
+                let step = (0..)
+                    .map(|k| 7919 + 2 * k)
+                    .find(|s| gcd(*s, n) == 1)
+                    .unwrap_or(1);
+                order = (0..n).map(|i| i * step % n).collect();
+            }
+            for i in order {
+                let at = i * piece_bytes;
+                memcpy(main, bases.1 + at, bases.0 + at, piece_bytes)?;
+            }
+            Ok(())
+        }
+        Candidate::GatherThenCopy(k, part, outs) => {
+            gather_then_copy(gpu, x, call, bases, k, (part, outs))
+        }
     }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// Bytes of one run in a device run list (three `u64`).
+const RUN_BYTES: u64 = 24;
+
+/// [`Candidate::GatherThenCopy`]: the gather list (device offset -> slot offset) uploaded once
+/// per call, a kernel launch per slot on the high-priority stream, the copies out on a side
+/// stream, a ring of slots joined by events.
+fn gather_then_copy(
+    gpu: &Gpu,
+    x: &Extra,
+    call: &Call,
+    bases: (u64, u64),
+    blocks: u32,
+    (part, outs): (u8, u8),
+) -> Result<(), KernelError> {
+    let main = gpu.stream();
+    let out_streams = &x.side[1..1 + usize::from(outs.clamp(1, 4))];
+    let staging = kvlayout_kernels::GpuBytes::device_address(&x.staging);
+    let runs = RunOrder::DstAscending.sorted_and_merged(&call.runs);
+    // Slots: runs packed in host order; a slot holds the runs that fit in it.
+    let mut packed = Vec::with_capacity(runs.len());
+    let mut slots: Vec<(usize, usize)> = Vec::new(); // (first run, end run) per chunk
+    let (mut first, mut used) = (0usize, 0u64);
+    for (i, r) in runs.iter().enumerate() {
+        if r.len_bytes > STAGING_SLOT_BYTES {
+            return Err(KernelError::spec("len_bytes", "a run longer than a slot"));
+        }
+        if used + r.len_bytes > STAGING_SLOT_BYTES {
+            slots.push((first, i));
+            (first, used) = (i, 0);
+        }
+        let slot = slots.len() % STAGING_SLOTS;
+        packed.push(ByteRun::new(
+            r.src_offset_bytes,
+            slot as u64 * STAGING_SLOT_BYTES + used,
+            r.len_bytes,
+        ));
+        used += r.len_bytes;
+    }
+    slots.push((first, runs.len()));
+    static SHOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SHOWN.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let stretches = 1 + runs
+            .windows(2)
+            .filter(|w| w[0].dst_offset_bytes + w[0].len_bytes != w[1].dst_offset_bytes)
+            .count();
+        println!(
+            "    gather: {} runs after merging, {} slots, {stretches} host stretches",
+            runs.len(),
+            slots.len()
+        );
+    }
+    let list = gpu.upload_runs(&packed, RunOrder::AsGiven)?;
+    follow(main, &x.prio)?;
+    for out in out_streams {
+        follow(main, out)?;
+    }
+    let mut slot_free: Vec<Option<cudarc::driver::CudaEvent>> =
+        (0..STAGING_SLOTS).map(|_| None).collect();
+    for (c, &(a, b)) in slots.iter().enumerate() {
+        let slot = c % STAGING_SLOTS;
+        if let Some(e) = slot_free[slot].take() {
+            x.prio.wait(&e).map_err(drv("cuStreamWaitEvent"))?;
+        }
+        let sub = (list.device_address() + a as u64 * RUN_BYTES, (b - a) as u64);
+        if part != 2 {
+            launch_list(x, sub, (bases.0, staging), blocks, false, (0, u64::MAX))?;
+        }
+        let out = &out_streams[c % out_streams.len()];
+        follow(&x.prio, out)?;
+        let mut i = a;
+        let mut stretches = Vec::new();
+        while i < b {
+            let (host_at, slot_at) = (runs[i].dst_offset_bytes, packed[i].dst_offset_bytes);
+            let mut len = 0u64;
+            while i < b && runs[i].dst_offset_bytes == host_at + len {
+                len += runs[i].len_bytes;
+                i += 1;
+            }
+            stretches.push(ByteRun::new(slot_at, host_at, len));
+        }
+        if part != 1 && outs == 0 {
+            batch(out, (staging, bases.1), &stretches)?;
+        } else if part != 1 {
+            for r in &stretches {
+                memcpy(
+                    out,
+                    bases.1 + r.dst_offset_bytes,
+                    staging + r.src_offset_bytes,
+                    r.len_bytes,
+                )?;
+            }
+        }
+        slot_free[slot] = Some(
+            out.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .map_err(drv("cuEventRecord"))?,
+        );
+    }
+    follow(&x.prio, main)?;
+    for out in out_streams {
+        follow(out, main)?;
+    }
+    // The list is freed in the main stream's order, after the joins above.
+    drop(list);
+    Ok(())
 }
 
 /// The GEMM loop's median with a spinner of `blocks` x `threads` resident on a high-priority

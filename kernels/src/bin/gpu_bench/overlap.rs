@@ -456,7 +456,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     let mut gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
     if let Some(k) = explore::sm_carveout() {
         // `--sm-carveout K`: the model's cuBLAS handle targets all SMs but K
-        // (`cublasSetSmCountTarget`), leaving K to a copy kernel.
+        // (`cublasSetSmCountTarget`), leaving K to a copy kernel; the chooser is told.
+        gpu.set_model_sm_carveout(k)?;
         let full = gemm_ms.median;
         let target = gpu.sm_count().saturating_sub(k) as i32;
         // SAFETY: a live cuBLAS handle; the call only sets a field of it.
@@ -502,7 +503,11 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         } else if exploring && std::env::args().any(|a| a == "--orders") {
             i == 0
         } else if exploring && explore::sm_carveout().is_some() {
-            i < 4
+            i < if std::env::args().any(|a| a == "--gather") {
+                2
+            } else {
+                4
+            }
         } else if exploring {
             i < 5 && (i < 2 || i == 4 || std::env::args().any(|a| a == "--large"))
         } else if small {

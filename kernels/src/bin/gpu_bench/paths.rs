@@ -104,7 +104,51 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
         use explore::Candidate as C;
         if let Some(k) = explore::sm_carveout() {
             paths.extend([Path::Auto, Path::RunKernel(Some(k))]);
-            paths.extend([C::PrioKernel(k), C::SplitKernel(k)].map(Path::Explore));
+            let gather = std::env::args().any(|a| a == "--gather");
+            if shape.h2d {
+                paths.extend([C::SplitKernel(1), C::SplitKernel(k)].map(Path::Explore));
+            } else if gather {
+                // Where a device-side gather's time goes: the parts alone, the copies out
+                // on 1, 2 or 4 streams or batched, and plain copies of contiguous pieces.
+                for (blocks, part, outs) in [
+                    (1, 0, 1),
+                    (k, 0, 1),
+                    (8, 0, 1),
+                    (k, 1, 1),
+                    (8, 1, 1),
+                    (8, 2, 1),
+                    (8, 2, 4),
+                    (8, 2, 0),
+                    (8, 0, 4),
+                    (8, 0, 0),
+                ] {
+                    paths.push(Path::Explore(C::GatherThenCopy(blocks, part, outs)));
+                }
+                for (piece, shuffled) in [
+                    (2 << 20, false),
+                    (2 << 20, true),
+                    (512 << 10, false),
+                    (64 << 10, false),
+                    (32 << 20, true),
+                ] {
+                    paths.push(Path::Explore(C::Pieces(piece, shuffled)));
+                }
+            }
+            if !gather {
+                paths.push(Path::Explore(C::PrioKernel(k)));
+                for (blocks, runs_per_launch, cluster) in [
+                    (k, 2048, false),
+                    (k, 512, false),
+                    (k, 2048, true),
+                    (1, 2048, false),
+                ] {
+                    paths.push(Path::Explore(C::Chunked {
+                        blocks,
+                        runs_per_launch,
+                        cluster,
+                    }));
+                }
+            }
         } else if shape.name.contains("only") {
             paths.push(Path::Batch(true, true, 1, 2048, false));
         } else if shape.h2d && std::env::args().any(|a| a == "--orders") {

@@ -1,0 +1,136 @@
+//! Run lists for the SM path without a stream synchronisation: a ring of [`RUN_RING_SLOTS`]
+//! slots of [`RUN_RING_SLOT_RUNS`] runs, each a pinned host half and a device half. A list (the
+//! host has checked every run against both buffers) is written into the next slot's host
+//! half, copied to its device half with one `cuMemcpyAsync` on the `Gpu`'s stream, and read
+//! there by the run-list kernel launched right behind it; an event after the kernel marks the
+//! slot free again. A list longer than a slot goes as several launches, one slot each. The
+//! host waits only when the ring wraps onto a slot whose kernel has not finished (eight
+//! launches behind), so a layer-by-layer load is enqueued without a stall per layer; the old
+//! path (`Gpu::upload_runs`, a synchronous upload per call) cost the token-granular load most
+//! of its time (0.084 of memcpy, BENCHMARKS.md).
+
+use std::sync::Mutex;
+
+use cudarc::driver::{CudaEvent, sys};
+
+use super::{Arg, Gpu, LaunchShape};
+use crate::copy_runs::ByteRun;
+use crate::device_memory::{DeviceBytes, GpuBytes, PinnedBytes, driver_err};
+use crate::error::KernelError;
+
+/// Slots in the ring (launches in flight before the host waits).
+pub const RUN_RING_SLOTS: usize = 8;
+/// Runs per slot (one launch): 16,384 runs of 24 bytes, 384 KiB per half. A layer of a
+/// 4,096-page DSA load is 8,192 runs.
+pub const RUN_RING_SLOT_RUNS: usize = 16 * 1024;
+
+/// Bytes of one run in a list (three little-endian `u64`: src, dst, len).
+const RUN_BYTES: usize = 24;
+const SLOT_BYTES: usize = RUN_RING_SLOT_RUNS * RUN_BYTES;
+
+/// The ring: both halves of every slot, one event per slot.
+pub(super) struct RunRing {
+    host: PinnedBytes,
+    dev: DeviceBytes,
+    /// Per slot: the kernel that read it has finished (recorded on the `Gpu`'s stream).
+    done: Vec<CudaEvent>,
+    used: Vec<bool>,
+    next: usize,
+}
+
+pub(super) type RunRingCell = Mutex<Option<RunRing>>;
+
+impl Gpu {
+    /// Enqueues the run-list kernel over `runs` (already checked against both buffers'
+    /// lengths) under `shape`, the list through the ring. Does not wait.
+    ///
+    /// # Safety
+    /// Every run lies inside both buffers, which stay alive and untouched by the CPU until the
+    /// stream has finished.
+    pub(super) unsafe fn enqueue_checked_runs_from_ring(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        let k = self.kernels()?;
+        let mut guard = self
+            .run_ring
+            .lock()
+            .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?;
+        if guard.is_none() {
+            *guard = Some(RunRing {
+                host: self.alloc_pinned(SLOT_BYTES * RUN_RING_SLOTS)?,
+                dev: self.alloc_device(SLOT_BYTES * RUN_RING_SLOTS)?,
+                done: (0..RUN_RING_SLOTS)
+                    .map(|_| {
+                        self.ctx
+                            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                            .map_err(driver_err("cuEventCreate"))
+                    })
+                    .collect::<Result<_, _>>()?,
+                used: vec![false; RUN_RING_SLOTS],
+                next: 0,
+            });
+        }
+        let ring = guard
+            .as_mut()
+            .ok_or_else(|| KernelError::Unsupported("run ring missing".to_string()))?;
+        for part in runs.chunks(RUN_RING_SLOT_RUNS) {
+            let slot = ring.next;
+            ring.next = (slot + 1) % RUN_RING_SLOTS;
+            if ring.used[slot] {
+                // The host half is rewritten below: the kernel (and the copy before it) that
+                // used this slot must be done.
+                ring.done[slot]
+                    .synchronize()
+                    .map_err(driver_err("cuEventSynchronize"))?;
+            }
+            let at = slot * SLOT_BYTES;
+            let len = part.len() * RUN_BYTES;
+            let words = &mut ring.host.as_mut_slice()[at..at + len];
+            for (w, r) in words.chunks_exact_mut(RUN_BYTES).zip(part) {
+                w[..8].copy_from_slice(&r.src_offset_bytes.to_le_bytes());
+                w[8..16].copy_from_slice(&r.dst_offset_bytes.to_le_bytes());
+                w[16..].copy_from_slice(&r.len_bytes.to_le_bytes());
+            }
+            let (host_list, dev_list) = (
+                ring.host.device_address() + at as u64,
+                ring.dev.device_address() + at as u64,
+            );
+            // SAFETY: both halves are live allocations of the ring; `len` bytes at `at` lie in
+            // slot `slot` of each.
+            unsafe { sys::cuMemcpyAsync(dev_list, host_list, len, self.stream.cu_stream()) }
+                .result()
+                .map_err(driver_err("cuMemcpyAsync"))?;
+            let n = part.len() as u64;
+            let args = [
+                Arg::Word(dev_list),
+                Arg::Word(n),
+                Arg::Word(src.device_address()),
+                Arg::Word(dst.device_address()),
+                Arg::Word(src.len_bytes()),
+                Arg::Word(dst.len_bytes()),
+                // Checked on the host before this call: no check in the launch.
+                Arg::Word(0),
+                Arg::Word(self.err_address()),
+            ];
+            // SAFETY: arguments match copy_runs; the device half holds the n runs, copied in
+            // stream order before the launch; every run lies inside both buffers (caller).
+            unsafe {
+                self.launch(
+                    &k.copy_runs,
+                    "cuLaunchKernel(copy_runs)",
+                    self.grid(shape, n * 32),
+                    &args,
+                )?
+            };
+            ring.done[slot]
+                .record(&self.stream)
+                .map_err(driver_err("cuEventRecord"))?;
+            ring.used[slot] = true;
+        }
+        Ok(())
+    }
+}
