@@ -597,6 +597,28 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
         TransferPath::choose(&tokens, D::Load, None),
         sm(SM_BUDGET, 3)
     );
+    assert_eq!(TransferPath::choose(&tokens, D::Other, Some(5)), sm(5, 3));
+    // A carve-out of 0 SMs is no carve-out.
+    assert_eq!(TransferPath::choose(&pages, D::Load, Some(0)), ce(64));
+    assert_eq!(
+        TransferPath::choose(&tokens, D::Load, Some(0)),
+        sm(SM_BUDGET, 3)
+    );
+}
+
+#[test]
+fn merging_never_wraps_a_length() {
+    // Two runs that continue each other on both sides but whose lengths sum past u64::MAX
+    // (10 + (u64::MAX - 9) = u64::MAX + 1; possible only in an unchecked list): left as two
+    // runs, lengths unchanged.
+    let runs = [ByteRun::new(0, 0, 10), ByteRun::new(10, 10, u64::MAX - 9)];
+    assert_eq!(RunOrder::AsGiven.sorted_and_merged(&runs), runs.to_vec());
+    // Exactly fitting: 10 + (u64::MAX - 10) = u64::MAX, merged.
+    let fits = [ByteRun::new(0, 0, 10), ByteRun::new(10, 10, u64::MAX - 10)];
+    assert_eq!(
+        RunOrder::AsGiven.sorted_and_merged(&fits),
+        vec![ByteRun::new(0, 0, u64::MAX)]
+    );
 }
 
 #[test]

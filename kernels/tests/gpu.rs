@@ -1026,27 +1026,38 @@ fn device_sub_range_reads_and_writes() {
     assert!(z.as_slice().iter().all(|&b| b == 0));
 }
 
-/// The chooser with the model's SM carve-out set (`Gpu::set_model_sm_carveout`), against the
+/// The chooser with the model's SM carve-out set (`Gpu::set_model_carveout_sms`), against the
 /// pool crate's CPU backend, bit for bit: a load of 100 random pages x 3 layers x 2 buffers
 /// (600 page runs, over CARVEOUT_MIN_RUNS) goes to the run-list kernel on the carve-out, the
 /// backup of the same runs stays on the copy engines, a load of 2 runs too; 140,000 token runs
 /// (9 launches of at most RUN_RING_SLOT_RUNS runs: the ring of 8 slots wraps inside one call)
-/// on the carve-out, called 3 times (the ring wraps across calls); a bad run refused with the
-/// exact error and nothing moved; a carve-out above the SM count refused naming `sms`.
+/// on the carve-out, called 3 times; 20 lists enqueued without waiting behind a long transfer
+/// (the ring wraps while the GPU is busy); a bad run refused with the exact error and nothing
+/// moved; a carve-out of every SM refused naming `sms` and both counts; an empty list.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
     use kvlayout_kernels::{CARVEOUT_MIN_RUNS, RUN_RING_SLOT_RUNS, RUN_RING_SLOTS};
     let gpu = gpu();
-    assert_eq!(gpu.model_sm_carveout(), None);
-    let err = gpu.set_model_sm_carveout(gpu.sm_count() + 1).unwrap_err();
-    assert!(
-        matches!(&err, KernelError::Spec { field, .. } if field == "sms"),
-        "{err:?}"
-    );
-    assert_eq!(gpu.model_sm_carveout(), None);
-    gpu.set_model_sm_carveout(2).unwrap();
-    assert_eq!(gpu.model_sm_carveout(), Some(2));
+    assert_eq!(gpu.model_carveout_sms(), None);
+    // A carve-out of every SM leaves the model none: refused naming the field and both counts.
+    let all = gpu.sm_count();
+    let err = gpu.set_model_carveout_sms(all).unwrap_err();
+    match &err {
+        KernelError::Spec { field, problem } => {
+            assert_eq!(field, "sms");
+            assert!(problem.contains(&format!("{all} SMs")), "{problem}");
+            assert!(
+                problem.contains(&format!("carve-out of {all}")),
+                "{problem}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(gpu.set_model_carveout_sms(all + 1).is_err());
+    assert_eq!(gpu.model_carveout_sms(), None);
+    gpu.set_model_carveout_sms(2).unwrap();
+    assert_eq!(gpu.model_carveout_sms(), Some(2));
 
     let host = pool(MemoryLayout::PageFirst, 256);
     let device = pool(MemoryLayout::LayerFirst, 128);
@@ -1118,7 +1129,7 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
     }
 
     // Token-granular: 140,000 runs of 40 bytes between random slots, on the carve-out's 3 SMs.
-    gpu.set_model_sm_carveout(3).unwrap();
+    gpu.set_model_carveout_sms(3).unwrap();
     let n = 140_000usize;
     assert!(n > RUN_RING_SLOTS * RUN_RING_SLOT_RUNS);
     let src_bytes = rng.bytes(200_000 * 40);
@@ -1146,6 +1157,58 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
         let expect = cpu_reference(&src_bytes, &poison, &runs);
         assert!(gpu.read(&dst).unwrap() == expect, "token runs, call {call}");
     }
-    gpu.set_model_sm_carveout(0).unwrap();
-    assert_eq!(gpu.model_sm_carveout(), None);
+
+    // Queued without waiting behind a long transfer (the 140,000 token runs again): 20 lists of
+    // 1,000 runs, one slot each, into disjoint parts of one buffer. The host wraps the ring of
+    // 8 slots while the GPU is still busy with the first transfer, so each slot must be
+    // rewritten only after its event; a slot rewritten early would copy another list's runs.
+    let long_runs: Vec<ByteRun> = rng
+        .distinct_below(200_000, n)
+        .into_iter()
+        .zip(rng.distinct_below(200_000, n))
+        .map(|(s, d)| ByteRun::new(s * 40, d * 40, 40))
+        .collect();
+    let mut long_dst = gpu.upload(&rng.bytes(200_000 * 40)).unwrap();
+    let part_bytes = 1000 * 40;
+    let poison = rng.bytes(20 * part_bytes as usize);
+    let mut dst = gpu.upload(&poison).unwrap();
+    let mut all_runs = Vec::new();
+    // SAFETY: finish() below waits before any buffer is read, changed or dropped.
+    unsafe {
+        gpu.enqueue_transfer_runs(&src, &mut long_dst, &long_runs, RunOrder::AsGiven)
+            .unwrap();
+        for list in 0..20u64 {
+            let runs: Vec<ByteRun> = rng
+                .distinct_below(200_000, 1000)
+                .into_iter()
+                .zip(rng.distinct_below(1000, 1000))
+                .map(|(s, d)| ByteRun::new(s * 40, list * part_bytes + d * 40, 40))
+                .collect();
+            let path = gpu
+                .enqueue_transfer_runs(&src, &mut dst, &runs, RunOrder::AsGiven)
+                .unwrap();
+            assert_eq!(
+                path,
+                TransferPath::SmKernel {
+                    max_sms: 3,
+                    runs: 1000
+                }
+            );
+            all_runs.extend(runs);
+        }
+    }
+    gpu.finish().unwrap();
+    let expect = cpu_reference(&src_bytes, &poison, &all_runs);
+    assert!(
+        gpu.read(&dst).unwrap() == expect,
+        "lists queued behind a long transfer"
+    );
+
+    // Nothing to move: nothing enqueued, reported as no copy-engine runs.
+    let path = gpu
+        .transfer_runs(&src, &mut dst, &[ByteRun::new(8, 8, 0)], RunOrder::AsGiven)
+        .unwrap();
+    assert_eq!(path, TransferPath::CopyEngines { runs: 0 });
+    gpu.set_model_carveout_sms(0).unwrap();
+    assert_eq!(gpu.model_carveout_sms(), None);
 }

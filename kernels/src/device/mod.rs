@@ -136,8 +136,8 @@ pub struct Gpu {
     staging: staging::StagingCell,
     /// The SM path's ring of run-list slots, created at first use.
     run_ring: run_ring::RunRingCell,
-    /// Multiprocessors the model leaves free ([`Gpu::set_model_sm_carveout`]); 0: none.
-    model_sm_carveout: AtomicU32,
+    /// Multiprocessors the model leaves free ([`Gpu::set_model_carveout_sms`]); 0: none.
+    model_carveout_sms: AtomicU32,
 }
 
 impl Gpu {
@@ -182,40 +182,46 @@ impl Gpu {
             copy_streams: OnceLock::new(),
             staging: Mutex::new(None),
             run_ring: Mutex::new(None),
-            model_sm_carveout: AtomicU32::new(0),
+            model_carveout_sms: AtomicU32::new(0),
         })
     }
 
     /// Tells the transfer chooser ([`Gpu::enqueue_transfer_runs`]) that the model leaves `sms`
     /// multiprocessors free (`0`: none, the default): its GEMMs target the others, as PyTorch's
     /// and DeepGEMM's SM carve-outs do for communication kernels (`cublasSetSmCountTarget(handle,
-    /// sm_count - sms)` for cuBLAS). Loads of page runs then go to the run-list kernel on those
-    /// SMs instead of the copy engines, and token-granular runs use them instead of
-    /// [`SM_BUDGET`]. Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (the GEMM
-    /// itself 0.3% slower or less): a 1,024-page, 61-layer DSA load layer by layer at 0.87-0.90
-    /// of pinned memcpy with the GEMM 0.1-2.7% slower, against 0.39-0.79 on the copy engines
-    /// (BENCHMARKS.md, "Session 4"). Backups stay on the copy engines: SM stores to host memory
-    /// slowed the GEMM 31-240% at every launch shape measured.
+    /// sm_count - sms)` for cuBLAS). Loads of at least [`super::CARVEOUT_MIN_RUNS`] page runs
+    /// then go to the run-list kernel with a grid for `sms` SMs ([`LaunchShape::sm_budget`]:
+    /// `8 x sms` blocks of 256 threads, which fit on the free SMs while the GEMM holds the others;
+    /// CUDA places blocks itself, so on an idle GPU they may spread wider) instead of the copy
+    /// engines, and token-granular runs, both ways, use that grid instead of [`SM_BUDGET`]'s.
+    /// Backups of page runs stay on the copy engines: SM stores to host memory slowed the GEMM
+    /// 31-237% at every launch shape measured, on the free SMs too.
     ///
-    /// Errors: `sms` above the device's multiprocessor count ([`KernelError::Spec`] naming
-    /// `sms` and both values).
-    pub fn set_model_sm_carveout(&self, sms: u32) -> Result<(), KernelError> {
-        if sms > self.sm_count {
+    /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
+    /// 4"): a 1,024-page, 61-layer DSA load layer by layer at 0.862-0.877 of pinned memcpy with
+    /// the GEMM 0.4-6.8% slower (two runs of the chooser; the kernel called directly 0.871-0.900
+    /// in four), against 0.32-0.79 on the copy engines. The carve-out itself cost the GEMM -0.3% to
+    /// +15.0% over six machines (its time is bimodal, 1.36 or 1.55 ms, on some of them).
+    ///
+    /// Errors: `sms` equal to or above the device's multiprocessor count ([`KernelError::Spec`]
+    /// naming `sms` and both values): the model must keep at least one.
+    pub fn set_model_carveout_sms(&self, sms: u32) -> Result<(), KernelError> {
+        if sms >= self.sm_count {
             return Err(KernelError::spec(
                 "sms",
                 format!(
-                    "a carve-out of {sms} SMs is more than the device's {} SMs",
+                    "a carve-out of {sms} SMs leaves the model none of the device's {} SMs",
                     self.sm_count
                 ),
             ));
         }
-        self.model_sm_carveout.store(sms, Ordering::Relaxed);
+        self.model_carveout_sms.store(sms, Ordering::Relaxed);
         Ok(())
     }
 
-    /// The model's SM carve-out ([`Gpu::set_model_sm_carveout`]); `None` when unset or 0.
-    pub fn model_sm_carveout(&self) -> Option<u32> {
-        match self.model_sm_carveout.load(Ordering::Relaxed) {
+    /// The model's SM carve-out ([`Gpu::set_model_carveout_sms`]); `None` when unset or 0.
+    pub fn model_carveout_sms(&self) -> Option<u32> {
+        match self.model_carveout_sms.load(Ordering::Relaxed) {
             0 => None,
             k => Some(k),
         }

@@ -103,9 +103,11 @@ impl RunOrder {
                     if last.src_offset_bytes.checked_add(last.len_bytes)
                         == Some(r.src_offset_bytes)
                         && last.dst_offset_bytes.checked_add(last.len_bytes)
-                            == Some(r.dst_offset_bytes) =>
+                            == Some(r.dst_offset_bytes)
+                        && last.len_bytes.checked_add(r.len_bytes).is_some() =>
                 {
-                    // No overflow: both ends were checked to fit the regions (u64) first.
+                    // Checked just above: a merged length that would not fit a u64 is left as
+                    // two runs (unchecked lists may hold such runs; checked ones never do).
                     last.len_bytes += r.len_bytes;
                 }
                 _ => out.push(r),
@@ -207,7 +209,7 @@ pub enum TransferPath {
 }
 
 /// Fewest runs (after merging) a load needs before it goes to the run-list kernel on the
-/// model's SM carve-out ([`crate::Gpu::set_model_sm_carveout`]). Below it the copy engines
+/// model's SM carve-out ([`crate::Gpu::set_model_carveout_sms`]). Below it the copy engines
 /// stay: a load of 1 or 8 pages of one layer (2 or 16 runs) moved 0.93-1.0 of memcpy on them
 /// next to the GEMM, while a kernel launch with its list copy costs about as much as the copy.
 pub const CARVEOUT_MIN_RUNS: u64 = 64;
@@ -237,7 +239,7 @@ impl TransferPath {
     }
 
     /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
-    /// SMs free:
+    /// SMs free (`Some(0)` counts as `None`):
     /// - mean run length at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]: the copy engines, except
     ///   a load of at least [`CARVEOUT_MIN_RUNS`] runs with a carve-out, which goes to the
     ///   run-list kernel on the carve-out (copy engines pay per run, 0.39-0.79 of memcpy for a
@@ -251,7 +253,7 @@ impl TransferPath {
     ) -> TransferPath {
         let count = runs.len() as u64;
         let long = TransferPath::mean_is_long(runs);
-        match carveout {
+        match carveout.filter(|&k| k > 0) {
             Some(k)
                 if !long
                     || (direction == TransferDirection::Load && count >= CARVEOUT_MIN_RUNS) =>

@@ -78,59 +78,93 @@ impl Gpu {
             .as_mut()
             .ok_or_else(|| KernelError::Unsupported("run ring missing".to_string()))?;
         for part in runs.chunks(RUN_RING_SLOT_RUNS) {
-            let slot = ring.next;
-            ring.next = (slot + 1) % RUN_RING_SLOTS;
-            if ring.used[slot] {
-                // The host half is rewritten below: the kernel (and the copy before it) that
-                // used this slot must be done.
-                ring.done[slot]
-                    .synchronize()
-                    .map_err(driver_err("cuEventSynchronize"))?;
+            // SAFETY: forwarded to the caller.
+            let queued =
+                unsafe { self.enqueue_one_slot(ring, &k.copy_runs, src, dst, part, shape) };
+            if let Err(e) = queued {
+                // Something may be queued that reads a slot whose event was not recorded:
+                // wait for the stream, so no later call rewrites a slot the GPU still reads.
+                if self.stream.synchronize().is_err() {
+                    // The context is broken: keep the ring's memory alive rather than free
+                    // it under work that may still reference it.
+                    if let Some(ring) = guard.take() {
+                        std::mem::forget(ring);
+                    }
+                }
+                return Err(e);
             }
-            let at = slot * SLOT_BYTES;
-            let len = part.len() * RUN_BYTES;
-            let words = &mut ring.host.as_mut_slice()[at..at + len];
-            for (w, r) in words.chunks_exact_mut(RUN_BYTES).zip(part) {
-                w[..8].copy_from_slice(&r.src_offset_bytes.to_le_bytes());
-                w[8..16].copy_from_slice(&r.dst_offset_bytes.to_le_bytes());
-                w[16..].copy_from_slice(&r.len_bytes.to_le_bytes());
-            }
-            let (host_list, dev_list) = (
-                ring.host.device_address() + at as u64,
-                ring.dev.device_address() + at as u64,
-            );
-            // SAFETY: both halves are live allocations of the ring; `len` bytes at `at` lie in
-            // slot `slot` of each.
-            unsafe { sys::cuMemcpyAsync(dev_list, host_list, len, self.stream.cu_stream()) }
-                .result()
-                .map_err(driver_err("cuMemcpyAsync"))?;
-            let n = part.len() as u64;
-            let args = [
-                Arg::Word(dev_list),
-                Arg::Word(n),
-                Arg::Word(src.device_address()),
-                Arg::Word(dst.device_address()),
-                Arg::Word(src.len_bytes()),
-                Arg::Word(dst.len_bytes()),
-                // Checked on the host before this call: no check in the launch.
-                Arg::Word(0),
-                Arg::Word(self.err_address()),
-            ];
-            // SAFETY: arguments match copy_runs; the device half holds the n runs, copied in
-            // stream order before the launch; every run lies inside both buffers (caller).
-            unsafe {
-                self.launch(
-                    &k.copy_runs,
-                    "cuLaunchKernel(copy_runs)",
-                    self.grid(shape, n * 32),
-                    &args,
-                )?
-            };
-            ring.done[slot]
-                .record(&self.stream)
-                .map_err(driver_err("cuEventRecord"))?;
-            ring.used[slot] = true;
         }
+        Ok(())
+    }
+
+    /// One launch of [`Gpu::enqueue_checked_runs_from_ring`]: `part` (at most
+    /// [`RUN_RING_SLOT_RUNS`] runs) through the next slot.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_checked_runs_from_ring`].
+    unsafe fn enqueue_one_slot(
+        &self,
+        ring: &mut RunRing,
+        copy_runs: &cudarc::driver::CudaFunction,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        part: &[ByteRun],
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        let slot = ring.next;
+        if ring.used[slot] {
+            // The host half is rewritten below: the kernel (and the copy before it) that used
+            // this slot must be done.
+            ring.done[slot]
+                .synchronize()
+                .map_err(driver_err("cuEventSynchronize"))?;
+        }
+        ring.next = (slot + 1) % RUN_RING_SLOTS;
+        let at_bytes = slot * SLOT_BYTES;
+        let list_bytes = part.len() * RUN_BYTES;
+        let words = &mut ring.host.as_mut_slice()[at_bytes..at_bytes + list_bytes];
+        for (w, r) in words.chunks_exact_mut(RUN_BYTES).zip(part) {
+            w[..8].copy_from_slice(&r.src_offset_bytes.to_le_bytes());
+            w[8..16].copy_from_slice(&r.dst_offset_bytes.to_le_bytes());
+            w[16..].copy_from_slice(&r.len_bytes.to_le_bytes());
+        }
+        let (host_list, dev_list) = (
+            ring.host.device_address() + at_bytes as u64,
+            ring.dev.device_address() + at_bytes as u64,
+        );
+        // From here the slot is in use until its event: a failure below leaves it marked used
+        // with an event from an earlier use, and the caller waits for the whole stream.
+        ring.used[slot] = true;
+        // SAFETY: both halves are live allocations of the ring; `list_bytes` bytes at
+        // `at_bytes` lie in slot `slot` of each.
+        unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, self.stream.cu_stream()) }
+            .result()
+            .map_err(driver_err("cuMemcpyAsync"))?;
+        let n = part.len() as u64;
+        let args = [
+            Arg::Word(dev_list),
+            Arg::Word(n),
+            Arg::Word(src.device_address()),
+            Arg::Word(dst.device_address()),
+            Arg::Word(src.len_bytes()),
+            Arg::Word(dst.len_bytes()),
+            // Checked on the host before this call: no check in the launch.
+            Arg::Word(0),
+            Arg::Word(self.err_address()),
+        ];
+        // SAFETY: arguments match copy_runs; the device half holds the n runs, copied in stream
+        // order before the launch; every run lies inside both buffers (caller).
+        unsafe {
+            self.launch(
+                copy_runs,
+                "cuLaunchKernel(copy_runs)",
+                self.grid(shape, n * 32),
+                &args,
+            )?
+        };
+        ring.done[slot]
+            .record(&self.stream)
+            .map_err(driver_err("cuEventRecord"))?;
         Ok(())
     }
 }

@@ -19,6 +19,10 @@ use crate::pitched::group_pitched;
 /// Fewest runs worth a stream of their own.
 const MIN_RUNS_PER_LANE: usize = 1024;
 
+/// Run lists up to this long are always sorted before merging (a few hundred microseconds of
+/// host time at most); longer lists of token runs are merged in list order only.
+const SORT_ALWAYS_MAX_RUNS: usize = 4096;
+
 impl Gpu {
     /// Copies every run of `runs` from `src` to `dst` (the contract of the pool crate's CPU
     /// backend, `CpuBackend::host_to_device`): every run is checked against both buffers'
@@ -220,12 +224,13 @@ impl Gpu {
     /// the caller ([`TransferPath::choose`] on the runs after merging: page runs put in
     /// `order` first, token runs merged in list order only; the
     /// direction read from the buffers' memory types, and the model's SM carve-out if one was
-    /// set with [`Gpu::set_model_sm_carveout`]): page runs go to the copy engines (no SM taken
+    /// set with [`Gpu::set_model_carveout_sms`]): page runs go to the copy engines (no SM taken
     /// from the model) unless a load can use the carve-out; token-granular runs go to the
     /// run-list kernel on the carve-out, or on at most [`super::SM_BUDGET`] SMs without one.
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
-    /// Either way every run is checked before any byte moves ([`KernelError::RunOutOfRange`]).
-    /// Does not wait. (The staged path, [`Gpu::enqueue_staged_runs`], is not chosen: on the
+    /// Either way every run is checked on the host before any byte moves
+    /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
+    /// returns `CopyEngines { runs: 0 }`. Does not wait. (The staged path, [`Gpu::enqueue_staged_runs`], is not chosen: on the
     /// H200 it moved 0.56-0.69 of memcpy against the copy engines' 0.71-0.95, BENCHMARKS.md.)
     ///
     /// # Safety
@@ -238,21 +243,27 @@ impl Gpu {
         order: RunOrder,
     ) -> Result<TransferPath, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
-        // Token runs are merged with their neighbours in list order only (engines list a
-        // page's tokens in order): sorting 49,152 token runs per layer took the host longer
-        // than the GPU takes to move them (BENCHMARKS.md). Page runs are sorted and merged.
+        // Long lists of token runs are merged with their neighbours in list order only
+        // (engines list a page's tokens in order): sorting 49,152 token runs per layer took the
+        // host longer than the GPU takes to move them (BENCHMARKS.md, "Session 4"). Page runs,
+        // and lists of at most SORT_ALWAYS_MAX_RUNS runs, are put in `order` and merged.
         let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
-        let merged = if TransferPath::mean_is_long(&as_listed) {
-            order.sorted_and_merged(runs)
-        } else {
-            as_listed
-        };
+        let merged =
+            if as_listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&as_listed) {
+                order.sorted_and_merged(runs)
+            } else {
+                as_listed
+            };
+        if merged.is_empty() {
+            // Nothing to move (no runs, or only empty ones): nothing enqueued.
+            return Ok(TransferPath::CopyEngines { runs: 0 });
+        }
         let direction = match (src.host_bytes().is_some(), dst.host_bytes().is_some()) {
             (true, false) => TransferDirection::Load,
             (false, true) => TransferDirection::Backup,
             _ => TransferDirection::Other,
         };
-        let path = TransferPath::choose(&merged, direction, self.model_sm_carveout());
+        let path = TransferPath::choose(&merged, direction, self.model_carveout_sms());
         // A staged load before this one may still be scattering on its own stream.
         self.join_staged()?;
         match path {

@@ -5,17 +5,18 @@
 //! (`cuMemcpyBatchAsync`, and `cuMemcpy2DAsync` for groups of runs with constant pitches such as
 //! every layer of a page; no SM taken from a model running next to the transfer), token-granular
 //! runs to the run-list kernel on a few SMs ([`kvlayout_kernels::SM_BUDGET`]). When the model's
-//! GEMMs leave SMs free, tell the GPU (`backend.gpu().set_model_sm_carveout(k)`,
-//! [`Gpu::set_model_sm_carveout`]): loads of many page runs then run on those SMs, token-granular
+//! GEMMs leave SMs free, tell the GPU (`backend.gpu().set_model_carveout_sms(k)`,
+//! [`Gpu::set_model_carveout_sms`]): loads of many page runs then run on those SMs, token-granular
 //! runs too, and backups stay on the copy engines.
 //!
-//! The shim has checked the plan before the backend sees it; every path checks every run
-//! against both regions again (on the host before the copy engines, on the GPU before the
-//! kernel) before any byte moves, so a bad run list (from an unverified pairing, or a direct
-//! call) is refused whole with the same [`BackendError::OutOfRange`] the CPU backend gives,
-//! naming the same run and side. Loads walk the runs in host-address order
-//! ([`RunOrder::SrcAscending`]), backups too ([`RunOrder::DstAscending`]): every order moves the
-//! same bytes, and PCIe traffic stays sequential on a page-major host pool.
+//! The shim has checked the plan before the backend sees it; the chooser checks every run
+//! against both regions again on the host before any byte moves, whatever the path, so a bad
+//! run list (from an unverified pairing, or a direct call) is refused whole with the
+//! same [`BackendError::OutOfRange`] the CPU backend gives, naming the same run and side. Loads
+//! walk page runs in host-address order ([`RunOrder::SrcAscending`]), backups too
+//! ([`RunOrder::DstAscending`]): every order moves the same bytes, and PCIe traffic stays
+//! sequential on a page-major host pool. Long lists of token runs keep the plan's order
+//! (neighbours merged), since sorting them cost more host time than the copy.
 //!
 //! cudarc loads libcuda and libnvrtc at run time: a machine without a driver builds and runs
 //! the CPU backend, and [`CudaBackend::new`] returns [`KernelError::NoDriver`] there, never a

@@ -457,7 +457,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     if let Some(k) = explore::sm_carveout() {
         // `--sm-carveout K`: the model's cuBLAS handle targets all SMs but K
         // (`cublasSetSmCountTarget`), leaving K to a copy kernel; the chooser is told.
-        gpu.set_model_sm_carveout(k)?;
+        gpu.set_model_carveout_sms(k)?;
         let full = gemm_ms.median;
         let target = gpu.sm_count().saturating_sub(k) as i32;
         // SAFETY: a live cuBLAS handle; the call only sets a field of it.
