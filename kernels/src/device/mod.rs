@@ -198,10 +198,11 @@ impl Gpu {
     /// 31-237% at every launch shape measured, on the free SMs too.
     ///
     /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
-    /// 4"): a 1,024-page, 61-layer DSA load layer by layer at 0.862-0.877 of pinned memcpy with
-    /// the GEMM 0.4-6.8% slower (two runs of the chooser; the kernel called directly 0.871-0.900
-    /// in four), against 0.32-0.79 on the copy engines. The carve-out itself cost the GEMM -0.3% to
-    /// +15.0% over six machines (its time is bimodal, 1.36 or 1.55 ms, on some of them).
+    /// 4"): a 1,024-page, 61-layer DSA load layer by layer at 0.863-0.866 of pinned memcpy with
+    /// the GEMM 0.8-1.9% slower (two runs; 4,096 pages 0.860-0.862 with the GEMM 3.3-6.8% slower;
+    /// the kernel called directly 0.871-0.900 on four machines), against 0.32-0.79 on the copy
+    /// engines. The carve-out itself cost the GEMM -0.3% to +15.0% over the machines measured
+    /// (its time is bimodal, 1.36 or 1.55 ms, on some of them).
     ///
     /// Errors: `sms` equal to or above the device's multiprocessor count ([`KernelError::Spec`]
     /// naming `sms` and both values): the model must keep at least one.
