@@ -496,6 +496,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         (8, 1, false, true, 500, false),
         (1, 1, true, true, 2000, false),
         (1, 1, false, true, 2000, false),
+        (1024, 61, false, false, 1, true),
     ];
     let picked = all_shapes.into_iter().enumerate().filter(|&(i, _)| {
         if sweep {
@@ -503,15 +504,16 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         } else if exploring && std::env::args().any(|a| a == "--orders") {
             i == 0
         } else if exploring && explore::sm_carveout().is_some() {
-            i < if std::env::args().any(|a| a == "--gather") {
-                2
+            if std::env::args().any(|a| a == "--gather") {
+                // Backups only, random and consecutive pages.
+                i == 1 || i == 9
             } else {
-                4
+                i < 4
             }
         } else if exploring {
             i < 5 && (i < 2 || i == 4 || std::env::args().any(|a| a == "--large"))
         } else if small {
-            i >= 5
+            (5..9).contains(&i)
         } else {
             true
         }
