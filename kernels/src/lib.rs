@@ -62,6 +62,7 @@ pub mod cuda_source;
 pub mod device;
 pub mod device_memory;
 pub mod error;
+pub mod gather_plan;
 pub mod index_k;
 pub mod pitched;
 pub mod staging;
@@ -72,12 +73,13 @@ pub use copy_runs::{ByteRun, validate_runs};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
     CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
-    CopyOrder, Gpu, KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
-    RUN_RING_SLOT_RUNS, RUN_RING_SLOTS, RunOrder, SELF_CHECK_MAX_ITEMS, SM_BUDGET,
-    STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES,
-    TransferDirection, TransferPath, driver_present, nvrtc_present,
+    CopyOrder, GATHER_SLOT_BYTES, GATHER_SLOTS, Gpu, KernelReport, LaunchShape,
+    MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RUN_RING_SLOT_RUNS, RUN_RING_SLOTS, RunOrder,
+    SELF_CHECK_MAX_ITEMS, SM_BUDGET, STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS,
+    STAGING_WARP_RUN_BYTES, TransferDirection, TransferPath, driver_present, nvrtc_present,
 };
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
+pub use gather_plan::{GatherChunk, plan_gathered_backup};
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
 pub use pitched::{PitchedRun, group_pitched};

@@ -580,8 +580,7 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
     // A load on a carve-out of 2: the kernel on those 2 SMs; one run fewer: the copy engines.
     assert_eq!(TransferPath::choose(&pages, D::Load, Some(2)), sm(2, 64));
     assert_eq!(TransferPath::choose(&pages[..63], D::Load, Some(2)), ce(63));
-    // Backups and other directions keep the copy engines, carve-out or not.
-    assert_eq!(TransferPath::choose(&pages, D::Backup, Some(2)), ce(64));
+    // Other directions keep the copy engines, carve-out or not (backups: the next test).
     assert_eq!(TransferPath::choose(&pages, D::Other, Some(2)), ce(64));
     // Without a carve-out: the copy engines, as `for_runs`.
     assert_eq!(TransferPath::choose(&pages, D::Load, None), ce(64));
@@ -653,4 +652,79 @@ fn pitched_groups_expand_from_outside_the_crate() {
     assert_eq!(g.total_bytes(), 40);
     let back: Vec<ByteRun> = groups.into_iter().flat_map(|g| g.runs()).collect();
     assert_eq!(back, runs);
+}
+
+#[test]
+fn a_gathered_backup_packs_runs_in_host_order_and_copies_out_host_stretches() {
+    use kvlayout_kernels::{GatherChunk, plan_gathered_backup};
+    let r = ByteRun::new;
+    // Slots of 100 bytes, 2 of them. Host order: r0 and r1 continue each other on the host;
+    // the empty run is skipped; r4 spans three chunks.
+    let runs = [
+        r(1000, 0, 60),
+        r(5000, 60, 60),
+        r(9000, 300, 30),
+        r(7000, 330, 0),
+        r(2000, 400, 250),
+    ];
+    let chunk = |slot, gather: Vec<ByteRun>, stretches: Vec<ByteRun>| GatherChunk {
+        slot,
+        gather,
+        stretches,
+    };
+    let want = vec![
+        // Slot 0 (staging 0..100): r0 whole, then the first 40 bytes of r1; one stretch.
+        chunk(0, vec![r(1000, 0, 60), r(5000, 60, 40)], vec![r(0, 0, 100)]),
+        // Slot 1 (staging 100..200): the rest of r1, r2, the first 50 bytes of r4.
+        chunk(
+            1,
+            vec![r(5040, 100, 20), r(9000, 120, 30), r(2000, 150, 50)],
+            vec![r(100, 100, 20), r(120, 300, 30), r(150, 400, 50)],
+        ),
+        // Slot 0 again, then slot 1: the next 100 and the last 100 bytes of r4.
+        chunk(0, vec![r(2050, 0, 100)], vec![r(0, 450, 100)]),
+        chunk(1, vec![r(2150, 100, 100)], vec![r(100, 550, 100)]),
+    ];
+    assert_eq!(plan_gathered_backup(&runs, 100, 2), Some(want));
+    // Nothing to move: no chunk.
+    assert_eq!(plan_gathered_backup(&[], 100, 2), Some(vec![]));
+    // Overlapping host ranges, or runs out of host order: refused (the copy engines keep them).
+    assert_eq!(
+        plan_gathered_backup(&[r(0, 0, 10), r(100, 5, 10)], 100, 2),
+        None
+    );
+    assert_eq!(
+        plan_gathered_backup(&[r(0, 100, 10), r(100, 0, 10)], 100, 2),
+        None
+    );
+    // No room: refused.
+    assert_eq!(plan_gathered_backup(&runs, 0, 2), None);
+    assert_eq!(plan_gathered_backup(&runs, 100, 0), None);
+}
+
+#[test]
+fn with_a_carveout_backups_of_many_page_runs_are_gathered() {
+    use kvlayout_kernels::TransferDirection as D;
+    let page = |i: u64| ByteRun::new(i * 50_432, i * 50_432, [41_984, 8_448][(i % 2) as usize]);
+    let pages: Vec<ByteRun> = (0..64).map(page).collect();
+    assert_eq!(
+        TransferPath::choose(&pages, D::Backup, Some(2)),
+        TransferPath::GatheredBackup {
+            max_sms: 2,
+            runs: 64
+        }
+    );
+    // One run fewer, no carve-out, or another direction: the copy engines.
+    assert_eq!(
+        TransferPath::choose(&pages[..63], D::Backup, Some(2)),
+        TransferPath::CopyEngines { runs: 63 }
+    );
+    assert_eq!(
+        TransferPath::choose(&pages, D::Backup, None),
+        TransferPath::CopyEngines { runs: 64 }
+    );
+    assert_eq!(
+        TransferPath::choose(&pages, D::Other, Some(2)),
+        TransferPath::CopyEngines { runs: 64 }
+    );
 }

@@ -1029,7 +1029,9 @@ fn device_sub_range_reads_and_writes() {
 /// The chooser with the model's SM carve-out set (`Gpu::set_model_carveout_sms`), against the
 /// pool crate's CPU backend, bit for bit: a load of 100 random pages x 3 layers x 2 buffers
 /// (600 page runs, over CARVEOUT_MIN_RUNS) goes to the run-list kernel on the carve-out, the
-/// backup of the same runs stays on the copy engines, a load of 2 runs too; 140,000 token runs
+/// backup of the same runs is gathered, 2 runs stay on the copy engines both ways; two
+/// gathered backups of 100 pages x 61 layers (five 64 MiB chunks each, back to back);
+/// overlapping host ranges not gathered; 140,000 token runs
 /// (9 launches of at most RUN_RING_SLOT_RUNS runs: the ring of 8 slots wraps inside one call)
 /// on the carve-out, called 3 times; 20 lists enqueued without waiting behind a long transfer
 /// (the ring wraps while the GPU is busy); a bad run refused with the exact error and nothing
@@ -1083,8 +1085,8 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
         let path = gpu
             .transfer_runs(src.bytes(), dst.bytes_mut(), &runs, order)
             .unwrap();
+        // Random pages: no two runs continue each other on both sides, all 600 stay.
         if h2d {
-            // Random pages: no two runs continue each other, all 600 stay.
             assert_eq!(
                 path,
                 TransferPath::SmKernel {
@@ -1093,7 +1095,13 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
                 }
             );
         } else {
-            assert!(matches!(path, TransferPath::CopyEngines { .. }), "{path:?}");
+            assert_eq!(
+                path,
+                TransferPath::GatheredBackup {
+                    max_sms: 2,
+                    runs: 600
+                }
+            );
         }
         let expect = cpu_reference(&src_bytes, &poison, &runs);
         assert!(dst.read(&gpu) == expect, "carve-out chooser h2d={h2d}");
@@ -1127,6 +1135,68 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
             "h2d={h2d}: a refused list moved bytes"
         );
     }
+
+    // A gathered backup of 100 random pages x 61 layers x 2 buffers (307,635,200 B: five
+    // chunks of 64 MiB, so the first slot is used twice), bit for bit; twice, the second call
+    // enqueued right behind the first (its slots' events from the first call).
+    let layers = 61u64;
+    let device = pool_of(MemoryLayout::LayerFirst, 100, layers);
+    let host = pool_of(MemoryLayout::PageFirst, 128, layers);
+    let src_bytes = rng.bytes(device.total_bytes().unwrap() as usize);
+    let src = Buf::new(&gpu, false, &src_bytes);
+    let poison = rng.bytes(host.total_bytes().unwrap() as usize);
+    let mut dst = Buf::new(&gpu, true, &poison);
+    let mut expect = poison.clone();
+    for call in 0..2 {
+        let dev_pages = rng.distinct_below(device.pages, 100);
+        let host_pages = rng.distinct_below(host.pages, 100);
+        let mut runs = Vec::new();
+        for b in 0..2usize {
+            let len = device.stored_page_bytes(b).unwrap();
+            for layer in 0..layers {
+                for (&dp, &hp) in dev_pages.iter().zip(&host_pages) {
+                    runs.push(ByteRun::new(
+                        device.page_offset_bytes(b, layer, dp).unwrap(),
+                        host.page_offset_bytes(b, layer, hp).unwrap(),
+                        len,
+                    ));
+                }
+            }
+        }
+        let total_bytes: u64 = runs.iter().map(|r| r.len_bytes).sum();
+        assert_eq!(total_bytes, 100 * 61 * (41_984 + 8_448));
+        assert!(total_bytes > 4 * kvlayout_kernels::GATHER_SLOT_BYTES);
+        // SAFETY: finish() below waits before src and dst are read, changed or dropped.
+        let path = unsafe {
+            gpu.enqueue_transfer_runs(src.bytes(), dst.bytes_mut(), &runs, RunOrder::DstAscending)
+        }
+        .unwrap();
+        assert_eq!(
+            path,
+            TransferPath::GatheredBackup {
+                max_sms: 2,
+                runs: 12_200
+            },
+            "call {call}"
+        );
+        expect = cpu_reference(&src_bytes, &expect, &runs);
+    }
+    gpu.finish().unwrap();
+    assert!(dst.read(&gpu) == expect, "gathered backups, 61 layers");
+    // Two runs writing overlapping host bytes: not gathered (the copy engines' path).
+    let overlapping: Vec<ByteRun> = (0..64)
+        .map(|i| ByteRun::new(i * 41_984, 1000 + i * 41_000, 41_984))
+        .collect();
+    let mut dst = Buf::new(&gpu, true, &poison);
+    let path = gpu
+        .transfer_runs(
+            src.bytes(),
+            dst.bytes_mut(),
+            &overlapping,
+            RunOrder::DstAscending,
+        )
+        .unwrap();
+    assert_eq!(path, TransferPath::CopyEngines { runs: 64 });
 
     // Token-granular: 140,000 runs of 40 bytes between random slots, on the carve-out's 3 SMs.
     gpu.set_model_carveout_sms(3).unwrap();

@@ -19,6 +19,7 @@
 //! and one contiguous copy per chunk), `quantizer` (the index-K launches).
 
 pub mod copy_engine;
+mod gathered;
 mod items;
 mod memory;
 pub mod options;
@@ -41,6 +42,7 @@ use crate::cuda_source::{COPY_KERNELS, COPY_TWO_PARTS_KERNELS, SOURCE, THREADS_P
 use crate::device_memory::{DeviceIndices, driver_err};
 use crate::error::KernelError;
 
+pub use gathered::{GATHER_SLOT_BYTES, GATHER_SLOTS};
 pub use options::{
     CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
     CopyOrder, KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RunOrder,
@@ -136,6 +138,8 @@ pub struct Gpu {
     staging: staging::StagingCell,
     /// The SM path's ring of run-list slots, created at first use.
     run_ring: run_ring::RunRingCell,
+    /// The gathered backup's staging slots and streams, created at first use.
+    gathered: gathered::GatherCell,
     /// Multiprocessors the model leaves free ([`Gpu::set_model_carveout_sms`]); 0: none.
     model_carveout_sms: AtomicU32,
 }
@@ -182,6 +186,7 @@ impl Gpu {
             copy_streams: OnceLock::new(),
             staging: Mutex::new(None),
             run_ring: Mutex::new(None),
+            gathered: Mutex::new(None),
             model_carveout_sms: AtomicU32::new(0),
         })
     }

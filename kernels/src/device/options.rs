@@ -206,6 +206,15 @@ pub enum TransferPath {
         /// Runs after merging neighbours.
         runs: u64,
     },
+    /// A backup gathered on the device into staging slots by the run-list kernel on at most
+    /// `max_sms` multiprocessors, then copied to the host by the copy engines one
+    /// host-contiguous stretch at a time ([`crate::gather_plan`]).
+    GatheredBackup {
+        /// The SM budget of the gather.
+        max_sms: u32,
+        /// Runs after merging neighbours.
+        runs: u64,
+    },
 }
 
 /// Fewest runs (after merging) a load needs before it goes to the run-list kernel on the
@@ -240,10 +249,11 @@ impl TransferPath {
 
     /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
     /// SMs free (`Some(0)` counts as `None`):
-    /// - mean run length at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]: the copy engines, except
-    ///   a load of at least [`CARVEOUT_MIN_RUNS`] runs with a carve-out, which goes to the
-    ///   run-list kernel on the carve-out (copy engines pay per run, 0.39-0.79 of memcpy for a
-    ///   1,024-page DSA load next to a GEMM; the kernel on 2 free SMs 0.87-0.90);
+    /// - mean run length at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`] (page runs): the copy
+    ///   engines; with a carve-out and at least [`CARVEOUT_MIN_RUNS`] runs, a load goes to the
+    ///   run-list kernel on the carve-out and a backup is gathered on it (copy engines pay per
+    ///   run: 0.32-0.79 of memcpy for a 1,024-page DSA load next to a GEMM, 0.71-0.76 for the
+    ///   backup; on 2 free SMs 0.86-0.88 and 0.91, BENCHMARKS.md "Session 4");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
     ///   [`SM_BUDGET`] SMs without one.
     pub fn choose(
@@ -253,11 +263,15 @@ impl TransferPath {
     ) -> TransferPath {
         let count = runs.len() as u64;
         let long = TransferPath::mean_is_long(runs);
+        let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
-            Some(k)
-                if !long
-                    || (direction == TransferDirection::Load && count >= CARVEOUT_MIN_RUNS) =>
-            {
+            Some(k) if long && many && direction == TransferDirection::Backup => {
+                TransferPath::GatheredBackup {
+                    max_sms: k,
+                    runs: count,
+                }
+            }
+            Some(k) if !long || (many && direction == TransferDirection::Load) => {
                 TransferPath::SmKernel {
                     max_sms: k,
                     runs: count,

@@ -11,7 +11,7 @@
 
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaEvent, sys};
+use cudarc::driver::{CudaEvent, CudaStream, sys};
 
 use super::{Arg, Gpu, LaunchShape};
 use crate::copy_runs::ByteRun;
@@ -32,7 +32,7 @@ const SLOT_BYTES: usize = RUN_RING_SLOT_RUNS * RUN_BYTES;
 pub(super) struct RunRing {
     host: PinnedBytes,
     dev: DeviceBytes,
-    /// Per slot: the kernel that read it has finished (recorded on the `Gpu`'s stream).
+    /// Per slot: the kernel that read it has finished (recorded on the stream it ran on).
     done: Vec<CudaEvent>,
     used: Vec<bool>,
     next: usize,
@@ -42,13 +42,15 @@ pub(super) type RunRingCell = Mutex<Option<RunRing>>;
 
 impl Gpu {
     /// Enqueues the run-list kernel over `runs` (already checked against both buffers'
-    /// lengths) under `shape`, the list through the ring. Does not wait.
+    /// lengths) under `shape` on `stream` (the `Gpu`'s, or another of its context), the list
+    /// through the ring. Does not wait.
     ///
     /// # Safety
     /// Every run lies inside both buffers, which stay alive and untouched by the CPU until the
     /// stream has finished.
     pub(super) unsafe fn enqueue_checked_runs_from_ring(
         &self,
+        stream: &CudaStream,
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
         runs: &[ByteRun],
@@ -80,11 +82,11 @@ impl Gpu {
         for part in runs.chunks(RUN_RING_SLOT_RUNS) {
             // SAFETY: forwarded to the caller.
             let queued =
-                unsafe { self.enqueue_one_slot(ring, &k.copy_runs, src, dst, part, shape) };
+                unsafe { self.enqueue_one_slot(stream, ring, &k.copy_runs, src, dst, part, shape) };
             if let Err(e) = queued {
                 // Something may be queued that reads a slot whose event was not recorded:
                 // wait for the stream, so no later call rewrites a slot the GPU still reads.
-                if self.stream.synchronize().is_err() {
+                if stream.synchronize().is_err() {
                     // The context is broken: keep the ring's memory alive rather than free
                     // it under work that may still reference it.
                     if let Some(ring) = guard.take() {
@@ -102,8 +104,10 @@ impl Gpu {
     ///
     /// # Safety
     /// As [`Gpu::enqueue_checked_runs_from_ring`].
+    #[allow(clippy::too_many_arguments)]
     unsafe fn enqueue_one_slot(
         &self,
+        stream: &CudaStream,
         ring: &mut RunRing,
         copy_runs: &cudarc::driver::CudaFunction,
         src: &dyn GpuBytes,
@@ -137,7 +141,7 @@ impl Gpu {
         ring.used[slot] = true;
         // SAFETY: both halves are live allocations of the ring; `list_bytes` bytes at
         // `at_bytes` lie in slot `slot` of each.
-        unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, self.stream.cu_stream()) }
+        unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, stream.cu_stream()) }
             .result()
             .map_err(driver_err("cuMemcpyAsync"))?;
         let n = part.len() as u64;
@@ -155,7 +159,8 @@ impl Gpu {
         // SAFETY: arguments match copy_runs; the device half holds the n runs, copied in stream
         // order before the launch; every run lies inside both buffers (caller).
         unsafe {
-            self.launch(
+            self.launch_on(
+                stream,
                 copy_runs,
                 "cuLaunchKernel(copy_runs)",
                 self.grid(shape, n * 32),
@@ -163,7 +168,7 @@ impl Gpu {
             )?
         };
         ring.done[slot]
-            .record(&self.stream)
+            .record(stream)
             .map_err(driver_err("cuEventRecord"))?;
         Ok(())
     }

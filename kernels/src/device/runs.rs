@@ -225,7 +225,10 @@ impl Gpu {
     /// `order` first, token runs merged in list order only; the
     /// direction read from the buffers' memory types, and the model's SM carve-out if one was
     /// set with [`Gpu::set_model_carveout_sms`]): page runs go to the copy engines (no SM taken
-    /// from the model) unless a load can use the carve-out; token-granular runs go to the
+    /// from the model) unless a load or backup can use the carve-out (a load: the run-list
+    /// kernel on it; a backup: gathered on it into device staging, then copied out one
+    /// host-contiguous stretch at a time; a backup whose runs write overlapping host bytes
+    /// keeps the copy engines); token-granular runs go to the
     /// run-list kernel on the carve-out, or on at most [`super::SM_BUDGET`] SMs without one.
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
@@ -263,11 +266,36 @@ impl Gpu {
             (false, true) => TransferDirection::Backup,
             _ => TransferDirection::Other,
         };
-        let path = TransferPath::choose(&merged, direction, self.model_carveout_sms());
+        let mut path = TransferPath::choose(&merged, direction, self.model_carveout_sms());
         // A staged load before this one may still be scattering on its own stream.
         self.join_staged()?;
+        if let TransferPath::GatheredBackup { max_sms, .. } = path {
+            // Backups are merged in host order (`order` is DstAscending for the pool backend;
+            // sorted here for any other caller).
+            let host_order = match order {
+                RunOrder::DstAscending => None,
+                _ => Some(RunOrder::DstAscending.sorted_and_merged(runs)),
+            };
+            let in_host_order = host_order.as_deref().unwrap_or(&merged);
+            // SAFETY: forwarded to the caller; every run was checked just above.
+            let gathered = unsafe {
+                self.enqueue_gathered_backup(
+                    src,
+                    dst,
+                    in_host_order,
+                    LaunchShape::sm_budget(max_sms),
+                )?
+            };
+            if gathered.is_some() {
+                return Ok(path);
+            }
+            // Overlapping host ranges: the copy engines' in-order path.
+            path = TransferPath::CopyEngines {
+                runs: merged.len() as u64,
+            };
+        }
         match path {
-            TransferPath::CopyEngines { .. } => {
+            TransferPath::CopyEngines { .. } | TransferPath::GatheredBackup { .. } => {
                 let bases = (src.device_address(), dst.device_address());
                 // SAFETY: forwarded to the caller; checked just above.
                 unsafe { self.enqueue_lanes(bases, &merged, CopyEngineOptions::chosen(order))? }
@@ -276,6 +304,7 @@ impl Gpu {
                 // SAFETY: forwarded to the caller; every merged run was checked just above.
                 unsafe {
                     self.enqueue_checked_runs_from_ring(
+                        &self.stream,
                         src,
                         dst,
                         &merged,

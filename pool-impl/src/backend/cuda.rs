@@ -187,7 +187,11 @@ impl CudaBackend {
             },
         };
         match result {
-            Ok(TransferPath::CopyEngines { .. } | TransferPath::SmKernel { .. }) => Ok(()),
+            Ok(
+                TransferPath::CopyEngines { .. }
+                | TransferPath::SmKernel { .. }
+                | TransferPath::GatheredBackup { .. },
+            ) => Ok(()),
             Err(KernelError::RunOutOfRange { run, .. }) => {
                 Err(out_of_range((src_side, src_len), (dst_side, dst_len), run))
             }

@@ -16,7 +16,11 @@
 //! `--explore`: the candidate designs of `explore.rs` (pitched 2D copies, lanes; with
 //! `--candidates` also two copy-engine streams, host threads and a high-priority kernel; with
 //! `--subsets` the MLA and index-K runs alone; with `--spin` a resident kernel's cost to the
-//! GEMM).
+//! GEMM). `--sm-carveout K` (any mode): the GEMM leaves K SMs (`cublasSetSmCountTarget`) and
+//! the chooser is told (`Gpu::set_model_carveout_sms`); with `--explore`, SM-kernel shapes on
+//! the carve-out, or with `--gather` the device-gather candidates and plain copies of
+//! contiguous pieces on random and consecutive backups. `--auto-only`: the ceiling and the
+//! chooser rows only.
 
 mod explore;
 mod overlap;

@@ -508,7 +508,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
                 // Backups only, random and consecutive pages.
                 i == 1 || i == 9
             } else {
-                i < 4
+                i < 4 || i == 9
             }
         } else if exploring {
             i < 5 && (i < 2 || i == 4 || std::env::args().any(|a| a == "--large"))

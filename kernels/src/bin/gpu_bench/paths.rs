@@ -95,6 +95,11 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
     let big = shape.calls.len() > 1 || shape.bytes() > 100_000_000;
     let huge = shape.bytes() > 5_000_000_000;
     let mut paths = vec![Path::Memcpy];
+    if std::env::args().any(|a| a == "--auto-only") {
+        // The ceiling and the chooser only.
+        paths.push(Path::Auto);
+        return paths;
+    }
     let variants = [
         Path::Batch(false, true, 1, 2048, false),
         Path::Batch(true, true, 1, 2048, false),
