@@ -7,8 +7,11 @@
 //! behind their last use (an event each); both streams start after the work enqueued on the
 //! `Gpu`'s stream before the call, which waits for the last copy out. Measured on the H200
 //! next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 4"), 1,024 random pages x
-//! 61 layers of DeepSeek-V3.2: 0.986 of pinned memcpy alone, 0.911 next to the GEMM, GEMM
-//! +0.1%, against 0.72-0.79 on the copy engines alone (one run per page, layer and buffer).
+//! 61 layers of DeepSeek-V3.2 through the chooser: 0.859 of pinned memcpy alone, 0.811 next to
+//! the GEMM, GEMM -1.1%, against 0.71-0.76 on the copy engines alone (one run per page, layer
+//! and buffer). The host's planning (sort by host offset, packing: about 7-11 ms for these
+//! 124,928 runs) sits inside that figure: the same GPU pipeline with its plan made ahead moved
+//! 0.986 alone and 0.911 next to the GEMM (GEMM +0.1%).
 
 use std::sync::{Arc, Mutex};
 

@@ -199,14 +199,18 @@ impl Gpu {
     /// `8 x sms` blocks of 256 threads, which fit on the free SMs while the GEMM holds the others;
     /// CUDA places blocks itself, so on an idle GPU they may spread wider) instead of the copy
     /// engines, and token-granular runs, both ways, use that grid instead of [`SM_BUDGET`]'s.
-    /// Backups of page runs stay on the copy engines: SM stores to host memory slowed the GEMM
-    /// 31-237% at every launch shape measured, on the free SMs too.
+    /// Backups of at least as many page runs are gathered on those SMs into device staging
+    /// (device to device), then copied to the host one host-contiguous stretch at a time by
+    /// the copy engines ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first
+    /// use): SM stores to host memory slowed the GEMM 31-237% at every launch shape measured,
+    /// on the free SMs too, while the gather left it within noise.
     ///
     /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
-    /// 4"): a 1,024-page, 61-layer DSA load layer by layer at 0.863-0.866 of pinned memcpy with
-    /// the GEMM 0.8-1.9% slower (two runs; 4,096 pages 0.860-0.862 with the GEMM 3.3-6.8% slower;
+    /// 4"): a 1,024-page, 61-layer DSA load layer by layer at 0.852-0.866 of pinned memcpy with
+    /// the GEMM 0.1-1.9% slower (three runs; 4,096 pages 0.860-0.862 with the GEMM 3.3-6.8% slower;
     /// the kernel called directly 0.871-0.900 on four machines), against 0.32-0.79 on the copy
-    /// engines. The carve-out itself cost the GEMM -0.3% to +15.0% over the machines measured
+    /// engines; the backup of those pages at 0.811 (GEMM -1.1%; 0.911 when its plan is made
+    /// ahead, outside the timed window), against 0.71-0.76 on the copy engines. The carve-out itself cost the GEMM -0.3% to +15.0% over the machines measured
     /// (its time is bimodal, 1.36 or 1.55 ms, on some of them).
     ///
     /// Errors: `sms` equal to or above the device's multiprocessor count ([`KernelError::Spec`]

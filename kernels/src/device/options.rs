@@ -253,7 +253,7 @@ impl TransferPath {
     ///   engines; with a carve-out and at least [`CARVEOUT_MIN_RUNS`] runs, a load goes to the
     ///   run-list kernel on the carve-out and a backup is gathered on it (copy engines pay per
     ///   run: 0.32-0.79 of memcpy for a 1,024-page DSA load next to a GEMM, 0.71-0.76 for the
-    ///   backup; on 2 free SMs 0.86-0.88 and 0.91, BENCHMARKS.md "Session 4");
+    ///   backup; on 2 free SMs 0.85-0.87 and 0.81, BENCHMARKS.md "Session 4");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
     ///   [`SM_BUDGET`] SMs without one.
     pub fn choose(

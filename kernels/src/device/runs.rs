@@ -250,13 +250,17 @@ impl Gpu {
         // (engines list a page's tokens in order): sorting 49,152 token runs per layer took the
         // host longer than the GPU takes to move them (BENCHMARKS.md, "Session 4"). Page runs,
         // and lists of at most SORT_ALWAYS_MAX_RUNS runs, are put in `order` and merged.
-        let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
-        let merged =
+        // Merging never shortens the mean run: a list long before merging is long after.
+        let merged = if runs.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(runs) {
+            order.sorted_and_merged(runs)
+        } else {
+            let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
             if as_listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&as_listed) {
                 order.sorted_and_merged(runs)
             } else {
                 as_listed
-            };
+            }
+        };
         if merged.is_empty() {
             // Nothing to move (no runs, or only empty ones): nothing enqueued.
             return Ok(TransferPath::CopyEngines { runs: 0 });

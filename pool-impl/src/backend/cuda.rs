@@ -7,7 +7,8 @@
 //! runs to the run-list kernel on a few SMs ([`kvlayout_kernels::SM_BUDGET`]). When the model's
 //! GEMMs leave SMs free, tell the GPU (`backend.gpu().set_model_carveout_sms(k)`,
 //! [`Gpu::set_model_carveout_sms`]): loads of many page runs then run on those SMs, token-granular
-//! runs too, and backups stay on the copy engines.
+//! runs too, and backups of many page runs are gathered on them into device staging, then
+//! copied out by the copy engines one host-contiguous stretch at a time.
 //!
 //! The shim has checked the plan before the backend sees it; the chooser checks every run
 //! against both regions again on the host before any byte moves, whatever the path, so a bad
