@@ -728,3 +728,52 @@ fn with_a_carveout_backups_of_many_page_runs_are_gathered() {
         TransferPath::CopyEngines { runs: 64 }
     );
 }
+
+#[test]
+fn long_lists_sort_on_several_threads_to_the_same_runs() {
+    use kvlayout_kernels::PARALLEL_SORT_MIN_RUNS;
+    let n = 40_000u64;
+    assert!(n as usize >= PARALLEL_SORT_MIN_RUNS);
+    let mut rng = SplitMix64::new(77);
+    // 40,000 runs of 100 bytes covering [0, 4,000,000) on the source, shuffled; each one's
+    // destination is its source + 7: sorted either way, every run continues the one before it
+    // on both sides, so the list merges into one run.
+    let order = rng.distinct_below(n, n as usize);
+    let runs: Vec<ByteRun> = order
+        .iter()
+        .map(|&i| ByteRun::new(i * 100, i * 100 + 7, 100))
+        .collect();
+    for o in [RunOrder::SrcAscending, RunOrder::DstAscending] {
+        assert_eq!(
+            o.sorted_and_merged(&runs),
+            vec![ByteRun::new(0, 7, 4_000_000)],
+            "{o:?}"
+        );
+    }
+    // Destinations a second permutation: in source order, merged only where two neighbours
+    // continue each other on both sides (counted here from a stable single-thread sort).
+    let dst_slots = rng.distinct_below(n, n as usize);
+    let runs: Vec<ByteRun> = order
+        .iter()
+        .zip(&dst_slots)
+        .map(|(&i, &d)| ByteRun::new(i * 100, d * 100 + 50, 100))
+        .collect();
+    let sorted = RunOrder::SrcAscending.sorted_and_merged(&runs);
+    let mut want = runs.clone();
+    want.sort_by_key(|r| r.src_offset_bytes);
+    let merges = want
+        .windows(2)
+        .filter(|w| {
+            w[0].src_offset_bytes + 100 == w[1].src_offset_bytes
+                && w[0].dst_offset_bytes + 100 == w[1].dst_offset_bytes
+        })
+        .count();
+    assert_eq!(sorted.len(), want.len() - merges);
+    assert!(
+        sorted
+            .windows(2)
+            .all(|w| w[0].src_offset_bytes < w[1].src_offset_bytes)
+    );
+    let bytes: u64 = sorted.iter().map(|r| r.len_bytes).sum();
+    assert_eq!(bytes, 100 * runs.len() as u64);
+}

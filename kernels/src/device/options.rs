@@ -68,6 +68,9 @@ pub(crate) fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
     }
 }
 
+/// Run lists at least this long are sorted on several threads ([`RunOrder::sorted_and_merged`]).
+pub const PARALLEL_SORT_MIN_RUNS: usize = 32 * 1024;
+
 /// The order a run list is executed in. Every order moves the same bytes (destination ranges
 /// must not overlap); walking the host side in address order keeps PCIe writes and reads
 /// sequential when the host pool is page-major (`page_first`): about 0.87 -> 0.95 of memcpy for
@@ -86,10 +89,24 @@ impl RunOrder {
     /// `runs` in this order, then neighbours that continue each other on both sides merged
     /// into one run (same bytes moved, fewer runs: the tokens of one page, the layers of one
     /// page when both sides are page-major).
+    ///
+    /// Lists of at least [`PARALLEL_SORT_MIN_RUNS`] runs are sorted on rayon's threads (a
+    /// 1,024-page, 61-layer backup is 124,928 runs: 4.5 ms on one thread of the build machine,
+    /// most of the host's planning of a gathered backup); runs with equal keys may then come in
+    /// any order among themselves, which moves the same bytes unless their destinations
+    /// overlap (and the copy engines' batches never order those anyway).
     pub fn sorted_and_merged(self, runs: &[ByteRun]) -> Vec<ByteRun> {
+        use rayon::slice::ParallelSliceMut;
         let mut sorted = runs.to_vec();
+        let parallel = sorted.len() >= PARALLEL_SORT_MIN_RUNS;
         match self {
             RunOrder::AsGiven => {}
+            RunOrder::SrcAscending if parallel => {
+                sorted.par_sort_unstable_by_key(|r| r.src_offset_bytes)
+            }
+            RunOrder::DstAscending if parallel => {
+                sorted.par_sort_unstable_by_key(|r| r.dst_offset_bytes)
+            }
             RunOrder::SrcAscending => sorted.sort_by_key(|r| r.src_offset_bytes),
             RunOrder::DstAscending => sorted.sort_by_key(|r| r.dst_offset_bytes),
         }
