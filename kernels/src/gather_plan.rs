@@ -26,11 +26,12 @@ pub struct GatherChunk {
 /// Packs `runs` (a backup's runs sorted by host offset, `dst_offset_bytes`; empty runs are
 /// skipped) into chunks of at most `slot_bytes` staging bytes, slot after slot of `slots`,
 /// cutting a run that does not fit the rest of a slot. Returns `None` when two runs write
-/// overlapping host bytes or are not in host order (the gathered copies out of one chunk run
-/// in no set order, so such a list keeps the copy engines' in-order path), or when
-/// `slot_bytes` or `slots` is zero. Offsets inside the staging buffer are
-/// `slot * slot_bytes + offset in the slot`; the caller's staging buffer holds
-/// `slots * slot_bytes` bytes.
+/// overlapping host bytes or are not in host order (the copies out of one chunk run in no set
+/// order; such a list keeps the copy engines, whose batches do not order overlapping
+/// destinations either), when `slot_bytes` or `slots` is zero, or when an offset would pass
+/// `u64::MAX` (not possible for runs checked against their buffers). Offsets inside the
+/// staging buffer are `slot * slot_bytes + offset in the slot`; the caller's staging buffer
+/// holds `slots * slot_bytes` bytes.
 pub fn plan_gathered_backup(
     runs: &[ByteRun],
     slot_bytes: u64,
@@ -81,4 +82,15 @@ pub fn plan_gathered_backup(
         }
     }
     Some(chunks)
+}
+
+/// True when gathering pays: the stretches to copy out are at most half as many as the gather
+/// runs (at least two runs merge into each stretch on average). Otherwise the copy engines pay
+/// about the same per stretch as per run, and the gather would only add a pass through HBM and
+/// SM time (a `layer_first` host pool, or host pages in reverse order, give one stretch per
+/// run).
+pub fn gathering_pays(chunks: &[GatherChunk]) -> bool {
+    let runs: usize = chunks.iter().map(|c| c.gather.len()).sum();
+    let stretches: usize = chunks.iter().map(|c| c.stretches.len()).sum();
+    stretches.saturating_mul(2) <= runs
 }

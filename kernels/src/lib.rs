@@ -81,6 +81,6 @@ pub use device::{
 };
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
-pub use gather_plan::{GatherChunk, plan_gathered_backup};
+pub use gather_plan::{GatherChunk, gathering_pays, plan_gathered_backup};
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
 pub use pitched::{PitchedRun, group_pitched};

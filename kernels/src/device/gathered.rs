@@ -2,16 +2,22 @@
 //! [`crate::gather_plan`]): the run-list kernel, on the model's SM carve-out and a
 //! high-priority stream, gathers each chunk of a backup from the device pool into a slot of
 //! device staging (device to device: short launches that leave a GEMM on the other SMs alone),
-//! then the copy engines copy every host-contiguous stretch of the slot to the host pool in
-//! one `cuMemcpyBatchAsync` per chunk on a second stream. Slots are reused after the copies out
-//! behind their last use (an event each); both streams start after the work enqueued on the
-//! `Gpu`'s stream before the call, which waits for the last copy out. Measured on the H200
+//! then the copy engines copy every host-contiguous stretch of the slot to the host pool
+//! (`cuMemcpyBatchAsync`, at most 2,048 stretches per call) on a second stream. Slots are
+//! reused after the copies out behind their last use (an event each); both streams start
+//! after the work enqueued on the `Gpu`'s stream before the call, which waits for the last
+//! copy out. Measured on the H200
 //! next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 4"), 1,024 random pages x
 //! 61 layers of DeepSeek-V3.2 through the chooser: 0.859 of pinned memcpy alone, 0.811 next to
 //! the GEMM, GEMM -1.1%, against 0.71-0.76 on the copy engines alone (one run per page, layer
 //! and buffer). The host's planning (sort by host offset, packing: about 7-11 ms for these
 //! 124,928 runs) sits inside that figure: the same GPU pipeline with its plan made ahead moved
 //! 0.986 alone and 0.911 next to the GEMM (GEMM +0.1%).
+//!
+//! A backup is not gathered (the caller keeps the copy engines) when the plan refuses it
+//! (overlapping host ranges), when gathering would not pay ([`gathering_pays`]), or when the
+//! 256 MiB of staging cannot be allocated at the first gathered backup (then never again on
+//! this `Gpu`: engines often hold most of the device memory for their pools).
 
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +27,7 @@ use super::{CopyEngineHint, Gpu, LaunchShape, copy_engine};
 use crate::copy_runs::ByteRun;
 use crate::device_memory::{DeviceBytes, GpuBytes, driver_err};
 use crate::error::KernelError;
-use crate::gather_plan::plan_gathered_backup;
+use crate::gather_plan::{gathering_pays, plan_gathered_backup};
 
 /// Staging slots (chunks in flight).
 pub const GATHER_SLOTS: usize = 4;
@@ -39,7 +45,18 @@ pub(super) struct GatherRing {
     copied: Vec<Option<CudaEvent>>,
 }
 
-pub(super) type GatherCell = Mutex<Option<GatherRing>>;
+/// The gathered backup's state on a `Gpu`.
+pub(super) enum GatherState {
+    /// No gathered backup yet.
+    Untried,
+    /// Staging and streams allocated.
+    Ready(GatherRing),
+    /// Their allocation failed (the error kept for the record): backups stay on the copy
+    /// engines.
+    Unavailable(KernelError),
+}
+
+pub(super) type GatherCell = Mutex<GatherState>;
 
 fn event(stream: &CudaStream) -> Result<CudaEvent, KernelError> {
     stream
@@ -51,8 +68,8 @@ impl Gpu {
     /// Enqueues a backup of `runs` (device pool `src` -> host pool `dst`; every run already
     /// checked against both lengths, sorted by host offset and merged) as a gathered backup
     /// (module docs) with the gather under `shape`. Returns `Ok(None)`, having enqueued
-    /// nothing, when the plan refuses the list (two runs write overlapping host bytes), else
-    /// the number of chunks. Does not wait.
+    /// nothing, when the backup is not to be gathered (module docs), else the number of
+    /// chunks. Waits only to reuse a slot of the run-list ring ([`Gpu::enqueue_transfer_runs`]).
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -66,40 +83,67 @@ impl Gpu {
         let Some(chunks) = plan_gathered_backup(runs, GATHER_SLOT_BYTES, GATHER_SLOTS) else {
             return Ok(None);
         };
+        if !gathering_pays(&chunks) {
+            return Ok(None);
+        }
         let mut guard = self
             .gathered
             .lock()
             .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?;
-        if guard.is_none() {
-            let (_least, greatest) = cudarc::driver::result::stream::get_priority_range()
-                .map_err(driver_err("cuCtxGetStreamPriorityRange"))?;
-            *guard = Some(GatherRing {
-                staging: self.alloc_device(GATHER_SLOT_BYTES as usize * GATHER_SLOTS)?,
-                gather_stream: self
-                    .ctx
-                    .new_stream_with_priority(greatest)
-                    .map_err(driver_err("cuStreamCreateWithPriority"))?,
-                out_stream: self
-                    .ctx
-                    .new_stream()
-                    .map_err(driver_err("cuStreamCreate"))?,
-                copied: (0..GATHER_SLOTS).map(|_| None).collect(),
-            });
+        if matches!(*guard, GatherState::Untried) {
+            *guard = match self.new_gather_ring() {
+                Ok(ring) => GatherState::Ready(ring),
+                Err(e) => GatherState::Unavailable(e),
+            };
         }
-        let ring = guard
-            .as_mut()
-            .ok_or_else(|| KernelError::Unsupported("gather ring missing".to_string()))?;
+        let GatherState::Ready(ring) = &mut *guard else {
+            return Ok(None);
+        };
         // SAFETY: forwarded to the caller; the plan's offsets lie in the checked runs and in
         // the staging buffer.
         let queued = unsafe { self.enqueue_chunks(ring, src, dst, &chunks, shape) };
         if let Err(e) = queued {
             // Part of the backup may be queued on the ring's streams: wait for them, so that
             // the caller may free the pools, and no slot's event is left unrecorded.
-            let _ = ring.gather_stream.synchronize();
-            let _ = ring.out_stream.synchronize();
+            let gather_synced = ring.gather_stream.synchronize();
+            let out_synced = ring.out_stream.synchronize();
+            if gather_synced.is_err() || out_synced.is_err() {
+                // The context is broken: keep the staging alive rather than free it under
+                // work that may still reference it (as the run-list ring does).
+                let broken = std::mem::replace(&mut *guard, GatherState::Unavailable(e.clone()));
+                std::mem::forget(broken);
+            }
             return Err(e);
         }
         Ok(Some(chunks.len() as u64))
+    }
+
+    /// Why backups are not gathered on this `Gpu`: the error of the staging's allocation at
+    /// the first gathered backup (or of a broken context after a failed one); `None` while
+    /// gathered backups are possible.
+    pub fn gathered_backup_unavailable(&self) -> Option<KernelError> {
+        match &*self.gathered.lock().ok()? {
+            GatherState::Unavailable(e) => Some(e.clone()),
+            GatherState::Untried | GatherState::Ready(_) => None,
+        }
+    }
+
+    /// The staging slots and the two streams of the gathered backup.
+    fn new_gather_ring(&self) -> Result<GatherRing, KernelError> {
+        let (_least, greatest) = cudarc::driver::result::stream::get_priority_range()
+            .map_err(driver_err("cuCtxGetStreamPriorityRange"))?;
+        Ok(GatherRing {
+            staging: self.alloc_device(GATHER_SLOT_BYTES as usize * GATHER_SLOTS)?,
+            gather_stream: self
+                .ctx
+                .new_stream_with_priority(greatest)
+                .map_err(driver_err("cuStreamCreateWithPriority"))?,
+            out_stream: self
+                .ctx
+                .new_stream()
+                .map_err(driver_err("cuStreamCreate"))?,
+            copied: (0..GATHER_SLOTS).map(|_| None).collect(),
+        })
     }
 
     /// The chunks of a gathered backup on the ring's streams, joined into the `Gpu`'s stream.

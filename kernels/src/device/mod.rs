@@ -186,7 +186,7 @@ impl Gpu {
             copy_streams: OnceLock::new(),
             staging: Mutex::new(None),
             run_ring: Mutex::new(None),
-            gathered: Mutex::new(None),
+            gathered: Mutex::new(gathered::GatherState::Untried),
             model_carveout_sms: AtomicU32::new(0),
         })
     }
@@ -210,8 +210,9 @@ impl Gpu {
     /// the GEMM 0.1-1.9% slower (three runs; 4,096 pages 0.860-0.862 with the GEMM 3.3-6.8% slower;
     /// the kernel called directly 0.871-0.900 on four machines), against 0.32-0.79 on the copy
     /// engines; the backup of those pages at 0.811 (GEMM -1.1%; 0.911 when its plan is made
-    /// ahead, outside the timed window), against 0.71-0.76 on the copy engines. The carve-out itself cost the GEMM -0.3% to +15.0% over the machines measured
-    /// (its time is bimodal, 1.36 or 1.55 ms, on some of them).
+    /// ahead, outside the timed window), against 0.71-0.76 on the copy engines. The carve-out
+    /// itself cost the GEMM -0.3% to +15.0% over the machines measured (its time is bimodal,
+    /// 1.36 or 1.55 ms, on some of them).
     ///
     /// Errors: `sms` equal to or above the device's multiprocessor count ([`KernelError::Spec`]
     /// naming `sms` and both values): the model must keep at least one.

@@ -227,14 +227,19 @@ impl Gpu {
     /// set with [`Gpu::set_model_carveout_sms`]): page runs go to the copy engines (no SM taken
     /// from the model) unless a load or backup can use the carve-out (a load: the run-list
     /// kernel on it; a backup: gathered on it into device staging, then copied out one
-    /// host-contiguous stretch at a time; a backup whose runs write overlapping host bytes
-    /// keeps the copy engines); token-granular runs go to the
+    /// host-contiguous stretch at a time; a backup whose runs write overlapping host bytes, or
+    /// whose runs would not merge into stretches at least two runs long on average, or whose
+    /// staging cannot be allocated, keeps the copy engines); token-granular runs go to the
     /// run-list kernel on the carve-out, or on at most [`super::SM_BUDGET`] SMs without one.
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
-    /// returns `CopyEngines { runs: 0 }`. Does not wait. (The staged path, [`Gpu::enqueue_staged_runs`], is not chosen: on the
-    /// H200 it moved 0.56-0.69 of memcpy against the copy engines' 0.71-0.95, BENCHMARKS.md.)
+    /// returns `CopyEngines { runs: 0 }`. Does not wait for the transfer, with one exception:
+    /// a gathered backup's lists share the 8-slot run-list ring with every SM path, so a
+    /// backup of more than 8 chunks (512 MiB) returns only once the gathers of all but its
+    /// last 8 chunks have run (the host waits to reuse a ring slot). (The staged path,
+    /// [`Gpu::enqueue_staged_runs`], is not chosen: on the H200 it moved 0.56-0.69 of memcpy
+    /// against the copy engines' 0.71-0.95, BENCHMARKS.md.)
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -291,14 +296,18 @@ impl Gpu {
                 )?
             };
             if gathered.is_some() {
-                return Ok(path);
+                return Ok(TransferPath::GatheredBackup {
+                    max_sms,
+                    runs: in_host_order.len() as u64,
+                });
             }
-            // Overlapping host ranges: the copy engines' in-order path.
+            // Not gathered (module docs of `gathered`): the copy engines.
             path = TransferPath::CopyEngines {
                 runs: merged.len() as u64,
             };
         }
         match path {
+            // (A gathered backup has returned, or become CopyEngines, above.)
             TransferPath::CopyEngines { .. } | TransferPath::GatheredBackup { .. } => {
                 let bases = (src.device_address(), dst.device_address());
                 // SAFETY: forwarded to the caller; checked just above.
