@@ -892,12 +892,23 @@ fn all_page_runs(
     dst_pool: &PoolGeometry,
     pages: u64,
 ) -> Vec<ByteRun> {
+    all_page_runs_of(rng, src_pool, dst_pool, pages, LAYERS)
+}
+
+/// [`all_page_runs`] for pools of `layers` layers.
+fn all_page_runs_of(
+    rng: &mut SplitMix64,
+    src_pool: &PoolGeometry,
+    dst_pool: &PoolGeometry,
+    pages: u64,
+    layers: u64,
+) -> Vec<ByteRun> {
     let src_pages = rng.distinct_below(src_pool.pages, pages as usize);
     let dst_pages = rng.distinct_below(dst_pool.pages, pages as usize);
     let mut runs = Vec::new();
     for b in 0..2usize {
         let len = src_pool.stored_page_bytes(b).unwrap();
-        for layer in 0..LAYERS {
+        for layer in 0..layers {
             for (&sp, &dp) in src_pages.iter().zip(&dst_pages) {
                 runs.push(ByteRun::new(
                     src_pool.page_offset_bytes(b, layer, sp).unwrap(),
@@ -1148,21 +1159,7 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
     let mut dst = Buf::new(&gpu, true, &poison);
     let mut expect = poison.clone();
     for call in 0..2 {
-        let dev_pages = rng.distinct_below(device.pages, 100);
-        let host_pages = rng.distinct_below(host.pages, 100);
-        let mut runs = Vec::new();
-        for b in 0..2usize {
-            let len = device.stored_page_bytes(b).unwrap();
-            for layer in 0..layers {
-                for (&dp, &hp) in dev_pages.iter().zip(&host_pages) {
-                    runs.push(ByteRun::new(
-                        device.page_offset_bytes(b, layer, dp).unwrap(),
-                        host.page_offset_bytes(b, layer, hp).unwrap(),
-                        len,
-                    ));
-                }
-            }
-        }
+        let runs = all_page_runs_of(&mut rng, &device, &host, 100, layers);
         let total_bytes: u64 = runs.iter().map(|r| r.len_bytes).sum();
         assert_eq!(total_bytes, 100 * 61 * (41_984 + 8_448));
         assert!(total_bytes > 4 * kvlayout_kernels::GATHER_SLOT_BYTES);
