@@ -144,7 +144,7 @@ impl RunOrder {
 }
 
 /// Fewest runs per ascending block, on average, for [`sort_ascending_blocks`] to try.
-const MIN_MEAN_BLOCK_RUNS: usize = 8;
+pub const MIN_MEAN_BLOCK_RUNS: usize = 8;
 
 /// `runs` in ascending `key` order when they are a sequence of contiguous blocks (in each
 /// block every run starts, by `key`, where the one before it ends) that do not interleave:
