@@ -130,6 +130,20 @@ pub fn page_shape(
                 }
             }
         }
+        if std::env::args().any(|a| a == "--pair-major") {
+            // As the pool shim lays a transfer: page pair by page pair, each pair's buffers
+            // and layers in order (the runs above are buffer, layer, then pair).
+            let pairs = s_pages.len();
+            let per_buffer = pairs * layer_range.clone().count();
+            let at = |i: usize| {
+                let (b, rest) = (i / per_buffer, i % per_buffer);
+                let (layer, pair) = (rest / pairs, rest % pairs);
+                (pair, b, layer)
+            };
+            let mut order: Vec<usize> = (0..runs.len()).collect();
+            order.sort_by_key(|&i| at(i));
+            runs = order.into_iter().map(|i| runs[i]).collect();
+        }
         let mut items = Vec::new();
         for b in [0usize, 1] {
             let specs =
