@@ -48,8 +48,9 @@ pub fn plan_gathered_backup(
             return None;
         }
         host_end_bytes = r.dst_offset_bytes.checked_add(r.len_bytes)?;
-        let (mut src, mut dst, mut left) = (r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes);
-        while left > 0 {
+        let (mut src_at_bytes, mut dst_at_bytes, mut left_bytes) =
+            (r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes);
+        while left_bytes > 0 {
             if used_bytes == slot_bytes {
                 chunks.push(GatherChunk {
                     slot: chunks.len() % slots,
@@ -59,26 +60,30 @@ pub fn plan_gathered_backup(
                 used_bytes = 0;
             }
             let chunk = chunks.last_mut()?;
-            let take = left.min(slot_bytes - used_bytes);
-            let staged = (chunk.slot as u64)
+            let take_bytes = left_bytes.min(slot_bytes - used_bytes);
+            let staged_at_bytes = (chunk.slot as u64)
                 .checked_mul(slot_bytes)?
                 .checked_add(used_bytes)?;
-            chunk.gather.push(ByteRun::new(src, staged, take));
+            chunk
+                .gather
+                .push(ByteRun::new(src_at_bytes, staged_at_bytes, take_bytes));
             match chunk.stretches.last_mut() {
                 Some(s)
-                    if s.src_offset_bytes + s.len_bytes == staged
-                        && s.dst_offset_bytes + s.len_bytes == dst =>
+                    if s.src_offset_bytes + s.len_bytes == staged_at_bytes
+                        && s.dst_offset_bytes + s.len_bytes == dst_at_bytes =>
                 {
-                    s.len_bytes += take;
+                    s.len_bytes += take_bytes;
                 }
-                _ => chunk.stretches.push(ByteRun::new(staged, dst, take)),
+                _ => chunk
+                    .stretches
+                    .push(ByteRun::new(staged_at_bytes, dst_at_bytes, take_bytes)),
             }
-            used_bytes += take;
+            used_bytes += take_bytes;
             // Inside the run (checked against the host end above; a device offset past
             // u64::MAX gives up rather than wrap).
-            src = src.checked_add(take)?;
-            dst += take;
-            left -= take;
+            src_at_bytes = src_at_bytes.checked_add(take_bytes)?;
+            dst_at_bytes += take_bytes;
+            left_bytes -= take_bytes;
         }
     }
     Some(chunks)

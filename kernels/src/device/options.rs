@@ -152,6 +152,11 @@ pub const MIN_MEAN_BLOCK_RUNS: usize = 8;
 /// one's first key. `None` (the caller sorts) when the blocks interleave or are shorter than
 /// [`MIN_MEAN_BLOCK_RUNS`] runs on average.
 pub fn sort_ascending_blocks(runs: &[ByteRun], key: fn(&ByteRun) -> u64) -> Option<Vec<ByteRun>> {
+    if !runs.is_empty() && runs.len() < MIN_MEAN_BLOCK_RUNS {
+        // Fewer runs than one block's mean: never accepted; decided without allocating
+        // (a one-page transfer is 2 runs).
+        return None;
+    }
     let mut blocks: Vec<(usize, usize)> = Vec::new(); // (start, end) in `runs`
     let mut start = 0;
     for i in 1..=runs.len() {

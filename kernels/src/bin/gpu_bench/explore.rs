@@ -16,8 +16,9 @@ use kvlayout_kernels::{ByteRun, Gpu, KernelError, RunOrder};
 
 use crate::workload::Call;
 
-const STAGING_SLOTS: usize = 4;
-const STAGING_SLOT_BYTES: u64 = 64 << 20;
+/// The device staging of the gather candidates: the library's gathered backup's.
+const STAGING_SLOTS: usize = kvlayout_kernels::GATHER_SLOTS;
+const STAGING_SLOT_BYTES: u64 = kvlayout_kernels::GATHER_SLOT_BYTES;
 
 /// `--sm-carveout K`: the GEMM's cuBLAS handle leaves K SMs (`cublasSetSmCountTarget`).
 pub fn sm_carveout() -> Option<u32> {
@@ -427,12 +428,12 @@ fn gcd(a: u64, b: u64) -> u64 {
 /// Bytes of one run in a device run list (three `u64`).
 const RUN_BYTES: u64 = 24;
 
-/// A backup's gather, planned once per call: the runs in host order, each at its slot offset,
-/// the slots' run ranges, and the gather list on the device.
+/// A backup's gather, planned once per call by the library's plan
+/// ([`kvlayout_kernels::plan_gathered_backup`], slots of the bench's staging), its chunks'
+/// gather lists one after the other on the device, and where each chunk's list starts.
 struct GatherPlan {
-    runs: Vec<ByteRun>,
-    packed: Vec<ByteRun>,
-    slots: Vec<(usize, usize)>,
+    chunks: Vec<kvlayout_kernels::GatherChunk>,
+    first_runs: Vec<usize>,
     list: kvlayout_kernels::DeviceRuns,
 }
 
@@ -443,42 +444,25 @@ thread_local! {
 
 fn plan_gather(gpu: &Gpu, call: &Call) -> Result<GatherPlan, KernelError> {
     let runs = RunOrder::DstAscending.sorted_and_merged(&call.runs);
-    // Slots: runs packed in host order; a slot holds the runs that fit in it.
-    let mut packed = Vec::with_capacity(runs.len());
-    let mut slots: Vec<(usize, usize)> = Vec::new(); // (first run, end run) per chunk
-    let (mut first, mut used) = (0usize, 0u64);
-    for (i, r) in runs.iter().enumerate() {
-        if r.len_bytes > STAGING_SLOT_BYTES {
-            return Err(KernelError::spec("len_bytes", "a run longer than a slot"));
-        }
-        if used + r.len_bytes > STAGING_SLOT_BYTES {
-            slots.push((first, i));
-            (first, used) = (i, 0);
-        }
-        let slot = slots.len() % STAGING_SLOTS;
-        packed.push(ByteRun::new(
-            r.src_offset_bytes,
-            slot as u64 * STAGING_SLOT_BYTES + used,
-            r.len_bytes,
-        ));
-        used += r.len_bytes;
+    let chunks =
+        kvlayout_kernels::plan_gathered_backup(&runs, STAGING_SLOT_BYTES, STAGING_SLOTS)
+            .ok_or_else(|| KernelError::spec("runs", "overlapping host ranges: not gathered"))?;
+    let mut first_runs = Vec::with_capacity(chunks.len());
+    let mut list = Vec::new();
+    for c in &chunks {
+        first_runs.push(list.len());
+        list.extend_from_slice(&c.gather);
     }
-    slots.push((first, runs.len()));
-    let stretches = 1 + runs
-        .windows(2)
-        .filter(|w| w[0].dst_offset_bytes + w[0].len_bytes != w[1].dst_offset_bytes)
-        .count();
+    let stretches: usize = chunks.iter().map(|c| c.stretches.len()).sum();
     println!(
         "    gather plan: {} runs after merging, {} slots, {stretches} host stretches",
         runs.len(),
-        slots.len()
+        chunks.len()
     );
-    let list = gpu.upload_runs(&packed, RunOrder::AsGiven)?;
     Ok(GatherPlan {
-        runs,
-        packed,
-        slots,
-        list,
+        list: gpu.upload_runs(&list, RunOrder::AsGiven)?,
+        chunks,
+        first_runs,
     })
 }
 
@@ -508,39 +492,32 @@ fn gather_then_copy(
             plan
         }
     };
-    let (runs, packed, slots, list) = (&plan.runs, &plan.packed, &plan.slots, &plan.list);
     follow(main, &x.prio)?;
     for out in out_streams {
         follow(main, out)?;
     }
     let mut slot_free: Vec<Option<cudarc::driver::CudaEvent>> =
         (0..STAGING_SLOTS).map(|_| None).collect();
-    for (c, &(a, b)) in slots.iter().enumerate() {
-        let slot = c % STAGING_SLOTS;
+    for (c, chunk) in plan.chunks.iter().enumerate() {
+        let slot = chunk.slot;
         if let Some(e) = slot_free[slot].take() {
             x.prio.wait(&e).map_err(drv("cuStreamWaitEvent"))?;
         }
-        let sub = (list.device_address() + a as u64 * RUN_BYTES, (b - a) as u64);
+        let first = plan.first_runs[c] as u64;
+        let sub = (
+            plan.list.device_address() + first * RUN_BYTES,
+            chunk.gather.len() as u64,
+        );
         if part != 2 {
             launch_list(x, sub, (bases.0, staging), blocks, false, (0, u64::MAX))?;
         }
         let out = &out_streams[c % out_streams.len()];
         follow(&x.prio, out)?;
-        let mut i = a;
-        let mut stretches = Vec::new();
-        while i < b {
-            let (host_at, slot_at) = (runs[i].dst_offset_bytes, packed[i].dst_offset_bytes);
-            let mut len = 0u64;
-            while i < b && runs[i].dst_offset_bytes == host_at + len {
-                len += runs[i].len_bytes;
-                i += 1;
-            }
-            stretches.push(ByteRun::new(slot_at, host_at, len));
-        }
+        let stretches = &chunk.stretches;
         if part != 1 && outs == 0 {
-            batch(out, (staging, bases.1), &stretches)?;
+            batch(out, (staging, bases.1), stretches)?;
         } else if part != 1 {
-            for r in &stretches {
+            for r in stretches {
                 memcpy(
                     out,
                     bases.1 + r.dst_offset_bytes,
