@@ -29,7 +29,8 @@ pub struct GatherChunk {
 /// overlapping host bytes or are not in host order (the copies out of one chunk run in no set
 /// order; such a list keeps the copy engines, whose batches do not order overlapping
 /// destinations either), when `slot_bytes` or `slots` is zero, or when an offset would pass
-/// `u64::MAX` (not possible for runs checked against their buffers). Offsets inside the
+/// `u64::MAX` (not possible for runs checked against their buffers). The plan holds one chunk
+/// per `slot_bytes` of the runs' total length (the caller's slots are 64 MiB). Offsets inside the
 /// staging buffer are `slot * slot_bytes + offset in the slot`; the caller's staging buffer
 /// holds `slots * slot_bytes` bytes.
 pub fn plan_gathered_backup(
@@ -93,7 +94,7 @@ pub fn plan_gathered_backup(
 /// runs (at least two runs merge into each stretch on average). Otherwise the copy engines pay
 /// about the same per stretch as per run, and the gather would only add a pass through HBM and
 /// SM time (a `layer_first` host pool, or host pages in reverse order, give one stretch per
-/// run).
+/// run). An empty plan counts as paying: there is nothing to copy either way.
 pub fn gathering_pays(chunks: &[GatherChunk]) -> bool {
     let runs: usize = chunks.iter().map(|c| c.gather.len()).sum();
     let stretches: usize = chunks.iter().map(|c| c.stretches.len()).sum();

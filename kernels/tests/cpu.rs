@@ -854,6 +854,11 @@ fn ascending_blocks_are_put_in_order_block_by_block() {
     // Blocks that interleave ([0..8) and [4..12)): not sorted here (the caller sorts).
     let inter: Vec<ByteRun> = block(0).chain((4..12).map(|i| r(500 + i, i, 1))).collect();
     assert_eq!(sort_ascending_blocks(&inter, key), None);
+    // Blocks that overlap by their lengths though their first keys are in order ([0..32) of
+    // 4-byte runs, then [30..62)): not sorted here either.
+    let four = |base: u64| (0..8).map(move |i| r(base + 4 * i, base + 4 * i, 4));
+    let overlapping: Vec<ByteRun> = four(30).chain(four(0)).collect();
+    assert_eq!(sort_ascending_blocks(&overlapping, key), None);
     // Too many short blocks (every run its own block): none either.
     let shuffled = [r(0, 30, 1), r(0, 20, 1), r(0, 10, 1)];
     assert_eq!(sort_ascending_blocks(&shuffled, key), None);

@@ -45,8 +45,9 @@ use crate::error::KernelError;
 pub use gathered::{GATHER_SLOT_BYTES, GATHER_SLOTS};
 pub use options::{
     CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
-    CopyOrder, KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
-    PARALLEL_SORT_MIN_RUNS, RunOrder, SM_BUDGET, TransferDirection, TransferPath,
+    CopyOrder, KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_MEAN_BLOCK_RUNS,
+    MIN_PITCHED_LINES, PARALLEL_SORT_MIN_RUNS, RunOrder, SM_BUDGET, TransferDirection,
+    TransferPath, sort_ascending_blocks,
 };
 pub use run_ring::{RUN_RING_SLOT_RUNS, RUN_RING_SLOTS};
 pub use staging::{STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES};

@@ -92,9 +92,9 @@ impl RunOrder {
     ///
     /// Lists of at least [`PARALLEL_SORT_MIN_RUNS`] runs are sorted on rayon's threads (a
     /// 1,024-page, 61-layer backup is 124,928 runs: 4.5 ms on one thread of the build machine,
-    /// most of the host's planning of a gathered backup); runs with equal keys may then come in
-    /// any order among themselves, which moves the same bytes unless their destinations
-    /// overlap (and the copy engines' batches never order those anyway).
+    /// most of the host's planning of a gathered backup). Runs with equal keys may come in any
+    /// order among themselves (on either sort), which moves the same bytes unless their
+    /// destinations overlap (and the copy engines' batches never order those anyway).
     ///
     /// A list made of contiguous blocks that do not interleave (what the pool shim lays for a
     /// backup to a `page_first` host pool: each page pair's layers of one buffer one after the
@@ -173,8 +173,9 @@ pub fn sort_ascending_blocks(runs: &[ByteRun], key: fn(&ByteRun) -> u64) -> Opti
     blocks.sort_unstable_by_key(|&(s, _)| key(&runs[s]));
     let mut out = Vec::with_capacity(runs.len());
     for &(s, e) in &blocks {
+        // The block before must end (its last run's key plus length) at or before this one.
         if let Some(last) = out.last()
-            && key(last) > key(&runs[s])
+            && key(last).checked_add(last.len_bytes)? > key(&runs[s])
         {
             return None;
         }
