@@ -1,12 +1,18 @@
 //! The plan of a gathered backup (the device half is `Gpu::enqueue_gathered_backup`): the runs
-//! of a backup, in host-address order, packed into device staging slots by a gather on the
-//! device, then every host-contiguous stretch of a slot copied to the host pool by the copy
-//! engines. A backup of random pages from a `layer_first` device pool to a `page_first` host
-//! pool has one stretch per page and buffer (all its layers: 61 x 41,984 B and 61 x 8,448 B for
+//! of a backup, in list order, packed into device staging slots by a gather on the device, then
+//! every host-contiguous stretch of a slot copied to the host pool by the copy engines. A
+//! backup of random pages from a `layer_first` device pool to a `page_first` host pool has one
+//! stretch per page and buffer (all its layers: 61 x 41,984 B and 61 x 8,448 B for
 //! DeepSeek-V3.2), against one run per page, layer and buffer for the copy engines alone: they
 //! pay per run, so the stretches are what lifts the backup from 0.71-0.76 of memcpy next to a
 //! GEMM to 0.81 through the chooser, and to 0.91 with the plan made ahead (BENCHMARKS.md,
 //! "Session 4").
+//!
+//! The plan needs no sort when the list already lays each host stretch's runs one after the
+//! other, as the pool shim does (page pair by page pair, each pair's layers in order): the
+//! overlap check sorts the stretches only ([`host_stretches`]), and the chunks are made one at
+//! a time ([`gather_chunks`]), so the device can start on the first while the host plans the
+//! next.
 
 use crate::copy_runs::ByteRun;
 
@@ -19,20 +25,172 @@ pub struct GatherChunk {
     /// the whole staging buffer (inside slot `slot`).
     pub gather: Vec<ByteRun>,
     /// Staging -> host pool: `src_offset_bytes` in the whole staging buffer,
-    /// `dst_offset_bytes` in the host pool; each a maximal host-contiguous stretch.
+    /// `dst_offset_bytes` in the host pool; each a maximal host-contiguous stretch of the
+    /// chunk's pieces, in list order.
     pub stretches: Vec<ByteRun>,
 }
 
-/// Packs `runs` (a backup's runs sorted by host offset, `dst_offset_bytes`; empty runs are
-/// skipped) into chunks of at most `slot_bytes` staging bytes, slot after slot of `slots`,
-/// cutting a run that does not fit the rest of a slot. Returns `None` when two runs write
-/// overlapping host bytes or are not in host order (the copies out of one chunk run in no set
-/// order; such a list keeps the copy engines, whose batches do not order overlapping
-/// destinations either), when `slot_bytes` or `slots` is zero, or when an offset would pass
-/// `u64::MAX` (not possible for runs checked against their buffers). The plan holds one chunk
-/// per `slot_bytes` of the runs' total length (the caller's slots are 64 MiB). Offsets inside the
-/// staging buffer are `slot * slot_bytes + offset in the slot`; the caller's staging buffer
-/// holds `slots * slot_bytes` bytes.
+/// What a run list is made of on the host side, in list order ([`host_stretches`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostStretches {
+    /// Non-empty runs.
+    pub runs: u64,
+    /// Maximal stretches of consecutive non-empty runs, each starting on the host where the
+    /// one before it ends.
+    pub stretches: u64,
+}
+
+impl HostStretches {
+    /// True when gathering pays: the stretches are at most half as many as the runs (at least
+    /// two runs merge into each stretch on average). Otherwise the copy engines pay about the
+    /// same per stretch as per run, and the gather would only add a pass through HBM and SM
+    /// time (a `layer_first` host pool, or a list laid layer by layer, give a stretch per
+    /// run). An empty list counts as paying: there is nothing to copy either way.
+    pub fn gathering_pays(&self) -> bool {
+        self.stretches.saturating_mul(2) <= self.runs
+    }
+}
+
+/// The host-contiguous stretches of `runs` in list order (a backup: `dst_offset_bytes` is the
+/// host offset). `None` when two runs write overlapping host bytes (the copies out of one
+/// chunk run in no set order; such a list keeps the copy engines, whose batches do not order
+/// overlapping destinations either), or when a run's host end would pass `u64::MAX`. Sorts
+/// the stretches (one per page and buffer for the pool shim's lists), not the runs.
+pub fn host_stretches(runs: &[ByteRun]) -> Option<HostStretches> {
+    let mut spans: Vec<(u64, u64)> = Vec::new(); // host (start, end) per stretch
+    let mut count_runs = 0u64;
+    for r in runs.iter().filter(|r| r.len_bytes > 0) {
+        count_runs += 1;
+        let end = r.dst_offset_bytes.checked_add(r.len_bytes)?;
+        match spans.last_mut() {
+            Some((_, last_end)) if *last_end == r.dst_offset_bytes => *last_end = end,
+            _ => spans.push((r.dst_offset_bytes, end)),
+        }
+    }
+    let stretches = spans.len() as u64;
+    spans.sort_unstable();
+    if spans.windows(2).any(|w| w[0].1 > w[1].0) {
+        return None;
+    }
+    Some(HostStretches {
+        runs: count_runs,
+        stretches,
+    })
+}
+
+/// The chunks of a gathered backup of `runs` (checked for overlap first, [`host_stretches`]),
+/// made one at a time: the runs in list order (empty ones skipped) packed slot after slot of
+/// `slots` slots of `slot_bytes`, cutting a run that does not fit the rest of a chunk. Chunk
+/// `i` holds at most `min(slot_bytes, first_chunk_bytes * 2^i)` bytes: small first chunks let
+/// the copies out start sooner (the copies out of a chunk wait for its whole gather). Offsets
+/// inside the staging buffer are `slot * slot_bytes + offset in the slot`; the caller's
+/// staging buffer holds `slots * slot_bytes` bytes. Yields nothing when `slot_bytes`,
+/// `first_chunk_bytes` or `slots` is zero, and stops early (the caller must compare the bytes
+/// planned) if an offset would pass `u64::MAX`, which runs checked against their buffers never
+/// do.
+pub fn gather_chunks(
+    runs: &[ByteRun],
+    slot_bytes: u64,
+    slots: usize,
+    first_chunk_bytes: u64,
+) -> GatherChunks<'_> {
+    let usable = slot_bytes > 0 && slots > 0 && first_chunk_bytes > 0;
+    GatherChunks {
+        runs: if usable { runs } else { &[] },
+        next_run: 0,
+        done_in_run_bytes: 0,
+        chunks: 0,
+        slot_bytes,
+        slots: slots.max(1),
+        first_chunk_bytes,
+    }
+}
+
+/// The iterator of [`gather_chunks`].
+#[derive(Clone, Debug)]
+pub struct GatherChunks<'a> {
+    runs: &'a [ByteRun],
+    next_run: usize,
+    done_in_run_bytes: u64,
+    chunks: u64,
+    slot_bytes: u64,
+    slots: usize,
+    first_chunk_bytes: u64,
+}
+
+impl GatherChunks<'_> {
+    /// Most bytes chunk `i` holds.
+    fn limit_bytes(&self, i: u64) -> u64 {
+        let doubled = u32::try_from(i)
+            .ok()
+            .and_then(|i| 1u64.checked_shl(i))
+            .and_then(|f| self.first_chunk_bytes.checked_mul(f));
+        doubled.map_or(self.slot_bytes, |b| b.min(self.slot_bytes))
+    }
+}
+
+impl Iterator for GatherChunks<'_> {
+    type Item = GatherChunk;
+
+    fn next(&mut self) -> Option<GatherChunk> {
+        while self.runs.get(self.next_run)?.len_bytes == 0 {
+            self.next_run += 1;
+        }
+        let slot = (self.chunks % self.slots as u64) as usize;
+        let limit_bytes = self.limit_bytes(self.chunks);
+        let slot_base_bytes = (slot as u64).checked_mul(self.slot_bytes)?;
+        let mut chunk = GatherChunk {
+            slot,
+            gather: Vec::new(),
+            stretches: Vec::new(),
+        };
+        let mut used_bytes = 0u64;
+        while used_bytes < limit_bytes {
+            let Some(r) = self.runs.get(self.next_run) else {
+                break;
+            };
+            let left_bytes = r.len_bytes - self.done_in_run_bytes;
+            let take_bytes = left_bytes.min(limit_bytes - used_bytes);
+            let src_at_bytes = r.src_offset_bytes.checked_add(self.done_in_run_bytes)?;
+            let dst_at_bytes = r.dst_offset_bytes.checked_add(self.done_in_run_bytes)?;
+            let staged_at_bytes = slot_base_bytes.checked_add(used_bytes)?;
+            if take_bytes > 0 {
+                chunk
+                    .gather
+                    .push(ByteRun::new(src_at_bytes, staged_at_bytes, take_bytes));
+                match chunk.stretches.last_mut() {
+                    Some(s)
+                        if s.src_offset_bytes + s.len_bytes == staged_at_bytes
+                            && s.dst_offset_bytes.checked_add(s.len_bytes)
+                                == Some(dst_at_bytes) =>
+                    {
+                        s.len_bytes += take_bytes;
+                    }
+                    _ => chunk.stretches.push(ByteRun::new(
+                        staged_at_bytes,
+                        dst_at_bytes,
+                        take_bytes,
+                    )),
+                }
+            }
+            used_bytes += take_bytes;
+            if take_bytes == left_bytes {
+                self.next_run += 1;
+                self.done_in_run_bytes = 0;
+            } else {
+                self.done_in_run_bytes += take_bytes;
+            }
+        }
+        self.chunks += 1;
+        (!chunk.gather.is_empty()).then_some(chunk)
+    }
+}
+
+/// The whole plan of a gathered backup of `runs` in list order, in chunks of `slot_bytes`
+/// ([`gather_chunks`] with no smaller first chunks). `None` when two runs write overlapping
+/// host bytes ([`host_stretches`]), when `slot_bytes` or `slots` is zero, or when an offset
+/// would pass `u64::MAX` (not possible for runs checked against their buffers). The plan holds
+/// one chunk per `slot_bytes` of the runs' total length (the caller's slots are 64 MiB).
 pub fn plan_gathered_backup(
     runs: &[ByteRun],
     slot_bytes: u64,
@@ -41,60 +199,22 @@ pub fn plan_gathered_backup(
     if slot_bytes == 0 || slots == 0 {
         return None;
     }
-    let mut chunks: Vec<GatherChunk> = Vec::new();
-    let mut used_bytes = slot_bytes; // forces a first chunk
-    let mut host_end_bytes = 0u64;
-    for r in runs.iter().filter(|r| r.len_bytes > 0) {
-        if r.dst_offset_bytes < host_end_bytes {
-            return None;
-        }
-        host_end_bytes = r.dst_offset_bytes.checked_add(r.len_bytes)?;
-        let (mut src_at_bytes, mut dst_at_bytes, mut left_bytes) =
-            (r.src_offset_bytes, r.dst_offset_bytes, r.len_bytes);
-        while left_bytes > 0 {
-            if used_bytes == slot_bytes {
-                chunks.push(GatherChunk {
-                    slot: chunks.len() % slots,
-                    gather: Vec::new(),
-                    stretches: Vec::new(),
-                });
-                used_bytes = 0;
-            }
-            let chunk = chunks.last_mut()?;
-            let take_bytes = left_bytes.min(slot_bytes - used_bytes);
-            let staged_at_bytes = (chunk.slot as u64)
-                .checked_mul(slot_bytes)?
-                .checked_add(used_bytes)?;
-            chunk
-                .gather
-                .push(ByteRun::new(src_at_bytes, staged_at_bytes, take_bytes));
-            match chunk.stretches.last_mut() {
-                Some(s)
-                    if s.src_offset_bytes + s.len_bytes == staged_at_bytes
-                        && s.dst_offset_bytes + s.len_bytes == dst_at_bytes =>
-                {
-                    s.len_bytes += take_bytes;
-                }
-                _ => chunk
-                    .stretches
-                    .push(ByteRun::new(staged_at_bytes, dst_at_bytes, take_bytes)),
-            }
-            used_bytes += take_bytes;
-            // Inside the run (checked against the host end above; a device offset past
-            // u64::MAX gives up rather than wrap).
-            src_at_bytes = src_at_bytes.checked_add(take_bytes)?;
-            dst_at_bytes += take_bytes;
-            left_bytes -= take_bytes;
-        }
-    }
-    Some(chunks)
+    host_stretches(runs)?;
+    let total_bytes = runs
+        .iter()
+        .try_fold(0u64, |t, r| t.checked_add(r.len_bytes))?;
+    let chunks: Vec<GatherChunk> = gather_chunks(runs, slot_bytes, slots, slot_bytes).collect();
+    let planned_bytes: u64 = chunks
+        .iter()
+        .flat_map(|c| &c.gather)
+        .map(|r| r.len_bytes)
+        .sum();
+    (planned_bytes == total_bytes).then_some(chunks)
 }
 
-/// True when gathering pays: the stretches to copy out are at most half as many as the gather
-/// runs (at least two runs merge into each stretch on average). Otherwise the copy engines pay
-/// about the same per stretch as per run, and the gather would only add a pass through HBM and
-/// SM time (a `layer_first` host pool, or host pages in reverse order, give one stretch per
-/// run). An empty plan counts as paying: there is nothing to copy either way.
+/// True when gathering pays for a whole plan: the stretches to copy out are at most half as
+/// many as the gather runs ([`HostStretches::gathering_pays`], counted on the chunks, where a
+/// run cut at a chunk's end counts twice). An empty plan counts as paying.
 pub fn gathering_pays(chunks: &[GatherChunk]) -> bool {
     let runs: usize = chunks.iter().map(|c| c.gather.len()).sum();
     let stretches: usize = chunks.iter().map(|c| c.stretches.len()).sum();

@@ -73,14 +73,17 @@ pub use copy_runs::{ByteRun, validate_runs};
 pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
     CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
-    CopyOrder, GATHER_SLOT_BYTES, GATHER_SLOTS, Gpu, KernelReport, LaunchShape,
-    MAX_COPY_ENGINE_LANES, MIN_MEAN_BLOCK_RUNS, MIN_PITCHED_LINES, PARALLEL_SORT_MIN_RUNS,
-    RUN_RING_SLOT_RUNS, RUN_RING_SLOTS, RunOrder, SELF_CHECK_MAX_ITEMS, SM_BUDGET,
-    STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES,
+    CopyOrder, GATHER_FIRST_CHUNK_BYTES, GATHER_SLOT_BYTES, GATHER_SLOTS, Gpu, KernelReport,
+    LaunchShape, MAX_COPY_ENGINE_LANES, MIN_MEAN_BLOCK_RUNS, MIN_PITCHED_LINES,
+    PARALLEL_SORT_MIN_RUNS, RUN_RING_SLOT_RUNS, RUN_RING_SLOTS, RunOrder, SELF_CHECK_MAX_ITEMS,
+    SM_BUDGET, STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES,
     TransferDirection, TransferPath, driver_present, nvrtc_present, sort_ascending_blocks,
 };
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
-pub use gather_plan::{GatherChunk, gathering_pays, plan_gathered_backup};
+pub use gather_plan::{
+    GatherChunk, GatherChunks, HostStretches, gather_chunks, gathering_pays, host_stretches,
+    plan_gathered_backup,
+};
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
 pub use pitched::{PitchedRun, group_pitched};

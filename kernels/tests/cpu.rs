@@ -688,14 +688,19 @@ fn a_gathered_backup_packs_runs_in_host_order_and_copies_out_host_stretches() {
     assert_eq!(plan_gathered_backup(&runs, 100, 2), Some(want));
     // Nothing to move: no chunk.
     assert_eq!(plan_gathered_backup(&[], 100, 2), Some(vec![]));
-    // Overlapping host ranges, or runs out of host order: refused (the copy engines keep them).
+    // Overlapping host ranges: refused (the copy engines keep them).
     assert_eq!(
         plan_gathered_backup(&[r(0, 0, 10), r(100, 5, 10)], 100, 2),
         None
     );
+    // Runs out of host order are packed in list order: two stretches.
     assert_eq!(
         plan_gathered_backup(&[r(0, 100, 10), r(100, 0, 10)], 100, 2),
-        None
+        Some(vec![chunk(
+            0,
+            vec![r(0, 0, 10), r(100, 10, 10)],
+            vec![r(0, 100, 10), r(10, 0, 10)]
+        )])
     );
     // No room: refused.
     assert_eq!(plan_gathered_backup(&runs, 0, 2), None);
@@ -913,4 +918,90 @@ fn a_pair_major_backup_sorts_to_the_same_runs_as_a_full_sort() {
     // No two runs continue each other on the device side (layer_first: a page's layers are a
     // layer stride apart), so merging keeps every run: the full sort's list exactly.
     assert!(RunOrder::DstAscending.sorted_and_merged(&runs) == want);
+}
+
+#[test]
+fn host_stretches_are_counted_in_list_order_and_overlaps_refused() {
+    use kvlayout_kernels::{HostStretches, host_stretches};
+    let r = ByteRun::new;
+    // Three page pairs laid pair by pair (as the pool shim does), host pages 2, 0 and 1 of
+    // 1,000 bytes, three 100-byte layers each: 9 runs, 3 stretches, in no host order.
+    let mut runs = Vec::new();
+    for (i, host_page) in [2u64, 0, 1].into_iter().enumerate() {
+        for layer in 0..3u64 {
+            runs.push(r(
+                layer * 10_000 + i as u64 * 100,
+                host_page * 1000 + layer * 100,
+                100,
+            ));
+        }
+    }
+    let s = host_stretches(&runs).unwrap();
+    assert_eq!(
+        s,
+        HostStretches {
+            runs: 9,
+            stretches: 3
+        }
+    );
+    assert!(s.gathering_pays());
+    // The same runs laid layer by layer: no neighbour continues another: 9 stretches.
+    let mut by_layer = runs.clone();
+    by_layer.sort_by_key(|r| r.src_offset_bytes);
+    let s = host_stretches(&by_layer).unwrap();
+    assert_eq!((s.runs, s.stretches), (9, 9));
+    assert!(!s.gathering_pays());
+    // Empty runs do not count nor break a stretch.
+    let s = host_stretches(&[r(0, 0, 10), r(7, 99, 0), r(50, 10, 10)]).unwrap();
+    assert_eq!((s.runs, s.stretches), (2, 1));
+    // Overlapping host bytes, far apart in the list: refused; touching ranges are not.
+    assert_eq!(
+        host_stretches(&[r(0, 0, 100), r(0, 500, 100), r(0, 90, 5)]),
+        None
+    );
+    assert!(host_stretches(&[r(0, 100, 100), r(0, 500, 100), r(0, 0, 100)]).is_some());
+    // A host end past u64::MAX: refused.
+    assert_eq!(host_stretches(&[r(0, u64::MAX, 2)]), None);
+    // Nothing to move pays (nothing to copy either way).
+    assert!(host_stretches(&[]).unwrap().gathering_pays());
+}
+
+#[test]
+fn gathered_chunks_start_small_and_double_up_to_a_slot() {
+    use kvlayout_kernels::{GatherChunk, gather_chunks};
+    let r = ByteRun::new;
+    // One 700-byte run, slots of 400 bytes, 2 of them, a first chunk of 100: chunks of 100,
+    // 200, then 400 bytes (the slot), in slots 0, 1, 0.
+    let chunks: Vec<GatherChunk> = gather_chunks(&[r(5000, 0, 700)], 400, 2, 100).collect();
+    let want = vec![
+        GatherChunk {
+            slot: 0,
+            gather: vec![r(5000, 0, 100)],
+            stretches: vec![r(0, 0, 100)],
+        },
+        GatherChunk {
+            slot: 1,
+            gather: vec![r(5100, 400, 200)],
+            stretches: vec![r(400, 100, 200)],
+        },
+        GatherChunk {
+            slot: 0,
+            gather: vec![r(5300, 0, 400)],
+            stretches: vec![r(0, 300, 400)],
+        },
+    ];
+    assert_eq!(chunks, want);
+    // Leading and trailing empty runs make no chunk; no room makes none.
+    let chunks: Vec<GatherChunk> =
+        gather_chunks(&[r(1, 1, 0), r(0, 0, 50), r(9, 9, 0)], 400, 2, 100).collect();
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].gather, vec![r(0, 0, 50)]);
+    assert_eq!(gather_chunks(&[r(0, 0, 50)], 0, 2, 100).count(), 0);
+    assert_eq!(gather_chunks(&[r(0, 0, 50)], 400, 0, 100).count(), 0);
+    assert_eq!(gather_chunks(&[r(0, 0, 50)], 400, 2, 0).count(), 0);
+    // Many chunks: the doubling stops at the slot and never overflows (chunk 70 and later
+    // hold a slot each).
+    let n = gather_chunks(&[r(0, 0, 100 * 400)], 400, 3, 1).count();
+    // 1 + 2 + ... + 256 = 511 bytes in the first 9 chunks, then 400 per chunk.
+    assert_eq!(n, 9 + (40_000 - 511usize).div_ceil(400));
 }

@@ -27,13 +27,17 @@ use super::{CopyEngineHint, Gpu, LaunchShape, copy_engine};
 use crate::copy_runs::ByteRun;
 use crate::device_memory::{DeviceBytes, GpuBytes, driver_err};
 use crate::error::KernelError;
-use crate::gather_plan::{gathering_pays, plan_gathered_backup};
+use crate::gather_plan::{GatherChunk, gather_chunks, host_stretches};
 
 /// Staging slots (chunks in flight).
 pub const GATHER_SLOTS: usize = 4;
 /// Bytes of one staging slot: 4 x 64 MiB = 256 MiB of device memory, allocated at the first
 /// gathered backup and kept by the `Gpu` (the configuration measured).
 pub const GATHER_SLOT_BYTES: u64 = 64 << 20;
+/// Bytes of a gathered backup's first chunk; each next chunk holds twice as many, up to a
+/// slot ([`crate::gather_plan::gather_chunks`]): the copies out start after 8 MiB of gather
+/// instead of 64 MiB.
+pub const GATHER_FIRST_CHUNK_BYTES: u64 = 8 << 20;
 /// Stretches per `cuMemcpyBatchAsync` call of the copies out.
 const STRETCHES_PER_CALL: usize = 2048;
 
@@ -80,11 +84,9 @@ impl Gpu {
         runs: &[ByteRun],
         shape: LaunchShape,
     ) -> Result<Option<u64>, KernelError> {
-        let Some(chunks) = plan_gathered_backup(runs, GATHER_SLOT_BYTES, GATHER_SLOTS) else {
-            return Ok(None);
-        };
-        if !gathering_pays(&chunks) {
-            return Ok(None);
+        match host_stretches(runs) {
+            Some(s) if s.gathering_pays() => {}
+            _ => return Ok(None),
         }
         let mut guard = self
             .gathered
@@ -99,10 +101,16 @@ impl Gpu {
         let GatherState::Ready(ring) = &mut *guard else {
             return Ok(None);
         };
+        let chunks = gather_chunks(
+            runs,
+            GATHER_SLOT_BYTES,
+            GATHER_SLOTS,
+            GATHER_FIRST_CHUNK_BYTES,
+        );
         // SAFETY: forwarded to the caller; the plan's offsets lie in the checked runs and in
         // the staging buffer.
-        let queued = unsafe { self.enqueue_chunks(ring, src, dst, &chunks, shape) };
-        if let Err(e) = queued {
+        let queued = unsafe { self.enqueue_chunks(ring, src, dst, chunks, shape) };
+        if let Err(e) = &queued {
             // Part of the backup may be queued on the ring's streams: wait for them, so that
             // the caller may free the pools, and no slot's event is left unrecorded.
             let gather_synced = ring.gather_stream.synchronize();
@@ -113,9 +121,8 @@ impl Gpu {
                 let broken = std::mem::replace(&mut *guard, GatherState::Unavailable(e.clone()));
                 std::mem::forget(broken);
             }
-            return Err(e);
         }
-        Ok(Some(chunks.len() as u64))
+        queued.map(Some)
     }
 
     /// Why backups are not gathered on this `Gpu`: the error of the staging's allocation at
@@ -146,7 +153,8 @@ impl Gpu {
         })
     }
 
-    /// The chunks of a gathered backup on the ring's streams, joined into the `Gpu`'s stream.
+    /// The chunks of a gathered backup on the ring's streams, each enqueued as soon as it is
+    /// planned, joined into the `Gpu`'s stream; returns the number of chunks.
     ///
     /// # Safety
     /// As [`Gpu::enqueue_gathered_backup`].
@@ -155,9 +163,9 @@ impl Gpu {
         ring: &mut GatherRing,
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
-        chunks: &[crate::gather_plan::GatherChunk],
+        chunks: impl Iterator<Item = GatherChunk>,
         shape: LaunchShape,
-    ) -> Result<(), KernelError> {
+    ) -> Result<u64, KernelError> {
         let fork = event(&self.stream)?;
         for stream in [&ring.gather_stream, &ring.out_stream] {
             stream
@@ -165,6 +173,7 @@ impl Gpu {
                 .map_err(driver_err("cuStreamWaitEvent"))?;
         }
         let (staging_base, host_base) = (ring.staging.device_address(), dst.device_address());
+        let mut count = 0u64;
         for chunk in chunks {
             if let Some(done) = &ring.copied[chunk.slot] {
                 // The slot's previous copies out must have read it before the gather rewrites it.
@@ -200,11 +209,13 @@ impl Gpu {
                 )?
             };
             ring.copied[chunk.slot] = Some(event(&ring.out_stream)?);
+            count += 1;
         }
         // Every copy out waited for its gather: the last copy out ends the backup.
         let joined = event(&ring.out_stream)?;
         self.stream
             .wait(&joined)
-            .map_err(driver_err("cuStreamWaitEvent"))
+            .map_err(driver_err("cuStreamWaitEvent"))?;
+        Ok(count)
     }
 }

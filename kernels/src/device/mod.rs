@@ -42,7 +42,7 @@ use crate::cuda_source::{COPY_KERNELS, COPY_TWO_PARTS_KERNELS, SOURCE, THREADS_P
 use crate::device_memory::{DeviceIndices, driver_err};
 use crate::error::KernelError;
 
-pub use gathered::{GATHER_SLOT_BYTES, GATHER_SLOTS};
+pub use gathered::{GATHER_FIRST_CHUNK_BYTES, GATHER_SLOT_BYTES, GATHER_SLOTS};
 pub use options::{
     CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
     CopyOrder, KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_MEAN_BLOCK_RUNS,

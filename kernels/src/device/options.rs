@@ -107,9 +107,9 @@ impl RunOrder {
             RunOrder::SrcAscending => |r| r.src_offset_bytes,
             RunOrder::DstAscending => |r| r.dst_offset_bytes,
         };
-        let sorted = match self {
-            RunOrder::AsGiven => runs.to_vec(),
-            _ => sort_ascending_blocks(runs, key).unwrap_or_else(|| {
+        let sorted: std::borrow::Cow<[ByteRun]> = match self {
+            RunOrder::AsGiven => std::borrow::Cow::Borrowed(runs),
+            _ => std::borrow::Cow::Owned(sort_ascending_blocks(runs, key).unwrap_or_else(|| {
                 let mut v = runs.to_vec();
                 if v.len() >= PARALLEL_SORT_MIN_RUNS {
                     v.par_sort_unstable_by_key(key);
@@ -117,10 +117,10 @@ impl RunOrder {
                     v.sort_by_key(key);
                 }
                 v
-            }),
+            })),
         };
         let mut out: Vec<ByteRun> = Vec::with_capacity(sorted.len());
-        for r in sorted {
+        for &r in sorted.iter() {
             if r.len_bytes == 0 {
                 continue;
             }

@@ -251,6 +251,37 @@ impl Gpu {
         order: RunOrder,
     ) -> Result<TransferPath, KernelError> {
         validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
+        let direction = match (src.host_bytes().is_some(), dst.host_bytes().is_some()) {
+            (true, false) => TransferDirection::Load,
+            (false, true) => TransferDirection::Backup,
+            _ => TransferDirection::Other,
+        };
+        let carveout = self.model_carveout_sms().filter(|&k| k > 0);
+        if let (TransferDirection::Backup, Some(k)) = (direction, carveout) {
+            // A backup is gathered in list order when that pays, with no sort: the pool shim
+            // lays each host stretch's runs one after the other (a page pair's layers).
+            let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
+            if let TransferPath::GatheredBackup { max_sms, .. } =
+                TransferPath::choose(&as_listed, direction, Some(k))
+            {
+                self.join_staged()?;
+                // SAFETY: forwarded to the caller; every run was checked just above.
+                let gathered = unsafe {
+                    self.enqueue_gathered_backup(
+                        src,
+                        dst,
+                        &as_listed,
+                        LaunchShape::sm_budget(max_sms),
+                    )?
+                };
+                if gathered.is_some() {
+                    return Ok(TransferPath::GatheredBackup {
+                        max_sms,
+                        runs: as_listed.len() as u64,
+                    });
+                }
+            }
+        }
         // Long lists of token runs are merged with their neighbours in list order only
         // (engines list a page's tokens in order): sorting 49,152 token runs per layer took the
         // host longer than the GPU takes to move them (BENCHMARKS.md, "Session 4"). Page runs,
@@ -270,16 +301,12 @@ impl Gpu {
             // Nothing to move (no runs, or only empty ones): nothing enqueued.
             return Ok(TransferPath::CopyEngines { runs: 0 });
         }
-        let direction = match (src.host_bytes().is_some(), dst.host_bytes().is_some()) {
-            (true, false) => TransferDirection::Load,
-            (false, true) => TransferDirection::Backup,
-            _ => TransferDirection::Other,
-        };
-        let mut path = TransferPath::choose(&merged, direction, self.model_carveout_sms());
+        let mut path = TransferPath::choose(&merged, direction, carveout);
         // A staged load before this one may still be scattering on its own stream.
         self.join_staged()?;
         if let TransferPath::GatheredBackup { max_sms, .. } = path {
-            // Backups are merged in host order (`order` is DstAscending for the pool backend;
+            // In list order it did not pay (or the list is not a backup's as given): in host
+            // order. Backups are merged in host order (`order` is DstAscending for the pool backend;
             // sorted here for any other caller).
             let host_order = match order {
                 RunOrder::DstAscending => None,

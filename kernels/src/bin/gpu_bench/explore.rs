@@ -97,6 +97,11 @@ pub enum Candidate {
         runs_per_launch: u32,
         cluster: bool,
     },
+    /// Loads: the small kernel (`blocks` blocks of 1024 threads, high-priority stream) takes
+    /// the short runs and, in host order, long runs until it holds `sm_permille` thousandths
+    /// of the bytes; the copy engines batch the other long runs on the `Gpu`'s stream, both at
+    /// once.
+    SplitShare { blocks: u32, sm_permille: u32 },
     /// Backups: the small kernel (this many blocks of 1024 threads, high-priority stream)
     /// gathers the runs, in host order, into device staging slots; the copy engines copy each
     /// host-contiguous stretch of a slot out with one `cuMemcpyAsync`. The second field
@@ -118,6 +123,13 @@ impl Candidate {
             Candidate::SplitKernel(k) => {
                 format!("explore: long runs CE, short runs kernel {k} x 1024 thr, prio")
             }
+            Candidate::SplitShare {
+                blocks,
+                sm_permille,
+            } => format!(
+                "explore: kernel {blocks} x 1024 thr short runs + long to {:.1}% of bytes, CE the rest",
+                f64::from(sm_permille) / 10.0
+            ),
             Candidate::Threads(t) => format!("explore: batch from {t} host threads"),
             Candidate::PrioKernel(k) => format!("explore: all runs kernel {k} x 1024 thr, prio"),
             Candidate::ThreadsSplit => "explore: long / short runs from 2 host threads".into(),
@@ -328,6 +340,57 @@ pub fn enqueue(
             follow(main, &x.prio)?;
             launch_fast(x, call, bases, k, (0, LONG_RUN_BYTES))?;
             batch(main, bases, &long)?;
+            follow(&x.prio, main)
+        }
+        Candidate::SplitShare {
+            blocks,
+            sm_permille,
+        } => {
+            // The device list is the call's runs sorted by host offset (stable, unmerged):
+            // the same order here.
+            let mut sorted = call.runs.clone();
+            sorted.sort_by_key(|r| r.src_offset_bytes);
+            let total: u64 = sorted.iter().map(|r| r.len_bytes).sum();
+            let target = total / 1000 * u64::from(sm_permille);
+            let mut sm_bytes: u64 = sorted
+                .iter()
+                .filter(|r| r.len_bytes < LONG_RUN_BYTES)
+                .map(|r| r.len_bytes)
+                .sum();
+            let mut cut = 0;
+            while cut < sorted.len() && sm_bytes < target {
+                if sorted[cut].len_bytes >= LONG_RUN_BYTES {
+                    sm_bytes += sorted[cut].len_bytes;
+                }
+                cut += 1;
+            }
+            let ce: Vec<ByteRun> = sorted
+                .iter()
+                .enumerate()
+                .filter(|&(i, r)| i >= cut && r.len_bytes >= LONG_RUN_BYTES)
+                .map(|(_, r)| *r)
+                .collect();
+            follow(main, &x.prio)?;
+            let list = call.dev_runs.device_address();
+            launch_list(
+                x,
+                (list, sorted.len() as u64),
+                bases,
+                blocks,
+                false,
+                (0, LONG_RUN_BYTES),
+            )?;
+            if cut > 0 {
+                launch_list(
+                    x,
+                    (list, cut as u64),
+                    bases,
+                    blocks,
+                    false,
+                    (LONG_RUN_BYTES, u64::MAX),
+                )?;
+            }
+            batch(main, bases, &ce)?;
             follow(&x.prio, main)
         }
         Candidate::Threads(_) | Candidate::ThreadsSplit => {

@@ -110,7 +110,16 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
         if let Some(k) = explore::sm_carveout() {
             paths.extend([Path::Auto, Path::RunKernel(Some(k))]);
             let gather = std::env::args().any(|a| a == "--gather");
-            if shape.h2d {
+            if shape.h2d && std::env::args().any(|a| a == "--split-share") {
+                // Loads: the SMs' share of the bytes (0: short runs only, the index-K).
+                paths.push(Path::Explore(C::SplitKernel(k)));
+                for sm_permille in [0, 300, 450, 600] {
+                    paths.push(Path::Explore(C::SplitShare {
+                        blocks: k,
+                        sm_permille,
+                    }));
+                }
+            } else if shape.h2d {
                 paths.extend([C::SplitKernel(1), C::SplitKernel(k)].map(Path::Explore));
             } else if gather {
                 // Where a device-side gather's time goes: the parts alone, the copies out
@@ -139,7 +148,7 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
                     paths.push(Path::Explore(C::Pieces(piece, shuffled)));
                 }
             }
-            if !gather {
+            if !gather && !std::env::args().any(|a| a == "--split-share") {
                 paths.push(Path::Explore(C::PrioKernel(k)));
                 for (blocks, runs_per_launch, cluster) in [
                     (k, 2048, false),
