@@ -65,6 +65,7 @@ pub mod error;
 pub mod gather_plan;
 pub mod index_k;
 pub mod pitched;
+pub mod split_load;
 pub mod staging;
 pub mod test_data;
 
@@ -87,3 +88,4 @@ pub use gather_plan::{
 };
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
 pub use pitched::{PitchedRun, group_pitched};
+pub use split_load::{SPLIT_SHORT_RUN_BYTES, kernel_share_permille, split_load};

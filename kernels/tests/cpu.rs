@@ -577,8 +577,15 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
     assert_eq!(CARVEOUT_MIN_RUNS, 64);
     let sm = |max_sms, runs| TransferPath::SmKernel { max_sms, runs };
     let ce = |runs| TransferPath::CopyEngines { runs };
-    // A load on a carve-out of 2: the kernel on those 2 SMs; one run fewer: the copy engines.
-    assert_eq!(TransferPath::choose(&pages, D::Load, Some(2)), sm(2, 64));
+    // A load on a carve-out of 2: split between the kernel on those 2 SMs and the copy
+    // engines; one run fewer: the copy engines.
+    assert_eq!(
+        TransferPath::choose(&pages, D::Load, Some(2)),
+        TransferPath::SplitLoad {
+            max_sms: 2,
+            runs: 64
+        }
+    );
     assert_eq!(TransferPath::choose(&pages[..63], D::Load, Some(2)), ce(63));
     // Other directions keep the copy engines, carve-out or not (backups: the next test).
     assert_eq!(TransferPath::choose(&pages, D::Other, Some(2)), ce(64));
@@ -1004,4 +1011,41 @@ fn gathered_chunks_start_small_and_double_up_to_a_slot() {
     let n = gather_chunks(&[r(0, 0, 100 * 400)], 400, 3, 1).count();
     // 1 + 2 + ... + 256 = 511 bytes in the first 9 chunks, then 400 per chunk.
     assert_eq!(n, 9 + (40_000 - 511usize).div_ceil(400));
+}
+
+#[test]
+fn a_split_load_gives_the_kernel_the_short_runs_then_long_runs_up_to_its_share() {
+    use kvlayout_kernels::{SPLIT_SHORT_RUN_BYTES, kernel_share_permille, split_load};
+    let r = ByteRun::new;
+    assert_eq!(SPLIT_SHORT_RUN_BYTES, 16_384);
+    // Shares: 225 per SM, at most 600 (450 on 2 SMs, the measured best).
+    assert_eq!(
+        [1, 2, 3, 8].map(kernel_share_permille),
+        [225, 450, 600, 600]
+    );
+    // Four DeepSeek-V3.2 pages of one layer in host order, MLA (41,984 B) then index-K
+    // (8,448 B) each: 201,728 B in all; at 450 permille the kernel's target is 90,777 B.
+    let runs: Vec<ByteRun> = (0..4u64)
+        .flat_map(|p| {
+            [
+                r(p * 50_432, p * 100_000, 41_984),
+                r(p * 50_432 + 41_984, p * 100_000 + 50_000, 8_448),
+            ]
+        })
+        .collect();
+    let (kernel, engines) = split_load(&runs, 450);
+    // The four index-K runs (33,792 B) and then MLA runs in order until the target: page 0's
+    // (75,776 B, short of it) and page 1's (117,760 B); pages 2 and 3's MLA to the engines.
+    assert_eq!(
+        kernel,
+        vec![runs[0], runs[1], runs[2], runs[3], runs[5], runs[7]]
+    );
+    assert_eq!(engines, vec![runs[4], runs[6]]);
+    // Share 0: the short runs only; 1000 (or more): everything to the kernel.
+    let (kernel, engines) = split_load(&runs, 0);
+    assert_eq!(kernel, vec![runs[1], runs[3], runs[5], runs[7]]);
+    assert_eq!(engines, vec![runs[0], runs[2], runs[4], runs[6]]);
+    assert_eq!(split_load(&runs, 5000), (runs.clone(), vec![]));
+    // Nothing: nothing either side.
+    assert_eq!(split_load(&[], 450), (vec![], vec![]));
 }

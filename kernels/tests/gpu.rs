@@ -1100,7 +1100,7 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
         if h2d {
             assert_eq!(
                 path,
-                TransferPath::SmKernel {
+                TransferPath::SplitLoad {
                     max_sms: 2,
                     runs: 600
                 }

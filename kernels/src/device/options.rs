@@ -273,6 +273,15 @@ pub enum TransferPath {
         /// Runs after merging neighbours.
         runs: u64,
     },
+    /// A load split between the run-list kernel on at most `max_sms` multiprocessors (the
+    /// model's carve-out, high-priority stream) and the copy engines, both at once
+    /// ([`crate::split_load`]).
+    SplitLoad {
+        /// The SM budget of the kernel's part.
+        max_sms: u32,
+        /// Runs after merging neighbours (both parts).
+        runs: u64,
+    },
     /// A backup gathered on the device into staging slots by the run-list kernel on at most
     /// `max_sms` multiprocessors, then copied to the host by the copy engines one
     /// host-contiguous stretch at a time ([`crate::gather_plan`]).
@@ -317,10 +326,11 @@ impl TransferPath {
     /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
     /// SMs free (`Some(0)` counts as `None`):
     /// - mean run length at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`] (page runs): the copy
-    ///   engines; with a carve-out and at least [`CARVEOUT_MIN_RUNS`] runs, a load goes to the
-    ///   run-list kernel on the carve-out and a backup is gathered on it (copy engines pay per
-    ///   run: 0.32-0.79 of memcpy for a 1,024-page DSA load next to a GEMM, 0.71-0.76 for the
-    ///   backup; on 2 free SMs 0.85-0.87 and 0.81, BENCHMARKS.md "Session 4");
+    ///   engines; with a carve-out and at least [`CARVEOUT_MIN_RUNS`] runs, a load is split
+    ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
+    ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
+    ///   1,024-page DSA load next to a GEMM, 0.71-0.76 for the backup; with 2 free SMs
+    ///   0.89-0.90 and 0.88, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
     ///   [`SM_BUDGET`] SMs without one.
     pub fn choose(
@@ -338,12 +348,16 @@ impl TransferPath {
                     runs: count,
                 }
             }
-            Some(k) if !long || (many && direction == TransferDirection::Load) => {
-                TransferPath::SmKernel {
+            Some(k) if long && many && direction == TransferDirection::Load => {
+                TransferPath::SplitLoad {
                     max_sms: k,
                     runs: count,
                 }
             }
+            Some(k) if !long => TransferPath::SmKernel {
+                max_sms: k,
+                runs: count,
+            },
             _ if long => TransferPath::CopyEngines { runs: count },
             _ => TransferPath::SmKernel {
                 max_sms: SM_BUDGET,

@@ -340,6 +340,10 @@ impl Gpu {
                 // SAFETY: forwarded to the caller; checked just above.
                 unsafe { self.enqueue_lanes(bases, &merged, CopyEngineOptions::chosen(order))? }
             }
+            TransferPath::SplitLoad { max_sms, .. } => {
+                // SAFETY: forwarded to the caller; every merged run was checked just above.
+                unsafe { self.enqueue_split_load(src, dst, &merged, max_sms, order)? }
+            }
             TransferPath::SmKernel { max_sms, .. } => {
                 // SAFETY: forwarded to the caller; every merged run was checked just above.
                 unsafe {
@@ -354,6 +358,74 @@ impl Gpu {
             }
         }
         Ok(path)
+    }
+
+    /// The high-priority stream of a split load's kernel part.
+    fn prio_stream(&self) -> Result<&Arc<CudaStream>, KernelError> {
+        self.prio_stream
+            .get_or_init(|| {
+                let (_least, greatest) = cudarc::driver::result::stream::get_priority_range()
+                    .map_err(driver_err("cuCtxGetStreamPriorityRange"))?;
+                self.ctx
+                    .new_stream_with_priority(greatest)
+                    .map_err(driver_err("cuStreamCreateWithPriority"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// A load split ([`crate::split_load`]): the kernel's part on `max_sms` SMs on the
+    /// high-priority stream, the copy engines' part on the `Gpu`'s stream, both after the work
+    /// enqueued before, the `Gpu`'s stream then waiting for the kernel's part. On an error
+    /// after the fork, waits for the high-priority stream (nothing of the call is left running
+    /// that a later `finish` would not wait for).
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_copy_runs`]; every run already checked against both buffers.
+    unsafe fn enqueue_split_load(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        max_sms: u32,
+        order: RunOrder,
+    ) -> Result<(), KernelError> {
+        let (kernel, engines) =
+            crate::split_load::split_load(runs, crate::split_load::kernel_share_permille(max_sms));
+        let prio = self.prio_stream()?;
+        let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let fork = self
+            .stream
+            .record_event(no_timing)
+            .map_err(driver_err("cuEventRecord"))?;
+        prio.wait(&fork).map_err(driver_err("cuStreamWaitEvent"))?;
+        let bases = (src.device_address(), dst.device_address());
+        let queued = (|| {
+            // SAFETY: forwarded; the kernel's part runs on `prio` after the fork, and the
+            // `Gpu`'s stream waits for it below.
+            unsafe {
+                self.enqueue_checked_runs_from_ring(
+                    prio,
+                    src,
+                    dst,
+                    &kernel,
+                    LaunchShape::sm_budget(max_sms),
+                )?
+            };
+            // SAFETY: forwarded; a slice of the checked runs on the `Gpu`'s stream.
+            unsafe { self.enqueue_lanes(bases, &engines, CopyEngineOptions::chosen(order))? };
+            let joined = prio
+                .record_event(no_timing)
+                .map_err(driver_err("cuEventRecord"))?;
+            self.stream
+                .wait(&joined)
+                .map_err(driver_err("cuStreamWaitEvent"))
+        })();
+        if queued.is_err() {
+            // Best effort: a broken context fails this too, and then nothing runs.
+            let _ = prio.synchronize();
+        }
+        queued
     }
 
     /// [`Gpu::enqueue_transfer_runs`], then waits; returns the path taken.

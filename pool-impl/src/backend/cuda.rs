@@ -191,6 +191,7 @@ impl CudaBackend {
             Ok(
                 TransferPath::CopyEngines { .. }
                 | TransferPath::SmKernel { .. }
+                | TransferPath::SplitLoad { .. }
                 | TransferPath::GatheredBackup { .. },
             ) => Ok(()),
             Err(KernelError::RunOutOfRange { run, .. }) => {

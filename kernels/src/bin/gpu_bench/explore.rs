@@ -507,9 +507,16 @@ thread_local! {
 
 fn plan_gather(gpu: &Gpu, call: &Call) -> Result<GatherPlan, KernelError> {
     let runs = RunOrder::DstAscending.sorted_and_merged(&call.runs);
-    let chunks =
-        kvlayout_kernels::plan_gathered_backup(&runs, STAGING_SLOT_BYTES, STAGING_SLOTS)
-            .ok_or_else(|| KernelError::spec("runs", "overlapping host ranges: not gathered"))?;
+    // The library's plan as the chooser makes it (first chunk 8 MiB, doubling to a slot).
+    kvlayout_kernels::host_stretches(&runs)
+        .ok_or_else(|| KernelError::spec("runs", "overlapping host ranges: not gathered"))?;
+    let chunks: Vec<kvlayout_kernels::GatherChunk> = kvlayout_kernels::gather_chunks(
+        &runs,
+        STAGING_SLOT_BYTES,
+        STAGING_SLOTS,
+        kvlayout_kernels::GATHER_FIRST_CHUNK_BYTES,
+    )
+    .collect();
     let mut first_runs = Vec::with_capacity(chunks.len());
     let mut list = Vec::new();
     for c in &chunks {

@@ -124,28 +124,21 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
             } else if gather {
                 // Where a device-side gather's time goes: the parts alone, the copies out
                 // on 1, 2 or 4 streams or batched, and plain copies of contiguous pieces.
-                for (blocks, part, outs) in [
-                    (1, 0, 1),
-                    (k, 0, 1),
-                    (8, 0, 1),
-                    (k, 1, 1),
-                    (8, 1, 1),
-                    (8, 2, 1),
-                    (8, 2, 4),
-                    (8, 2, 0),
-                    (8, 0, 4),
-                    (8, 0, 0),
-                ] {
+                // (Session 4's list, with one copy per stretch and the pieces, is in its
+                // logs; these are the batched copies out the chooser uses.)
+                for (blocks, part, outs) in [(k, 0, 0), (8, 0, 0), (k, 1, 0), (8, 2, 0)] {
                     paths.push(Path::Explore(C::GatherThenCopy(blocks, part, outs)));
                 }
-                for (piece, shuffled) in [
-                    (2 << 20, false),
-                    (2 << 20, true),
-                    (512 << 10, false),
-                    (64 << 10, false),
-                    (32 << 20, true),
-                ] {
-                    paths.push(Path::Explore(C::Pieces(piece, shuffled)));
+                if std::env::args().any(|a| a == "--pieces") {
+                    for (piece, shuffled) in [
+                        (2 << 20, false),
+                        (2 << 20, true),
+                        (512 << 10, false),
+                        (64 << 10, false),
+                        (32 << 20, true),
+                    ] {
+                        paths.push(Path::Explore(C::Pieces(piece, shuffled)));
+                    }
                 }
             }
             if !gather && !std::env::args().any(|a| a == "--split-share") {

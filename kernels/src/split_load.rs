@@ -1,0 +1,55 @@
+//! The split of a load between the model's SM carve-out and the copy engines (the device half
+//! is `Gpu::enqueue_transfer_runs`, [`crate::TransferPath::SplitLoad`]). Both read host memory
+//! over the same PCIe link at once: the copy engines pay a fixed cost per run and the run-list
+//! kernel on a few SMs cannot keep enough reads in flight, so each alone stops short of the
+//! link. Measured on the H200 next to a bf16 GEMM carved out by 2 SMs, 1,024 and 4,096 random
+//! DeepSeek-V3.2 pages x 61 layers loaded layer by layer (BENCHMARKS.md, "Session 5"), as
+//! fractions of pinned memcpy alone / next to the GEMM:
+//!
+//! | the kernel's share of the bytes | 1,024 pages | 4,096 pages |
+//! |---|---|---|
+//! | all (the kernel alone) | 0.915 / 0.878 | 0.921 / 0.872 |
+//! | the short runs only (index-K, 16.8%) | 0.976 / 0.834 | 0.981 / 0.893 |
+//! | 30% | 0.969 / 0.861 | 0.954 / 0.889 |
+//! | 45% | 0.960 / 0.890 | 0.955 / 0.898 |
+//! | 60% | 0.938 / 0.877 | 0.946 / 0.888 |
+
+use crate::copy_runs::ByteRun;
+
+/// Runs shorter than this always go to the kernel: the copy engines move an 8,448-byte
+/// index-K page run at 0.25-0.29 of memcpy, a 41,984-byte MLA run at 0.96-0.98 (alone).
+pub const SPLIT_SHORT_RUN_BYTES: u64 = 16 * 1024;
+
+/// Thousandths of a load's bytes the kernel takes on a carve-out of `sms` SMs: 450 on 2 SMs
+/// (the measured best, module docs), in proportion to the SMs below that, at most 600 above
+/// (not measured: the kernel's rate grows with its SMs, the link's does not).
+pub fn kernel_share_permille(sms: u32) -> u64 {
+    (225 * u64::from(sms)).min(600)
+}
+
+/// `runs` (a load's merged runs, in the order they are to be walked) split into the kernel's
+/// list and the copy engines' list: every run shorter than [`SPLIT_SHORT_RUN_BYTES`], then
+/// longer runs in list order until the kernel holds `kernel_permille` thousandths of the
+/// bytes, go to the kernel; the other runs to the copy engines. Both lists keep list order;
+/// together they hold every run of `runs` once. `kernel_permille` above 1000 counts as 1000.
+pub fn split_load(runs: &[ByteRun], kernel_permille: u64) -> (Vec<ByteRun>, Vec<ByteRun>) {
+    let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
+    let target: u128 = total * u128::from(kernel_permille.min(1000)) / 1000;
+    let mut kernel_bytes: u128 = runs
+        .iter()
+        .filter(|r| r.len_bytes < SPLIT_SHORT_RUN_BYTES)
+        .map(|r| u128::from(r.len_bytes))
+        .sum();
+    let (mut kernel, mut engines) = (Vec::new(), Vec::new());
+    for &r in runs {
+        if r.len_bytes < SPLIT_SHORT_RUN_BYTES {
+            kernel.push(r);
+        } else if kernel_bytes < target {
+            kernel_bytes += u128::from(r.len_bytes);
+            kernel.push(r);
+        } else {
+            engines.push(r);
+        }
+    }
+    (kernel, engines)
+}
