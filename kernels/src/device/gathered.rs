@@ -190,6 +190,7 @@ impl Gpu {
                     &mut ring.staging,
                     &chunk.gather,
                     shape,
+                    false,
                 )?
             };
             let gathered = event(&ring.gather_stream)?;

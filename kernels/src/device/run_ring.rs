@@ -43,7 +43,9 @@ pub(super) type RunRingCell = Mutex<Option<RunRing>>;
 impl Gpu {
     /// Enqueues the run-list kernel over `runs` (already checked against both buffers'
     /// lengths) under `shape` on `stream` (the `Gpu`'s, or another of its context), the list
-    /// through the ring. Does not wait.
+    /// through the ring. Does not wait. With `list_from_host` the kernel reads the list from
+    /// the slot's pinned host half (no copy to the device half): a split load's kernel then
+    /// does not wait for a list copy queued on the copy engines behind the load's own batch.
     ///
     /// # Safety
     /// Every run lies inside both buffers, which stay alive and untouched by the CPU until the
@@ -55,6 +57,7 @@ impl Gpu {
         dst: &mut dyn GpuBytes,
         runs: &[ByteRun],
         shape: LaunchShape,
+        list_from_host: bool,
     ) -> Result<(), KernelError> {
         let k = self.kernels()?;
         let mut guard = self
@@ -81,8 +84,17 @@ impl Gpu {
             .ok_or_else(|| KernelError::Unsupported("run ring missing".to_string()))?;
         for part in runs.chunks(RUN_RING_SLOT_RUNS) {
             // SAFETY: forwarded to the caller.
-            let queued =
-                unsafe { self.enqueue_one_slot(stream, ring, &k.copy_runs, src, dst, part, shape) };
+            let queued = unsafe {
+                self.enqueue_one_slot(
+                    stream,
+                    ring,
+                    &k.copy_runs,
+                    (src, dst),
+                    part,
+                    shape,
+                    list_from_host,
+                )
+            };
             if let Err(e) = queued {
                 // Something may be queued that reads a slot whose event was not recorded:
                 // wait for the stream, so no later call rewrites a slot the GPU still reads.
@@ -110,10 +122,10 @@ impl Gpu {
         stream: &CudaStream,
         ring: &mut RunRing,
         copy_runs: &cudarc::driver::CudaFunction,
-        src: &dyn GpuBytes,
-        dst: &mut dyn GpuBytes,
+        (src, dst): (&dyn GpuBytes, &mut dyn GpuBytes),
         part: &[ByteRun],
         shape: LaunchShape,
+        list_from_host: bool,
     ) -> Result<(), KernelError> {
         let slot = ring.next;
         if ring.used[slot] {
@@ -139,14 +151,19 @@ impl Gpu {
         // From here the slot is in use until its event: a failure below leaves it marked used
         // with an event from an earlier use, and the caller waits for the whole stream.
         ring.used[slot] = true;
-        // SAFETY: both halves are live allocations of the ring; `list_bytes` bytes at
-        // `at_bytes` lie in slot `slot` of each.
-        unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, stream.cu_stream()) }
-            .result()
-            .map_err(driver_err("cuMemcpyAsync"))?;
+        let list = if list_from_host {
+            host_list
+        } else {
+            // SAFETY: both halves are live allocations of the ring; `list_bytes` bytes at
+            // `at_bytes` lie in slot `slot` of each.
+            unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, stream.cu_stream()) }
+                .result()
+                .map_err(driver_err("cuMemcpyAsync"))?;
+            dev_list
+        };
         let n = part.len() as u64;
         let args = [
-            Arg::Word(dev_list),
+            Arg::Word(list),
             Arg::Word(n),
             Arg::Word(src.device_address()),
             Arg::Word(dst.device_address()),
@@ -156,8 +173,9 @@ impl Gpu {
             Arg::Word(0),
             Arg::Word(self.err_address()),
         ];
-        // SAFETY: arguments match copy_runs; the device half holds the n runs, copied in stream
-        // order before the launch; every run lies inside both buffers (caller).
+        // SAFETY: arguments match copy_runs; the list holds the n runs (the host half, written
+        // above, or the device half, copied in stream order before the launch); every run lies
+        // inside both buffers (caller).
         unsafe {
             self.launch_on(
                 stream,

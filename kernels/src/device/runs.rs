@@ -353,6 +353,7 @@ impl Gpu {
                         dst,
                         &merged,
                         LaunchShape::sm_budget(max_sms),
+                        false,
                     )?
                 }
             }
@@ -410,6 +411,7 @@ impl Gpu {
                     dst,
                     &kernel,
                     LaunchShape::sm_budget(max_sms),
+                    true,
                 )?
             };
             // SAFETY: forwarded; a slice of the checked runs on the `Gpu`'s stream.
