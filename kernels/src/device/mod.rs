@@ -135,8 +135,8 @@ pub struct Gpu {
     pending: Mutex<Vec<PendingCheck>>,
     /// Helper streams of the copy-engine lanes (forked from and joined into `stream`).
     copy_streams: OnceLock<Result<Vec<Arc<CudaStream>>, KernelError>>,
-    /// The high-priority stream of a split load's kernel part, created at first use.
-    prio_stream: OnceLock<Result<Arc<CudaStream>, KernelError>>,
+    /// The side stream of a split load's kernel part, created at first use.
+    split_stream: OnceLock<Result<Arc<CudaStream>, KernelError>>,
     /// The staged path's ring of staging slots, created at first use.
     staging: staging::StagingCell,
     /// The SM path's ring of run-list slots, created at first use.
@@ -187,7 +187,7 @@ impl Gpu {
             err,
             pending: Mutex::new(Vec::new()),
             copy_streams: OnceLock::new(),
-            prio_stream: OnceLock::new(),
+            split_stream: OnceLock::new(),
             staging: Mutex::new(None),
             run_ring: Mutex::new(None),
             gathered: Mutex::new(gathered::GatherState::Untried),

@@ -274,7 +274,7 @@ pub enum TransferPath {
         runs: u64,
     },
     /// A load split between the run-list kernel on at most `max_sms` multiprocessors (the
-    /// model's carve-out, high-priority stream) and the copy engines, both at once
+    /// model's carve-out, on a side stream) and the copy engines, both at once
     /// ([`crate::split_load`]).
     SplitLoad {
         /// The SM budget of the kernel's part.

@@ -361,24 +361,20 @@ impl Gpu {
         Ok(path)
     }
 
-    /// The high-priority stream of a split load's kernel part.
-    fn prio_stream(&self) -> Result<&Arc<CudaStream>, KernelError> {
-        self.prio_stream
-            .get_or_init(|| {
-                let (_least, greatest) = cudarc::driver::result::stream::get_priority_range()
-                    .map_err(driver_err("cuCtxGetStreamPriorityRange"))?;
-                self.ctx
-                    .new_stream_with_priority(greatest)
-                    .map_err(driver_err("cuStreamCreateWithPriority"))
-            })
+    /// The stream of a split load's kernel part (normal priority: on a high-priority stream
+    /// its blocks took SMs freed between the model's kernels before the model's next blocks,
+    /// and slowed a GEMM by 4.5-6.7%, BENCHMARKS.md "Session 5").
+    fn split_stream(&self) -> Result<&Arc<CudaStream>, KernelError> {
+        self.split_stream
+            .get_or_init(|| self.ctx.new_stream().map_err(driver_err("cuStreamCreate")))
             .as_ref()
             .map_err(Clone::clone)
     }
 
-    /// A load split ([`crate::split_load`]): the kernel's part on `max_sms` SMs on the
-    /// high-priority stream, the copy engines' part on the `Gpu`'s stream, both after the work
+    /// A load split ([`crate::split_load`]): the kernel's part on `max_sms` SMs on a side
+    /// stream, the copy engines' part on the `Gpu`'s stream, both after the work
     /// enqueued before, the `Gpu`'s stream then waiting for the kernel's part. On an error
-    /// after the fork, waits for the high-priority stream (nothing of the call is left running
+    /// after the fork, waits for the side stream (nothing of the call is left running
     /// that a later `finish` would not wait for).
     ///
     /// # Safety
@@ -393,20 +389,20 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         let (kernel, engines) =
             crate::split_load::split_load(runs, crate::split_load::kernel_share_permille(max_sms));
-        let prio = self.prio_stream()?;
+        let side = self.split_stream()?;
         let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let fork = self
             .stream
             .record_event(no_timing)
             .map_err(driver_err("cuEventRecord"))?;
-        prio.wait(&fork).map_err(driver_err("cuStreamWaitEvent"))?;
+        side.wait(&fork).map_err(driver_err("cuStreamWaitEvent"))?;
         let bases = (src.device_address(), dst.device_address());
         let queued = (|| {
-            // SAFETY: forwarded; the kernel's part runs on `prio` after the fork, and the
+            // SAFETY: forwarded; the kernel's part runs on `side` after the fork, and the
             // `Gpu`'s stream waits for it below.
             unsafe {
                 self.enqueue_checked_runs_from_ring(
-                    prio,
+                    side,
                     src,
                     dst,
                     &kernel,
@@ -416,7 +412,7 @@ impl Gpu {
             };
             // SAFETY: forwarded; a slice of the checked runs on the `Gpu`'s stream.
             unsafe { self.enqueue_lanes(bases, &engines, CopyEngineOptions::chosen(order))? };
-            let joined = prio
+            let joined = side
                 .record_event(no_timing)
                 .map_err(driver_err("cuEventRecord"))?;
             self.stream
@@ -425,7 +421,7 @@ impl Gpu {
         })();
         if queued.is_err() {
             // Best effort: a broken context fails this too, and then nothing runs.
-            let _ = prio.synchronize();
+            let _ = side.synchronize();
         }
         queued
     }
