@@ -88,4 +88,6 @@ pub use gather_plan::{
 };
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
 pub use pitched::{PitchedRun, group_pitched};
-pub use split_load::{SPLIT_SHORT_RUN_BYTES, kernel_share_permille, split_load};
+pub use split_load::{
+    SPLIT_KERNEL_BLOCKS_PER_SM, SPLIT_SHORT_RUN_BYTES, kernel_share_permille, split_load,
+};

@@ -16,6 +16,11 @@
 
 use crate::copy_runs::ByteRun;
 
+/// Blocks of 256 threads per SM of the kernel's part (half an H200 SM's threads): with 8, a
+/// full SM's worth, the GEMM next to the load was slowed 1.4-7.9% (seven runs); with 4,
+/// 0.5-2.4% at the same rate (BENCHMARKS.md, "Session 5").
+pub const SPLIT_KERNEL_BLOCKS_PER_SM: u32 = 4;
+
 /// Runs shorter than this always go to the kernel: the copy engines move an 8,448-byte
 /// index-K page run at 0.25-0.29 of memcpy, a 41,984-byte MLA run at 0.96-0.98 (alone).
 pub const SPLIT_SHORT_RUN_BYTES: u64 = 16 * 1024;

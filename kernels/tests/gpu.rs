@@ -1123,6 +1123,32 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
             .unwrap();
         assert!(matches!(path, TransferPath::CopyEngines { .. }), "{path:?}");
         assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &runs[..2]));
+        if h2d {
+            // A split load whose runs are all short (index-K pages only: nothing left for the
+            // copy engines; this divided by zero once) or all long (MLA only: the kernel takes
+            // long runs up to its share).
+            for short in [true, false] {
+                let part: Vec<ByteRun> = runs
+                    .iter()
+                    .copied()
+                    .filter(|r| (r.len_bytes < kvlayout_kernels::SPLIT_SHORT_RUN_BYTES) == short)
+                    .collect();
+                assert_eq!(part.len(), 300);
+                let mut dst = Buf::new(&gpu, false, &poison);
+                let path = gpu
+                    .transfer_runs(src.bytes(), dst.bytes_mut(), &part, order)
+                    .unwrap();
+                assert_eq!(
+                    path,
+                    TransferPath::SplitLoad {
+                        max_sms: 2,
+                        runs: 300
+                    }
+                );
+                let expect = cpu_reference(&src_bytes, &poison, &part);
+                assert!(dst.read(&gpu) == expect, "split load, short={short}");
+            }
+        }
         // A run one byte past the destination: refused before anything moves.
         let dst_len = dst_pool.total_bytes().unwrap();
         let mut bad = runs.clone();

@@ -153,6 +153,9 @@ impl Gpu {
         // Forking costs two events per stream: small lists stay on one stream (1 and 8 pages of
         // a DSA layer went from 0.98 and 0.80 of memcpy on one stream to 0.51 and 0.35 on
         // two, BENCHMARKS.md).
+        if runs.is_empty() {
+            return Ok(());
+        }
         let lanes = opts
             .lanes
             .clamp(1, MAX_COPY_ENGINE_LANES)
@@ -389,6 +392,10 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         let (kernel, engines) =
             crate::split_load::split_load(runs, crate::split_load::kernel_share_permille(max_sms));
+        let shape = LaunchShape {
+            blocks_per_sm: crate::split_load::SPLIT_KERNEL_BLOCKS_PER_SM,
+            ..LaunchShape::sm_budget(max_sms)
+        };
         let side = self.split_stream()?;
         let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let fork = self
@@ -400,16 +407,7 @@ impl Gpu {
         let queued = (|| {
             // SAFETY: forwarded; the kernel's part runs on `side` after the fork, and the
             // `Gpu`'s stream waits for it below.
-            unsafe {
-                self.enqueue_checked_runs_from_ring(
-                    side,
-                    src,
-                    dst,
-                    &kernel,
-                    LaunchShape::sm_budget(max_sms),
-                    true,
-                )?
-            };
+            unsafe { self.enqueue_checked_runs_from_ring(side, src, dst, &kernel, shape, true)? };
             // SAFETY: forwarded; a slice of the checked runs on the `Gpu`'s stream.
             unsafe { self.enqueue_lanes(bases, &engines, CopyEngineOptions::chosen(order))? };
             let joined = side

@@ -507,6 +507,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             if std::env::args().any(|a| a == "--gather") {
                 // Backups only, random and consecutive pages.
                 i == 1 || i == 9
+            } else if std::env::args().any(|a| a == "--loads-only") {
+                i == 0 || i == 2
             } else {
                 i < 4 || i == 9
             }
