@@ -70,10 +70,10 @@ fn event(stream: &CudaStream) -> Result<CudaEvent, KernelError> {
 
 impl Gpu {
     /// Enqueues a backup of `runs` (device pool `src` -> host pool `dst`; every run already
-    /// checked against both lengths, sorted by host offset and merged) as a gathered backup
+    /// checked against both lengths; in list order, merged or not) as a gathered backup
     /// (module docs) with the gather under `shape`. Returns `Ok(None)`, having enqueued
     /// nothing, when the backup is not to be gathered (module docs), else the number of
-    /// chunks. Waits only to reuse a slot of the run-list ring ([`Gpu::enqueue_transfer_runs`]).
+    /// non-empty runs gathered. Waits only to reuse a slot of the run-list ring ([`Gpu::enqueue_transfer_runs`]).
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -84,10 +84,10 @@ impl Gpu {
         runs: &[ByteRun],
         shape: LaunchShape,
     ) -> Result<Option<u64>, KernelError> {
-        match host_stretches(runs) {
-            Some(s) if s.gathering_pays() => {}
+        let gathered_runs = match host_stretches(runs) {
+            Some(s) if s.gathering_pays() => s.runs,
             _ => return Ok(None),
-        }
+        };
         let mut guard = self
             .gathered
             .lock()
@@ -122,7 +122,7 @@ impl Gpu {
                 std::mem::forget(broken);
             }
         }
-        queued.map(Some)
+        queued.map(|_chunks| Some(gathered_runs))
     }
 
     /// Why backups are not gathered on this `Gpu`: the error of the staging's allocation at

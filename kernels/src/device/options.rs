@@ -288,7 +288,9 @@ pub enum TransferPath {
     GatheredBackup {
         /// The SM budget of the gather.
         max_sms: u32,
-        /// Runs after merging neighbours.
+        /// Non-empty runs gathered (as listed when the list order paid, else after sorting by
+        /// host offset and merging neighbours); [`TransferPath::choose`] gives the count of the
+        /// runs it was given.
         runs: u64,
     },
 }
