@@ -4,9 +4,9 @@
 //! backup of random pages from a `layer_first` device pool to a `page_first` host pool has one
 //! stretch per page and buffer (all its layers: 61 x 41,984 B and 61 x 8,448 B for
 //! DeepSeek-V3.2), against one run per page, layer and buffer for the copy engines alone: they
-//! pay per run, so the stretches are what lifts the backup from 0.71-0.76 of memcpy next to a
-//! GEMM to 0.81 through the chooser, and to 0.91 with the plan made ahead (BENCHMARKS.md,
-//! "Session 4").
+//! pay per run, so the stretches are what lifts the backup from 0.55-0.79 of memcpy next to a
+//! GEMM to 0.89 through the chooser (0.91 with the plan made before the timed window;
+//! BENCHMARKS.md, "Session 5").
 //!
 //! The plan needs no sort when the list already lays each host stretch's runs one after the
 //! other, as the pool shim does (page pair by page pair, each pair's layers in order): the

@@ -3,22 +3,28 @@
 //! over the same PCIe link at once: the copy engines pay a fixed cost per run and the run-list
 //! kernel on a few SMs cannot keep enough reads in flight, so each alone stops short of the
 //! link. Measured on the H200 next to a bf16 GEMM carved out by 2 SMs, 1,024 and 4,096 random
-//! DeepSeek-V3.2 pages x 61 layers loaded layer by layer (BENCHMARKS.md, "Session 5"), as
-//! fractions of pinned memcpy alone / next to the GEMM:
+//! DeepSeek-V3.2 pages x 61 layers loaded layer by layer (BENCHMARKS.md, "Session 5"; a bench
+//! kernel of 2 blocks of 1,024 threads, lists on the device before the window), as fractions of
+//! pinned memcpy alone / next to the GEMM, and the GEMM's slowdown:
 //!
 //! | the kernel's share of the bytes | 1,024 pages | 4,096 pages |
 //! |---|---|---|
-//! | all (the kernel alone) | 0.915 / 0.878 | 0.921 / 0.872 |
-//! | the short runs only (index-K, 16.8%) | 0.976 / 0.834 | 0.981 / 0.893 |
-//! | 30% | 0.969 / 0.861 | 0.954 / 0.889 |
-//! | 45% | 0.960 / 0.890 | 0.955 / 0.898 |
-//! | 60% | 0.938 / 0.877 | 0.946 / 0.888 |
+//! | all (the kernel alone) | 0.915 / 0.878, +2.0% | 0.921 / 0.872, +3.4% |
+//! | the short runs only (index-K, 16.8%) | 0.976 / 0.834, +1.3% | 0.981 / 0.893, -2.1% |
+//! | 30% | 0.969 / 0.861, +1.2% | 0.954 / 0.889, +1.9% |
+//! | 45% | 0.960 / 0.890, +2.8% | 0.955 / 0.898, +2.8% |
+//! | 60% | 0.938 / 0.877, +2.5% | 0.946 / 0.888, +0.8% |
+//!
+//! Through the chooser (45%, [`SPLIT_KERNEL_BLOCKS_PER_SM`], the kernel reading its run list
+//! from pinned host memory): 0.945-0.957 alone and 0.907-0.911 next to the GEMM, GEMM -1.1% to
+//! +3.0%, against 0.67-0.78 on the copy engines alone next to it.
 
 use crate::copy_runs::ByteRun;
 
 /// Blocks of 256 threads per SM of the kernel's part (half an H200 SM's threads): with 8, a
-/// full SM's worth, the GEMM next to the load was slowed 1.4-7.9% (seven runs); with 4,
-/// 0.5-2.4% at the same rate (BENCHMARKS.md, "Session 5").
+/// full SM's worth, the GEMM next to the load was slowed +1.4% to +7.9% (16 measurements);
+/// with 4, -1.1% to +3.0% (12) at the same rate; with 2 the load fell to 0.78 of memcpy
+/// (BENCHMARKS.md, "Session 5").
 pub const SPLIT_KERNEL_BLOCKS_PER_SM: u32 = 4;
 
 /// Runs shorter than this always go to the kernel: the copy engines move an 8,448-byte

@@ -6,16 +6,19 @@
 //! (`cuMemcpyBatchAsync`, at most 2,048 stretches per call) on a second stream. Slots are
 //! reused after the copies out behind their last use (an event each); both streams start
 //! after the work enqueued on the `Gpu`'s stream before the call, which waits for the last
-//! copy out. Measured on the H200
-//! next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 4"), 1,024 random pages x
-//! 61 layers of DeepSeek-V3.2 through the chooser: 0.859 of pinned memcpy alone, 0.811 next to
-//! the GEMM, GEMM -1.1%, against 0.71-0.76 on the copy engines alone (one run per page, layer
-//! and buffer). The host's planning (sort by host offset, packing: about 7-11 ms for these
-//! 124,928 runs) sits inside that figure: the same GPU pipeline with its plan made ahead moved
-//! 0.986 alone and 0.911 next to the GEMM (GEMM +0.1%).
+//! copy out. A list is planned in its own order ([`crate::gather_plan`]) and each chunk is
+//! enqueued as soon as it is planned, the first of [`GATHER_FIRST_CHUNK_BYTES`]. Measured on the
+//! H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 5"), 1,024 random pages
+//! x 61 layers of DeepSeek-V3.2 laid page pair by page pair (as the pool shim lays them) through
+//! the chooser: 0.966-0.967 of pinned memcpy alone, 0.891-0.894 next to the GEMM (GEMM +0.1% to
+//! +0.5%), against 0.55-0.79 on the copy engines (one run per page, layer and buffer). The same
+//! GPU pipeline with its plan made before the timed window moved 0.986-0.990 alone and
+//! 0.914-0.917 next to the GEMM: the copies out lose about 0.07 next to the GEMM while the
+//! gather runs beside them (0.989 alone).
 //!
-//! A backup is not gathered (the caller keeps the copy engines) when the plan refuses it
-//! (overlapping host ranges), when gathering would not pay ([`gathering_pays`]), or when the
+//! A backup is not gathered (the caller keeps the copy engines) when two runs write
+//! overlapping host bytes, when gathering would not pay
+//! ([`crate::gather_plan::HostStretches::gathering_pays`]), or when the
 //! 256 MiB of staging cannot be allocated at the first gathered backup (then never again on
 //! this `Gpu`: engines often hold most of the device memory for their pools).
 

@@ -199,24 +199,25 @@ impl Gpu {
     /// multiprocessors free (`0`: none, the default): its GEMMs target the others, as PyTorch's
     /// and DeepGEMM's SM carve-outs do for communication kernels (`cublasSetSmCountTarget(handle,
     /// sm_count - sms)` for cuBLAS). Loads of at least [`super::CARVEOUT_MIN_RUNS`] page runs
-    /// then go to the run-list kernel with a grid for `sms` SMs ([`LaunchShape::sm_budget`]:
-    /// `8 x sms` blocks of 256 threads, which fit on the free SMs while the GEMM holds the others;
-    /// CUDA places blocks itself, so on an idle GPU they may spread wider) instead of the copy
-    /// engines, and token-granular runs, both ways, use that grid instead of [`SM_BUDGET`]'s.
-    /// Backups of at least as many page runs are gathered on those SMs into device staging
-    /// (device to device), then copied to the host one host-contiguous stretch at a time by
-    /// the copy engines ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first
-    /// use): SM stores to host memory slowed the GEMM 31-237% at every launch shape measured,
-    /// on the free SMs too, while the gather left it within noise.
+    /// are then split ([`TransferPath::SplitLoad`], [`mod@crate::split_load`]) between the
+    /// run-list kernel on those SMs (a grid of [`crate::SPLIT_KERNEL_BLOCKS_PER_SM`] blocks of
+    /// 256 threads per SM, on a side stream, its run list read from pinned host memory; CUDA
+    /// places blocks itself, so on an idle GPU they may spread wider) and the copy engines,
+    /// both at once; token-granular runs, both ways, use a grid for those SMs
+    /// ([`LaunchShape::sm_budget`]) instead of [`SM_BUDGET`]'s. Backups of at least as many page
+    /// runs are gathered on those SMs into device staging (device to device), then copied to
+    /// the host one host-contiguous stretch at a time by the copy engines
+    /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): SM stores to
+    /// host memory slowed the GEMM 31-237% at every launch shape measured, on the free SMs too,
+    /// while the gather left it within noise.
     ///
     /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
-    /// 4"): a 1,024-page, 61-layer DSA load layer by layer at 0.852-0.866 of pinned memcpy with
-    /// the GEMM 0.1-1.9% slower (three runs; 4,096 pages 0.860-0.862 with the GEMM 3.3-6.8% slower;
-    /// the kernel called directly 0.871-0.900 on four machines), against 0.32-0.79 on the copy
-    /// engines; the backup of those pages at 0.811 (GEMM -1.1%; 0.911 when its plan is made
-    /// ahead, outside the timed window), against 0.71-0.76 on the copy engines. The carve-out
-    /// itself cost the GEMM -0.3% to +15.0% over the machines measured (its time is bimodal,
-    /// 1.36 or 1.55 ms, on some of them).
+    /// 5"), random DSA pages x 61 layers: a load layer by layer at 0.909-0.911 of pinned memcpy
+    /// for 1,024 pages (GEMM +2.3% to +3.0%) and 0.907-0.909 for 4,096 (GEMM -1.1% to +1.9%),
+    /// 0.945-0.957 alone, against 0.67-0.78 on the copy engines next to the GEMM; a backup laid
+    /// page pair by page pair (as the pool shim lays it) at 0.891-0.897 (GEMM +0.1% to +2.1%),
+    /// 0.964-0.967 alone, against 0.55-0.79. The carve-out itself cost the GEMM -0.3% to +16.3%
+    /// over the machines measured (its time is bimodal, 1.36-1.42 or 1.50-1.60 ms).
     ///
     /// Errors: `sms` equal to or above the device's multiprocessor count ([`KernelError::Spec`]
     /// naming `sms` and both values): the model must keep at least one.

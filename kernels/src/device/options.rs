@@ -275,7 +275,7 @@ pub enum TransferPath {
     },
     /// A load split between the run-list kernel on at most `max_sms` multiprocessors (the
     /// model's carve-out, on a side stream) and the copy engines, both at once
-    /// ([`crate::split_load`]).
+    /// ([`mod@crate::split_load`]).
     SplitLoad {
         /// The SM budget of the kernel's part.
         max_sms: u32,
@@ -331,8 +331,8 @@ impl TransferPath {
     ///   engines; with a carve-out and at least [`CARVEOUT_MIN_RUNS`] runs, a load is split
     ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
-    ///   1,024-page DSA load next to a GEMM, 0.71-0.76 for the backup; with 2 free SMs
-    ///   0.89-0.90 and 0.88, BENCHMARKS.md "Session 5");
+    ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
+    ///   0.907-0.911 and 0.891-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
     ///   [`SM_BUDGET`] SMs without one.
     pub fn choose(

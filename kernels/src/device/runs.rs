@@ -370,7 +370,7 @@ impl Gpu {
             .map_err(Clone::clone)
     }
 
-    /// A load split ([`crate::split_load`]): the kernel's part on `max_sms` SMs on a side
+    /// A load split ([`mod@crate::split_load`]): the kernel's part on `max_sms` SMs on a side
     /// stream, the copy engines' part on the `Gpu`'s stream, both after the work
     /// enqueued before, the `Gpu`'s stream then waiting for the kernel's part. On an error
     /// after the fork, waits for the side stream (nothing of the call is left running
