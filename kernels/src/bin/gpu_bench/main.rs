@@ -22,7 +22,8 @@
 //! contiguous pieces on random and consecutive backups. `--auto-only`: the ceiling and the
 //! chooser rows only. `--split-share` (with `--explore --sm-carveout K`): loads split between
 //! the kernel on the carve-out and the copy engines at several shares. `--loads-only` (with
-//! `--explore --sm-carveout K`): the two large loads only. `--pair-major`: page transfers' runs laid page pair by page pair, as the
+//! `--explore --sm-carveout K`): the two large loads only; `--backups-only`: the two large
+//! backups only. `--pair-major`: page transfers' runs laid page pair by page pair, as the
 //! pool shim lays them (else buffer by buffer, layer by layer).
 
 mod explore;

@@ -509,6 +509,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
                 i == 1 || i == 9
             } else if std::env::args().any(|a| a == "--loads-only") {
                 i == 0 || i == 2
+            } else if std::env::args().any(|a| a == "--backups-only") {
+                i == 1 || i == 3
             } else {
                 i < 4 || i == 9
             }
