@@ -38,9 +38,29 @@ pub struct HostStretches {
     /// Maximal stretches of consecutive non-empty runs, each starting on the host where the
     /// one before it ends.
     pub stretches: u64,
+    /// Bytes of all the runs.
+    pub bytes: u64,
 }
 
 impl HostStretches {
+    /// Most gather pieces a plan of these runs can hold ([`gather_chunks`] with slots of
+    /// `slot_bytes` and a first chunk of `first_chunk_bytes`): every run, plus one more piece
+    /// per chunk boundary (a run cut there); at most one chunk per full slot, plus the smaller
+    /// first chunks (64 at most: the first-chunk size doubles) and one partial chunk.
+    pub fn max_gather_pieces(&self, slot_bytes: u64, first_chunk_bytes: u64) -> u64 {
+        let ramp_chunks = if first_chunk_bytes == 0 || slot_bytes == 0 {
+            0
+        } else {
+            let ratio = slot_bytes.div_ceil(first_chunk_bytes);
+            u64::from(64 - ratio.leading_zeros())
+        };
+        let full_chunks = self.bytes.checked_div(slot_bytes).unwrap_or(0);
+        self.runs
+            .saturating_add(full_chunks)
+            .saturating_add(ramp_chunks)
+            .saturating_add(1)
+    }
+
     /// True when gathering pays: the stretches are at most half as many as the runs (at least
     /// two runs merge into each stretch on average). Otherwise the copy engines pay about the
     /// same per stretch as per run, and the gather would only add a pass through HBM and SM
@@ -54,13 +74,15 @@ impl HostStretches {
 /// The host-contiguous stretches of `runs` in list order (a backup: `dst_offset_bytes` is the
 /// host offset). `None` when two runs write overlapping host bytes (the copies out of one
 /// chunk run in no set order; such a list keeps the copy engines, whose batches do not order
-/// overlapping destinations either), or when a run's host end would pass `u64::MAX`. Sorts
+/// overlapping destinations either), or when a run's host end, or the runs' total length,
+/// would pass `u64::MAX` (neither can for runs that fit their buffers without overlapping). Sorts
 /// the stretches (one per page and buffer for the pool shim's lists), not the runs.
 pub fn host_stretches(runs: &[ByteRun]) -> Option<HostStretches> {
     let mut spans: Vec<(u64, u64)> = Vec::new(); // host (start, end) per stretch
-    let mut count_runs = 0u64;
+    let (mut count_runs, mut bytes) = (0u64, 0u64);
     for r in runs.iter().filter(|r| r.len_bytes > 0) {
         count_runs += 1;
+        bytes = bytes.checked_add(r.len_bytes)?;
         let end = r.dst_offset_bytes.checked_add(r.len_bytes)?;
         match spans.last_mut() {
             Some((_, last_end)) if *last_end == r.dst_offset_bytes => *last_end = end,
@@ -75,6 +97,7 @@ pub fn host_stretches(runs: &[ByteRun]) -> Option<HostStretches> {
     Some(HostStretches {
         runs: count_runs,
         stretches,
+        bytes,
     })
 }
 

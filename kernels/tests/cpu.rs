@@ -948,7 +948,8 @@ fn host_stretches_are_counted_in_list_order_and_overlaps_refused() {
         s,
         HostStretches {
             runs: 9,
-            stretches: 3
+            stretches: 3,
+            bytes: 900
         }
     );
     assert!(s.gathering_pays());
@@ -1048,4 +1049,45 @@ fn a_split_load_gives_the_kernel_the_short_runs_then_long_runs_up_to_its_share()
     assert_eq!(split_load(&runs, 5000), (runs.clone(), vec![]));
     // Nothing: nothing either side.
     assert_eq!(split_load(&[], 450), (vec![], vec![]));
+}
+
+#[test]
+fn the_gather_list_bound_holds_every_piece_a_plan_makes() {
+    use kvlayout_kernels::{gather_chunks, host_stretches};
+    let mut rng = SplitMix64::new(4242);
+    // Random lists of 1-300 runs of 0-5,000 bytes at disjoint host offsets, in a random order,
+    // planned with slots of 1-20,000 bytes and first chunks of 1 byte to past the slot.
+    for case in 0..300 {
+        let n = 1 + rng.below(300) as usize;
+        let mut host_at = 0u64;
+        let mut runs: Vec<ByteRun> = (0..n)
+            .map(|i| {
+                let len = rng.below(5_001);
+                let r = ByteRun::new(i as u64 * 10_000, host_at, len);
+                host_at += len + rng.below(3);
+                r
+            })
+            .collect();
+        let order = rng.distinct_below(n as u64, n);
+        runs = order.iter().map(|&i| runs[i as usize]).collect();
+        let slot_bytes = 1 + rng.below(20_000);
+        let first_chunk_bytes = 1 + rng.below(2 * slot_bytes);
+        let s = host_stretches(&runs).unwrap();
+        assert_eq!(s.bytes, runs.iter().map(|r| r.len_bytes).sum::<u64>());
+        let pieces: u64 = gather_chunks(&runs, slot_bytes, 3, first_chunk_bytes)
+            .map(|c| c.gather.len() as u64)
+            .sum();
+        let bound = s.max_gather_pieces(slot_bytes, first_chunk_bytes);
+        assert!(
+            pieces <= bound,
+            "case {case}: {pieces} pieces > bound {bound} (slot {slot_bytes}, first {first_chunk_bytes})"
+        );
+    }
+    // By hand: 10 runs of 100 bytes, slots of 300, a first chunk of 100: chunks of 100, 200,
+    // 300, 300, 100 bytes (4 boundaries, each on a run boundary here: 10 pieces); the bound
+    // is 10 runs + 3 full slots (1,000 / 300) + 2 ramp chunks (300 / 100 = 3: 2 bits) + 1.
+    let runs: Vec<ByteRun> = (0..10u64).map(|i| ByteRun::new(i * 100, i * 100, 100)).collect();
+    let s = host_stretches(&runs).unwrap();
+    assert_eq!(s.max_gather_pieces(300, 100), 16);
+    assert_eq!(gather_chunks(&runs, 300, 2, 100).count(), 5);
 }

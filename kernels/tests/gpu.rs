@@ -1173,22 +1173,35 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
         );
     }
 
-    // A gathered backup of 100 random pages x 61 layers x 2 buffers (307,635,200 B: five
-    // chunks of 64 MiB, so the first slot is used twice), bit for bit; twice, the second call
-    // enqueued right behind the first (its slots' events from the first call).
+    // A gathered backup of 160 random pages x 61 layers x 2 buffers (492,216,320 B = 469.4 MiB:
+    // ten chunks of 8, 16, 32, 6 x 64 and 29.4 MiB, so every slot is used two or three times),
+    // bit for bit; three times, each call enqueued right behind the one before (its slots'
+    // events, and a list buffer still being read: each call takes one of its own). The first
+    // two lists are laid buffer by buffer and layer by layer (the list order does not pay:
+    // planned in host order), the third page pair by page pair, as the pool shim lays them
+    // (planned as listed).
     let layers = 61u64;
-    let device = pool_of(MemoryLayout::LayerFirst, 100, layers);
-    let host = pool_of(MemoryLayout::PageFirst, 128, layers);
+    let device = pool_of(MemoryLayout::LayerFirst, 160, layers);
+    let host = pool_of(MemoryLayout::PageFirst, 200, layers);
     let src_bytes = rng.bytes(device.total_bytes().unwrap() as usize);
     let src = Buf::new(&gpu, false, &src_bytes);
     let poison = rng.bytes(host.total_bytes().unwrap() as usize);
     let mut dst = Buf::new(&gpu, true, &poison);
     let mut expect = poison.clone();
-    for call in 0..2 {
-        let runs = all_page_runs_of(&mut rng, &device, &host, 100, layers);
+    for call in 0..3 {
+        let mut runs = all_page_runs_of(&mut rng, &device, &host, 160, layers);
+        if call == 2 {
+            // Page pair by page pair: each pair's buffer-0 layers, then its buffer-1 layers
+            // (the runs are listed buffer, layer, pair: 160 pairs per layer, 61 layers per
+            // buffer).
+            let at = |i: usize| (i % 160, i / (160 * 61), (i / 160) % 61);
+            let mut order: Vec<usize> = (0..runs.len()).collect();
+            order.sort_by_key(|&i| at(i));
+            runs = order.into_iter().map(|i| runs[i]).collect();
+        }
         let total_bytes: u64 = runs.iter().map(|r| r.len_bytes).sum();
-        assert_eq!(total_bytes, 100 * 61 * (41_984 + 8_448));
-        assert!(total_bytes > 4 * kvlayout_kernels::GATHER_SLOT_BYTES);
+        assert_eq!(total_bytes, 160 * 61 * (41_984 + 8_448));
+        assert!(total_bytes > 7 * kvlayout_kernels::GATHER_SLOT_BYTES);
         // SAFETY: finish() below waits before src and dst are read, changed or dropped.
         let path = unsafe {
             gpu.enqueue_transfer_runs(src.bytes(), dst.bytes_mut(), &runs, RunOrder::DstAscending)
@@ -1198,13 +1211,12 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
             path,
             TransferPath::GatheredBackup {
                 max_sms: 2,
-                runs: 12_200
+                runs: 19_520
             },
             "call {call}"
         );
         expect = cpu_reference(&src_bytes, &expect, &runs);
     }
-    gpu.finish().unwrap();
     assert!(dst.read(&gpu) == expect, "gathered backups, 61 layers");
     // Two runs writing overlapping host bytes: not gathered (the copy engines' path).
     let overlapping: Vec<ByteRun> = (0..64)

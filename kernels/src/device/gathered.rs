@@ -7,7 +7,9 @@
 //! reused after the copies out behind their last use (an event each); both streams start
 //! after the work enqueued on the `Gpu`'s stream before the call, which waits for the last
 //! copy out. A list is planned in its own order ([`crate::gather_plan`]) and each chunk is
-//! enqueued as soon as it is planned, the first of [`GATHER_FIRST_CHUNK_BYTES`]. Measured on the
+//! enqueued as soon as it is planned, the first of [`GATHER_FIRST_CHUNK_BYTES`]; the gather
+//! lists of a call go to a pinned host buffer of its own (reused once no gather reads it) that
+//! the kernel reads in place, so the call returns without waiting, however many chunks. Measured on the
 //! H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 5"), 1,024 random pages
 //! x 61 layers of DeepSeek-V3.2 laid page pair by page pair (as the pool shim lays them) through
 //! the chooser: 0.966-0.967 of pinned memcpy alone, 0.891-0.894 next to the GEMM (GEMM +0.1% to
@@ -18,17 +20,19 @@
 //!
 //! A backup is not gathered (the caller keeps the copy engines) when two runs write
 //! overlapping host bytes, when gathering would not pay
-//! ([`crate::gather_plan::HostStretches::gathering_pays`]), or when the
-//! 256 MiB of staging cannot be allocated at the first gathered backup (then never again on
-//! this `Gpu`: engines often hold most of the device memory for their pools).
+//! ([`crate::gather_plan::HostStretches::gathering_pays`]), when the 256 MiB of staging cannot
+//! be allocated at the first gathered backup (then never again on this `Gpu`: engines often
+//! hold most of the device memory for their pools), or when the pinned memory for its lists
+//! (24 bytes per run) cannot be allocated.
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaStream, sys};
 
+use super::run_ring::{RUN_BYTES, write_run_list};
 use super::{CopyEngineHint, Gpu, LaunchShape, copy_engine};
 use crate::copy_runs::ByteRun;
-use crate::device_memory::{DeviceBytes, GpuBytes, driver_err};
+use crate::device_memory::{DeviceBytes, GpuBytes, PinnedBytes, driver_err};
 use crate::error::KernelError;
 use crate::gather_plan::{GatherChunk, gather_chunks, host_stretches};
 
@@ -44,13 +48,27 @@ pub const GATHER_FIRST_CHUNK_BYTES: u64 = 8 << 20;
 /// Stretches per `cuMemcpyBatchAsync` call of the copies out.
 const STRETCHES_PER_CALL: usize = 2048;
 
-/// The staging slots, the two streams, and per slot the event after its last copies out.
+/// The staging slots, the two streams, per slot the event after its last copies out, and the
+/// gather lists.
 pub(super) struct GatherRing {
     staging: DeviceBytes,
     gather_stream: Arc<CudaStream>,
     out_stream: Arc<CudaStream>,
     copied: Vec<Option<CudaEvent>>,
+    lists: Vec<GatherList>,
 }
+
+/// Pinned host memory holding a whole call's gather lists, read by the gather kernel in place
+/// (mapped for the device), and the event after the last gather that read it (`None`: free).
+/// Buffers are reused once their event has completed and kept by the `Gpu`: a call never
+/// waits for an earlier one to reuse a list.
+struct GatherList {
+    host: PinnedBytes,
+    read: Option<CudaEvent>,
+}
+
+/// Smallest gather-list buffer allocated (1 MiB: 43,690 runs).
+const GATHER_LIST_MIN_BYTES: usize = 1 << 20;
 
 /// The gathered backup's state on a `Gpu`.
 pub(super) enum GatherState {
@@ -76,7 +94,8 @@ impl Gpu {
     /// checked against both lengths; in list order, merged or not) as a gathered backup
     /// (module docs) with the gather under `shape`. Returns `Ok(None)`, having enqueued
     /// nothing, when the backup is not to be gathered (module docs), else the number of
-    /// non-empty runs gathered. Waits only to reuse a slot of the run-list ring ([`Gpu::enqueue_transfer_runs`]).
+    /// non-empty runs gathered. Does not wait: the gather kernel reads the call's lists in
+    /// place from a pinned buffer no earlier call still reads (allocated when none is free).
     ///
     /// # Safety
     /// As [`Gpu::enqueue_copy_runs`].
@@ -87,8 +106,8 @@ impl Gpu {
         runs: &[ByteRun],
         shape: LaunchShape,
     ) -> Result<Option<u64>, KernelError> {
-        let gathered_runs = match host_stretches(runs) {
-            Some(s) if s.gathering_pays() => s.runs,
+        let stretches = match host_stretches(runs) {
+            Some(s) if s.gathering_pays() => s,
             _ => return Ok(None),
         };
         let mut guard = self
@@ -104,6 +123,17 @@ impl Gpu {
         let GatherState::Ready(ring) = &mut *guard else {
             return Ok(None);
         };
+        let pieces = stretches.max_gather_pieces(GATHER_SLOT_BYTES, GATHER_FIRST_CHUNK_BYTES);
+        let Some(list_bytes) = usize::try_from(pieces)
+            .ok()
+            .and_then(|p| p.checked_mul(RUN_BYTES))
+        else {
+            return Ok(None);
+        };
+        let Some(list_at) = self.free_gather_list(ring, list_bytes) else {
+            // No pinned memory for the lists: the copy engines.
+            return Ok(None);
+        };
         let chunks = gather_chunks(
             runs,
             GATHER_SLOT_BYTES,
@@ -112,7 +142,7 @@ impl Gpu {
         );
         // SAFETY: forwarded to the caller; the plan's offsets lie in the checked runs and in
         // the staging buffer.
-        let queued = unsafe { self.enqueue_chunks(ring, src, dst, chunks, shape) };
+        let queued = unsafe { self.enqueue_chunks(ring, list_at, src, dst, chunks, shape) };
         if let Err(e) = &queued {
             // Part of the backup may be queued on the ring's streams: wait for them, so that
             // the caller may free the pools, and no slot's event is left unrecorded.
@@ -123,9 +153,12 @@ impl Gpu {
                 // work that may still reference it (as the run-list ring does).
                 let broken = std::mem::replace(&mut *guard, GatherState::Unavailable(e.clone()));
                 std::mem::forget(broken);
+            } else {
+                // Nothing of the call is left running: its list is free again.
+                ring.lists[list_at].read = None;
             }
         }
-        queued.map(|_chunks| Some(gathered_runs))
+        queued.map(|_chunks| Some(stretches.runs))
     }
 
     /// Why backups are not gathered on this `Gpu`: the error of the staging's allocation at
@@ -153,7 +186,26 @@ impl Gpu {
                 .new_stream()
                 .map_err(driver_err("cuStreamCreate"))?,
             copied: (0..GATHER_SLOTS).map(|_| None).collect(),
+            lists: Vec::new(),
         })
+    }
+
+    /// The index of a gather-list buffer of at least `len_bytes` that no gather still reads
+    /// (its event complete), allocating one (at least [`GATHER_LIST_MIN_BYTES`]) when none
+    /// is; buffers too small and free are dropped first. `None` when the allocation fails.
+    fn free_gather_list(&self, ring: &mut GatherRing, len_bytes: usize) -> Option<usize> {
+        let free = |l: &GatherList| l.read.as_ref().is_none_or(CudaEvent::is_complete);
+        ring.lists
+            .retain(|l| !(free(l) && l.host.as_slice().len() < len_bytes));
+        if let Some(at) = ring.lists.iter().position(free) {
+            ring.lists[at].read = None;
+            return Some(at);
+        }
+        let host = self
+            .alloc_pinned(len_bytes.max(GATHER_LIST_MIN_BYTES))
+            .ok()?;
+        ring.lists.push(GatherList { host, read: None });
+        Some(ring.lists.len() - 1)
     }
 
     /// The chunks of a gathered backup on the ring's streams, each enqueued as soon as it is
@@ -164,6 +216,7 @@ impl Gpu {
     unsafe fn enqueue_chunks(
         &self,
         ring: &mut GatherRing,
+        list_at: usize,
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
         chunks: impl Iterator<Item = GatherChunk>,
@@ -176,7 +229,9 @@ impl Gpu {
                 .map_err(driver_err("cuStreamWaitEvent"))?;
         }
         let (staging_base, host_base) = (ring.staging.device_address(), dst.device_address());
+        let k = self.kernels()?;
         let mut count = 0u64;
+        let mut list_used_bytes = 0usize;
         for chunk in chunks {
             if let Some(done) = &ring.copied[chunk.slot] {
                 // The slot's previous copies out must have read it before the gather rewrites it.
@@ -184,16 +239,33 @@ impl Gpu {
                     .wait(done)
                     .map_err(driver_err("cuStreamWaitEvent"))?;
             }
-            // SAFETY: every gather run lies inside the device pool (a piece of a checked run)
-            // and inside the staging buffer (the plan); both live until the streams finish.
+            // The chunk's list, after the lists of the chunks before it in the call's buffer
+            // (sized for the most pieces the plan can hold, `max_gather_pieces`).
+            let list = &mut ring.lists[list_at];
+            let chunk_list_bytes = chunk.gather.len() * RUN_BYTES;
+            let words = list
+                .host
+                .as_mut_slice()
+                .get_mut(list_used_bytes..list_used_bytes + chunk_list_bytes)
+                .ok_or_else(|| {
+                    KernelError::Unsupported("gather list longer than its bound".to_string())
+                })?;
+            write_run_list(words, &chunk.gather);
+            let list_address = list.host.device_address() + list_used_bytes as u64;
+            list_used_bytes += chunk_list_bytes;
+            // SAFETY: the list was written just above; no call picks this buffer again until
+            // the event recorded after this call's last gather has completed (the ring's lock
+            // is held until that event is recorded, or, after an error, until the streams are
+            // synchronised). Every gather run lies inside the device pool (a piece of a checked
+            // run) and inside the staging buffer (the plan); both live until the streams finish.
             unsafe {
-                self.enqueue_checked_runs_from_ring(
+                self.launch_checked_run_list(
                     &ring.gather_stream,
+                    &k.copy_runs,
+                    (list_address, chunk.gather.len()),
                     src,
                     &mut ring.staging,
-                    &chunk.gather,
                     shape,
-                    false,
                 )?
             };
             let gathered = event(&ring.gather_stream)?;
@@ -215,6 +287,8 @@ impl Gpu {
             ring.copied[chunk.slot] = Some(event(&ring.out_stream)?);
             count += 1;
         }
+        // The list is free once the last gather has read it.
+        ring.lists[list_at].read = Some(event(&ring.gather_stream)?);
         // Every copy out waited for its gather: the last copy out ends the backup.
         let joined = event(&ring.out_stream)?;
         self.stream

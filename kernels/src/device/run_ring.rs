@@ -25,8 +25,18 @@ pub const RUN_RING_SLOTS: usize = 8;
 pub const RUN_RING_SLOT_RUNS: usize = 16 * 1024;
 
 /// Bytes of one run in a list (three little-endian `u64`: src, dst, len).
-const RUN_BYTES: usize = 24;
+pub(super) const RUN_BYTES: usize = 24;
 const SLOT_BYTES: usize = RUN_RING_SLOT_RUNS * RUN_BYTES;
+
+/// Writes `runs` into `words` (`runs.len() * RUN_BYTES` bytes) as the run-list kernel reads
+/// them: three little-endian `u64` per run (src, dst, len).
+pub(super) fn write_run_list(words: &mut [u8], runs: &[ByteRun]) {
+    for (w, r) in words.chunks_exact_mut(RUN_BYTES).zip(runs) {
+        w[..8].copy_from_slice(&r.src_offset_bytes.to_le_bytes());
+        w[8..16].copy_from_slice(&r.dst_offset_bytes.to_le_bytes());
+        w[16..].copy_from_slice(&r.len_bytes.to_le_bytes());
+    }
+}
 
 /// The ring: both halves of every slot, one event per slot.
 pub(super) struct RunRing {
@@ -138,12 +148,10 @@ impl Gpu {
         ring.next = (slot + 1) % RUN_RING_SLOTS;
         let at_bytes = slot * SLOT_BYTES;
         let list_bytes = part.len() * RUN_BYTES;
-        let words = &mut ring.host.as_mut_slice()[at_bytes..at_bytes + list_bytes];
-        for (w, r) in words.chunks_exact_mut(RUN_BYTES).zip(part) {
-            w[..8].copy_from_slice(&r.src_offset_bytes.to_le_bytes());
-            w[8..16].copy_from_slice(&r.dst_offset_bytes.to_le_bytes());
-            w[16..].copy_from_slice(&r.len_bytes.to_le_bytes());
-        }
+        write_run_list(
+            &mut ring.host.as_mut_slice()[at_bytes..at_bytes + list_bytes],
+            part,
+        );
         let (host_list, dev_list) = (
             ring.host.device_address() + at_bytes as u64,
             ring.dev.device_address() + at_bytes as u64,
@@ -161,7 +169,36 @@ impl Gpu {
                 .map_err(driver_err("cuMemcpyAsync"))?;
             dev_list
         };
-        let n = part.len() as u64;
+        // SAFETY: the list holds the part's runs (the host half, written above, or the device
+        // half, copied in stream order before the launch); every run lies inside both buffers
+        // (caller).
+        unsafe {
+            self.launch_checked_run_list(stream, copy_runs, (list, part.len()), src, dst, shape)?
+        };
+        ring.done[slot]
+            .record(stream)
+            .map_err(driver_err("cuEventRecord"))?;
+        Ok(())
+    }
+
+    /// The run-list kernel (no check in the launch) over the `n` runs at device-readable
+    /// address `list` (device memory, or pinned host memory mapped for the device), under
+    /// `shape` on `stream`.
+    ///
+    /// # Safety
+    /// The list holds `n` runs written as [`write_run_list`] writes them, readable until the
+    /// kernel has run; every run lies inside both buffers, which stay alive and untouched by
+    /// the CPU until the stream has finished.
+    pub(super) unsafe fn launch_checked_run_list(
+        &self,
+        stream: &CudaStream,
+        copy_runs: &cudarc::driver::CudaFunction,
+        (list, n): (u64, usize),
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        shape: LaunchShape,
+    ) -> Result<(), KernelError> {
+        let n = n as u64;
         let args = [
             Arg::Word(list),
             Arg::Word(n),
@@ -173,9 +210,7 @@ impl Gpu {
             Arg::Word(0),
             Arg::Word(self.err_address()),
         ];
-        // SAFETY: arguments match copy_runs; the list holds the n runs (the host half, written
-        // above, or the device half, copied in stream order before the launch); every run lies
-        // inside both buffers (caller).
+        // SAFETY: arguments match copy_runs; the list and the buffers as the caller promises.
         unsafe {
             self.launch_on(
                 stream,
@@ -183,11 +218,7 @@ impl Gpu {
                 "cuLaunchKernel(copy_runs)",
                 self.grid(shape, n * 32),
                 &args,
-            )?
-        };
-        ring.done[slot]
-            .record(stream)
-            .map_err(driver_err("cuEventRecord"))?;
-        Ok(())
+            )
+        }
     }
 }

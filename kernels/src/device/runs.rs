@@ -228,19 +228,21 @@ impl Gpu {
     /// `order` first, token runs merged in list order only; the
     /// direction read from the buffers' memory types, and the model's SM carve-out if one was
     /// set with [`Gpu::set_model_carveout_sms`]): page runs go to the copy engines (no SM taken
-    /// from the model) unless a load or backup can use the carve-out (a load: the run-list
-    /// kernel on it; a backup: gathered on it into device staging, then copied out one
-    /// host-contiguous stretch at a time; a backup whose runs write overlapping host bytes, or
-    /// whose runs would not merge into stretches at least two runs long on average, or whose
-    /// staging cannot be allocated, keeps the copy engines); token-granular runs go to the
+    /// from the model) unless a load or backup can use the carve-out (a load: split between
+    /// the run-list kernel on it and the copy engines, [`mod@crate::split_load`]; a backup:
+    /// gathered on it into device staging, then copied out one host-contiguous stretch at a
+    /// time, planned in list order when the list lays each host stretch's runs together, as
+    /// the pool shim does, else in host order; a backup whose runs write overlapping host
+    /// bytes, or whose runs would not merge into stretches at least two runs long on average,
+    /// or whose staging or list memory cannot be allocated, keeps the copy engines);
+    /// token-granular runs go to the
     /// run-list kernel on the carve-out, or on at most [`super::SM_BUDGET`] SMs without one.
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
-    /// returns `CopyEngines { runs: 0 }`. Does not wait for the transfer, with one exception:
-    /// a gathered backup's lists share the 8-slot run-list ring with every SM path, so a
-    /// backup of more than 8 chunks (512 MiB) returns only once the gathers of all but its
-    /// last 8 chunks have run (the host waits to reuse a ring slot). (The staged path,
+    /// returns `CopyEngines { runs: 0 }`. Does not wait for the transfer, except to reuse a
+    /// slot of the 8-slot run-list ring (eight kernel launches behind) on the SM paths; a
+    /// gathered backup's lists go to a pinned buffer of the call's own. (The staged path,
     /// [`Gpu::enqueue_staged_runs`], is not chosen: on the H200 it moved 0.56-0.69 of memcpy
     /// against the copy engines' 0.71-0.95, BENCHMARKS.md.)
     ///
