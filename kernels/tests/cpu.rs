@@ -1086,7 +1086,9 @@ fn the_gather_list_bound_holds_every_piece_a_plan_makes() {
     // By hand: 10 runs of 100 bytes, slots of 300, a first chunk of 100: chunks of 100, 200,
     // 300, 300, 100 bytes (4 boundaries, each on a run boundary here: 10 pieces); the bound
     // is 10 runs + 3 full slots (1,000 / 300) + 2 ramp chunks (300 / 100 = 3: 2 bits) + 1.
-    let runs: Vec<ByteRun> = (0..10u64).map(|i| ByteRun::new(i * 100, i * 100, 100)).collect();
+    let runs: Vec<ByteRun> = (0..10u64)
+        .map(|i| ByteRun::new(i * 100, i * 100, 100))
+        .collect();
     let s = host_stretches(&runs).unwrap();
     assert_eq!(s.max_gather_pieces(300, 100), 16);
     assert_eq!(gather_chunks(&runs, 300, 2, 100).count(), 5);
