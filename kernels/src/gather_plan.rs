@@ -35,6 +35,9 @@ pub struct GatherChunk {
 pub struct HostStretches {
     /// Non-empty runs.
     pub runs: u64,
+    /// Non-empty runs after merging list neighbours that continue each other on both sides
+    /// (what the copy engines would copy: [`crate::RunOrder::AsGiven`]'s merge).
+    pub merged_runs: u64,
     /// Maximal stretches of consecutive non-empty runs, each starting on the host where the
     /// one before it ends.
     pub stretches: u64,
@@ -61,56 +64,73 @@ impl HostStretches {
             .saturating_add(1)
     }
 
-    /// True when gathering pays: the stretches are at most half as many as the runs (at least
-    /// two runs merge into each stretch on average). Otherwise the copy engines pay about the
-    /// same per stretch as per run, and the gather would only add a pass through HBM and SM
-    /// time (a `layer_first` host pool, or a list laid layer by layer, give a stretch per
-    /// run). An empty list counts as paying: there is nothing to copy either way.
+    /// True when gathering pays: the stretches are at most half as many as the merged runs
+    /// (at least two runs the copy engines would copy one by one merge into each stretch on
+    /// average). Otherwise the copy engines pay about the same per stretch as per run, and the
+    /// gather would only add a pass through HBM and SM time (a `layer_first` host pool, a list
+    /// laid layer by layer, or runs that already continue each other on the device too, give
+    /// a stretch per merged run). An empty list counts as paying: there is nothing to copy
+    /// either way.
     pub fn gathering_pays(&self) -> bool {
-        self.stretches.saturating_mul(2) <= self.runs
+        self.stretches.saturating_mul(2) <= self.merged_runs
     }
 }
 
 /// The host-contiguous stretches of `runs` in list order (a backup: `dst_offset_bytes` is the
 /// host offset). `None` when two runs write overlapping host bytes (the copies out of one
 /// chunk run in no set order; such a list keeps the copy engines, whose batches do not order
-/// overlapping destinations either), or when a run's host end, or the runs' total length,
-/// would pass `u64::MAX` (neither can for runs that fit their buffers without overlapping). Sorts
+/// overlapping destinations either), or when a run's host or device end, or the runs' total
+/// length, would pass `u64::MAX` (none can for runs that fit their buffers without
+/// overlapping). Sorts
 /// the stretches (one per page and buffer for the pool shim's lists), not the runs.
 pub fn host_stretches(runs: &[ByteRun]) -> Option<HostStretches> {
-    let mut spans: Vec<(u64, u64)> = Vec::new(); // host (start, end) per stretch
-    let (mut count_runs, mut bytes) = (0u64, 0u64);
+    let mut host_spans_bytes: Vec<(u64, u64)> = Vec::new(); // host (start, end) per stretch
+    let (mut count_runs, mut merged_runs, mut bytes) = (0u64, 0u64, 0u64);
+    // The device end of the run before, when it continued the stretch before it on the host.
+    let mut last_src_end_bytes: Option<u64> = None;
     for r in runs.iter().filter(|r| r.len_bytes > 0) {
         count_runs += 1;
         bytes = bytes.checked_add(r.len_bytes)?;
-        let end = r.dst_offset_bytes.checked_add(r.len_bytes)?;
-        match spans.last_mut() {
-            Some((_, last_end)) if *last_end == r.dst_offset_bytes => *last_end = end,
-            _ => spans.push((r.dst_offset_bytes, end)),
+        let end_bytes = r.dst_offset_bytes.checked_add(r.len_bytes)?;
+        let src_end_bytes = r.src_offset_bytes.checked_add(r.len_bytes)?;
+        match host_spans_bytes.last_mut() {
+            Some((_, last_end_bytes)) if *last_end_bytes == r.dst_offset_bytes => {
+                *last_end_bytes = end_bytes;
+                if last_src_end_bytes != Some(r.src_offset_bytes) {
+                    merged_runs += 1;
+                }
+            }
+            _ => {
+                host_spans_bytes.push((r.dst_offset_bytes, end_bytes));
+                merged_runs += 1;
+            }
         }
+        last_src_end_bytes = Some(src_end_bytes);
     }
-    let stretches = spans.len() as u64;
-    spans.sort_unstable();
-    if spans.windows(2).any(|w| w[0].1 > w[1].0) {
+    let stretches = host_spans_bytes.len() as u64;
+    host_spans_bytes.sort_unstable();
+    if host_spans_bytes.windows(2).any(|w| w[0].1 > w[1].0) {
         return None;
     }
     Some(HostStretches {
         runs: count_runs,
+        merged_runs,
         stretches,
         bytes,
     })
 }
 
-/// The chunks of a gathered backup of `runs` (checked for overlap first, [`host_stretches`]),
-/// made one at a time: the runs in list order (empty ones skipped) packed slot after slot of
+/// The chunks of a gathered backup of `runs` (the caller checks them for overlap first,
+/// [`host_stretches`]), made one at a time: the runs in list order (empty ones skipped) packed slot after slot of
 /// `slots` slots of `slot_bytes`, cutting a run that does not fit the rest of a chunk. Chunk
 /// `i` holds at most `min(slot_bytes, first_chunk_bytes * 2^i)` bytes: small first chunks let
 /// the copies out start sooner (the copies out of a chunk wait for its whole gather). Offsets
 /// inside the staging buffer are `slot * slot_bytes + offset in the slot`; the caller's
 /// staging buffer holds `slots * slot_bytes` bytes. Yields nothing when `slot_bytes`,
-/// `first_chunk_bytes` or `slots` is zero, and stops early (the caller must compare the bytes
-/// planned) if an offset would pass `u64::MAX`, which runs checked against their buffers never
-/// do.
+/// `first_chunk_bytes` or `slots` is zero, and stops for good (the caller must compare the
+/// bytes planned) if a piece's start or end, on either side or in the staging, would pass
+/// `u64::MAX`, which runs checked against their buffers never do. Overlapping host ranges are
+/// not checked here: [`host_stretches`] checks them.
 pub fn gather_chunks(
     runs: &[ByteRun],
     slot_bytes: u64,
@@ -156,6 +176,20 @@ impl Iterator for GatherChunks<'_> {
     type Item = GatherChunk;
 
     fn next(&mut self) -> Option<GatherChunk> {
+        let chunk = self.next_chunk();
+        if chunk.is_none() {
+            // The end, or an offset past u64::MAX: nothing more, ever (fused).
+            self.runs = &[];
+        }
+        chunk
+    }
+}
+
+impl std::iter::FusedIterator for GatherChunks<'_> {}
+
+impl GatherChunks<'_> {
+    /// The next chunk; `None` at the end or when an offset would pass `u64::MAX`.
+    fn next_chunk(&mut self) -> Option<GatherChunk> {
         while self.runs.get(self.next_run)?.len_bytes == 0 {
             self.next_run += 1;
         }
@@ -177,6 +211,10 @@ impl Iterator for GatherChunks<'_> {
             let src_at_bytes = r.src_offset_bytes.checked_add(self.done_in_run_bytes)?;
             let dst_at_bytes = r.dst_offset_bytes.checked_add(self.done_in_run_bytes)?;
             let staged_at_bytes = slot_base_bytes.checked_add(used_bytes)?;
+            // The piece's ends, on all three sides, inside u64.
+            src_at_bytes.checked_add(take_bytes)?;
+            dst_at_bytes.checked_add(take_bytes)?;
+            staged_at_bytes.checked_add(take_bytes)?;
             if take_bytes > 0 {
                 chunk
                     .gather

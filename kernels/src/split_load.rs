@@ -27,8 +27,9 @@ use crate::copy_runs::ByteRun;
 /// (BENCHMARKS.md, "Session 5").
 pub const SPLIT_KERNEL_BLOCKS_PER_SM: u32 = 4;
 
-/// Runs shorter than this always go to the kernel: the copy engines move an 8,448-byte
-/// index-K page run at 0.25-0.29 of memcpy, a 41,984-byte MLA run at 0.96-0.98 (alone).
+/// Runs of at most this many bytes always go to the kernel: the copy engines move an 8,448-byte
+/// fp8 index-K page run at 0.25-0.29 of memcpy, a 41,984-byte MLA run at 0.96-0.98 (alone); a
+/// bf16 index-K page run is 64 x 256 = 16,384 bytes, short too (not measured in the split).
 pub const SPLIT_SHORT_RUN_BYTES: u64 = 16 * 1024;
 
 /// Thousandths of a load's bytes the kernel takes on a carve-out of `sms` SMs: 450 on 2 SMs
@@ -39,23 +40,23 @@ pub fn kernel_share_permille(sms: u32) -> u64 {
 }
 
 /// `runs` (a load's merged runs, in the order they are to be walked) split into the kernel's
-/// list and the copy engines' list: every run shorter than [`SPLIT_SHORT_RUN_BYTES`], then
+/// list and the copy engines' list: every run of at most [`SPLIT_SHORT_RUN_BYTES`], then
 /// longer runs in list order until the kernel holds `kernel_permille` thousandths of the
 /// bytes, go to the kernel; the other runs to the copy engines. Both lists keep list order;
 /// together they hold every run of `runs` once. `kernel_permille` above 1000 counts as 1000.
 pub fn split_load(runs: &[ByteRun], kernel_permille: u64) -> (Vec<ByteRun>, Vec<ByteRun>) {
-    let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
-    let target: u128 = total * u128::from(kernel_permille.min(1000)) / 1000;
+    let total_bytes: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
+    let target_bytes: u128 = total_bytes * u128::from(kernel_permille.min(1000)) / 1000;
     let mut kernel_bytes: u128 = runs
         .iter()
-        .filter(|r| r.len_bytes < SPLIT_SHORT_RUN_BYTES)
+        .filter(|r| r.len_bytes <= SPLIT_SHORT_RUN_BYTES)
         .map(|r| u128::from(r.len_bytes))
         .sum();
     let (mut kernel, mut engines) = (Vec::new(), Vec::new());
     for &r in runs {
-        if r.len_bytes < SPLIT_SHORT_RUN_BYTES {
+        if r.len_bytes <= SPLIT_SHORT_RUN_BYTES {
             kernel.push(r);
-        } else if kernel_bytes < target {
+        } else if kernel_bytes < target_bytes {
             kernel_bytes += u128::from(r.len_bytes);
             kernel.push(r);
         } else {

@@ -948,6 +948,7 @@ fn host_stretches_are_counted_in_list_order_and_overlaps_refused() {
         s,
         HostStretches {
             runs: 9,
+            merged_runs: 9,
             stretches: 3,
             bytes: 900
         }
@@ -957,7 +958,7 @@ fn host_stretches_are_counted_in_list_order_and_overlaps_refused() {
     let mut by_layer = runs.clone();
     by_layer.sort_by_key(|r| r.src_offset_bytes);
     let s = host_stretches(&by_layer).unwrap();
-    assert_eq!((s.runs, s.stretches), (9, 9));
+    assert_eq!((s.runs, s.merged_runs, s.stretches), (9, 9, 9));
     assert!(!s.gathering_pays());
     // Empty runs do not count nor break a stretch.
     let s = host_stretches(&[r(0, 0, 10), r(7, 99, 0), r(50, 10, 10)]).unwrap();
@@ -1049,6 +1050,11 @@ fn a_split_load_gives_the_kernel_the_short_runs_then_long_runs_up_to_its_share()
     assert_eq!(split_load(&runs, 5000), (runs.clone(), vec![]));
     // Nothing: nothing either side.
     assert_eq!(split_load(&[], 450), (vec![], vec![]));
+    // A bf16 index-K page run (64 x 256 = 16,384 B) is short; one byte more is long.
+    assert_eq!(
+        split_load(&[r(0, 0, 16_384), r(16_384, 16_384, 16_385)], 0),
+        (vec![r(0, 0, 16_384)], vec![r(16_384, 16_384, 16_385)])
+    );
 }
 
 #[test]
@@ -1092,4 +1098,51 @@ fn the_gather_list_bound_holds_every_piece_a_plan_makes() {
     let s = host_stretches(&runs).unwrap();
     assert_eq!(s.max_gather_pieces(300, 100), 16);
     assert_eq!(gather_chunks(&runs, 300, 2, 100).count(), 5);
+}
+
+#[test]
+fn gather_chunks_stop_for_good_at_an_offset_past_u64_max() {
+    use kvlayout_kernels::gather_chunks;
+    let r = ByteRun::new;
+    // Review finding: with slots of u64::MAX bytes the second slot's base overflows; the
+    // iterator used to skip that chunk's pieces and carry on with the next run.
+    let runs = [r(0, 0, 1), r(10, 1, 1), r(20, 2, 1)];
+    let mut it = gather_chunks(&runs, u64::MAX, 2, 1);
+    assert!(it.next().is_some());
+    assert_eq!(it.next(), None);
+    assert_eq!(it.next(), None);
+    // A piece whose device end would wrap: no chunk (it used to plan a wrapping piece).
+    assert_eq!(
+        gather_chunks(&[r(u64::MAX - 1, 0, 4)], 100, 2, 100).count(),
+        0
+    );
+    // Ending exactly at u64::MAX is fine.
+    assert_eq!(
+        gather_chunks(&[r(u64::MAX - 4, 0, 4)], 100, 2, 100).count(),
+        1
+    );
+}
+
+#[test]
+fn gathering_pays_on_runs_counted_after_merging() {
+    use kvlayout_kernels::host_stretches;
+    let r = ByteRun::new;
+    // Review finding: 64 runs of 1 MiB continuing each other on both sides are one run for
+    // the copy engines; one stretch for one merged run does not pay.
+    let runs: Vec<ByteRun> = (0..64u64).map(|i| r(i << 20, i << 20, 1 << 20)).collect();
+    let s = host_stretches(&runs).unwrap();
+    assert_eq!((s.runs, s.merged_runs, s.stretches), (64, 1, 1));
+    assert!(!s.gathering_pays());
+    // The same host stretch from scattered device pages: 64 merged runs, one stretch: pays.
+    let runs: Vec<ByteRun> = (0..64u64)
+        .map(|i| r((63 - i) << 21, i << 20, 1 << 20))
+        .collect();
+    let s = host_stretches(&runs).unwrap();
+    assert_eq!((s.runs, s.merged_runs, s.stretches), (64, 64, 1));
+    assert!(s.gathering_pays());
+    // Empty runs neither count nor break a merge.
+    let s = host_stretches(&[r(0, 0, 10), r(5, 5, 0), r(10, 10, 10)]).unwrap();
+    assert_eq!((s.runs, s.merged_runs, s.stretches), (2, 1, 1));
+    // A device end past u64::MAX: refused.
+    assert_eq!(host_stretches(&[r(u64::MAX - 1, 0, 4)]), None);
 }

@@ -1131,7 +1131,7 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
                 let part: Vec<ByteRun> = runs
                     .iter()
                     .copied()
-                    .filter(|r| (r.len_bytes < kvlayout_kernels::SPLIT_SHORT_RUN_BYTES) == short)
+                    .filter(|r| (r.len_bytes <= kvlayout_kernels::SPLIT_SHORT_RUN_BYTES) == short)
                     .collect();
                 assert_eq!(part.len(), 300);
                 let mut dst = Buf::new(&gpu, false, &poison);

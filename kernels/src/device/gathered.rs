@@ -60,8 +60,9 @@ pub(super) struct GatherRing {
 
 /// Pinned host memory holding a whole call's gather lists, read by the gather kernel in place
 /// (mapped for the device), and the event after the last gather that read it (`None`: free).
-/// Buffers are reused once their event has completed and kept by the `Gpu`: a call never
-/// waits for an earlier one to reuse a list.
+/// Buffers are reused once their event has completed and kept by the `Gpu` (one per gathered
+/// backup in flight at once, each a power of two of bytes): a call never waits for an earlier
+/// one to reuse a list; it allocates one when none is free and large enough (host time).
 struct GatherList {
     host: PinnedBytes,
     read: Option<CudaEvent>,
@@ -106,8 +107,10 @@ impl Gpu {
         runs: &[ByteRun],
         shape: LaunchShape,
     ) -> Result<Option<u64>, KernelError> {
+        // Counted after merging (the copy engines' count): a list padded with empty runs, or
+        // of runs that continue each other on the device too, is not gathered on its raw count.
         let stretches = match host_stretches(runs) {
-            Some(s) if s.gathering_pays() => s,
+            Some(s) if s.gathering_pays() && s.merged_runs >= super::CARVEOUT_MIN_RUNS => s,
             _ => return Ok(None),
         };
         let mut guard = self
@@ -142,7 +145,18 @@ impl Gpu {
         );
         // SAFETY: forwarded to the caller; the plan's offsets lie in the checked runs and in
         // the staging buffer.
-        let queued = unsafe { self.enqueue_chunks(ring, list_at, src, dst, chunks, shape) };
+        let queued = unsafe { self.enqueue_chunks(ring, list_at, src, dst, chunks, shape) }
+            .and_then(|planned_bytes| {
+                // Unreachable for checked runs (the plan stops short only past u64::MAX).
+                if planned_bytes == stretches.bytes {
+                    Ok(())
+                } else {
+                    Err(KernelError::Unsupported(format!(
+                        "a gathered backup planned {planned_bytes} of its {} bytes",
+                        stretches.bytes
+                    )))
+                }
+            });
         if let Err(e) = &queued {
             // Part of the backup may be queued on the ring's streams: wait for them, so that
             // the caller may free the pools, and no slot's event is left unrecorded.
@@ -158,7 +172,7 @@ impl Gpu {
                 ring.lists[list_at].read = None;
             }
         }
-        queued.map(|_chunks| Some(stretches.runs))
+        queued.map(|()| Some(stretches.runs))
     }
 
     /// Why backups are not gathered on this `Gpu`: the error of the staging's allocation at
@@ -191,25 +205,29 @@ impl Gpu {
     }
 
     /// The index of a gather-list buffer of at least `len_bytes` that no gather still reads
-    /// (its event complete), allocating one (at least [`GATHER_LIST_MIN_BYTES`]) when none
-    /// is; buffers too small and free are dropped first. `None` when the allocation fails.
+    /// (its event complete, asked once per buffer), else of a new one of the next power of two
+    /// bytes (at least [`GATHER_LIST_MIN_BYTES`]). Buffers are never freed here: freeing pinned
+    /// memory waits for the whole device, the model's kernels included. `None` when the
+    /// allocation fails.
     fn free_gather_list(&self, ring: &mut GatherRing, len_bytes: usize) -> Option<usize> {
-        let free = |l: &GatherList| l.read.as_ref().is_none_or(CudaEvent::is_complete);
-        ring.lists
-            .retain(|l| !(free(l) && l.host.as_slice().len() < len_bytes));
-        if let Some(at) = ring.lists.iter().position(free) {
+        let at = ring.lists.iter().position(|l| {
+            l.host.as_slice().len() >= len_bytes
+                && l.read.as_ref().is_none_or(CudaEvent::is_complete)
+        });
+        if let Some(at) = at {
             ring.lists[at].read = None;
             return Some(at);
         }
-        let host = self
-            .alloc_pinned(len_bytes.max(GATHER_LIST_MIN_BYTES))
-            .ok()?;
+        let alloc_bytes = len_bytes
+            .max(GATHER_LIST_MIN_BYTES)
+            .checked_next_power_of_two()?;
+        let host = self.alloc_pinned(alloc_bytes).ok()?;
         ring.lists.push(GatherList { host, read: None });
         Some(ring.lists.len() - 1)
     }
 
     /// The chunks of a gathered backup on the ring's streams, each enqueued as soon as it is
-    /// planned, joined into the `Gpu`'s stream; returns the number of chunks.
+    /// planned, joined into the `Gpu`'s stream; returns the bytes the chunks gather.
     ///
     /// # Safety
     /// As [`Gpu::enqueue_gathered_backup`].
@@ -230,7 +248,7 @@ impl Gpu {
         }
         let (staging_base, host_base) = (ring.staging.device_address(), dst.device_address());
         let k = self.kernels()?;
-        let mut count = 0u64;
+        let mut planned_bytes = 0u64;
         let mut list_used_bytes = 0usize;
         for chunk in chunks {
             if let Some(done) = &ring.copied[chunk.slot] {
@@ -285,7 +303,7 @@ impl Gpu {
                 )?
             };
             ring.copied[chunk.slot] = Some(event(&ring.out_stream)?);
-            count += 1;
+            planned_bytes += chunk.gather.iter().map(|r| r.len_bytes).sum::<u64>();
         }
         // The list is free once the last gather has read it.
         ring.lists[list_at].read = Some(event(&ring.gather_stream)?);
@@ -294,6 +312,6 @@ impl Gpu {
         self.stream
             .wait(&joined)
             .map_err(driver_err("cuStreamWaitEvent"))?;
-        Ok(count)
+        Ok(planned_bytes)
     }
 }

@@ -215,8 +215,8 @@ impl Gpu {
     /// 5"), random DSA pages x 61 layers: a load layer by layer at 0.909-0.911 of pinned memcpy
     /// for 1,024 pages (GEMM +2.3% to +3.0%) and 0.907-0.909 for 4,096 (GEMM -1.1% to +1.9%),
     /// 0.945-0.957 alone, against 0.67-0.78 on the copy engines next to the GEMM; a backup laid
-    /// page pair by page pair (as the pool shim lays it) at 0.891-0.897 (GEMM +0.1% to +2.1%),
-    /// 0.964-0.967 alone, against 0.55-0.79. The carve-out itself cost the GEMM -0.3% to +16.3%
+    /// page pair by page pair (as the pool shim lays it) at 0.889-0.897 (GEMM -0.2% to +2.1%),
+    /// 0.958-0.967 alone, against 0.55-0.79. The carve-out itself cost the GEMM -0.3% to +16.3%
     /// over the machines measured (its time is bimodal, 1.36-1.42 or 1.50-1.60 ms).
     ///
     /// Errors: `sms` equal to or above the device's multiprocessor count ([`KernelError::Spec`]

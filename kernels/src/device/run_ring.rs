@@ -1,13 +1,15 @@
 //! Run lists for the SM path without a stream synchronisation: a ring of [`RUN_RING_SLOTS`]
 //! slots of [`RUN_RING_SLOT_RUNS`] runs, each a pinned host half and a device half. A list (the
 //! host has checked every run against both buffers) is written into the next slot's host
-//! half, copied to its device half with one `cuMemcpyAsync` on the `Gpu`'s stream, and read
-//! there by the run-list kernel launched right behind it; an event after the kernel marks the
+//! half, then either copied to its device half with one `cuMemcpyAsync` on the stream the
+//! kernel runs on, or (a split load's kernel part) read by the kernel from the host half in
+//! place; the run-list kernel is launched right behind; an event after the kernel marks the
 //! slot free again. A list longer than a slot goes as several launches, one slot each. The
 //! host waits only when the ring wraps onto a slot whose kernel has not finished (eight
 //! launches behind), so a layer-by-layer load is enqueued without a stall per layer; the old
 //! path (`Gpu::upload_runs`, a synchronous upload per call) cost the token-granular load most
-//! of its time (0.084 of memcpy, BENCHMARKS.md).
+//! of its time (0.084 of memcpy, BENCHMARKS.md). (A gathered backup's lists do not use the
+//! ring: they go to a pinned buffer of the call's own, `gathered.rs`.)
 
 use std::sync::Mutex;
 

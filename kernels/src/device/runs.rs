@@ -170,10 +170,13 @@ impl Gpu {
             .stream
             .record_event(no_timing)
             .map_err(driver_err("cuEventRecord"))?;
-        for (part, stream) in runs.chunks(runs.len().div_ceil(lanes)).zip(streams) {
+        let mut forked = 0;
+        let mut parts = runs.chunks(runs.len().div_ceil(lanes)).zip(streams);
+        let queued = parts.try_for_each(|(part, stream)| {
             stream
                 .wait(&fork)
                 .map_err(driver_err("cuStreamWaitEvent"))?;
+            forked += 1;
             // SAFETY: forwarded; the part runs after everything enqueued before it on the
             // `Gpu`'s stream (the fork event), which waits for it below (the join).
             unsafe { self.enqueue_batch(bases, part, opts, stream)? };
@@ -182,9 +185,16 @@ impl Gpu {
                 .map_err(driver_err("cuEventRecord"))?;
             self.stream
                 .wait(&joined)
-                .map_err(driver_err("cuStreamWaitEvent"))?;
+                .map_err(driver_err("cuStreamWaitEvent"))
+        });
+        if queued.is_err() {
+            // A lane may hold copies the `Gpu`'s stream does not wait for: wait for them here
+            // (best effort: a broken context fails this too, and then nothing runs).
+            for stream in &streams[..forked] {
+                let _ = stream.synchronize();
+            }
         }
-        Ok(())
+        queued
     }
 
     /// Checked runs on `stream`, in list order: with `opts.pitched`, each group of at least
