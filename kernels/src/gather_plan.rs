@@ -36,7 +36,8 @@ pub struct HostStretches {
     /// Non-empty runs.
     pub runs: u64,
     /// Non-empty runs after merging list neighbours that continue each other on both sides
-    /// (what the copy engines would copy: [`crate::RunOrder::AsGiven`]'s merge).
+    /// (merged in list order, as [`crate::RunOrder::AsGiven`] merges: what the copy engines
+    /// would copy of the list as given; sorted first, a list may merge further).
     pub merged_runs: u64,
     /// Maximal stretches of consecutive non-empty runs, each starting on the host where the
     /// one before it ends.
@@ -81,12 +82,12 @@ impl HostStretches {
 /// chunk run in no set order; such a list keeps the copy engines, whose batches do not order
 /// overlapping destinations either), or when a run's host or device end, or the runs' total
 /// length, would pass `u64::MAX` (none can for runs that fit their buffers without
-/// overlapping). Sorts
-/// the stretches (one per page and buffer for the pool shim's lists), not the runs.
+/// overlapping). Sorts the stretches (one per page and buffer for the pool shim's lists), not
+/// the runs.
 pub fn host_stretches(runs: &[ByteRun]) -> Option<HostStretches> {
     let mut host_spans_bytes: Vec<(u64, u64)> = Vec::new(); // host (start, end) per stretch
     let (mut count_runs, mut merged_runs, mut bytes) = (0u64, 0u64, 0u64);
-    // The device end of the run before, when it continued the stretch before it on the host.
+    // The device end of the (non-empty) run before.
     let mut last_src_end_bytes: Option<u64> = None;
     for r in runs.iter().filter(|r| r.len_bytes > 0) {
         count_runs += 1;
@@ -121,9 +122,9 @@ pub fn host_stretches(runs: &[ByteRun]) -> Option<HostStretches> {
 }
 
 /// The chunks of a gathered backup of `runs` (the caller checks them for overlap first,
-/// [`host_stretches`]), made one at a time: the runs in list order (empty ones skipped) packed slot after slot of
-/// `slots` slots of `slot_bytes`, cutting a run that does not fit the rest of a chunk. Chunk
-/// `i` holds at most `min(slot_bytes, first_chunk_bytes * 2^i)` bytes: small first chunks let
+/// [`host_stretches`]), made one at a time: the runs in list order (empty ones skipped)
+/// packed slot after slot of `slots` slots of `slot_bytes`, cutting a run that does not fit
+/// the rest of a chunk. Chunk `i` holds at most `min(slot_bytes, first_chunk_bytes * 2^i)` bytes: small first chunks let
 /// the copies out start sooner (the copies out of a chunk wait for its whole gather). Offsets
 /// inside the staging buffer are `slot * slot_bytes + offset in the slot`; the caller's
 /// staging buffer holds `slots * slot_bytes` bytes. Yields nothing when `slot_bytes`,
@@ -164,11 +165,11 @@ pub struct GatherChunks<'a> {
 impl GatherChunks<'_> {
     /// Most bytes chunk `i` holds.
     fn limit_bytes(&self, i: u64) -> u64 {
-        let doubled = u32::try_from(i)
+        let doubled_bytes = u32::try_from(i)
             .ok()
             .and_then(|i| 1u64.checked_shl(i))
             .and_then(|f| self.first_chunk_bytes.checked_mul(f));
-        doubled.map_or(self.slot_bytes, |b| b.min(self.slot_bytes))
+        doubled_bytes.map_or(self.slot_bytes, |b| b.min(self.slot_bytes))
     }
 }
 
@@ -273,9 +274,11 @@ pub fn plan_gathered_backup(
     (planned_bytes == total_bytes).then_some(chunks)
 }
 
-/// True when gathering pays for a whole plan: the stretches to copy out are at most half as
-/// many as the gather runs ([`HostStretches::gathering_pays`], counted on the chunks, where a
-/// run cut at a chunk's end counts twice). An empty plan counts as paying.
+/// True when gathering pays for a whole plan, counted on its pieces: the stretches to copy out
+/// are at most half as many as the gather pieces (a run cut at a chunk's end counts twice, and
+/// pieces that continue each other on both sides count one each: unlike
+/// [`HostStretches::gathering_pays`], which counts runs merged as the copy engines would copy
+/// them and is what the chooser asks). An empty plan counts as paying.
 pub fn gathering_pays(chunks: &[GatherChunk]) -> bool {
     let runs: usize = chunks.iter().map(|c| c.gather.len()).sum();
     let stretches: usize = chunks.iter().map(|c| c.stretches.len()).sum();

@@ -9,18 +9,19 @@
 //! copy out. A list is planned in its own order ([`crate::gather_plan`]) and each chunk is
 //! enqueued as soon as it is planned, the first of [`GATHER_FIRST_CHUNK_BYTES`]; the gather
 //! lists of a call go to a pinned host buffer of its own (reused once no gather reads it) that
-//! the kernel reads in place, so the call returns without waiting, however many chunks. Measured on the
-//! H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 5"), 1,024 random pages
-//! x 61 layers of DeepSeek-V3.2 laid page pair by page pair (as the pool shim lays them) through
-//! the chooser: 0.966-0.967 of pinned memcpy alone, 0.891-0.894 next to the GEMM (GEMM +0.1% to
-//! +0.5%), against 0.55-0.79 on the copy engines (one run per page, layer and buffer). The same
-//! GPU pipeline with its plan made before the timed window moved 0.986-0.990 alone and
-//! 0.914-0.917 next to the GEMM: the copies out lose about 0.07 next to the GEMM while the
-//! gather runs beside them (0.989 alone).
+//! the kernel reads in place, so the call returns without waiting, however many chunks.
+//! Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 5"),
+//! 1,024 random pages x 61 layers of DeepSeek-V3.2 laid page pair by page pair (as the pool
+//! shim lays them) through the chooser: 0.958-0.967 of pinned memcpy alone, 0.889-0.894 next
+//! to the GEMM (GEMM -0.2% to +0.5%), against 0.55-0.79 on the copy engines (one run per page,
+//! layer and buffer). The same GPU pipeline with its plan made before the timed window moved
+//! 0.986-0.990 alone and 0.914-0.917 next to the GEMM: the copies out lose about 0.07 next to
+//! the GEMM while the gather runs beside them (0.989 without the gather).
 //!
 //! A backup is not gathered (the caller keeps the copy engines) when two runs write
 //! overlapping host bytes, when gathering would not pay
-//! ([`crate::gather_plan::HostStretches::gathering_pays`]), when the 256 MiB of staging cannot
+//! ([`crate::gather_plan::HostStretches::gathering_pays`]), when its runs merged in list order
+//! are fewer than [`super::CARVEOUT_MIN_RUNS`], when the 256 MiB of staging cannot
 //! be allocated at the first gathered backup (then never again on this `Gpu`: engines often
 //! hold most of the device memory for their pools), or when the pinned memory for its lists
 //! (24 bytes per run) cannot be allocated.
@@ -68,8 +69,9 @@ struct GatherList {
     read: Option<CudaEvent>,
 }
 
-/// Smallest gather-list buffer allocated (1 MiB: 43,690 runs).
-const GATHER_LIST_MIN_BYTES: usize = 1 << 20;
+/// Smallest gather-list buffer allocated, and the one allocated with the ring (16 MiB: 699,050
+/// runs; a 4,096-page, 61-layer DSA backup is 499,712 runs plus its cut pieces).
+const GATHER_LIST_MIN_BYTES: usize = 16 << 20;
 
 /// The gathered backup's state on a `Gpu`.
 pub(super) enum GatherState {
@@ -189,31 +191,48 @@ impl Gpu {
     fn new_gather_ring(&self) -> Result<GatherRing, KernelError> {
         let (_least, greatest) = cudarc::driver::result::stream::get_priority_range()
             .map_err(driver_err("cuCtxGetStreamPriorityRange"))?;
+        let staging = self.alloc_device(GATHER_SLOT_BYTES as usize * GATHER_SLOTS)?;
+        let gather_stream = self
+            .ctx
+            .new_stream_with_priority(greatest)
+            .map_err(driver_err("cuStreamCreateWithPriority"))?;
+        let out_stream = self
+            .ctx
+            .new_stream()
+            .map_err(driver_err("cuStreamCreate"))?;
+        // The pinned list last: nothing after it can fail and drop it (a drop of pinned memory
+        // waits for the whole device).
+        let first_list = GatherList {
+            host: self.alloc_pinned(GATHER_LIST_MIN_BYTES)?,
+            read: None,
+        };
         Ok(GatherRing {
-            staging: self.alloc_device(GATHER_SLOT_BYTES as usize * GATHER_SLOTS)?,
-            gather_stream: self
-                .ctx
-                .new_stream_with_priority(greatest)
-                .map_err(driver_err("cuStreamCreateWithPriority"))?,
-            out_stream: self
-                .ctx
-                .new_stream()
-                .map_err(driver_err("cuStreamCreate"))?,
+            staging,
+            gather_stream,
+            out_stream,
             copied: (0..GATHER_SLOTS).map(|_| None).collect(),
-            lists: Vec::new(),
+            lists: vec![first_list],
         })
     }
 
-    /// The index of a gather-list buffer of at least `len_bytes` that no gather still reads
-    /// (its event complete, asked once per buffer), else of a new one of the next power of two
-    /// bytes (at least [`GATHER_LIST_MIN_BYTES`]). Buffers are never freed here: freeing pinned
-    /// memory waits for the whole device, the model's kernels included. `None` when the
-    /// allocation fails.
+    /// The index of the smallest gather-list buffer of at least `len_bytes` that no gather
+    /// still reads (its event complete, asked once per buffer), else of a new one of the next
+    /// power of two bytes (at least [`GATHER_LIST_MIN_BYTES`]). Buffers are never freed here:
+    /// freeing pinned memory waits for the whole device, the model's kernels included; and
+    /// allocating it may briefly stop other streams' work too (the CUDA guide's implicit
+    /// synchronisation), so the ring starts with one buffer of [`GATHER_LIST_MIN_BYTES`].
+    /// `None` when the allocation fails.
     fn free_gather_list(&self, ring: &mut GatherRing, len_bytes: usize) -> Option<usize> {
-        let at = ring.lists.iter().position(|l| {
-            l.host.as_slice().len() >= len_bytes
-                && l.read.as_ref().is_none_or(CudaEvent::is_complete)
-        });
+        // The smallest large-enough buffer no gather reads (best fit: a small call leaves the
+        // large buffers to large calls); each buffer is asked at most once.
+        let at = ring
+            .lists
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.host.as_slice().len() >= len_bytes)
+            .filter(|(_, l)| l.read.as_ref().is_none_or(CudaEvent::is_complete))
+            .min_by_key(|(_, l)| l.host.as_slice().len())
+            .map(|(at, _)| at);
         if let Some(at) = at {
             ring.lists[at].read = None;
             return Some(at);

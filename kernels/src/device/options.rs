@@ -332,7 +332,7 @@ impl TransferPath {
     ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
-    ///   0.907-0.911 and 0.891-0.897, BENCHMARKS.md "Session 5");
+    ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
     ///   [`SM_BUDGET`] SMs without one.
     pub fn choose(

@@ -77,16 +77,20 @@ impl Gpu {
             .lock()
             .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?;
         if guard.is_none() {
+            // The pinned half last: dropping pinned memory (if a later step failed) waits for
+            // the whole device, the model's kernels included.
+            let dev = self.alloc_device(SLOT_BYTES * RUN_RING_SLOTS)?;
+            let done = (0..RUN_RING_SLOTS)
+                .map(|_| {
+                    self.ctx
+                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                        .map_err(driver_err("cuEventCreate"))
+                })
+                .collect::<Result<_, _>>()?;
             *guard = Some(RunRing {
                 host: self.alloc_pinned(SLOT_BYTES * RUN_RING_SLOTS)?,
-                dev: self.alloc_device(SLOT_BYTES * RUN_RING_SLOTS)?,
-                done: (0..RUN_RING_SLOTS)
-                    .map(|_| {
-                        self.ctx
-                            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                            .map_err(driver_err("cuEventCreate"))
-                    })
-                    .collect::<Result<_, _>>()?,
+                dev,
+                done,
                 used: vec![false; RUN_RING_SLOTS],
                 next: 0,
             });

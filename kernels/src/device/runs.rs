@@ -243,8 +243,9 @@ impl Gpu {
     /// gathered on it into device staging, then copied out one host-contiguous stretch at a
     /// time, planned in list order when the list lays each host stretch's runs together, as
     /// the pool shim does, else in host order; a backup whose runs write overlapping host
-    /// bytes, or whose runs would not merge into stretches at least two runs long on average,
-    /// or whose staging or list memory cannot be allocated, keeps the copy engines);
+    /// bytes, or whose merged runs would not merge into stretches at least two runs long on
+    /// average, or number fewer than [`super::CARVEOUT_MIN_RUNS`], or whose staging or list
+    /// memory cannot be allocated, keeps the copy engines);
     /// token-granular runs go to the
     /// run-list kernel on the carve-out, or on at most [`super::SM_BUDGET`] SMs without one.
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
@@ -317,8 +318,8 @@ impl Gpu {
         self.join_staged()?;
         if let TransferPath::GatheredBackup { max_sms, .. } = path {
             // In list order it did not pay (or the list is not a backup's as given): in host
-            // order. Backups are merged in host order (`order` is DstAscending for the pool backend;
-            // sorted here for any other caller).
+            // order. Backups are merged in host order (`order` is DstAscending for the pool
+            // backend; sorted here for any other caller).
             let host_order = match order {
                 RunOrder::DstAscending => None,
                 _ => Some(RunOrder::DstAscending.sorted_and_merged(runs)),
