@@ -105,19 +105,25 @@ impl Gpu {
                     })
                     .collect()
             };
+            // The pinned half last: dropping pinned memory (if a later step failed) waits for
+            // the whole device, the model's kernels included.
+            let dev = self.alloc_device(total)?;
+            let stream = self
+                .ctx
+                .new_stream()
+                .map_err(driver_err("cuStreamCreate"))?;
+            let copy_stream = self
+                .ctx
+                .new_stream()
+                .map_err(driver_err("cuStreamCreate"))?;
+            let (copied, kernel_done) = (events()?, events()?);
             *guard = Some(Staging {
                 host: self.alloc_pinned(total)?,
-                dev: self.alloc_device(total)?,
-                stream: self
-                    .ctx
-                    .new_stream()
-                    .map_err(driver_err("cuStreamCreate"))?,
-                copy_stream: self
-                    .ctx
-                    .new_stream()
-                    .map_err(driver_err("cuStreamCreate"))?,
-                copied: events()?,
-                kernel_done: events()?,
+                dev,
+                stream,
+                copy_stream,
+                copied,
+                kernel_done,
                 used: vec![false; STAGING_SLOTS],
                 next: 0,
                 unjoined: None,
@@ -194,37 +200,48 @@ impl Gpu {
                 .wait(&fork)
                 .map_err(driver_err("cuStreamWaitEvent"))?;
         }
-        match direction {
-            StagedDirection::Load => {
-                let host = src
-                    .host_bytes()
-                    .ok_or_else(|| KernelError::spec("src", "not host-readable"))?;
-                let dev = (dst.device_address(), dst.len_bytes());
-                for chunk in &chunks {
-                    // SAFETY: the chunk's runs were checked inside `dst` (validate_runs).
-                    unsafe { self.stage_load_chunk(ring, host, chunk, dev)? };
-                }
-            }
-            StagedDirection::Backup => {
-                let dev = (src.device_address(), src.len_bytes());
-                let host = dst
-                    .host_bytes_mut()
-                    .ok_or_else(|| KernelError::spec("dst", "not host-readable"))?;
-                let mut slots = Vec::with_capacity(chunks.len());
-                for (i, chunk) in chunks.iter().enumerate() {
-                    if i >= STAGING_SLOTS {
-                        let j = i - STAGING_SLOTS;
-                        self.unstage_backup_chunk(ring, slots[j], &chunks[j], host)?;
+        let queued = (|| -> Result<(), KernelError> {
+            match direction {
+                StagedDirection::Load => {
+                    let host = src
+                        .host_bytes()
+                        .ok_or_else(|| KernelError::spec("src", "not host-readable"))?;
+                    let dev = (dst.device_address(), dst.len_bytes());
+                    for chunk in &chunks {
+                        // SAFETY: the chunk's runs were checked inside `dst` (validate_runs).
+                        unsafe { self.stage_load_chunk(ring, host, chunk, dev)? };
                     }
-                    // SAFETY: the chunk's runs were checked inside `src` (validate_runs).
-                    slots.push(unsafe { self.stage_backup_chunk(ring, chunk, dev)? });
                 }
-                let first_left = chunks.len().saturating_sub(STAGING_SLOTS);
-                for (i, chunk) in chunks.iter().enumerate().skip(first_left) {
-                    self.unstage_backup_chunk(ring, slots[i], chunk, host)?;
+                StagedDirection::Backup => {
+                    let dev = (src.device_address(), src.len_bytes());
+                    let host = dst
+                        .host_bytes_mut()
+                        .ok_or_else(|| KernelError::spec("dst", "not host-readable"))?;
+                    let mut slots = Vec::with_capacity(chunks.len());
+                    for (i, chunk) in chunks.iter().enumerate() {
+                        if i >= STAGING_SLOTS {
+                            let j = i - STAGING_SLOTS;
+                            self.unstage_backup_chunk(ring, slots[j], &chunks[j], host)?;
+                        }
+                        // SAFETY: the chunk's runs were checked inside `src` (validate_runs).
+                        slots.push(unsafe { self.stage_backup_chunk(ring, chunk, dev)? });
+                    }
+                    let first_left = chunks.len().saturating_sub(STAGING_SLOTS);
+                    for (i, chunk) in chunks.iter().enumerate().skip(first_left) {
+                        self.unstage_backup_chunk(ring, slots[i], chunk, host)?;
+                    }
                 }
             }
+            Ok(())
+        })();
+        if queued.is_err() {
+            // Part of the transfer may be queued on the ring's streams, which a later `finish`
+            // does not wait for (a backup's): wait for them here (best effort: a broken
+            // context fails this too, and then nothing runs).
+            let _ = ring.stream.synchronize();
+            let _ = ring.copy_stream.synchronize();
         }
+        queued?;
         Ok(chunks.len() as u64)
     }
 
