@@ -273,14 +273,3 @@ pub fn plan_gathered_backup(
         .sum();
     (planned_bytes == total_bytes).then_some(chunks)
 }
-
-/// True when gathering pays for a whole plan, counted on its pieces: the stretches to copy out
-/// are at most half as many as the gather pieces (a run cut at a chunk's end counts twice, and
-/// pieces that continue each other on both sides count one each: unlike
-/// [`HostStretches::gathering_pays`], which counts runs merged as the copy engines would copy
-/// them and is what the chooser asks). An empty plan counts as paying.
-pub fn gathering_pays(chunks: &[GatherChunk]) -> bool {
-    let runs: usize = chunks.iter().map(|c| c.gather.len()).sum();
-    let stretches: usize = chunks.iter().map(|c| c.stretches.len()).sum();
-    stretches.saturating_mul(2) <= runs
-}

@@ -83,8 +83,7 @@ pub use device::{
 pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
 pub use gather_plan::{
-    GatherChunk, GatherChunks, HostStretches, gather_chunks, gathering_pays, host_stretches,
-    plan_gathered_backup,
+    GatherChunk, GatherChunks, HostStretches, gather_chunks, host_stretches, plan_gathered_backup,
 };
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
 pub use pitched::{PitchedRun, group_pitched};

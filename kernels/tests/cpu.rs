@@ -792,22 +792,23 @@ fn long_lists_sort_on_several_threads_to_the_same_runs() {
 
 #[test]
 fn gathering_pays_only_when_runs_merge_into_stretches() {
-    use kvlayout_kernels::{gathering_pays, plan_gathered_backup};
+    use kvlayout_kernels::{host_stretches, plan_gathered_backup};
     let r = ByteRun::new;
+    let pays = |runs: &[ByteRun]| host_stretches(runs).unwrap().gathering_pays();
     // Two runs continuing each other on the host: one stretch for two runs (pays, 1 x 2 <= 2).
-    let merging = plan_gathered_backup(&[r(0, 0, 10), r(500, 10, 10)], 100, 2).unwrap();
-    assert_eq!(merging[0].stretches, vec![r(0, 0, 20)]);
-    assert!(gathering_pays(&merging));
+    let merging = [r(0, 0, 10), r(500, 10, 10)];
+    let plan = plan_gathered_backup(&merging, 100, 2).unwrap();
+    assert_eq!(plan[0].stretches, vec![r(0, 0, 20)]);
+    assert!(pays(&merging));
     // Three runs, two stretches (2 x 2 > 3): does not pay.
-    let three =
-        plan_gathered_backup(&[r(0, 0, 10), r(500, 10, 10), r(900, 50, 10)], 100, 2).unwrap();
-    assert_eq!(three[0].stretches.len(), 2);
-    assert!(!gathering_pays(&three));
+    let three = [r(0, 0, 10), r(500, 10, 10), r(900, 50, 10)];
+    let plan = plan_gathered_backup(&three, 100, 2).unwrap();
+    assert_eq!(plan[0].stretches.len(), 2);
+    assert!(!pays(&three));
     // A run per stretch (a layer_first host pool: no two runs continue each other): no.
-    let apart = plan_gathered_backup(&[r(0, 0, 10), r(500, 20, 10)], 100, 2).unwrap();
-    assert!(!gathering_pays(&apart));
+    assert!(!pays(&[r(0, 0, 10), r(500, 20, 10)]));
     // Nothing to move: nothing to lose either.
-    assert!(gathering_pays(&[]));
+    assert!(pays(&[]));
 }
 
 #[test]

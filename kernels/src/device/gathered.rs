@@ -259,10 +259,9 @@ impl Gpu {
         chunks: impl Iterator<Item = GatherChunk>,
         shape: LaunchShape,
     ) -> Result<u64, KernelError> {
-        let fork = event(&self.stream)?;
         for stream in [&ring.gather_stream, &ring.out_stream] {
             stream
-                .wait(&fork)
+                .join(&self.stream)
                 .map_err(driver_err("cuStreamWaitEvent"))?;
         }
         let (staging_base, host_base) = (ring.staging.device_address(), dst.device_address());
@@ -305,9 +304,8 @@ impl Gpu {
                     shape,
                 )?
             };
-            let gathered = event(&ring.gather_stream)?;
             ring.out_stream
-                .wait(&gathered)
+                .join(&ring.gather_stream)
                 .map_err(driver_err("cuStreamWaitEvent"))?;
             // SAFETY: every stretch lies inside the staging buffer (the plan) and inside the
             // host pool (pieces of checked runs, host-contiguous); both live until the stream
@@ -327,9 +325,8 @@ impl Gpu {
         // The list is free once the last gather has read it.
         ring.lists[list_at].read = Some(event(&ring.gather_stream)?);
         // Every copy out waited for its gather: the last copy out ends the backup.
-        let joined = event(&ring.out_stream)?;
         self.stream
-            .wait(&joined)
+            .join(&ring.out_stream)
             .map_err(driver_err("cuStreamWaitEvent"))?;
         Ok(planned_bytes)
     }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, sys};
+use cudarc::driver::CudaStream;
 
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
@@ -165,26 +165,18 @@ impl Gpu {
             return unsafe { self.enqueue_batch(bases, runs, opts, &self.stream) };
         }
         let streams = self.copy_streams()?;
-        let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let fork = self
-            .stream
-            .record_event(no_timing)
-            .map_err(driver_err("cuEventRecord"))?;
         let mut forked = 0;
         let mut parts = runs.chunks(runs.len().div_ceil(lanes)).zip(streams);
         let queued = parts.try_for_each(|(part, stream)| {
             stream
-                .wait(&fork)
+                .join(&self.stream)
                 .map_err(driver_err("cuStreamWaitEvent"))?;
             forked += 1;
             // SAFETY: forwarded; the part runs after everything enqueued before it on the
-            // `Gpu`'s stream (the fork event), which waits for it below (the join).
+            // `Gpu`'s stream (the fork), which waits for it below (the join).
             unsafe { self.enqueue_batch(bases, part, opts, stream)? };
-            let joined = stream
-                .record_event(no_timing)
-                .map_err(driver_err("cuEventRecord"))?;
             self.stream
-                .wait(&joined)
+                .join(stream)
                 .map_err(driver_err("cuStreamWaitEvent"))
         });
         if queued.is_err() {
@@ -406,12 +398,8 @@ impl Gpu {
             ..LaunchShape::sm_budget(max_sms)
         };
         let side = self.split_stream()?;
-        let no_timing = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let fork = self
-            .stream
-            .record_event(no_timing)
-            .map_err(driver_err("cuEventRecord"))?;
-        side.wait(&fork).map_err(driver_err("cuStreamWaitEvent"))?;
+        side.join(&self.stream)
+            .map_err(driver_err("cuStreamWaitEvent"))?;
         let bases = (src.device_address(), dst.device_address());
         let queued = (|| {
             // SAFETY: forwarded; the kernel's part runs on `side` after the fork, and the
@@ -419,11 +407,8 @@ impl Gpu {
             unsafe { self.enqueue_checked_runs_from_ring(side, src, dst, &kernel, shape, true)? };
             // SAFETY: forwarded; a slice of the checked runs on the `Gpu`'s stream.
             unsafe { self.enqueue_lanes(bases, &engines, CopyEngineOptions::chosen(order))? };
-            let joined = side
-                .record_event(no_timing)
-                .map_err(driver_err("cuEventRecord"))?;
             self.stream
-                .wait(&joined)
+                .join(side)
                 .map_err(driver_err("cuStreamWaitEvent"))
         })();
         if queued.is_err() {

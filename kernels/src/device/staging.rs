@@ -191,13 +191,9 @@ impl Gpu {
             .as_mut()
             .ok_or_else(|| KernelError::Unsupported("staging ring missing".to_string()))?;
         // The ring's streams follow everything enqueued on the `Gpu`'s stream before.
-        let fork = self
-            .stream
-            .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .map_err(driver_err("cuEventRecord"))?;
         for stream in [&ring.stream, &ring.copy_stream] {
             stream
-                .wait(&fork)
+                .join(&self.stream)
                 .map_err(driver_err("cuStreamWaitEvent"))?;
         }
         let queued = (|| -> Result<(), KernelError> {

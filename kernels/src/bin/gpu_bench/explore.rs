@@ -205,10 +205,7 @@ fn drv(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> KernelErro
 
 /// `to` waits for everything enqueued on `from` so far.
 fn follow(from: &CudaStream, to: &CudaStream) -> Result<(), KernelError> {
-    let e = from
-        .record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-        .map_err(drv("cuEventRecord"))?;
-    to.wait(&e).map_err(drv("cuStreamWaitEvent"))
+    to.join(from).map_err(drv("cuStreamWaitEvent"))
 }
 
 /// `cuMemcpyBatchAsync` of `runs` (already ordered) on `stream`, 2,048 per call, overlap hint
