@@ -273,16 +273,9 @@ impl Gpu {
             if let TransferPath::GatheredBackup { max_sms, .. } =
                 TransferPath::choose(runs, direction, Some(k))
             {
-                self.join_staged()?;
                 // SAFETY: forwarded to the caller; every run was checked just above.
-                let gathered = unsafe {
-                    self.enqueue_gathered_backup(src, dst, runs, LaunchShape::sm_budget(max_sms))?
-                };
-                if let Some(gathered_runs) = gathered {
-                    return Ok(TransferPath::GatheredBackup {
-                        max_sms,
-                        runs: gathered_runs,
-                    });
+                if let Some(path) = unsafe { self.try_gathered_backup(src, dst, runs, max_sms)? } {
+                    return Ok(path);
                 }
             }
         }
@@ -318,19 +311,9 @@ impl Gpu {
             };
             let in_host_order = host_order.as_deref().unwrap_or(&merged);
             // SAFETY: forwarded to the caller; every run was checked just above.
-            let gathered = unsafe {
-                self.enqueue_gathered_backup(
-                    src,
-                    dst,
-                    in_host_order,
-                    LaunchShape::sm_budget(max_sms),
-                )?
-            };
-            if let Some(gathered_runs) = gathered {
-                return Ok(TransferPath::GatheredBackup {
-                    max_sms,
-                    runs: gathered_runs,
-                });
+            let gathered = unsafe { self.try_gathered_backup(src, dst, in_host_order, max_sms)? };
+            if let Some(path) = gathered {
+                return Ok(path);
             }
             // Not gathered (module docs of `gathered`): the copy engines.
             path = TransferPath::CopyEngines {
@@ -363,6 +346,27 @@ impl Gpu {
             }
         }
         Ok(path)
+    }
+
+    /// A gathered backup of `runs` (checked against both buffers; planned in this order) with
+    /// the gather on `max_sms` SMs, after any staged load's scatter: its path, or `None`, having
+    /// enqueued nothing, when it is not to be gathered ([`Gpu::enqueue_gathered_backup`]).
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_copy_runs`].
+    unsafe fn try_gathered_backup(
+        &self,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        runs: &[ByteRun],
+        max_sms: u32,
+    ) -> Result<Option<TransferPath>, KernelError> {
+        self.join_staged()?;
+        // SAFETY: forwarded to the caller.
+        let gathered = unsafe {
+            self.enqueue_gathered_backup(src, dst, runs, LaunchShape::sm_budget(max_sms))?
+        };
+        Ok(gathered.map(|runs| TransferPath::GatheredBackup { max_sms, runs }))
     }
 
     /// The stream of a split load's kernel part (normal priority: on a high-priority stream
