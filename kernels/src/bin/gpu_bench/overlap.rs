@@ -4,9 +4,13 @@
 //! `Gpu`'s stream once the loop is going (it waits on an event after the 8th GEMM). Per row:
 //! GB/s alone, GB/s next to the GEMM (bytes over the transfer's own events, or over the host
 //! time of its enqueue calls when that is longer: the host had a head start), and the GEMM's
-//! slowdown (GEMMs overlapping the transfer window against the median GEMM of the same loop
-//! before and after it). Each figure is the median of 5 windows after one warm-up, with the
-//! range shown. Small transfers (1 and 8 pages of 1 layer) are timed as bursts of
+//! slowdown: the GEMMs overlapping the transfer window against the GEMMs at the same positions
+//! of a control loop with no transfer, run right before (even windows) or after (odd windows)
+//! it. The H200 runs this GEMM at its power cap (700 W; SM clocks about 1.5 GHz instead of
+//! 1.98), and the loop's speed drifts over its length; the earlier measure, against the median
+//! GEMM of the same loop outside the window, read -1% to -3% for the copy engines and memcpy and
+//! is still printed on a line of its own. Each figure is the median of 5 windows after one
+//! warm-up, with the range shown. Small transfers (1 and 8 pages of 1 layer) are timed as bursts of
 //! back-to-back repetitions, memcpy the same way.
 
 use std::sync::Arc;
@@ -274,14 +278,13 @@ fn alone_ms(cx: &mut Ctx<'_>, shape: &Shape, path: Path) -> Result<f64, KernelEr
 /// One window next to the GEMM loop: (transfer ms: its events' interval, or the host time of
 /// its enqueue calls when longer; GEMM slowdown as a fraction; whether the loop outlasted the
 /// transfer).
-fn overlap_ms(
-    cx: &mut Ctx<'_>,
-    shape: &Shape,
-    path: Path,
-    alone: f64,
-    gemm_ms: f64,
-) -> Result<(f64, f64, bool), KernelError> {
-    let gemms = LEAD_GEMMS + ((2.0 * alone + 10.0) / gemm_ms).ceil() as usize + 8;
+/// GEMMs of a loop whose window is `alone` ms long.
+fn loop_gemms(alone: f64, gemm_ms: f64) -> usize {
+    LEAD_GEMMS + ((2.0 * alone + 10.0) / gemm_ms).ceil() as usize + 8
+}
+
+/// Enqueues `gemms` GEMMs on the loop's stream with an event before each and after the last.
+fn enqueue_gemm_loop(cx: &mut Ctx<'_>, gemms: usize) -> Result<Vec<CudaEvent>, KernelError> {
     let events: Vec<CudaEvent> = (0..=gemms)
         .map(|_| event(cx.gpu))
         .collect::<Result<_, _>>()?;
@@ -292,6 +295,54 @@ fn overlap_ms(
         cx.gemm.enqueue()?;
         e.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
     }
+    Ok(events)
+}
+
+/// Milliseconds from the first event to each event.
+fn marks_ms(events: &[CudaEvent]) -> Result<Vec<f64>, KernelError> {
+    events
+        .iter()
+        .map(|e| {
+            events[0]
+                .elapsed_ms(e)
+                .map(f64::from)
+                .map_err(drv("cuEventElapsedTime"))
+        })
+        .collect()
+}
+
+/// The same GEMM loop with no transfer (the control of a window): each GEMM's milliseconds.
+fn control_gemm_ms(cx: &mut Ctx<'_>, gemms: usize) -> Result<Vec<f64>, KernelError> {
+    let events = enqueue_gemm_loop(cx, gemms)?;
+    cx.gemm
+        .stream
+        .synchronize()
+        .map_err(drv("cuStreamSynchronize"))?;
+    let marks = marks_ms(&events)?;
+    Ok(marks.windows(2).map(|w| w[1] - w[0]).collect())
+}
+
+/// One window next to the GEMM loop.
+struct Window {
+    /// The transfer's milliseconds.
+    ms: f64,
+    /// The GEMM slowdown against the loop's GEMMs outside the window (the earlier measure).
+    slowdown_outside: f64,
+    /// The loop outlasted the transfer.
+    outlasted: bool,
+    /// Each GEMM's milliseconds, and whether it overlapped the window.
+    gemm_ms: Vec<(f64, bool)>,
+}
+
+/// One window next to the GEMM loop ([`Window`]).
+fn overlap_ms(
+    cx: &mut Ctx<'_>,
+    shape: &Shape,
+    path: Path,
+    gemms: usize,
+    gemm_ms: f64,
+) -> Result<Window, KernelError> {
+    let events = enqueue_gemm_loop(cx, gemms)?;
     let (t0, t1) = (event(cx.gpu)?, event(cx.gpu)?);
     // The host waits for the lead GEMMs too: a path with a host half (staged) starts it with
     // the loop running, not ahead of it.
@@ -319,17 +370,20 @@ fn overlap_ms(
             .map(f64::from)
             .map_err(drv("cuEventElapsedTime"))
     };
-    let marks: Vec<f64> = events.iter().map(at).collect::<Result<_, _>>()?;
+    let marks = marks_ms(&events)?;
     let (s, e) = (at(&t0)?, at(&t1)?);
     let mut outside: Vec<f64> = Vec::new();
     let (mut inside_sum, mut inside_n) = (0.0, 0usize);
+    let mut each = vec![(marks[1] - marks[0], false)];
     for i in 1..gemms {
         let (a, b) = (marks[i], marks[i + 1]);
-        if b <= s || a >= e {
-            outside.push(b - a);
-        } else {
+        let inside = !(b <= s || a >= e);
+        each.push((b - a, inside));
+        if inside {
             inside_sum += b - a;
             inside_n += 1;
+        } else {
+            outside.push(b - a);
         }
     }
     outside.sort_by(f64::total_cmp);
@@ -341,7 +395,30 @@ fn overlap_ms(
     };
     // A transfer is never counted faster than the host could enqueue it (and, on the staged
     // path, do its host half).
-    Ok(((e - s).max(host_ms), slowdown, marks[gemms] > e))
+    Ok(Window {
+        ms: (e - s).max(host_ms),
+        slowdown_outside: slowdown,
+        outlasted: marks[gemms] > e,
+        gemm_ms: each,
+    })
+}
+
+/// The paired GEMM slowdown of a window: its GEMMs that overlapped the transfer against the
+/// GEMMs at the same positions of a control loop with no transfer (the power and clock state
+/// of the loop drifts over its length; the same positions see the same drift).
+fn paired_slowdown(window: &[(f64, bool)], control: &[f64]) -> f64 {
+    let (mut with, mut without) = (0.0, 0.0);
+    for ((ms, inside), ctrl) in window.iter().zip(control) {
+        if *inside {
+            with += ms;
+            without += ctrl;
+        }
+    }
+    if without > 0.0 {
+        with / without - 1.0
+    } else {
+        0.0
+    }
 }
 
 fn measure(
@@ -355,15 +432,35 @@ fn measure(
         .map(|_| alone_ms(cx, shape, path))
         .collect::<Result<_, _>>()?;
     let med = stat(alone.clone()).median;
+    let gemms = loop_gemms(med, gemm_ms);
     let mut next = Vec::new();
     let mut slow = Vec::new();
+    let mut slow_outside = Vec::new();
     let mut outlasted = true;
-    for _ in 0..WINDOWS {
-        let (ms, s, ok) = overlap_ms(cx, shape, path, med, gemm_ms)?;
-        next.push(ms);
-        slow.push(s);
-        outlasted &= ok;
+    for w in 0..WINDOWS {
+        // The control loop before the window in even windows, after it in odd ones.
+        let before = if w % 2 == 0 {
+            Some(control_gemm_ms(cx, gemms)?)
+        } else {
+            None
+        };
+        let window = overlap_ms(cx, shape, path, gemms, gemm_ms)?;
+        let control = match before {
+            Some(c) => c,
+            None => control_gemm_ms(cx, gemms)?,
+        };
+        next.push(window.ms);
+        slow.push(paired_slowdown(&window.gemm_ms, &control));
+        slow_outside.push(window.slowdown_outside);
+        outlasted &= window.outlasted;
     }
+    let outside = stat(slow_outside);
+    println!(
+        "    GEMM slowed against its GEMMs outside the window (the earlier measure): {:+.1}% ({:+.1} to {:+.1})",
+        100.0 * outside.median,
+        100.0 * outside.lo,
+        100.0 * outside.hi
+    );
     Ok((stat(alone), stat(next), stat(slow), outlasted))
 }
 
@@ -602,4 +699,39 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     }
     report::print_table(&name, gpu.sm_count(), gemm_ms.median, &rows);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::paired_slowdown;
+
+    #[test]
+    fn paired_slowdown_compares_only_the_window_positions() {
+        // GEMMs 1 and 2 overlapped the transfer: (1.1 + 1.2) / (1.0 + 1.0) - 1 = 0.15; GEMMs 0
+        // and 3 (outside) do not count, however slow.
+        let window = [(9.0, false), (1.1, true), (1.2, true), (9.0, false)];
+        let control = [1.0, 1.0, 1.0, 1.0];
+        assert!((paired_slowdown(&window, &control) - 0.15).abs() < 1e-12);
+    }
+
+    #[test]
+    fn paired_slowdown_cancels_a_drift_both_loops_share() {
+        // The loop slows from 1.0 to 1.3 ms over its length with or without the transfer: no
+        // slowdown, where the median of the outside GEMMs (1.3 ms) would read
+        // (1.1 + 1.2) / (2 x 1.3) - 1 = -0.115.
+        let window = [
+            (1.0, false),
+            (1.1, true),
+            (1.2, true),
+            (1.3, false),
+            (1.3, false),
+        ];
+        let control = [1.0, 1.1, 1.2, 1.3, 1.3];
+        assert!(paired_slowdown(&window, &control).abs() < 1e-12);
+    }
+
+    #[test]
+    fn paired_slowdown_of_no_overlap_is_zero() {
+        assert_eq!(paired_slowdown(&[(1.0, false)], &[2.0]), 0.0);
+    }
 }
