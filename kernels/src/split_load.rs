@@ -19,9 +19,11 @@
 //! from pinned host memory): 0.945-0.957 alone and 0.907-0.911 next to the GEMM, GEMM -1.1% to
 //! +3.0%, against 0.67-0.78 on the copy engines alone next to it. (GEMM figures against the
 //! loop's own GEMMs outside the window; against a control loop with no transfer, session 6 read
-//! +6.6% / +6.8% at 1,024 pages where pinned memcpy of the same bytes read +1.0% / +5.4%: the
-//! GEMM runs at the power cap. A 30% share, 2 blocks per SM with 8 loads in flight per lane,
-//! and cache-streaming stores did not lower it, BENCHMARKS.md "Session 6".)
+//! +4.2% to +6.8% at 1,024 pages where pinned memcpy of the same bytes read +1.0% to +5.4%
+//! (1.4 to 5.6 points more): the GEMM runs at the power cap. A 30% share (0.867, GEMM +3.4%
+//! against memcpy's +3.3%) and 2 blocks per SM with 8 loads in flight per lane (+1.2 / +0.2
+//! points over memcpy) stayed within that spread; cache-streaming stores did not help;
+//! BENCHMARKS.md "Session 6".)
 
 use crate::copy_runs::ByteRun;
 

@@ -17,9 +17,9 @@
 //! layer and buffer). The same GPU pipeline with its plan made before the timed window moved
 //! 0.986-0.990 alone and 0.914-0.917 next to the GEMM: the copies out lose about 0.07 next to
 //! the GEMM while the gather runs beside them (0.989 without the gather). Session 6 timed each
-//! chunk: next to the GEMM the copies out run at 50.0 GB/s (54.2 alone) and the gathers are
-//! done before they are needed, so a faster gather does not help (a TMA bulk-copy gather, more
-//! loads in flight and 4 SMs were tried); against a control loop with no transfer the GEMM is
+//! chunk: next to the GEMM the copies out run at 49.4-50.1 GB/s (54.1 alone; as alone once the
+//! last gather has ended) and the gathers are done before they are needed, so a faster gather
+//! does not help (a TMA bulk-copy gather, more loads in flight and 4 SMs were tried); against a control loop with no transfer the GEMM is
 //! slowed about as much as by pinned memcpy of the same bytes (+1.9% to +5.0%, memcpy +0.3% to
 //! +5.5%: the GEMM runs at the power cap).
 //!

@@ -8,8 +8,10 @@
 //! of a control loop with no transfer, run right before (even windows) or after (odd windows)
 //! it. The H200 runs this GEMM at its power cap (700 W; SM clocks about 1.5 GHz instead of
 //! 1.98), and the loop's speed drifts over its length; the earlier measure, against the median
-//! GEMM of the same loop outside the window, read -1% to -3% for the copy engines and memcpy and
-//! is still printed on a line of its own. Each figure is the median of 5 windows after one
+//! GEMM of the same loop outside the window, read -4.3% to +1.2% (median -0.6%) for memcpy in
+//! session 5 and down to -3.7% for the SGLang-style peer, and is still printed on a line of its
+//! own after each row. With 5 windows the control runs before the window three times and after
+//! it twice. Each figure is the median of 5 windows after one
 //! warm-up, with the range shown. Small transfers (1 and 8 pages of 1 layer) are timed as bursts of
 //! back-to-back repetitions, memcpy the same way.
 
@@ -275,9 +277,6 @@ fn alone_ms(cx: &mut Ctx<'_>, shape: &Shape, path: Path) -> Result<f64, KernelEr
     Ok(gpu_ms.max(cx.host_ms))
 }
 
-/// One window next to the GEMM loop: (transfer ms: its events' interval, or the host time of
-/// its enqueue calls when longer; GEMM slowdown as a fraction; whether the loop outlasted the
-/// transfer).
 /// GEMMs of a loop whose window is `alone` ms long.
 fn loop_gemms(alone: f64, gemm_ms: f64) -> usize {
     LEAD_GEMMS + ((2.0 * alone + 10.0) / gemm_ms).ceil() as usize + 8
@@ -377,7 +376,7 @@ fn overlap_ms(
     let mut each = vec![(marks[1] - marks[0], false)];
     for i in 1..gemms {
         let (a, b) = (marks[i], marks[i + 1]);
-        let inside = !(b <= s || a >= e);
+        let inside = overlaps((a, b), (s, e));
         each.push((b - a, inside));
         if inside {
             inside_sum += b - a;
@@ -403,6 +402,12 @@ fn overlap_ms(
     })
 }
 
+/// Whether a GEMM running over `gemm` (start, end ms) overlapped the transfer window
+/// `window` (start, end ms): any shared time, touching ends excluded.
+fn overlaps(gemm: (f64, f64), window: (f64, f64)) -> bool {
+    gemm.1 > window.0 && gemm.0 < window.1
+}
+
 /// The paired GEMM slowdown of a window: its GEMMs that overlapped the transfer against the
 /// GEMMs at the same positions of a control loop with no transfer (the power and clock state
 /// of the loop drifts over its length; the same positions see the same drift).
@@ -421,12 +426,26 @@ fn paired_slowdown(window: &[(f64, bool)], control: &[f64]) -> f64 {
     }
 }
 
+/// One row's figures over [`WINDOWS`] windows.
+struct Measured {
+    alone: Stat,
+    next: Stat,
+    /// The paired GEMM slowdown ([`paired_slowdown`]).
+    slowdown: Stat,
+    /// The GEMM slowdown against the loop's GEMMs outside the window (the earlier measure).
+    slowdown_outside: Stat,
+    /// The loop outlasted the transfer in every window.
+    outlasted: bool,
+}
+
+/// Measures one row. With [`WINDOWS`] = 5 the control loop runs before the window three times
+/// and after it twice: a drift from one loop to the next weighs slightly more one way.
 fn measure(
     cx: &mut Ctx<'_>,
     shape: &Shape,
     path: Path,
     gemm_ms: f64,
-) -> Result<(Stat, Stat, Stat, bool), KernelError> {
+) -> Result<Measured, KernelError> {
     alone_ms(cx, shape, path)?; // warm-up
     let alone: Vec<f64> = (0..WINDOWS)
         .map(|_| alone_ms(cx, shape, path))
@@ -454,14 +473,13 @@ fn measure(
         slow_outside.push(window.slowdown_outside);
         outlasted &= window.outlasted;
     }
-    let outside = stat(slow_outside);
-    println!(
-        "    GEMM slowed against its GEMMs outside the window (the earlier measure): {:+.1}% ({:+.1} to {:+.1})",
-        100.0 * outside.median,
-        100.0 * outside.lo,
-        100.0 * outside.hi
-    );
-    Ok((stat(alone), stat(next), stat(slow), outlasted))
+    Ok(Measured {
+        alone: stat(alone),
+        next: stat(next),
+        slowdown: stat(slow),
+        slowdown_outside: stat(slow_outside),
+        outlasted,
+    })
 }
 
 /// `sweep`: only the copy-engine variants (order, hint, streams, runs per call) on the large
@@ -672,22 +690,29 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         let bytes = shape.bytes() * shape.burst as u64;
         let mut ceiling = (0.0, 0.0);
         for path in paths {
-            let (alone, next, slowdown, ok) = measure(&mut cx, shape, path, gemm_ms.median)?;
+            let m = measure(&mut cx, shape, path, gemm_ms.median)?;
             if matches!(path, Path::Memcpy) {
-                ceiling = (alone.median, next.median);
+                ceiling = (m.alone.median, m.next.median);
             }
             let row = Row {
                 shape: shape.name.clone(),
                 path: path.label(),
                 bytes,
-                alone,
-                next,
-                slowdown,
+                alone: m.alone,
+                next: m.next,
+                slowdown: m.slowdown,
                 ceiling_alone_ms: ceiling.0,
                 ceiling_next_ms: ceiling.1,
-                loop_outlasted: ok,
+                loop_outlasted: m.outlasted,
             };
             print_row(&row, shape.burst);
+            let outside = m.slowdown_outside;
+            println!(
+                "    GEMM slowed against its GEMMs outside the window (the earlier measure): {:+.1}% ({:+.1} to {:+.1})",
+                100.0 * outside.median,
+                100.0 * outside.lo,
+                100.0 * outside.hi
+            );
             if sweep || exploring {
                 println!(
                     "    host enqueue time of the last alone window: {:.2} ms",
@@ -703,7 +728,23 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
 
 #[cfg(test)]
 mod tests {
-    use super::paired_slowdown;
+    use super::{overlaps, paired_slowdown};
+
+    #[test]
+    fn a_gemm_overlaps_the_window_by_any_shared_time_only() {
+        let window = (10.0, 20.0);
+        // Ends touching the window's start or end share no time.
+        assert!(!overlaps((8.0, 10.0), window));
+        assert!(!overlaps((20.0, 22.0), window));
+        // Starting before and ending inside, inside, spanning, starting inside and ending after.
+        assert!(overlaps((9.0, 10.5), window));
+        assert!(overlaps((12.0, 14.0), window));
+        assert!(overlaps((5.0, 25.0), window));
+        assert!(overlaps((19.5, 21.0), window));
+        // Wholly before or after.
+        assert!(!overlaps((1.0, 2.0), window));
+        assert!(!overlaps((21.0, 22.0), window));
+    }
 
     #[test]
     fn paired_slowdown_compares_only_the_window_positions() {
