@@ -482,6 +482,143 @@ fn measure(
     })
 }
 
+/// `--hold SECONDS`: the seconds of each phase of [`hold_phases`].
+fn hold_seconds() -> Option<f64> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|a| a == "--hold")?;
+    args.get(at + 1)?.parse().ok()
+}
+
+/// Wall-clock time of day (UTC) as `HH:MM:SS.mmm`, to slice an `nvidia-smi` log by phase.
+fn time_of_day() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+        % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
+/// `--hold SECONDS`: for each shape, phases of `seconds` each in the order GEMM only, memcpy,
+/// chooser, chooser, memcpy, GEMM only (a drift over the run weighs on both sides alike): the
+/// GEMM loops without a pause and the transfer repeats back to back beside it. Per phase: its
+/// wall-clock interval (to read the clocks and power an `nvidia-smi` log sampled meanwhile),
+/// the transfer's GB/s over its own intervals, and the GEMM's mean milliseconds over the phase.
+/// Long phases average out what a window of a few GEMMs cannot (the power cap's drift).
+fn hold_phases(
+    cx: &mut Ctx<'_>,
+    shapes: &[Shape],
+    seconds: f64,
+    gemm_ms: f64,
+) -> Result<(), KernelError> {
+    let order = [
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        Some(Path::Auto),
+        Some(Path::Memcpy),
+        None,
+    ];
+    for shape in shapes {
+        for path in order {
+            hold(cx, shape, path, seconds, gemm_ms)?;
+        }
+    }
+    Ok(())
+}
+
+/// One phase of [`hold_phases`]: rounds of one transfer window beside as many GEMMs as the
+/// window takes alone; the host keeps one round queued ahead on each stream.
+fn hold(
+    cx: &mut Ctx<'_>,
+    shape: &Shape,
+    path: Option<Path>,
+    seconds: f64,
+    gemm_ms: f64,
+) -> Result<(), KernelError> {
+    let gemms_per_round = match path {
+        Some(p) => {
+            alone_ms(cx, shape, p)?; // warm-up
+            (alone_ms(cx, shape, p)? / gemm_ms).ceil().max(1.0) as usize
+        }
+        None => 32,
+    };
+    let from = time_of_day();
+    let clock = std::time::Instant::now();
+    let g0 = event(cx.gpu)?;
+    g0.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
+    let (mut rounds, mut gemms, mut transfer_ms) = (0usize, 0usize, 0.0f64);
+    let mut queued: Vec<(CudaEvent, Option<(CudaEvent, CudaEvent)>)> = Vec::new();
+    let mut last_gemm = None;
+    while clock.elapsed().as_secs_f64() < seconds {
+        let transfer = match path {
+            Some(p) => {
+                let (x0, x1) = (event(cx.gpu)?, event(cx.gpu)?);
+                x0.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+                enqueue(cx, shape, p)?;
+                cx.gpu.join_staged()?;
+                x1.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+                Some((x0, x1))
+            }
+            None => None,
+        };
+        for _ in 0..gemms_per_round {
+            cx.gemm.enqueue()?;
+        }
+        gemms += gemms_per_round;
+        let g = event(cx.gpu)?;
+        g.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
+        queued.push((g, transfer));
+        rounds += 1;
+        // One round queued ahead: wait for the one before it on both streams.
+        if queued.len() > 2 {
+            let (g, t) = queued.remove(0);
+            g.synchronize().map_err(drv("cuEventSynchronize"))?;
+            if let Some((x0, x1)) = t {
+                x1.synchronize().map_err(drv("cuEventSynchronize"))?;
+                transfer_ms += f64::from(x0.elapsed_ms(&x1).map_err(drv("cuEventElapsedTime"))?);
+            }
+        }
+    }
+    for (g, t) in queued {
+        g.synchronize().map_err(drv("cuEventSynchronize"))?;
+        if let Some((x0, x1)) = t {
+            x1.synchronize().map_err(drv("cuEventSynchronize"))?;
+            transfer_ms += f64::from(x0.elapsed_ms(&x1).map_err(drv("cuEventElapsedTime"))?);
+        }
+        last_gemm = Some(g);
+    }
+    let to = time_of_day();
+    let all_gemm_ms = match &last_gemm {
+        Some(g) => f64::from(g0.elapsed_ms(g).map_err(drv("cuEventElapsedTime"))?),
+        None => 0.0,
+    };
+    let each_ms = all_gemm_ms / gemms.max(1) as f64;
+    let label = path.map_or("GEMM only".to_string(), |p| p.label());
+    let rate = match path {
+        Some(_) => format!(
+            "{rounds} x {:.1} MB in {transfer_ms:.1} ms: {:.2} GB/s",
+            shape.bytes() as f64 * shape.burst as f64 / 1e6,
+            report::gbps(
+                shape.bytes() * shape.burst as u64 * rounds as u64,
+                transfer_ms
+            ),
+        ),
+        None => "no transfer".to_string(),
+    };
+    println!(
+        "HOLD {} | {label} | {from}-{to} UTC | {rate} | {gemms} GEMMs, {each_ms:.4} ms each ({:+.2}% against the GEMM alone, {gemm_ms:.4} ms)",
+        shape.name,
+        100.0 * (each_ms / gemm_ms - 1.0),
+    );
+    Ok(())
+}
+
 /// `sweep`: only the copy-engine variants (order, hint, streams, runs per call) on the large
 /// page transfers.
 /// `small`: only the 1- and 8-page transfers, memcpy, the driver's batch and the chooser.
@@ -682,6 +819,10 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         }
     } else if !sweep && !small {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
+    }
+
+    if let Some(seconds) = hold_seconds() {
+        return hold_phases(&mut cx, &shapes, seconds, gemm_ms.median);
     }
 
     let mut rows = Vec::new();
