@@ -24,7 +24,10 @@
 //! the kernel on the carve-out and the copy engines at several shares. `--loads-only` (with
 //! `--explore --sm-carveout K`): the two large loads only; `--backups-only`: the two large
 //! backups only. `--pair-major`: page transfers' runs laid page pair by page pair, as the
-//! pool shim lays them (else buffer by buffer, layer by layer).
+//! pool shim lays them (else buffer by buffer, layer by layer). `--hold SECONDS` (with
+//! `--overlap` or `--explore`, on the shapes those flags pick): instead of windows, long phases
+//! of the GEMM loop alone, beside memcpy and beside the chooser, each stream fed without a
+//! pause, with wall-clock intervals to read an `nvidia-smi` log by (`overlap.rs`).
 
 mod explore;
 mod overlap;

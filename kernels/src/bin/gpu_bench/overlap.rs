@@ -13,7 +13,8 @@
 //! own after each row. With 5 windows the control runs before the window three times and after
 //! it twice. Each figure is the median of 5 windows after one
 //! warm-up, with the range shown. Small transfers (1 and 8 pages of 1 layer) are timed as bursts of
-//! back-to-back repetitions, memcpy the same way.
+//! back-to-back repetitions, memcpy the same way. `--hold SECONDS` replaces the windows by long
+//! phases with both streams fed without a pause ([`hold_phases`]).
 
 use std::sync::Arc;
 
@@ -491,10 +492,16 @@ fn hold_seconds() -> Option<f64> {
 
 /// Wall-clock time of day (UTC) as `HH:MM:SS.mmm`, to slice an `nvidia-smi` log by phase.
 fn time_of_day() -> String {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
-        % 86_400_000;
+    clock_of_day(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis()),
+    )
+}
+
+/// `HH:MM:SS.mmm` (UTC) of `ms` milliseconds since the Unix epoch.
+fn clock_of_day(ms: u128) -> String {
+    let ms = ms % 86_400_000;
     format!(
         "{:02}:{:02}:{:02}.{:03}",
         ms / 3_600_000,
@@ -506,10 +513,12 @@ fn time_of_day() -> String {
 
 /// `--hold SECONDS`: for each shape, phases of `seconds` each in the order GEMM only, memcpy,
 /// chooser, chooser, memcpy, GEMM only (a drift over the run weighs on both sides alike): the
-/// GEMM loops without a pause and the transfer repeats back to back beside it. Per phase: its
-/// wall-clock interval (to read the clocks and power an `nvidia-smi` log sampled meanwhile),
-/// the transfer's GB/s over its own intervals, and the GEMM's mean milliseconds over the phase.
-/// Long phases average out what a window of a few GEMMs cannot (the power cap's drift).
+/// GEMM loops without a pause and the transfer repeats back to back beside it ([`hold`]). Per
+/// phase: its wall-clock interval (to read the clocks and power an `nvidia-smi` log sampled
+/// meanwhile), the transfer's GB/s over its windows, each window's milliseconds and the host
+/// time of its enqueue, and the GEMM's mean milliseconds. Long phases average out what a window
+/// of a few GEMMs cannot (the power cap's drift); the host's part of each transfer overlaps the
+/// window before it, where the windowed rows count it.
 fn hold_phases(
     cx: &mut Ctx<'_>,
     shapes: &[Shape],
@@ -532,8 +541,46 @@ fn hold_phases(
     Ok(())
 }
 
-/// One phase of [`hold_phases`]: rounds of one transfer window beside as many GEMMs as the
-/// window takes alone; the host keeps one round queued ahead on each stream.
+/// The share of `span_ms` a stream spent in its rounds of `round_ms` each (rounds do not
+/// overlap on one stream); 0 for an empty span.
+fn busy_share(round_ms: &[f64], span_ms: f64) -> f64 {
+    if span_ms > 0.0 {
+        round_ms.iter().sum::<f64>() / span_ms
+    } else {
+        0.0
+    }
+}
+
+/// Transfer windows the host keeps queued in a [`hold`] phase.
+const HOLD_QUEUED_TRANSFERS: usize = 2;
+/// Rounds of GEMMs the host keeps queued in a [`hold`] phase (12 x 16 GEMMs, about 310 ms:
+/// longer than the host's enqueue of a 4,096-page load, 210-240 ms on the H200's host).
+const HOLD_QUEUED_GEMM_ROUNDS: usize = 12;
+/// GEMMs per round of the GEMM stream in a [`hold`] phase.
+const HOLD_GEMMS_PER_ROUND: usize = 16;
+
+/// One round on a stream of a [`hold`] phase: its start and end events.
+struct HoldRound {
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+impl HoldRound {
+    fn ms(&self) -> Result<f64, KernelError> {
+        self.start
+            .elapsed_ms(&self.end)
+            .map(f64::from)
+            .map_err(drv("cuEventElapsedTime"))
+    }
+}
+
+/// One phase of [`hold_phases`]. The host feeds both streams on its own: it keeps
+/// [`HOLD_QUEUED_TRANSFERS`] transfer windows and [`HOLD_QUEUED_GEMM_ROUNDS`] rounds of
+/// [`HOLD_GEMMS_PER_ROUND`] GEMMs queued, enqueuing the next on a stream as soon as one of its rounds has ended, so
+/// neither stream waits for the other and the host's part of a transfer (planning, checks)
+/// overlaps the window before it, as in an engine that enqueues its next copy ahead. A
+/// window's time runs from the end of the one before it (or its own enqueue) to its end; the
+/// GEMM's from the phase's start to the end of its last round.
 fn hold(
     cx: &mut Ctx<'_>,
     shape: &Shape,
@@ -541,80 +588,117 @@ fn hold(
     seconds: f64,
     gemm_ms: f64,
 ) -> Result<(), KernelError> {
-    let gemms_per_round = match path {
-        Some(p) => {
-            alone_ms(cx, shape, p)?; // warm-up
-            (alone_ms(cx, shape, p)? / gemm_ms).ceil().max(1.0) as usize
-        }
-        None => 32,
-    };
+    if let Some(p) = path {
+        alone_ms(cx, shape, p)?; // warm-up
+    }
     let from = time_of_day();
     let clock = std::time::Instant::now();
-    let g0 = event(cx.gpu)?;
-    g0.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
-    let (mut rounds, mut gemms, mut transfer_ms) = (0usize, 0usize, 0.0f64);
-    let mut queued: Vec<(CudaEvent, Option<(CudaEvent, CudaEvent)>)> = Vec::new();
-    let mut last_gemm = None;
+    let (mut transfers, mut gemm_rounds) = (Vec::new(), Vec::new());
+    let (mut queued_transfers, mut queued_gemms) = (Vec::new(), Vec::new());
+    let mut host_ms = Vec::new();
     while clock.elapsed().as_secs_f64() < seconds {
-        let transfer = match path {
-            Some(p) => {
-                let (x0, x1) = (event(cx.gpu)?, event(cx.gpu)?);
-                x0.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
-                enqueue(cx, shape, p)?;
-                cx.gpu.join_staged()?;
-                x1.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
-                Some((x0, x1))
-            }
-            None => None,
-        };
-        for _ in 0..gemms_per_round {
-            cx.gemm.enqueue()?;
+        let mut idle = true;
+        if let Some(p) = path.filter(|_| queued_transfers.len() < HOLD_QUEUED_TRANSFERS) {
+            let (start, end) = (event(cx.gpu)?, event(cx.gpu)?);
+            start
+                .record(cx.gpu.stream())
+                .map_err(drv("cuEventRecord"))?;
+            let host = std::time::Instant::now();
+            enqueue(cx, shape, p)?;
+            cx.gpu.join_staged()?;
+            host_ms.push(host.elapsed().as_secs_f64() * 1e3);
+            end.record(cx.gpu.stream()).map_err(drv("cuEventRecord"))?;
+            queued_transfers.push(HoldRound { start, end });
+            idle = false;
         }
-        gemms += gemms_per_round;
-        let g = event(cx.gpu)?;
-        g.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
-        queued.push((g, transfer));
-        rounds += 1;
-        // One round queued ahead: wait for the one before it on both streams.
-        if queued.len() > 2 {
-            let (g, t) = queued.remove(0);
-            g.synchronize().map_err(drv("cuEventSynchronize"))?;
-            if let Some((x0, x1)) = t {
-                x1.synchronize().map_err(drv("cuEventSynchronize"))?;
-                transfer_ms += f64::from(x0.elapsed_ms(&x1).map_err(drv("cuEventElapsedTime"))?);
+        for (queued, done) in [
+            (&mut queued_transfers, &mut transfers),
+            (&mut queued_gemms, &mut gemm_rounds),
+        ] {
+            while queued.first().is_some_and(|r| r.end.is_complete()) {
+                done.push(queued.remove(0));
+                idle = false;
             }
         }
-    }
-    for (g, t) in queued {
-        g.synchronize().map_err(drv("cuEventSynchronize"))?;
-        if let Some((x0, x1)) = t {
-            x1.synchronize().map_err(drv("cuEventSynchronize"))?;
-            transfer_ms += f64::from(x0.elapsed_ms(&x1).map_err(drv("cuEventElapsedTime"))?);
+        // Rounds ended (polled first, so the refill below sees them gone), then the GEMM
+        // queue refilled in full: a transfer's host part may have taken several rounds' time.
+        while queued_gemms.len() < HOLD_QUEUED_GEMM_ROUNDS {
+            let (start, end) = (event(cx.gpu)?, event(cx.gpu)?);
+            start
+                .record(&cx.gemm.stream)
+                .map_err(drv("cuEventRecord"))?;
+            for _ in 0..HOLD_GEMMS_PER_ROUND {
+                cx.gemm.enqueue()?;
+            }
+            end.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
+            queued_gemms.push(HoldRound { start, end });
+            idle = false;
         }
-        last_gemm = Some(g);
+        if idle {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
     }
+    let transfers_in_phase = transfers.len();
+    let gemm_rounds_in_phase = gemm_rounds.len();
+    cx.gpu.finish()?;
+    cx.gemm
+        .stream
+        .synchronize()
+        .map_err(drv("cuStreamSynchronize"))?;
     let to = time_of_day();
-    let all_gemm_ms = match &last_gemm {
-        Some(g) => f64::from(g0.elapsed_ms(g).map_err(drv("cuEventElapsedTime"))?),
-        None => 0.0,
+    // Only rounds that ended inside the phase count (the ones queued at its end ran partly
+    // after the other stream's last round).
+    let round_ms: Vec<f64> = transfers
+        .iter()
+        .map(HoldRound::ms)
+        .collect::<Result<_, _>>()?;
+    let gemm_round_ms: Vec<f64> = gemm_rounds
+        .iter()
+        .map(HoldRound::ms)
+        .collect::<Result<_, _>>()?;
+    let gemms = gemm_rounds_in_phase * HOLD_GEMMS_PER_ROUND;
+    let each_ms = gemm_round_ms.iter().sum::<f64>() / gemms.max(1) as f64;
+    // The GEMM stream's busy share of the phase: below 1 where the host left it idle (then the
+    // transfer ran partly without the GEMM beside it, and the GEMM figure does not hold).
+    let gemm_busy = match (gemm_rounds.first(), gemm_rounds.last()) {
+        (Some(first), Some(last)) => {
+            let span = f64::from(
+                first
+                    .start
+                    .elapsed_ms(&last.end)
+                    .map_err(drv("cuEventElapsedTime"))?,
+            );
+            busy_share(&gemm_round_ms, span)
+        }
+        _ => 0.0,
     };
-    let each_ms = all_gemm_ms / gemms.max(1) as f64;
     let label = path.map_or("GEMM only".to_string(), |p| p.label());
+    let spread = |v: &[f64]| {
+        if v.is_empty() {
+            return "-".to_string();
+        }
+        let st = stat(v.to_vec());
+        format!("{:.2} ({:.2}-{:.2})", st.median, st.lo, st.hi)
+    };
     let rate = match path {
-        Some(_) => format!(
-            "{rounds} x {:.1} MB in {transfer_ms:.1} ms: {:.2} GB/s",
-            shape.bytes() as f64 * shape.burst as f64 / 1e6,
-            report::gbps(
-                shape.bytes() * shape.burst as u64 * rounds as u64,
-                transfer_ms
-            ),
-        ),
+        Some(_) => {
+            let window_bytes = shape.bytes() * shape.burst as u64;
+            let all_ms: f64 = round_ms.iter().sum();
+            format!(
+                "{transfers_in_phase} x {:.1} MB in {all_ms:.1} ms: {:.2} GB/s; window ms {}, host enqueue ms {}",
+                window_bytes as f64 / 1e6,
+                report::gbps(window_bytes * transfers_in_phase as u64, all_ms),
+                spread(&round_ms),
+                spread(&host_ms),
+            )
+        }
         None => "no transfer".to_string(),
     };
     println!(
-        "HOLD {} | {label} | {from}-{to} UTC | {rate} | {gemms} GEMMs, {each_ms:.4} ms each ({:+.2}% against the GEMM alone, {gemm_ms:.4} ms)",
+        "HOLD {} | {label} | {from}-{to} UTC | {rate} | {gemms} GEMMs, {each_ms:.4} ms each ({:+.2}% against the GEMM alone, {gemm_ms:.4} ms), GEMM stream busy {:.3} of the phase",
         shape.name,
         100.0 * (each_ms / gemm_ms - 1.0),
+        gemm_busy,
     );
     Ok(())
 }
@@ -869,7 +953,25 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{overlaps, paired_slowdown};
+    use super::{busy_share, clock_of_day, overlaps, paired_slowdown};
+
+    #[test]
+    fn clock_of_day_reads_utc_hours_minutes_seconds_millis() {
+        // 2026-12-01 21:32:39.744 UTC: 20,788 days since 1970-01-01 (56 years, 14 of them
+        // leap, to 2026-01-01 = 20,454 days, plus 334 days to December 1st).
+        let day_ms: u128 = 20_788 * 86_400_000;
+        let at_ms = day_ms + ((21 * 60 + 32) * 60 + 39) * 1000 + 744;
+        assert_eq!(clock_of_day(at_ms), "21:32:39.744");
+        assert_eq!(clock_of_day(day_ms), "00:00:00.000");
+        assert_eq!(clock_of_day(day_ms - 1), "23:59:59.999");
+    }
+
+    #[test]
+    fn busy_share_is_the_rounds_over_the_span() {
+        // Three rounds of 20 ms in a 75 ms span: 60 / 75 = 0.8.
+        assert!((busy_share(&[20.0, 20.0, 20.0], 75.0) - 0.8).abs() < 1e-12);
+        assert_eq!(busy_share(&[1.0], 0.0), 0.0);
+    }
 
     #[test]
     fn a_gemm_overlaps_the_window_by_any_shared_time_only() {
