@@ -484,10 +484,18 @@ fn measure(
 }
 
 /// `--hold SECONDS`: the seconds of each phase of [`hold_phases`].
-fn hold_seconds() -> Option<f64> {
+fn hold_seconds() -> Result<Option<f64>, KernelError> {
     let args: Vec<String> = std::env::args().collect();
-    let at = args.iter().position(|a| a == "--hold")?;
-    args.get(at + 1)?.parse().ok()
+    let Some(at) = args.iter().position(|a| a == "--hold") else {
+        return Ok(None);
+    };
+    let value = args.get(at + 1).map(String::as_str).unwrap_or("");
+    match value.parse::<f64>() {
+        Ok(seconds) if seconds > 0.0 && seconds.is_finite() => Ok(Some(seconds)),
+        _ => Err(KernelError::Unsupported(format!(
+            "--hold takes the seconds of each phase, a positive number: got {value:?}"
+        ))),
+    }
 }
 
 /// Wall-clock time of day (UTC) as `HH:MM:SS.mmm`, to slice an `nvidia-smi` log by phase.
@@ -578,9 +586,12 @@ impl HoldRound {
 /// [`HOLD_QUEUED_TRANSFERS`] transfer windows and [`HOLD_QUEUED_GEMM_ROUNDS`] rounds of
 /// [`HOLD_GEMMS_PER_ROUND`] GEMMs queued, enqueuing the next on a stream as soon as one of its rounds has ended, so
 /// neither stream waits for the other and the host's part of a transfer (planning, checks)
-/// overlaps the window before it, as in an engine that enqueues its next copy ahead. A
-/// window's time runs from the end of the one before it (or its own enqueue) to its end; the
-/// GEMM's from the phase's start to the end of its last round.
+/// overlaps the window before it, as in an engine that enqueues its next copy ahead (a split
+/// load's run-list ring lets the host get only [`kvlayout_kernels::RUN_RING_SLOTS`] launches
+/// ahead of the GPU, so its enqueue time follows the GPU's). A window's time runs from the end
+/// of the one before it (or its own enqueue, on an idle stream) to its end; the GEMM's
+/// milliseconds are its counted rounds' time over their GEMMs. Only rounds that ended before
+/// the phase's end count.
 fn hold(
     cx: &mut Ctx<'_>,
     shape: &Shape,
@@ -593,11 +604,36 @@ fn hold(
     }
     let from = time_of_day();
     let clock = std::time::Instant::now();
-    let (mut transfers, mut gemm_rounds) = (Vec::new(), Vec::new());
-    let (mut queued_transfers, mut queued_gemms) = (Vec::new(), Vec::new());
+    let (mut transfers, mut gemm_rounds): (Vec<HoldRound>, Vec<HoldRound>) = (vec![], vec![]);
+    let (mut queued_transfers, mut queued_gemms): (Vec<HoldRound>, Vec<HoldRound>) =
+        (vec![], vec![]);
     let mut host_ms = Vec::new();
     while clock.elapsed().as_secs_f64() < seconds {
         let mut idle = true;
+        // Rounds that ended leave the queues first, so that the refills below see them gone.
+        for (queued, done) in [
+            (&mut queued_transfers, &mut transfers),
+            (&mut queued_gemms, &mut gemm_rounds),
+        ] {
+            while queued.first().is_some_and(|r| r.end.is_complete()) {
+                done.push(queued.remove(0));
+                idle = false;
+            }
+        }
+        // The GEMM queue refilled in full before a transfer is enqueued (from the phase's
+        // start on): a transfer's host part may take several rounds' time.
+        while queued_gemms.len() < HOLD_QUEUED_GEMM_ROUNDS {
+            let (start, end) = (event(cx.gpu)?, event(cx.gpu)?);
+            start
+                .record(&cx.gemm.stream)
+                .map_err(drv("cuEventRecord"))?;
+            for _ in 0..HOLD_GEMMS_PER_ROUND {
+                cx.gemm.enqueue()?;
+            }
+            end.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
+            queued_gemms.push(HoldRound { start, end });
+            idle = false;
+        }
         if let Some(p) = path.filter(|_| queued_transfers.len() < HOLD_QUEUED_TRANSFERS) {
             let (start, end) = (event(cx.gpu)?, event(cx.gpu)?);
             start
@@ -611,33 +647,13 @@ fn hold(
             queued_transfers.push(HoldRound { start, end });
             idle = false;
         }
-        for (queued, done) in [
-            (&mut queued_transfers, &mut transfers),
-            (&mut queued_gemms, &mut gemm_rounds),
-        ] {
-            while queued.first().is_some_and(|r| r.end.is_complete()) {
-                done.push(queued.remove(0));
-                idle = false;
-            }
-        }
-        // Rounds ended (polled first, so the refill below sees them gone), then the GEMM
-        // queue refilled in full: a transfer's host part may have taken several rounds' time.
-        while queued_gemms.len() < HOLD_QUEUED_GEMM_ROUNDS {
-            let (start, end) = (event(cx.gpu)?, event(cx.gpu)?);
-            start
-                .record(&cx.gemm.stream)
-                .map_err(drv("cuEventRecord"))?;
-            for _ in 0..HOLD_GEMMS_PER_ROUND {
-                cx.gemm.enqueue()?;
-            }
-            end.record(&cx.gemm.stream).map_err(drv("cuEventRecord"))?;
-            queued_gemms.push(HoldRound { start, end });
-            idle = false;
-        }
         if idle {
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
     }
+    // The phase ends here for the `nvidia-smi` slice: the rounds still queued run on while
+    // the streams drain, and are not counted.
+    let to = time_of_day();
     let transfers_in_phase = transfers.len();
     let gemm_rounds_in_phase = gemm_rounds.len();
     cx.gpu.finish()?;
@@ -645,7 +661,6 @@ fn hold(
         .stream
         .synchronize()
         .map_err(drv("cuStreamSynchronize"))?;
-    let to = time_of_day();
     // Only rounds that ended inside the phase count (the ones queued at its end ran partly
     // after the other stream's last round).
     let round_ms: Vec<f64> = transfers
@@ -658,8 +673,9 @@ fn hold(
         .collect::<Result<_, _>>()?;
     let gemms = gemm_rounds_in_phase * HOLD_GEMMS_PER_ROUND;
     let each_ms = gemm_round_ms.iter().sum::<f64>() / gemms.max(1) as f64;
-    // The GEMM stream's busy share of the phase: below 1 where the host left it idle (then the
-    // transfer ran partly without the GEMM beside it, and the GEMM figure does not hold).
+    // The GEMM stream's busy share of its counted rounds' span: below 1 where the host left it
+    // idle (then the transfer ran partly without the GEMM beside it, and the GEMM figure does
+    // not hold).
     let gemm_busy = match (gemm_rounds.first(), gemm_rounds.last()) {
         (Some(first), Some(last)) => {
             let span = f64::from(
@@ -681,6 +697,7 @@ fn hold(
         format!("{:.2} ({:.2}-{:.2})", st.median, st.lo, st.hi)
     };
     let rate = match path {
+        Some(_) if transfers_in_phase == 0 => "no window ended inside the phase".to_string(),
         Some(_) => {
             let window_bytes = shape.bytes() * shape.burst as u64;
             let all_ms: f64 = round_ms.iter().sum();
@@ -695,7 +712,7 @@ fn hold(
         None => "no transfer".to_string(),
     };
     println!(
-        "HOLD {} | {label} | {from}-{to} UTC | {rate} | {gemms} GEMMs, {each_ms:.4} ms each ({:+.2}% against the GEMM alone, {gemm_ms:.4} ms), GEMM stream busy {:.3} of the phase",
+        "HOLD {} | {label} | {from}-{to} UTC | {rate} | {gemms} GEMMs, {each_ms:.4} ms each ({:+.2}% against the GEMM alone, {gemm_ms:.4} ms), GEMM stream busy {:.3} of its rounds' span",
         shape.name,
         100.0 * (each_ms / gemm_ms - 1.0),
         gemm_busy,
@@ -905,7 +922,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
 
-    if let Some(seconds) = hold_seconds() {
+    if let Some(seconds) = hold_seconds()? {
         return hold_phases(&mut cx, &shapes, seconds, gemm_ms.median);
     }
 
