@@ -9,6 +9,8 @@
 #   3. loom model-checking of the concurrent page claims;
 #   4. the fingerprint recomputed from its documented byte stream by an independent Python
 #      reference;
+#   4b. the nvidia-smi phase slicer of `gpu_bench --hold` (kernels/scripts/smi_phases.py) on a
+#      hand-made log;
 #   5. the Python package (pip install ./python into a venv) and its pytest suite, then the
 #      prefill/decode handshake self-tests over real NIXL and Mooncake wheels.
 # GPU tests are not run here (CI has no GPU; they print why they skip): scripts/gpu-check.sh
@@ -28,6 +30,9 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p kvla
 
 step "fingerprint: independent Python reference"
 python3 layout-core/tests/fingerprint_reference.py
+
+step "gpu_bench --hold's nvidia-smi phase slicer"
+python3 kernels/scripts/test_smi_phases.py
 
 step "Python package and its tests"
 scripts/python-tests.sh

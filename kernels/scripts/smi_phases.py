@@ -36,6 +36,41 @@ def samples(path):
     return out
 
 
+def phases(lines):
+    """(shape, path, start s, end s) of each `HOLD` line, in seconds of the day."""
+    out = []
+    for line in lines:
+        if not line.startswith("HOLD "):
+            continue
+        cols = [c.strip() for c in line.split("|")]
+        start, end = cols[2].replace(" UTC", "").split("-")
+        out.append((cols[0][5:], cols[1], seconds_of_day(start), seconds_of_day(end)))
+    return out
+
+
+def summarise(rows, phase_list, trim_start, trim_end):
+    """Per phase: (shape, path, samples, median W, mean SM MHz, median SM MHz), or the
+    statistics as None where no sample falls inside the trimmed interval."""
+    out = []
+    for shape, path, start, end in phase_list:
+        lo, hi = start + trim_start, end - trim_end
+        sel = [r for r in rows if lo <= r[0] <= hi]
+        if not sel:
+            out.append((shape, path, 0, None, None, None))
+            continue
+        out.append(
+            (
+                shape,
+                path,
+                len(sel),
+                statistics.median(r[1] for r in sel),
+                statistics.mean(r[2] for r in sel),
+                statistics.median(r[2] for r in sel),
+            )
+        )
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("smi")
@@ -43,23 +78,17 @@ def main():
     ap.add_argument("--trim-start", type=float, default=0.25)
     ap.add_argument("--trim-end", type=float, default=0.6)
     a = ap.parse_args()
-    rows = samples(a.smi)
     with open(a.log) as f:
-        for line in f:
-            if not line.startswith("HOLD "):
-                continue
-            cols = [c.strip() for c in line.split("|")]
-            start, end = cols[2].replace(" UTC", "").split("-")
-            lo, hi = seconds_of_day(start) + a.trim_start, seconds_of_day(end) - a.trim_end
-            sel = [r for r in rows if lo <= r[0] <= hi]
-            if not sel:
-                print(f"{cols[0][5:]} | {cols[1]} | no samples")
-                continue
+        phase_list = phases(f)
+    for shape, path, n, watts, mean_mhz, median_mhz in summarise(
+        samples(a.smi), phase_list, a.trim_start, a.trim_end
+    ):
+        if n == 0:
+            print(f"{shape} | {path} | no samples")
+        else:
             print(
-                f"{cols[0][5:]} | {cols[1]} | n {len(sel)} | W median "
-                f"{statistics.median(r[1] for r in sel):.1f} | SM MHz mean "
-                f"{statistics.mean(r[2] for r in sel):.0f}, median "
-                f"{statistics.median(r[2] for r in sel):.0f}"
+                f"{shape} | {path} | n {n} | W median {watts:.1f} | SM MHz mean "
+                f"{mean_mhz:.0f}, median {median_mhz:.0f}"
             )
 
 
