@@ -788,6 +788,25 @@ fn long_lists_sort_on_several_threads_to_the_same_runs() {
     );
     let bytes: u64 = sorted.iter().map(|r| r.len_bytes).sum();
     assert_eq!(bytes, 100 * runs.len() as u64);
+    // The same list in destination order (the two orders differ here: two permutations): the
+    // destinations ascend, and the merges are those of a stable sort by destination.
+    let by_dst = RunOrder::DstAscending.sorted_and_merged(&runs);
+    let mut want = runs.clone();
+    want.sort_by_key(|r| r.dst_offset_bytes);
+    let merges = want
+        .windows(2)
+        .filter(|w| {
+            w[0].src_offset_bytes + 100 == w[1].src_offset_bytes
+                && w[0].dst_offset_bytes + 100 == w[1].dst_offset_bytes
+        })
+        .count();
+    assert_eq!(by_dst.len(), want.len() - merges);
+    assert!(
+        by_dst
+            .windows(2)
+            .all(|w| w[0].dst_offset_bytes < w[1].dst_offset_bytes)
+    );
+    assert_ne!(by_dst, sorted, "the two orders of this list differ");
 }
 
 #[test]

@@ -111,10 +111,20 @@ impl RunOrder {
             RunOrder::AsGiven => std::borrow::Cow::Borrowed(runs),
             _ => std::borrow::Cow::Owned(sort_ascending_blocks(runs, key).unwrap_or_else(|| {
                 let mut v = runs.to_vec();
-                if v.len() >= PARALLEL_SORT_MIN_RUNS {
-                    v.par_sort_unstable_by_key(key);
-                } else {
-                    v.sort_by_key(key);
+                // The key as a closure of its own per order, not through the `fn` pointer
+                // (inlined): sorting and merging a layer's 2,048 runs took half the host time
+                // (BENCHMARKS.md, "Host planning of a layer's load").
+                let parallel = v.len() >= PARALLEL_SORT_MIN_RUNS;
+                match (self, parallel) {
+                    (RunOrder::SrcAscending, true) => {
+                        v.par_sort_unstable_by_key(|r| r.src_offset_bytes)
+                    }
+                    (RunOrder::SrcAscending, false) => v.sort_by_key(|r| r.src_offset_bytes),
+                    (RunOrder::DstAscending, true) => {
+                        v.par_sort_unstable_by_key(|r| r.dst_offset_bytes)
+                    }
+                    (RunOrder::DstAscending, false) => v.sort_by_key(|r| r.dst_offset_bytes),
+                    (RunOrder::AsGiven, _) => {}
                 }
                 v
             })),

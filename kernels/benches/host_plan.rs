@@ -1,0 +1,142 @@
+//! The host's planning of one layer's load by the chooser (`Gpu::enqueue_transfer_runs` before
+//! any driver call): the checks against both buffers ([`validate_runs`]), the runs put in host
+//! order and merged ([`RunOrder::sorted_and_merged`]), the path chosen
+//! ([`TransferPath::choose`]) and the split between the carve-out's kernel and the copy engines
+//! ([`split_load`]). Figures and commands: BENCHMARKS.md, section "CPU", "Host planning of a
+//! layer's load".
+//!
+//! Workload: one layer (layer 7 of 61) of a DeepSeek-V3.2 DSA load of 1,024 random pages out of
+//! 4,096: per page one MLA run (64 x 656 = 41,984 B) and one index-K run (64 x 132 = 8,448 B),
+//! 2,048 runs; host pool `page_first` (a page's 61 layers of both buffers, 3,073,024 B, one
+//! after the other), device pool `layer_first`. The baseline, in the same run: sorting the
+//! 2,048 host offsets alone as plain `u64`s (`sort_unstable`).
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use kvlayout_kernels::test_data::SplitMix64;
+use kvlayout_kernels::{
+    ByteRun, RunOrder, TransferDirection, TransferPath, kernel_share_permille, split_load,
+    validate_runs,
+};
+
+const PAGES_IN_POOL: u64 = 4096;
+const PAGES_LOADED: usize = 1024;
+const LAYERS: u64 = 61;
+const LAYER: u64 = 7;
+const MLA_PAGE_BYTES: u64 = 64 * 656;
+const INDEX_K_PAGE_BYTES: u64 = 64 * 132;
+
+/// The layer's 2,048 runs, listed page by page (MLA, then index-K), pages in random order.
+fn layer_runs() -> Vec<ByteRun> {
+    let mut rng = SplitMix64::new(7);
+    let mut pages: Vec<u64> = (0..PAGES_IN_POOL).collect();
+    for i in (1..pages.len()).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        pages.swap(i, j);
+    }
+    let page_pair_bytes = MLA_PAGE_BYTES + INDEX_K_PAGE_BYTES;
+    let host_page_bytes = LAYERS * page_pair_bytes;
+    let device_index_k_base = LAYERS * PAGES_IN_POOL * MLA_PAGE_BYTES;
+    let mut runs = Vec::with_capacity(2 * PAGES_LOADED);
+    for &p in &pages[..PAGES_LOADED] {
+        let host = p * host_page_bytes + LAYER * page_pair_bytes;
+        runs.push(ByteRun {
+            src_offset_bytes: host,
+            dst_offset_bytes: (LAYER * PAGES_IN_POOL + p) * MLA_PAGE_BYTES,
+            len_bytes: MLA_PAGE_BYTES,
+        });
+        runs.push(ByteRun {
+            src_offset_bytes: host + MLA_PAGE_BYTES,
+            dst_offset_bytes: device_index_k_base
+                + (LAYER * PAGES_IN_POOL + p) * INDEX_K_PAGE_BYTES,
+            len_bytes: INDEX_K_PAGE_BYTES,
+        });
+    }
+    runs
+}
+
+/// A backup of all 61 layers of the same 1,024 pages, listed buffer by buffer and layer by
+/// layer (MLA runs of every layer, then index-K runs): 124,928 runs, which the chooser puts in
+/// host order when the plan in list order does not pay (BENCHMARKS.md, "Session 7").
+fn backup_runs_buffer_by_buffer() -> Vec<ByteRun> {
+    let layer = layer_runs();
+    let page_pair_bytes = MLA_PAGE_BYTES + INDEX_K_PAGE_BYTES;
+    let mut runs = Vec::with_capacity(layer.len() * LAYERS as usize);
+    for buffer in 0..2 {
+        for l in 0..LAYERS {
+            for r in layer.iter().skip(buffer).step_by(2) {
+                // The layer's run moved from layer LAYER to layer l on both sides; a backup
+                // goes device -> host.
+                let host = r.src_offset_bytes - LAYER * page_pair_bytes + l * page_pair_bytes;
+                let device = if buffer == 0 {
+                    r.dst_offset_bytes - LAYER * PAGES_IN_POOL * MLA_PAGE_BYTES
+                        + l * PAGES_IN_POOL * MLA_PAGE_BYTES
+                } else {
+                    r.dst_offset_bytes - LAYER * PAGES_IN_POOL * INDEX_K_PAGE_BYTES
+                        + l * PAGES_IN_POOL * INDEX_K_PAGE_BYTES
+                };
+                runs.push(ByteRun {
+                    src_offset_bytes: device,
+                    dst_offset_bytes: host,
+                    len_bytes: r.len_bytes,
+                });
+            }
+        }
+    }
+    runs
+}
+
+fn host_plan(c: &mut Criterion) {
+    let runs = layer_runs();
+    let pool_bytes = PAGES_IN_POOL * LAYERS * (MLA_PAGE_BYTES + INDEX_K_PAGE_BYTES);
+    let keys: Vec<u64> = runs.iter().map(|r| r.src_offset_bytes).collect();
+    let merged = RunOrder::SrcAscending.sorted_and_merged(&runs);
+    assert_eq!(merged.len(), runs.len(), "random pages: nothing merges");
+    let mut g = c.benchmark_group("one layer's load, 2,048 runs");
+    g.bench_function("baseline: sort 2,048 u64 keys", |b| {
+        b.iter(|| {
+            let mut k = keys.clone();
+            k.sort_unstable();
+            black_box(k)
+        })
+    });
+    g.bench_function("validate_runs", |b| {
+        b.iter(|| validate_runs(black_box(&runs), pool_bytes, pool_bytes))
+    });
+    g.bench_function("sorted_and_merged (host order)", |b| {
+        b.iter(|| RunOrder::SrcAscending.sorted_and_merged(black_box(&runs)))
+    });
+    g.bench_function("choose", |b| {
+        b.iter(|| TransferPath::choose(black_box(&merged), TransferDirection::Load, Some(2)))
+    });
+    g.bench_function("split_load (2 SMs)", |b| {
+        b.iter(|| split_load(black_box(&merged), kernel_share_permille(2)))
+    });
+    g.finish();
+
+    let backup = backup_runs_buffer_by_buffer();
+    let backup_keys: Vec<u64> = backup.iter().map(|r| r.dst_offset_bytes).collect();
+    // In host order a page's 61 layers of both buffers continue each other on the host but
+    // not on the device (`layer_first`): nothing merges.
+    assert_eq!(
+        RunOrder::DstAscending.sorted_and_merged(&backup).len(),
+        backup.len()
+    );
+    let mut g = c.benchmark_group("a backup laid buffer by buffer, 124,928 runs");
+    g.sample_size(20);
+    g.bench_function("baseline: sort 124,928 u64 keys", |b| {
+        b.iter(|| {
+            let mut k = backup_keys.clone();
+            k.sort_unstable();
+            black_box(k)
+        })
+    });
+    g.bench_function("sorted_and_merged (host order)", |b| {
+        b.iter(|| RunOrder::DstAscending.sorted_and_merged(black_box(&backup)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, host_plan);
+criterion_main!(benches);
