@@ -20,8 +20,8 @@ use kvlayout_kernels::{
     validate_runs,
 };
 
-const PAGES_IN_POOL: u64 = 4096;
-const PAGES_LOADED: usize = 1024;
+const POOL_PAGES: u64 = 4096;
+const LOADED_PAGES: usize = 1024;
 const LAYERS: u64 = 61;
 const LAYER: u64 = 7;
 const MLA_PAGE_BYTES: u64 = 64 * 656;
@@ -30,26 +30,26 @@ const INDEX_K_PAGE_BYTES: u64 = 64 * 132;
 /// The layer's 2,048 runs, listed page by page (MLA, then index-K), pages in random order.
 fn layer_runs() -> Vec<ByteRun> {
     let mut rng = SplitMix64::new(7);
-    let mut pages: Vec<u64> = (0..PAGES_IN_POOL).collect();
+    let mut pages: Vec<u64> = (0..POOL_PAGES).collect();
     for i in (1..pages.len()).rev() {
         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         pages.swap(i, j);
     }
     let page_pair_bytes = MLA_PAGE_BYTES + INDEX_K_PAGE_BYTES;
     let host_page_bytes = LAYERS * page_pair_bytes;
-    let device_index_k_base = LAYERS * PAGES_IN_POOL * MLA_PAGE_BYTES;
-    let mut runs = Vec::with_capacity(2 * PAGES_LOADED);
-    for &p in &pages[..PAGES_LOADED] {
-        let host = p * host_page_bytes + LAYER * page_pair_bytes;
+    let device_index_k_base_bytes = LAYERS * POOL_PAGES * MLA_PAGE_BYTES;
+    let mut runs = Vec::with_capacity(2 * LOADED_PAGES);
+    for &p in &pages[..LOADED_PAGES] {
+        let host_offset_bytes = p * host_page_bytes + LAYER * page_pair_bytes;
         runs.push(ByteRun {
-            src_offset_bytes: host,
-            dst_offset_bytes: (LAYER * PAGES_IN_POOL + p) * MLA_PAGE_BYTES,
+            src_offset_bytes: host_offset_bytes,
+            dst_offset_bytes: (LAYER * POOL_PAGES + p) * MLA_PAGE_BYTES,
             len_bytes: MLA_PAGE_BYTES,
         });
         runs.push(ByteRun {
-            src_offset_bytes: host + MLA_PAGE_BYTES,
-            dst_offset_bytes: device_index_k_base
-                + (LAYER * PAGES_IN_POOL + p) * INDEX_K_PAGE_BYTES,
+            src_offset_bytes: host_offset_bytes + MLA_PAGE_BYTES,
+            dst_offset_bytes: device_index_k_base_bytes
+                + (LAYER * POOL_PAGES + p) * INDEX_K_PAGE_BYTES,
             len_bytes: INDEX_K_PAGE_BYTES,
         });
     }
@@ -68,17 +68,18 @@ fn backup_runs_buffer_by_buffer() -> Vec<ByteRun> {
             for r in layer.iter().skip(buffer).step_by(2) {
                 // The layer's run moved from layer LAYER to layer l on both sides; a backup
                 // goes device -> host.
-                let host = r.src_offset_bytes - LAYER * page_pair_bytes + l * page_pair_bytes;
-                let device = if buffer == 0 {
-                    r.dst_offset_bytes - LAYER * PAGES_IN_POOL * MLA_PAGE_BYTES
-                        + l * PAGES_IN_POOL * MLA_PAGE_BYTES
+                let host_offset_bytes =
+                    r.src_offset_bytes - LAYER * page_pair_bytes + l * page_pair_bytes;
+                let device_offset_bytes = if buffer == 0 {
+                    r.dst_offset_bytes - LAYER * POOL_PAGES * MLA_PAGE_BYTES
+                        + l * POOL_PAGES * MLA_PAGE_BYTES
                 } else {
-                    r.dst_offset_bytes - LAYER * PAGES_IN_POOL * INDEX_K_PAGE_BYTES
-                        + l * PAGES_IN_POOL * INDEX_K_PAGE_BYTES
+                    r.dst_offset_bytes - LAYER * POOL_PAGES * INDEX_K_PAGE_BYTES
+                        + l * POOL_PAGES * INDEX_K_PAGE_BYTES
                 };
                 runs.push(ByteRun {
-                    src_offset_bytes: device,
-                    dst_offset_bytes: host,
+                    src_offset_bytes: device_offset_bytes,
+                    dst_offset_bytes: host_offset_bytes,
                     len_bytes: r.len_bytes,
                 });
             }
@@ -87,19 +88,22 @@ fn backup_runs_buffer_by_buffer() -> Vec<ByteRun> {
     runs
 }
 
+/// The baseline: the keys alone, as plain `u64`s, sorted (`sort_unstable`).
+fn sorted_keys(keys: &[u64]) -> Vec<u64> {
+    let mut k = keys.to_vec();
+    k.sort_unstable();
+    k
+}
+
 fn host_plan(c: &mut Criterion) {
     let runs = layer_runs();
-    let pool_bytes = PAGES_IN_POOL * LAYERS * (MLA_PAGE_BYTES + INDEX_K_PAGE_BYTES);
+    let pool_bytes = POOL_PAGES * LAYERS * (MLA_PAGE_BYTES + INDEX_K_PAGE_BYTES);
     let keys: Vec<u64> = runs.iter().map(|r| r.src_offset_bytes).collect();
     let merged = RunOrder::SrcAscending.sorted_and_merged(&runs);
     assert_eq!(merged.len(), runs.len(), "random pages: nothing merges");
     let mut g = c.benchmark_group("one layer's load, 2,048 runs");
     g.bench_function("baseline: sort 2,048 u64 keys", |b| {
-        b.iter(|| {
-            let mut k = keys.clone();
-            k.sort_unstable();
-            black_box(k)
-        })
+        b.iter(|| sorted_keys(black_box(&keys)))
     });
     g.bench_function("validate_runs", |b| {
         b.iter(|| validate_runs(black_box(&runs), pool_bytes, pool_bytes))
@@ -126,11 +130,7 @@ fn host_plan(c: &mut Criterion) {
     let mut g = c.benchmark_group("a backup laid buffer by buffer, 124,928 runs");
     g.sample_size(20);
     g.bench_function("baseline: sort 124,928 u64 keys", |b| {
-        b.iter(|| {
-            let mut k = backup_keys.clone();
-            k.sort_unstable();
-            black_box(k)
-        })
+        b.iter(|| sorted_keys(black_box(&backup_keys)))
     });
     g.bench_function("sorted_and_merged (host order)", |b| {
         b.iter(|| RunOrder::DstAscending.sorted_and_merged(black_box(&backup)))

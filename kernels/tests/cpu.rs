@@ -770,17 +770,22 @@ fn long_lists_sort_on_several_threads_to_the_same_runs() {
         .zip(&dst_slots)
         .map(|(&i, &d)| ByteRun::new(i * 100, d * 100 + 50, 100))
         .collect();
+    // Runs left after a stable single-thread sort by `key` and merging neighbours that
+    // continue each other on both sides (every run is 100 bytes).
+    let merged_len = |key: fn(&ByteRun) -> u64| {
+        let mut want = runs.clone();
+        want.sort_by_key(key);
+        let merges = want
+            .windows(2)
+            .filter(|w| {
+                w[0].src_offset_bytes + 100 == w[1].src_offset_bytes
+                    && w[0].dst_offset_bytes + 100 == w[1].dst_offset_bytes
+            })
+            .count();
+        want.len() - merges
+    };
     let sorted = RunOrder::SrcAscending.sorted_and_merged(&runs);
-    let mut want = runs.clone();
-    want.sort_by_key(|r| r.src_offset_bytes);
-    let merges = want
-        .windows(2)
-        .filter(|w| {
-            w[0].src_offset_bytes + 100 == w[1].src_offset_bytes
-                && w[0].dst_offset_bytes + 100 == w[1].dst_offset_bytes
-        })
-        .count();
-    assert_eq!(sorted.len(), want.len() - merges);
+    assert_eq!(sorted.len(), merged_len(|r| r.src_offset_bytes));
     assert!(
         sorted
             .windows(2)
@@ -791,16 +796,7 @@ fn long_lists_sort_on_several_threads_to_the_same_runs() {
     // The same list in destination order (the two orders differ here: two permutations): the
     // destinations ascend, and the merges are those of a stable sort by destination.
     let by_dst = RunOrder::DstAscending.sorted_and_merged(&runs);
-    let mut want = runs.clone();
-    want.sort_by_key(|r| r.dst_offset_bytes);
-    let merges = want
-        .windows(2)
-        .filter(|w| {
-            w[0].src_offset_bytes + 100 == w[1].src_offset_bytes
-                && w[0].dst_offset_bytes + 100 == w[1].dst_offset_bytes
-        })
-        .count();
-    assert_eq!(by_dst.len(), want.len() - merges);
+    assert_eq!(by_dst.len(), merged_len(|r| r.dst_offset_bytes));
     assert!(
         by_dst
             .windows(2)

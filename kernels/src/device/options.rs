@@ -101,7 +101,6 @@ impl RunOrder {
     /// other on the host, the pairs in the caller's order) is put in order block by block
     /// ([`sort_ascending_blocks`]): 124,928 such runs took 4.2 ms to sort on the build machine.
     pub fn sorted_and_merged(self, runs: &[ByteRun]) -> Vec<ByteRun> {
-        use rayon::slice::ParallelSliceMut;
         let key: fn(&ByteRun) -> u64 = match self {
             RunOrder::AsGiven => |_| 0,
             RunOrder::SrcAscending => |r| r.src_offset_bytes,
@@ -114,17 +113,10 @@ impl RunOrder {
                 // The key as a closure of its own per order, not through the `fn` pointer
                 // (inlined): sorting and merging a layer's 2,048 runs took half the host time
                 // (BENCHMARKS.md, "Host planning of a layer's load").
-                let parallel = v.len() >= PARALLEL_SORT_MIN_RUNS;
-                match (self, parallel) {
-                    (RunOrder::SrcAscending, true) => {
-                        v.par_sort_unstable_by_key(|r| r.src_offset_bytes)
-                    }
-                    (RunOrder::SrcAscending, false) => v.sort_by_key(|r| r.src_offset_bytes),
-                    (RunOrder::DstAscending, true) => {
-                        v.par_sort_unstable_by_key(|r| r.dst_offset_bytes)
-                    }
-                    (RunOrder::DstAscending, false) => v.sort_by_key(|r| r.dst_offset_bytes),
-                    (RunOrder::AsGiven, _) => {}
+                match self {
+                    RunOrder::SrcAscending => sort_runs_by(&mut v, |r| r.src_offset_bytes),
+                    RunOrder::DstAscending => sort_runs_by(&mut v, |r| r.dst_offset_bytes),
+                    RunOrder::AsGiven => {}
                 }
                 v
             })),
@@ -150,6 +142,17 @@ impl RunOrder {
             }
         }
         out
+    }
+}
+
+/// `runs` sorted by `key`: on rayon's threads from [`PARALLEL_SORT_MIN_RUNS`] runs (unstable),
+/// else on this one (stable).
+fn sort_runs_by<K: Fn(&ByteRun) -> u64 + Sync>(runs: &mut [ByteRun], key: K) {
+    use rayon::slice::ParallelSliceMut;
+    if runs.len() >= PARALLEL_SORT_MIN_RUNS {
+        runs.par_sort_unstable_by_key(key);
+    } else {
+        runs.sort_by_key(key);
     }
 }
 

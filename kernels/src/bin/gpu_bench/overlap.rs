@@ -654,8 +654,6 @@ fn hold(
     // The phase ends here for the `nvidia-smi` slice: the rounds still queued run on while
     // the streams drain, and are not counted.
     let to = time_of_day();
-    let transfers_in_phase = transfers.len();
-    let gemm_rounds_in_phase = gemm_rounds.len();
     cx.gpu.finish()?;
     cx.gemm
         .stream
@@ -671,7 +669,7 @@ fn hold(
         .iter()
         .map(HoldRound::ms)
         .collect::<Result<_, _>>()?;
-    let gemms = gemm_rounds_in_phase * HOLD_GEMMS_PER_ROUND;
+    let gemms = gemm_rounds.len() * HOLD_GEMMS_PER_ROUND;
     let each_ms = gemm_round_ms.iter().sum::<f64>() / gemms.max(1) as f64;
     // The GEMM stream's busy share of its counted rounds' span: below 1 where the host left it
     // idle (then the transfer ran partly without the GEMM beside it, and the GEMM figure does
@@ -697,14 +695,15 @@ fn hold(
         format!("{:.2} ({:.2}-{:.2})", st.median, st.lo, st.hi)
     };
     let rate = match path {
-        Some(_) if transfers_in_phase == 0 => "no window ended inside the phase".to_string(),
+        Some(_) if transfers.is_empty() => "no window ended inside the phase".to_string(),
         Some(_) => {
             let window_bytes = shape.bytes() * shape.burst as u64;
             let all_ms: f64 = round_ms.iter().sum();
             format!(
-                "{transfers_in_phase} x {:.1} MB in {all_ms:.1} ms: {:.2} GB/s; window ms {}, host enqueue ms {}",
+                "{} x {:.1} MB in {all_ms:.1} ms: {:.2} GB/s; window ms {}, host enqueue ms {}",
+                transfers.len(),
                 window_bytes as f64 / 1e6,
-                report::gbps(window_bytes * transfers_in_phase as u64, all_ms),
+                report::gbps(window_bytes * transfers.len() as u64, all_ms),
                 spread(&round_ms),
                 spread(&host_ms),
             )
