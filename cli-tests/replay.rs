@@ -159,7 +159,11 @@ fn multi_turn_trace(extra_line: &str) -> std::path::PathBuf {
         }
     }
     out.push_str(extra_line);
-    let name = format!("multi-turn-{:x}.jsonl", extra_line.len());
+    // One file per call: tests run in parallel threads, and a shared name let one test
+    // truncate the trace while another's kvlayout read it ("no requests", CI stop 19).
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("multi-turn-{call}.jsonl");
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::write(&path, out).expect("write the trace");
     path
