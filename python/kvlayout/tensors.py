@@ -121,7 +121,11 @@ class TensorBuffer:
       neither is given the tensor's own dtype and per-token content shape are the meaning.
     - ``layers``: for a per-layer list, the count (default ``len(tensors)``).
     - ``extra``: further v2 buffer fields copied into the geometry (``attention``,
-      ``layer_ids``, ``page_size_tokens``, ``shard``).
+      ``layer_ids``, ``page_size_tokens``, ``page_stride_bytes``, ``shard``): what the tensors
+      cannot show. ``page_stride_bytes`` is checked against the tensor's page stride like the
+      rest. Any other key (``name``, ``layers``, ``sections``, ``arrangement``...: read from the
+      tensors or given by their own arguments) raises :class:`~kvlayout.errors.InvalidGeometry`
+      naming it.
     """
 
     name: str
@@ -158,8 +162,19 @@ def _declared(buf: TensorBuffer) -> tuple[Optional[list[dict]], Any, Optional[in
     return buf.sections, buf.arrangement, buf.page_align_bytes
 
 
-def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, int]:
+# The buffer fields `TensorBuffer.extra` may carry: those no tensor shows.
+EXTRA_FIELDS = ("attention", "layer_ids", "page_size_tokens", "page_stride_bytes", "shard")
+
+
+def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
+                memory_layout: str) -> tuple[dict, int]:
     """The geometry-file buffer object and the pages the tensors hold."""
+    for key in buf.extra:
+        if key not in EXTRA_FIELDS:
+            raise InvalidGeometry(
+                f"{buf.name}.extra.{key}",
+                f"{key!r} cannot be given in extra: the tensors or the TensorBuffer's own "
+                f"arguments say it (extra takes {', '.join(EXTRA_FIELDS)})")
     page_size_tokens = int(buf.extra.get("page_size_tokens", pool_page_size_tokens))
     per_layer = _is_layer_list(buf.tensors)
     if per_layer:
@@ -186,6 +201,10 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
     if len(axes) != len(facts.shape):
         raise ValueError(f"{buf.name}.axes: {len(axes)} names {axes} for a tensor of "
                          f"{len(facts.shape)} dimensions {list(facts.shape)}")
+    repeated = sorted({a for a in axes if axes.count(a) > 1})
+    if repeated:
+        raise ValueError(f"{buf.name}.axes: {axes} names {', '.join(map(repr, repeated))} "
+                         "more than once (one name per dimension)")
     dims = dict(zip(axes, facts.shape))
     strides = dict(zip(axes, facts.strides_bytes))
     if "layer" in dims:
@@ -299,6 +318,8 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
                                  f"(known: {', '.join(_DTYPES)})")
         sections = [{"name": "values", "dtype": file_dtype, "shape": content_shape}]
     arrangement = arrangement or "token_major"
+    _check_placement(buf.name, facts, dims, strides, sections, arrangement, memory_layout,
+                     page_head, page_size_tokens)
 
     doc: dict = {"name": buf.name, "layers": layers, "arrangement": arrangement,
                  "sections": sections}
@@ -320,6 +341,59 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int) -> tuple[dict, in
                       f"{facts.dtype} ({tensor_dtype}); only a uint8/int8 byte container may "
                       "hold another dtype's bits", facts)
     return doc, pages
+
+
+def _check_placement(name: str, facts: TensorFacts, dims: dict, strides: dict,
+                     sections: list[dict], arrangement: Any, memory_layout: str,
+                     page_head: bool, page_size_tokens: int) -> None:
+    """Refuses a declared arrangement or memory layout that the tensor's strides contradict
+    (``TensorMismatch`` naming the buffer, the field, the declared value and the strides):
+
+    - heads outside the page's token axis (vLLM HND) are ``head_major`` (or the ``page_head``
+      memory layout);
+    - packed token rows of a typed tensor (not a ``uint8``/``int8`` byte container, which an
+      engine may view with another meaning) are ``token_major``, or an arrangement that places
+      the same bytes: one section (group), or one token per page;
+    - a layer axis outside the page (or token, or slot) axis is ``layer_first``; inside it, any
+      other memory layout.
+    """
+    if page_head and memory_layout != "page_head" and arrangement != "head_major":
+        raise TensorMismatch(
+            f"{name}.arrangement",
+            f"declared {arrangement}, tensor head_major: heads outside the page's token axis "
+            f"({facts.describe()})")
+    token_axis = "page_token" if "page_token" in dims else "token" if "token" in dims else None
+    if (token_axis is not None and not page_head and "page_bytes" not in dims
+            and facts.dtype not in _BYTE_CONTAINERS and page_size_tokens > 1):
+        if arrangement == "head_major":
+            rows = len(sections) == 1 and _placement_heads(sections[0]) == 1
+        elif arrangement == "token_major":
+            rows = True
+        elif isinstance(arrangement, dict):
+            rows = len(arrangement.get("planes", [])) == 1
+        else:
+            rows = len(sections) == 1
+        if not rows:
+            raise TensorMismatch(
+                f"{name}.arrangement",
+                f"declared {arrangement}, tensor token_major: each token's row packed and "
+                f"contiguous ({facts.describe()})")
+    page_axis = next((a for a in ("page", "token", "slot") if a in dims), None)
+    if dims.get("layer", 1) > 1 and page_axis is not None and dims[page_axis] > 1:
+        layer_outside = strides["layer"] > strides[page_axis]
+        if layer_outside != (memory_layout == "layer_first"):
+            shown = "layer_first" if layer_outside else "a page-first layout"
+            raise TensorMismatch(
+                f"{name}.memory_layout",
+                f"declared {memory_layout}, tensor {shown}: layer stride {strides['layer']} B, "
+                f"{page_axis} stride {strides[page_axis]} B ({facts.describe()})")
+
+
+def _placement_heads(section: dict) -> int:
+    """Heads a ``head_major`` page lays out one after another (the core's ``Section::heads``):
+    the leading shape entry of a shape of two or more entries, else 1."""
+    shape = section.get("shape", [])
+    return int(shape[0]) if len(shape) >= 2 else 1
 
 
 def _probe(doc: dict, page_size_tokens: int) -> dict:
@@ -372,7 +446,7 @@ def geometry_from_tensors(
     held = []
     for b in buffers:
         try:
-            doc, held_pages = _buffer_doc(b, page_size_tokens)
+            doc, held_pages = _buffer_doc(b, page_size_tokens, memory_layout)
         except TypeError as e:
             raise TypeError(f"{b.name}: {e}") from None
         docs.append(doc)

@@ -191,6 +191,95 @@ def test_verify_accepts_the_plan_and_catches_a_wrong_one(rank):
     assert equal_wrong < plan.bytes_total
 
 
+HND_HEADS, HND_DIM = 8, 128  # a vLLM HND cache: [heads, dim] bf16 per token and section
+
+
+def hnd_pool(page_tokens):
+    """K and V of 8 x 128 bf16, head_major, 2 layers, no shard (vLLM HND at tp 1)."""
+    secs = [
+        {"name": n, "dtype": "bf16", "shape": [HND_HEADS, HND_DIM]} for n in ("k", "v")
+    ]
+    return buffer_layouts(one_buffer(page_tokens, "head_major", secs, pages=8))
+
+
+def hnd_element_offset(lay, layer, page, section, head, token):
+    """DESIGN's head_major: section after section, heads outermost inside a section, so head h
+    of token t of section s at T x (bytes of sections before s) + (h x T + t) x head_row_bytes."""
+    t_page = lay.page_size_tokens
+    head_row = HND_DIM * 2
+    section_block = HND_HEADS * t_page * head_row
+    return (
+        lay.page_offset_bytes(layer, page)
+        + section * section_block
+        + (head * t_page + token) * head_row
+    )
+
+
+# Regression (hostile review, session 8): a head_major buffer with no shard counted 1 head, so a
+# token plan between 32- and 64-token pages laid it out token-major: 3,584 of 4,096 head rows
+# landed in the wrong place, and verify (same head count) reported every byte equal.
+def test_token_plan_head_major_without_shard_places_each_head_row():
+    src, dst = hnd_pool(32)["kv"], hnd_pool(64)["kv"]
+    src_pages, dst_pages = [1, 2, 3, 6], [3, 4]
+    plan = token_plan({"kv": src}, {"kv": dst}, src_pages, dst_pages)
+    # every byte of 4 source pages moves: 2 layers x 128 tokens x 2 sections x 8 x 128 x 2 B
+    assert plan.bytes_total == 2 * 128 * 2 * HND_HEADS * HND_DIM * 2
+    src_region = np.zeros(src.region_bytes, dtype=np.uint8)
+    src16 = src_region.view(np.uint16)
+    for layer in range(2):
+        for i, page in enumerate(src_pages):
+            for sec in range(2):
+                for head in range(HND_HEADS):
+                    for t in range(32):
+                        o = hnd_element_offset(src, layer, page, sec, head, t) // 2
+                        tag = layer * 20_000 + sec * 10_000 + head * 1000 + i * 32 + t
+                        src16[o : o + HND_DIM] = tag
+    dst_region = np.zeros(dst.region_bytes, dtype=np.uint8)
+    _apply(plan, {"kv": src_region}, {"kv": dst_region})
+    dst16 = dst_region.view(np.uint16)
+    wrong = 0
+    for layer in range(2):
+        for j, page in enumerate(dst_pages):
+            for sec in range(2):
+                for head in range(HND_HEADS):
+                    for t in range(64):
+                        o = hnd_element_offset(dst, layer, page, sec, head, t) // 2
+                        want = layer * 20_000 + sec * 10_000 + head * 1000 + j * 64 + t
+                        wrong += int(np.count_nonzero(dst16[o : o + HND_DIM] != want))
+    assert wrong == 0
+
+
+def test_verify_catches_head_major_moved_as_token_major():
+    src, dst = hnd_pool(32), hnd_pool(64)
+    src_regions = {"kv": pattern(src["kv"], 7, 0)}
+    right = {"kv": np.zeros(dst["kv"].region_bytes, dtype=np.uint8)}
+    plan = token_plan(src, dst, [1, 2, 3, 6], [3, 4])
+    _apply(plan, src_regions, right)
+    assert verify(src, src_regions, dst, right, [1, 2, 3, 6], [3, 4], False) == (
+        plan.bytes_total,
+        0,
+    )
+    # the runs a token-major reading of the same pools gives: same bytes, wrong places
+    rows = [{"name": s, "dtype": "bf16", "shape": [HND_HEADS, HND_DIM]} for s in ("k", "v")]
+    as_rows = {
+        n: buffer_layouts(one_buffer(t, "token_major", rows, pages=8))
+        for n, t in (("src", 32), ("dst", 64))
+    }
+    wrong_plan = token_plan(as_rows["src"], as_rows["dst"], [1, 2, 3, 6], [3, 4])
+    assert wrong_plan.bytes_total == plan.bytes_total
+    wrong = {"kv": np.zeros(dst["kv"].region_bytes, dtype=np.uint8)}
+    _apply(wrong_plan, src_regions, wrong)
+    equal_wrong, _ = verify(src, src_regions, dst, wrong, [1, 2, 3, 6], [3, 4], False)
+    assert equal_wrong < plan.bytes_total // 2
+
+
+def test_head_major_one_entry_shape_is_one_head_per_token():
+    # the core's Section::heads: a one-entry shape is 1 head, so head_major lays the section's
+    # rows token after token: token 3's 64 bf16 at 3 x 128 B
+    lay = buffer_layouts(one_buffer(16, "head_major"))["kv"]
+    assert lay.piece_runs(3, 0, 0, 1) == [(3 * 64 * 2, 64 * 2)]
+
+
 def test_layout_errors_name_the_field():
     g = one_buffer(16, sections=[{"name": "k", "dtype": "f4e2m1", "shape": [3]}])
     with pytest.raises(LayoutError, match="kv.k.shape: 3 f4e2m1 elements are not whole bytes"):

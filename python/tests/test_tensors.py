@@ -143,3 +143,83 @@ def test_unpacked_float4_is_refused_by_name():
     a = np.zeros((2, 64, 16), ml_dtypes.float4_e2m1fn)
     with pytest.raises(kvlayout.TensorMismatch, match="float4_e2m1fn"):
         geometry_from_tensors({"kv": a}, page_size_tokens=64)
+
+
+# Regression (hostile review, session 8): extra replaced what the tensor proves. A bf16
+# [2 layers, 128 tokens, 8, 64] tensor with extra sections f16 was accepted as f16 (the dtype
+# check skipped), extra layers 99 gave a 99-layer geometry over 2 layers of memory, and extra
+# name renamed the buffer.
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("sections", [{"name": "k", "dtype": "f16", "shape": [8, 64]}]),
+        ("layers", 99),
+        ("name", "v"),
+        ("arrangement", "head_major"),
+        ("page_align_bytes", 4096),
+    ],
+)
+def test_extra_cannot_override_what_the_tensor_shows(key, value):
+    a = np.zeros((2, 128, 8, 64), ml_dtypes.bfloat16)
+    with pytest.raises(kvlayout.InvalidGeometry) as e:
+        geometry_from_tensors(
+            [TensorBuffer("k", a, extra={key: value})], page_size_tokens=64)
+    assert e.value.field == f"k.extra.{key}"
+
+
+def test_extra_page_stride_is_checked_against_the_tensor():
+    a = np.zeros((2, 128, 8, 64), ml_dtypes.bfloat16)
+    # a 64-token page of 8 x 64 bf16 rows: 64 x 1,024 B = 65,536 B apart in the tensor
+    g = geometry_from_tensors(
+        [TensorBuffer("k", a, extra={"page_stride_bytes": 65_536})], page_size_tokens=64)
+    assert g.buffers[0]["page_stride_bytes"] == 65_536
+    with pytest.raises(kvlayout.TensorMismatch, match="k.page_stride_bytes: declared 131072 B"):
+        geometry_from_tensors(
+            [TensorBuffer("k", a, extra={"page_stride_bytes": 131_072})], page_size_tokens=64)
+
+
+# Regression (hostile review, session 8): the declared arrangement, memory layout and axis names
+# were not checked against the strides; each of these was accepted.
+def test_head_major_declared_over_token_major_strides_is_refused():
+    a = np.zeros((2, 128, 8, 64), ml_dtypes.bfloat16)  # NHD: a token's 8 x 64 row packed
+    with pytest.raises(kvlayout.TensorMismatch) as e:
+        geometry_from_tensors([TensorBuffer("k", a, arrangement="head_major")], page_size_tokens=64)
+    assert e.value.field == "k.arrangement"
+    assert "declared head_major, tensor token_major" in e.value.problem
+
+
+def test_token_major_declared_over_hnd_strides_is_refused():
+    # vLLM HND per layer: [blocks 4, heads 8, block 16, dim 64], axes named in that order
+    a = np.zeros((4, 8, 16, 64), ml_dtypes.bfloat16)
+    axes = ("page", "head", "page_token", "dim")
+    ok = geometry_from_tensors([TensorBuffer("k", [a, a], axes=axes, arrangement="head_major")],
+                               page_size_tokens=16, memory_layout="page_first_direct")
+    assert ok.buffers[0]["bytes_per_token"] == 8 * 64 * 2
+    with pytest.raises(kvlayout.TensorMismatch, match="declared token_major, tensor head_major"):
+        geometry_from_tensors([TensorBuffer("k", [a, a], axes=axes)], page_size_tokens=16,
+                              memory_layout="page_first_direct")
+
+
+def test_memory_layout_must_match_where_the_layer_axis_lies():
+    layer_outer = np.zeros((2, 128, 8, 64), ml_dtypes.bfloat16)
+    with pytest.raises(kvlayout.TensorMismatch) as e:
+        geometry_from_tensors({"k": layer_outer}, page_size_tokens=64, memory_layout="page_first")
+    assert e.value.field == "k.memory_layout"
+    # layer stride 128 x 1,024 B, token stride 1,024 B
+    assert "layer stride 131072 B, token stride 1024 B" in e.value.problem
+    # SGLang's page_first host pool: [tokens, layers, heads, dim]
+    token_outer = np.zeros((128, 2, 8, 64), ml_dtypes.bfloat16)
+    axes = ("token", "layer", "head", "dim")
+    g = geometry_from_tensors([TensorBuffer("k", token_outer, axes=axes)], page_size_tokens=64,
+                              memory_layout="page_first")
+    assert g.buffers[0]["layers"] == 2
+    with pytest.raises(kvlayout.TensorMismatch, match="declared layer_first, tensor a page-first"):
+        geometry_from_tensors([TensorBuffer("k", token_outer, axes=axes)], page_size_tokens=64)
+
+
+@pytest.mark.parametrize(
+    "axes", [("layer", "token", "token", "dim"), ("layer", "token", "layer", "dim")])
+def test_an_axis_named_twice_is_refused(axes):
+    a = np.zeros((2, 128, 8, 64), ml_dtypes.bfloat16)
+    with pytest.raises(ValueError, match="more than once"):
+        geometry_from_tensors([TensorBuffer("k", a, axes=axes)], page_size_tokens=64)

@@ -100,10 +100,12 @@ class BufferLayout:
         raise LayoutError(f"{self.name}: no section {name!r}")
 
     def heads_local(self, section: Section) -> int:
-        """Heads this rank holds in `section` (the first shape entry of a heads-split buffer)."""
-        if self.shard is None or self.shard.split != "heads":
-            return 1
-        return section.shape[0]
+        """Heads this rank holds in `section`: the first shape entry of a heads-split buffer,
+        else the section's heads as the core counts them (`Section::heads`: the leading entry of
+        a shape of two or more entries, else 1)."""
+        if self.shard is not None and self.shard.split == "heads":
+            return section.shape[0]
+        return placement_heads(section)
 
     def piece_runs(self, token: int, section_idx: int, head_lo: int, head_hi: int):
         """Byte runs `(offset_in_page, length)` holding local heads `[head_lo, head_hi)` of one
@@ -128,6 +130,11 @@ class BufferLayout:
             return [(start + head_lo * head_bytes, (head_hi - head_lo) * head_bytes)]
         if arr == "head_major":
             start = tokens * before
+            if placement_heads(sec) == 1:
+                # One head per token as the core lays it (a one-entry shape): the section's
+                # rows token after token, a head range one run inside the token's row.
+                start += token * sec.bytes_per_token
+                return [(start + head_lo * head_bytes, (head_hi - head_lo) * head_bytes)]
             return [
                 (start + h * tokens * head_bytes + token * head_bytes, head_bytes)
                 for h in range(head_lo, head_hi)
@@ -147,6 +154,13 @@ class BufferLayout:
                 return [(start + head_lo * head_bytes, (head_hi - head_lo) * head_bytes)]
             group_start += tokens * row_bytes
         raise LayoutError(f"{self.name}.arrangement: section {sec.name!r} in no plane")
+
+
+def placement_heads(section: Section) -> int:
+    """Heads a `head_major` page lays out one after another for `section`: the leading shape
+    entry when the shape has two or more entries, else 1 (the core's `Section::heads`), whether
+    or not the buffer is split across ranks."""
+    return section.shape[0] if len(section.shape) >= 2 else 1
 
 
 def _section(buf_name: str, raw: dict) -> Section:

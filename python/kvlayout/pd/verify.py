@@ -53,16 +53,31 @@ def sections(layout: BufferLayout, region: np.ndarray) -> list[np.ndarray]:
         start += T * row
         if arr == "head_major":
             i = group[0]
-            h = layout.heads_local(layout.sections[i])
-            out[i] = block.reshape(L, N, h, T, row // h).transpose(0, 1, 3, 2, 4)
+            laid = _laid_heads(layout.sections[i].shape)
+            h = _held_heads(layout, layout.sections[i].shape)
+            by_token = block.reshape(L, N, laid, T, row // laid).transpose(0, 1, 3, 2, 4)
+            out[i] = by_token.reshape(L, N, T, h, row // h)
             continue
         rows = block.reshape(L, N, T, row)
         col = 0
         for i in group:
-            h = layout.heads_local(layout.sections[i])
+            h = _held_heads(layout, layout.sections[i].shape)
             out[i] = rows[:, :, :, col : col + sizes[i]].reshape(L, N, T, h, sizes[i] // h)
             col += sizes[i]
     return out
+
+
+def _laid_heads(shape: tuple[int, ...]) -> int:
+    """Heads a `head_major` block holds one after another: the leading entry of a shape of two
+    or more entries, else 1 (written again here, not taken from `regions`)."""
+    return shape[0] if len(shape) >= 2 else 1
+
+
+def _held_heads(layout: BufferLayout, shape: tuple[int, ...]) -> int:
+    """Heads a token's section is cut into: this rank's heads (the leading entry) when the buffer
+    is split by heads, else the laid-out heads."""
+    sh = layout.shard
+    return shape[0] if sh is not None and sh.split == "heads" else _laid_heads(shape)
 
 
 def _tokens(sec: np.ndarray, pages: list[int]) -> np.ndarray:
