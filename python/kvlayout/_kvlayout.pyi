@@ -17,17 +17,28 @@ class Geometry:
     """A validated pool geometry (kvlayout.geometry/v1 or /v2)."""
 
     @staticmethod
-    def from_json(text: str) -> Geometry: ...
+    def from_json(text: str) -> Geometry:
+        """Reads and validates a geometry file's text (``kvlayout.geometry/v1`` or ``/v2``; one
+        leading UTF-8 BOM skipped). Raises InvalidGeometry (``.field``, ``.problem``: unknown
+        schema, field, dtype or arrangement, zero dimension, overflow, JSON syntax with line and
+        column, a duplicate key, text that is not valid Unicode); TypeError for a non-str."""
     @staticmethod
-    def from_file(path: Union[str, os.PathLike[str]]) -> Geometry: ...
-    def to_json(self) -> str: ...
+    def from_file(path: Union[str, os.PathLike[str]]) -> Geometry:
+        """Reads a geometry file of at most 16 MiB; InvalidGeometry as ``from_json``, its field
+        prefixed with the path (also for a missing or unreadable file)."""
+    def to_json(self) -> str:
+        """The geometry file (pretty JSON, trailing newline), as ``kvlayout describe --json``."""
     @property
     def fingerprint(self) -> int:
-        """Pool fingerprint (64-bit), equal to the CLI's."""
+        """Pool fingerprint (64-bit FNV-1a over exactly the fields the ``pool`` level compares),
+        equal to the CLI's (printed there as hex)."""
     @property
-    def storage_fingerprint(self) -> int: ...
+    def storage_fingerprint(self) -> int:
+        """``storage`` fingerprint (64-bit): the pool fingerprint and the memory layout."""
     @property
-    def token_fingerprints(self) -> dict[str, int]: ...
+    def token_fingerprints(self) -> dict[str, int]:
+        """``{buffer name: 64-bit int}``: each buffer's ``token``-level fingerprint (attention,
+        dtypes, per-head shapes, scale relations, orders, arrangement), in buffer order."""
     @property
     def name(self) -> str: ...
     @property
@@ -47,7 +58,8 @@ class Geometry:
     def bytes_per_page(self) -> int:
         """All buffers and layers, bytes per page at each buffer's page stride."""
     @property
-    def total_bytes(self) -> int: ...
+    def total_bytes(self) -> int:
+        """Bytes of the whole pool in its memory layout (every buffer, layer and page)."""
     def mirror(self, pages: int, memory_layout: Optional[str] = None,
                name: Optional[str] = None) -> Geometry:
         """A mirror pool's geometry: every compared field from self; pages, layout, name new."""
@@ -72,16 +84,24 @@ class TransferGuard:
         dst_pages: _PageIndices,
     ) -> None:
         """`layer`: an index, or the model layer id on a geometry whose buffers carry
-        `layer_ids`; None: all layers. Raises TransferRefused (kind: layer, length,
-        too_many_pairs, page_out_of_range, duplicate_destination); TypeError for a bool, or
-        indices that are not int64 / one-dimensional / host-readable. Safe to share between
+        `layer_ids`; None: all layers (ints: Python's or numpy's). Raises TransferRefused
+        (kind: layer, length, too_many_pairs, page_out_of_range (negative, past the pool, or
+        past 64 bits), duplicate_destination); TypeError for a bool, or indices that are not
+        integers / int64 arrays / one-dimensional / host-readable. Safe to share between
         threads."""
     def layer_indices(self, layer: int) -> dict[str, int]:
         """{buffer name: layer index} of the buffers that hold `layer` (a model layer id when
         the buffers carry `layer_ids`); TransferRefused (kind layer) when none does."""
 
-def compare(a: Geometry, b: Geometry, level: _Level = "pool") -> list[str]: ...
-def check(a: Geometry, b: Geometry, level: _Level = "pool") -> None: ...
+def compare(a: Geometry, b: Geometry, level: _Level = "pool") -> list[str]:
+    """The diff lines of ``kvlayout check --level LEVEL A B`` (``field: A value, B value``, one
+    per differing field); ``[]`` when compatible. ``level``: ``pool`` (whole pages move),
+    ``storage`` (``pool`` plus memory layout) or ``token`` (tokens convertible per head, any page
+    size). An unknown level raises InvalidGeometry (field ``level``, a ValueError)."""
+def check(a: Geometry, b: Geometry, level: _Level = "pool") -> None:
+    """None when compatible at ``level``; raises Incompatible (``.lines`` as ``compare``,
+    ``.header`` with the count, the level and both fingerprints). An unknown level raises
+    InvalidGeometry (field ``level``)."""
 def describe(
     model: Union[str, os.PathLike[str]],
     kv_dtype: Optional[Literal["bf16", "fp8"]] = None,
@@ -93,7 +113,13 @@ def describe(
     page_size_tokens: int = 64,
     pages: int = 1024,
     equal_page_bytes: bool = False,
-) -> Geometry: ...
+) -> Geometry:
+    """The device pool geometry of one tensor-parallel rank of ``model`` (a built-in name, a
+    config.json path or a Hugging Face model directory), as ``kvlayout describe --json``.
+    ``kv_dtype`` default fp8 for DSA models, else bf16; ``index_k`` default fp8 (DSA only; a
+    UserWarning otherwise); ``page_size_tokens`` tokens per page; ``pages`` page count.
+    Raises ModelError (unreadable config, or a field that changes the cache and is not modelled,
+    named) or ValueError / TypeError (a bad option, named)."""
 def totals(
     model: Union[str, os.PathLike[str]],
     kv_dtype: Optional[Literal["bf16", "fp8"]] = None,
@@ -105,4 +131,6 @@ def totals(
 ) -> dict[str, Any]:
     """`kvlayout describe --totals`: model, full_bytes_per_token, window_bytes_per_request_max,
     state_bytes_per_request, layers_by_attention."""
-def formats() -> list[dict[str, Any]]: ...
+def formats() -> list[dict[str, Any]]:
+    """The built-in token layouts, as ``kvlayout formats --json`` (fingerprint as an int), each
+    with its file form (``arrangement``, ``sections``, alignment) under ``"layout"``."""

@@ -37,6 +37,7 @@ when ``tensors`` is a list):
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -205,6 +206,12 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
     if repeated:
         raise ValueError(f"{buf.name}.axes: {axes} names {', '.join(map(repr, repeated))} "
                          "more than once (one name per dimension)")
+    empty = [f"{a!r}" for a, n in zip(axes, facts.shape) if n == 0]
+    if empty:
+        # Checked first: a zero-size tensor's strides say nothing (numpy gives them anyway).
+        raise TensorMismatch(f"{buf.name}.shape",
+                             f"axis {', '.join(empty)} of {list(facts.shape)} is 0: the tensor "
+                             f"holds no bytes ({facts.describe()})")
     dims = dict(zip(axes, facts.shape))
     strides = dict(zip(axes, facts.strides_bytes))
     if "layer" in dims:
@@ -412,6 +419,17 @@ def _file(page_size_tokens: int, pages: int, memory_layout: str, name: str,
             "memory_layout": memory_layout, "buffers": buffers}
 
 
+def _int_arg(field: str, value: Any) -> int:
+    """An int argument: an ``int`` or an integer with ``__index__`` (numpy's ``int64``...), not a
+    bool; ``TypeError`` naming the field otherwise."""
+    if not isinstance(value, bool):  # numpy's bool_ has no __index__ (TypeError below)
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{field}: expected an int, got {type(value).__name__} {value!r}")
+
+
 def geometry_from_tensors(
     buffers: Union[Sequence[TensorBuffer], Mapping[str, Any]],
     *,
@@ -432,12 +450,11 @@ def geometry_from_tensors(
     format (bytes per token, page stride, dtype), naming the buffer and both numbers;
     :class:`~kvlayout.errors.InvalidGeometry` when the result breaks a geometry rule.
     """
-    if isinstance(page_size_tokens, bool) or not isinstance(page_size_tokens, int):
-        raise TypeError(f"page_size_tokens: expected an int, got {page_size_tokens!r}")
+    page_size_tokens = _int_arg("page_size_tokens", page_size_tokens)
     if page_size_tokens < 1:
         raise InvalidGeometry("page_size_tokens", f"{page_size_tokens}: must be at least 1")
-    if pages is not None and (isinstance(pages, bool) or not isinstance(pages, int)):
-        raise TypeError(f"pages: expected an int or None, got {pages!r}")
+    if pages is not None:
+        pages = _int_arg("pages", pages)
     if isinstance(buffers, Mapping):
         buffers = [TensorBuffer(n, t) for n, t in buffers.items()]
     if not buffers:

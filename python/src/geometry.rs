@@ -10,7 +10,7 @@ use kvlayout_core::{
     arrangement_text, compare_at, file, formats as builtin,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyAny, PyDict};
+use pyo3::types::{PyAny, PyDict, PyString};
 use serde_json::{Value, json};
 
 use crate::errors;
@@ -72,12 +72,17 @@ fn geometry_result<T>(py: Python<'_>, r: Result<T, GeometryError>) -> PyResult<T
 
 #[pymethods]
 impl Geometry {
-    /// Reads and validates a geometry file's text (`kvlayout.geometry/v1`). Raises
-    /// `InvalidGeometry` naming the field and the bad value (unknown schema, dtype or
-    /// arrangement, zero dimension, block that does not divide, odd fp4 count, overflow, JSON
-    /// syntax with line and column).
+    /// Reads and validates a geometry file's text (`kvlayout.geometry/v1` or `/v2`; one
+    /// leading UTF-8 BOM is skipped). Raises `InvalidGeometry` naming the field and the bad
+    /// value (unknown schema, dtype or arrangement, zero dimension, block that does not divide,
+    /// odd fp4 count, overflow, JSON syntax with line and column, text that is not valid
+    /// Unicode such as a lone surrogate); `TypeError` when `text` is not a `str`.
     #[staticmethod]
-    fn from_json(py: Python<'_>, text: &str) -> PyResult<Geometry> {
+    fn from_json(py: Python<'_>, text: &Bound<'_, PyString>) -> PyResult<Geometry> {
+        // A lone surrogate has no UTF-8 form: the geometry is invalid, not the call.
+        let text = text.to_str().map_err(|e| {
+            errors::invalid_geometry(py, "text", &format!("not valid Unicode: {e}"))
+        })?;
         let inner = geometry_result(py, file::from_json(text))?;
         Geometry::new(py, inner)
     }

@@ -16,7 +16,7 @@ use kvlayout_pool::shim::{check_layer, check_pair_pages};
 use kvlayout_pool::{Direction, Layers, PagePair, TransferError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyInt};
+use pyo3::types::PyBool;
 
 use crate::errors;
 use crate::geometry::{Geometry, header};
@@ -66,7 +66,7 @@ fn bitmap(pages: u64) -> Vec<u64> {
     }
 }
 
-/// Reads `layer`: `None`, or an int (not a bool) that fits an `i64`.
+/// Reads `layer`: `None`, or an int (not a bool; numpy integers too) that fits an `i64`.
 fn layer_arg(py: Python<'_>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<Option<i64>> {
     let Some(l) = layer else { return Ok(None) };
     if l.is_none() {
@@ -78,12 +78,12 @@ fn layer_arg(py: Python<'_>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<Optio
             l.repr()?
         )));
     }
-    if !l.is_instance_of::<PyInt>() {
+    let Some(l) = crate::model::index_int(l)? else {
         return Err(PyTypeError::new_err(format!(
             "layer: expected an int or None, got {}",
             l.get_type().name()?
         )));
-    }
+    };
     l.extract::<i64>().map(Some).map_err(|_| {
         errors::transfer_refused(
             py,

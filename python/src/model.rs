@@ -116,17 +116,35 @@ fn load(
     Ok((m, opts))
 }
 
-/// A count argument (`tp`, `rank`, `pages`, `page_size_tokens`): an int (not a bool) in
-/// `0..2^64`; otherwise `InvalidGeometry` (a `ValueError`) or `TypeError` naming the field and
-/// the value.
+/// `v` as a Python int: an `int`, or an integer that converts losslessly through `__index__`
+/// (numpy's `int64`, `uint32`...); `None` for a bool (Python's or numpy's) and anything else.
+pub(crate) fn index_int<'py>(v: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyInt>>> {
+    if v.is_instance_of::<PyBool>() {
+        return Ok(None);
+    }
+    if let Ok(i) = v.cast::<PyInt>() {
+        return Ok(Some(i.clone()));
+    }
+    let index = v.py().import("operator")?.getattr("index")?;
+    match index.call1((v,)) {
+        // numpy's bool_ has no __index__ (numpy >= 1.24 raises TypeError): refused above or here.
+        Ok(i) => Ok(i.cast_into::<PyInt>().ok()),
+        Err(e) if e.is_instance_of::<PyTypeError>(v.py()) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A count argument (`tp`, `rank`, `pages`, `page_size_tokens`): an int (not a bool; numpy
+/// integers too) in `0..2^64`; otherwise `InvalidGeometry` (a `ValueError`) or `TypeError`
+/// naming the field and the value.
 pub(crate) fn count_arg(py: Python<'_>, field: &str, v: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
+    let Some(v) = index_int(v)? else {
         return Err(PyTypeError::new_err(format!(
             "{field}: expected an int, got {} {}",
             v.get_type().name()?,
             v.repr()?
         )));
-    }
+    };
     v.extract::<u64>().map_err(|_| {
         let r = v.repr().map(|r| r.to_string()).unwrap_or_default();
         let problem = if v.lt(0).unwrap_or(false) {

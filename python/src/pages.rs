@@ -16,7 +16,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -204,6 +204,14 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, what: &str, i: usize) -> PyR
     // SAFETY: the GIL is held; PyErr_Occurred only reads the thread's error indicator.
     if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
         let e = PyErr::fetch(py);
+        if e.is_instance_of::<PyOverflowError>(py) {
+            // An int past 64 bits is a page no pool has: refused as out of range.
+            return Err(crate::errors::transfer_refused(
+                py,
+                format!("{what}[{i}]: page past 64 bits, out of range"),
+                "page_out_of_range",
+            ));
+        }
         return Err(PyTypeError::new_err(format!(
             "{what}[{i}]: not an int64 page index: {e}"
         )));

@@ -119,5 +119,30 @@ def test_guard_properties(guard):
 def test_list_items_that_are_not_int64_are_refused_by_index(guard):
     with pytest.raises(TypeError, match=r"src_pages\[1\]: not an int64"):
         guard.check_pages("load", None, [1, "x"], [0, 1])
-    with pytest.raises(TypeError, match=r"src_pages\[0\]: not an int64"):
-        guard.check_pages("load", None, (1 << 70,), (0,))
+    with pytest.raises(TypeError, match=r"dst_pages\[0\]: not an int64"):
+        guard.check_pages("load", None, (1,), (1.0,))
+
+
+# Regressions (hostile review, session 8): numpy integers were refused as arguments (TypeError
+# "got int64") though numpy page lists were accepted; a page index past 64 bits was a TypeError
+# while a layer past 64 bits was a TransferRefused.
+def test_numpy_integers_are_ints_and_numpy_bools_are_not():
+    device = _geometry(DEVICE_PAGES)
+    host = device.mirror(pages=np.int64(HOST_PAGES))
+    assert host.pages == HOST_PAGES
+    guard = kvlayout.TransferGuard(device, host)
+    guard.check_pages("load", np.int64(3), [1], [2])
+    guard.check_pages("load", np.uint32(3), [1], [2])
+    with pytest.raises(kvlayout.TransferRefused) as e:
+        guard.check_pages("load", np.int64(4), [1], [2])  # 4 layers: 0..=3
+    assert e.value.kind == "layer"
+    with pytest.raises(TypeError, match="layer"):
+        guard.check_pages("load", np.bool_(True), [1], [2])
+
+
+def test_a_page_past_64_bits_is_out_of_range(guard):
+    for page in (2**63, 1 << 70):
+        with pytest.raises(kvlayout.TransferRefused) as e:
+            guard.check_pages("load", 0, (page,), (1,))
+        assert e.value.kind == "page_out_of_range"
+        assert "src_pages[0]" in str(e.value)

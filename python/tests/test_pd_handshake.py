@@ -151,3 +151,59 @@ def test_regions_short_and_whole():
     handshake.check_regions({"regions": {"kv": [4096, 64]}}, {"kv": _Lay()})
     with pytest.raises(PeerRefused, match="63 bytes published, geometry lays out 64"):
         handshake.check_regions({"regions": {"kv": [4096, 63]}}, {"kv": _Lay()})
+
+
+# Regressions (hostile review, session 8): a peer geometry with a UTF-8 BOM (which the core
+# skips) escaped check_peer as a JSONDecodeError from the level choice, and a lone surrogate as
+# a UnicodeEncodeError; both must be verdicts, not crashes.
+def test_peer_geometry_with_a_bom_is_read_as_the_core_reads_it():
+    g = geo(DSV32)
+    msg = message(g)
+    msg["geometry"] = "\ufeff" + msg["geometry"]
+    assert handshake.check_peer(g, msg).level == "pool"
+
+
+def test_peer_geometry_that_is_not_unicode_is_refused():
+    g = geo(DSV32)
+    msg = handshake.parse_message(
+        b'{"schema": "kvlayout.pd.handshake/v1", "geometry": "\\ud800"}')
+    with pytest.raises(PeerRefused, match="unreadable") as e:
+        handshake.check_peer(g, msg)
+    assert e.value.level == "handshake"
+    with pytest.raises(kvlayout.InvalidGeometry) as e2:
+        kvlayout.Geometry.from_json("\ud800")
+    assert e2.value.field == "text"
+
+
+# Regression: `selftest --case bogus` ran nothing and exited 0.
+def test_selftest_refuses_an_unknown_case(capsys):
+    import argparse
+
+    from kvlayout.pd import selftest
+
+    opts = argparse.Namespace(engine="nixl", case=["compatible", "Compatible"], repo=str(ROOT))
+    assert selftest.main(opts) == 2
+    assert "--case Compatible: no such case" in capsys.readouterr().err
+
+
+def _tp2_rank(rank: int) -> kvlayout.Geometry:
+    return kvlayout.Geometry.from_json(json.dumps({
+        "schema": "kvlayout.geometry/v2", "name": f"r{rank}", "page_size_tokens": 64,
+        "pages": 8, "memory_layout": "layer_first",
+        "buffers": [{"name": "kv", "layers": 2, "arrangement": "token_major",
+                     "shard": {"tp_size": 2, "rank": rank, "split": "heads", "heads_total": 8},
+                     "sections": [{"name": "k", "dtype": "bf16", "shape": [4, 128]}]}]}))
+
+
+# Regression (hostile review, session 8): rank 0 of tp 2 paired with rank 1 of tp 2 passed the
+# handshake at the token level, and the plan then moved 0 bytes.
+def test_equal_tp_other_rank_is_refused_naming_both_ranks():
+    r0, r1 = _tp2_rank(0), _tp2_rank(1)
+    assert handshake.check_peer(r1, message(_tp2_rank(1))).level == "pool"
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_peer(r1, message(r0))
+    assert e.value.lines == [
+        "kv.shard.rank: 0, 1 (tp_size 2 on both sides: the ranks hold disjoint heads, "
+        "nothing would move)"
+    ]
+    assert e.value.level == "token"

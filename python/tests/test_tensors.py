@@ -223,3 +223,23 @@ def test_an_axis_named_twice_is_refused(axes):
     a = np.zeros((2, 128, 8, 64), ml_dtypes.bfloat16)
     with pytest.raises(ValueError, match="more than once"):
         geometry_from_tensors([TensorBuffer("k", a, axes=axes)], page_size_tokens=64)
+
+
+def test_numpy_integer_arguments_are_ints():
+    a = np.zeros((2, 128, 8, 64), ml_dtypes.bfloat16)
+    g = geometry_from_tensors({"k": a}, page_size_tokens=np.int64(64), pages=np.int32(2))
+    assert (g.page_size_tokens, g.pages) == (64, 2)
+    with pytest.raises(TypeError, match="page_size_tokens"):
+        geometry_from_tensors({"k": a}, page_size_tokens=True)
+    with pytest.raises(TypeError, match="pages"):
+        geometry_from_tensors({"k": a}, page_size_tokens=64, pages=2.0)
+
+
+# Regression (hostile review, session 8): a zero-length axis was reported as a stride problem
+# ("content axis 'd1' has stride 0 B" for 0 layers, "layer stride 0 B" for 0 tokens).
+@pytest.mark.parametrize("shape, axis", [((0, 128, 8, 64), "'layer'"), ((2, 0, 8, 64), "'token'")])
+def test_a_zero_length_axis_is_named(shape, axis):
+    a = np.zeros(shape, ml_dtypes.bfloat16)
+    with pytest.raises(kvlayout.TensorMismatch, match=f"k.shape: axis {axis} of") as e:
+        geometry_from_tensors({"k": a}, page_size_tokens=64)
+    assert e.value.field == "k.shape"

@@ -109,6 +109,30 @@ def choose_level(peer_json: str, local_json: str) -> Literal["pool", "token"]:
     return "pool"
 
 
+def disjoint_heads(peer_json: str, local_json: str) -> list[str]:
+    """Lines for each heads-split buffer whose two ranks hold no head in common at the same
+    `tp_size`: rank r of one side pairs with rank r of the other, and any other pairing would
+    move no byte of that buffer (a wiring error, refused). At different `tp_size` a rank may
+    rightly share no heads with one of its peers; that is left to the plan."""
+    peer, local = json.loads(peer_json), json.loads(local_json)
+    local_shards = {b["name"]: b.get("shard") or {} for b in local["buffers"]}
+    lines = []
+    for a in peer["buffers"]:
+        sa, sb = a.get("shard") or {}, local_shards.get(a["name"], {})
+        if (
+            sa.get("split") == "heads"
+            and sb.get("split") == "heads"
+            and sa.get("tp_size") == sb.get("tp_size")
+            and sa.get("rank") != sb.get("rank")
+        ):
+            lines.append(
+                f"{a['name']}.shard.rank: {sa.get('rank')}, {sb.get('rank')} (tp_size "
+                f"{sa.get('tp_size')} on both sides: the ranks hold disjoint heads, nothing "
+                "would move)"
+            )
+    return lines
+
+
 def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Verdict:
     """Checks a peer's handshake against the local geometry; raises `PeerRefused` with the diff.
 
@@ -146,8 +170,10 @@ def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Ve
             ],
             "handshake",
         )
-    level: Literal["pool", "token"] = choose_level(text, local.to_json())
-    lines = kvlayout.compare(peer, local, level)
+    # The core's own rendering of the peer's file: what it parsed (a BOM, say, skipped).
+    peer_json, local_json = peer.to_json(), local.to_json()
+    level: Literal["pool", "token"] = choose_level(peer_json, local_json)
+    lines = kvlayout.compare(peer, local, level) or disjoint_heads(peer_json, local_json)
     if lines:
         raise PeerRefused(
             lines,

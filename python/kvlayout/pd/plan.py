@@ -93,7 +93,9 @@ def page_plan(
     src_pages: list[int],
     dst_pages: list[int],
 ) -> Plan:
-    """Whole pages; for pools the `pool` level found compatible."""
+    """Whole pages; for pools the `pool` level found compatible. `LayoutError` naming the
+    buffer and both values when the page lists differ in length, a page is out of range, a
+    destination page repeats, or the buffer sets, layer counts or page strides differ."""
     if len(src_pages) != len(dst_pages):
         raise LayoutError(f"page lists: {len(src_pages)} source, {len(dst_pages)} destination")
     plan = Plan(level="pool")
@@ -120,7 +122,10 @@ def token_plan(
     src_pages: list[int],
     dst_pages: list[int],
 ) -> Plan:
-    """Token runs with head slices; for pools the `token` level found compatible."""
+    """Token runs with head slices; for pools the `token` level found compatible. `LayoutError`
+    naming the buffer and both values when the two page lists hold different token counts, a
+    page is out of range, a destination page repeats, the buffer sets, layer or section counts
+    differ, a shard is inconsistent, or a head run differs in bytes between the sides."""
     plan = Plan(level="token")
     for name, s, d in _pair(src, dst):
         _check_pages("source", s, src_pages)

@@ -295,6 +295,15 @@ def main(opts) -> int:
     if repo is None:
         print(f"error: repository files not found ({DSV32}); pass --repo", file=sys.stderr)
         return 2
+    unknown = sorted(set(opts.case or ()) - {c.name for c in CASES})
+    if unknown:
+        # A run that tests nothing (or less than asked) is not a pass.
+        print(
+            f"error: --case {', '.join(unknown)}: no such case "
+            f"(cases: {', '.join(c.name for c in CASES)})",
+            file=sys.stderr,
+        )
+        return 2
     selected = [c for c in CASES if not opts.case or c.name in opts.case]
     logdir = Path(tempfile.mkdtemp(prefix=f"kvlayout-pd-{opts.engine}-"))
     ok_all = True
