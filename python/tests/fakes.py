@@ -34,6 +34,18 @@ def mha_device(layers=2, pages=8, page=64, heads=8, dim=128, dtype=BF16, logical
         v_buffer=[np.zeros(shape, dtype) for _ in range(layers)])
 
 
+def mha_mxfp8_device(layers=2, pages=8, page=64, heads=8, dim=128):
+    """MHATokenToKVPoolMXFP8: e4m3 k_buffer/v_buffer per layer [size + page_size, head_num,
+    head_dim] plus k_scale_buffer/v_scale_buffer [size + page_size, head_num, head_dim // 32] in
+    float8_e8m0fnu (one scale per 32 elements)."""
+    pool = mha_device(layers, pages, page, heads, dim, dtype=FP8,
+                      logical=FakeTorchDtype("float8_e4m3fn"))
+    shape = (pages * page, heads, dim // 32)
+    pool.k_scale_buffer = [np.zeros(shape, ml_dtypes.float8_e8m0fnu) for _ in range(layers)]
+    pool.v_scale_buffer = [np.zeros(shape, ml_dtypes.float8_e8m0fnu) for _ in range(layers)]
+    return pool
+
+
 def mha_host(device, pages=16, layout="layer_first"):
     """MHATokenToKVPoolHost.init_kv_buffer dims per layout."""
     page, L, H, D = device.page_size, device.layer_num, device.head_num, device.head_dim
@@ -103,6 +115,11 @@ class MLAAttentionSpec(types.SimpleNamespace):
 
 class MambaSpec(types.SimpleNamespace):
     pass
+
+
+class UniformTypeKVCacheSpecs(types.SimpleNamespace):
+    """One group of layers whose specs differ but keep the same token slots:
+    ``kv_cache_specs: dict[str, KVCacheSpec]`` per layer."""
 
 
 def spec(cls=FullAttentionSpec, block_size=16, num_kv_heads=8, head_size=128, dtype=BF16, **kw):

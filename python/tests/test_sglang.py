@@ -208,3 +208,111 @@ def test_gate_binds_varargs_and_renamed_ops_by_sglang_order(kind):
         gated(k, k, v, v, None, None, size=8 * 128 * 2)
     assert e.value.kind == "unchecked" and "item_size" in str(e.value)
     assert len(calls) == 1
+
+
+# Regression (hostile review, session 8): an MXFP8 device pool's k_scale_buffer / v_scale_buffer
+# were not read, so the pool looked like plain fp8 (2 x 1,024 B/token/layer) and a host without
+# scales passed the pairing.
+def test_mxfp8_scales_are_buffers_and_a_host_without_them_is_refused():
+    device = fakes.mha_mxfp8_device(layers=2)
+    g = sglang.device_geometry(device)
+    per_layer = {b["name"]: b["bytes_per_token"] for b in g.buffers}
+    # K, V: 8 heads x 128 e4m3 = 1,024 B; scales: 8 heads x 128 / 32 ue8m0 = 32 B (DESIGN-facts:
+    # MHA MXFP8 8 x 128 = 2,112 B/token/layer)
+    assert per_layer == {"k": 1024, "v": 1024, "k_scale": 32, "v_scale": 32}
+    assert sum(per_layer.values()) == 2112
+    assert g.bytes_per_token == 2 * 2112
+    plain_host = fakes.mha_host(device)
+    with pytest.raises(kvlayout.Incompatible) as e:
+        sglang.transfer_guard(device, plain_host)
+    assert any("k_scale" in line for line in e.value.lines)
+
+
+def test_an_unmodelled_scale_buffer_is_refused_by_name():
+    device = fakes.mha_device()
+    device.q_scale_buffer = [np.zeros((8, 8), np.float32)]
+    with pytest.raises(kvlayout.KvLayoutError, match="q_scale_buffer"):
+        sglang.device_geometry(device)
+    host = fakes.mha_host(fakes.mha_device())
+    host.k_scale_buffer = np.zeros((2, 8), np.uint8)
+    with pytest.raises(kvlayout.KvLayoutError, match="k_scale_buffer"):
+        sglang.host_geometry(host)
+
+
+# Regressions (hostile review, session 8): the page-first row was not checked against the
+# layers it must hold (item_size 4096 x 2 layers into a 4,096-B row passed; layer_id 5 of a
+# 2-layer row passed); ph_lf ops were not wrapped; unchecked ops passed without a word.
+def _mha_page_first_pair():
+    device = fakes.mha_device(layers=2)  # rows 8 x 128 x 2 = 2,048 B
+    host = fakes.mha_host(device, layout="page_first")  # rows 2 layers x 2,048 = 4,096 B
+    return device, host
+
+
+def test_all_layer_backup_must_fit_the_page_first_row():
+    device, host = _mha_page_first_pair()
+    calls = []
+
+    def transfer_kv_all_layer_lf_pf(src_k_layers, dst_k, src_v_layers, dst_v, src_indices,
+                                    dst_indices, item_size, dst_layout_dim, num_layers):
+        calls.append(item_size)
+
+    ns = {"transfer_kv_all_layer_lf_pf": transfer_kv_all_layer_lf_pf}
+    sglang.guard_transfer_ops(ns)
+    gated = ns["transfer_kv_all_layer_lf_pf"]
+    k, v = host.kv_buffer[0], host.kv_buffer[1]
+    gated(None, k, None, v, None, None, 2048, 4096, 2)
+    assert calls == [2048]
+    with pytest.raises(kvlayout.TransferRefused) as e:
+        gated(None, k, None, v, None, None, 4096, 4096, 2)
+    assert e.value.kind == "item_size"
+    assert "num_layers 2 x item_size 4096 B = 8192 B, but dst_layout_dim is 4096 B" in str(e.value)
+    assert calls == [2048]
+
+
+def test_per_layer_load_layer_must_lie_in_the_page_first_row():
+    device, host = _mha_page_first_pair()
+    calls = []
+
+    def transfer_kv_per_layer_pf_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_indices,
+                                    layer_id, item_size, src_layout_dim):
+        calls.append(layer_id)
+
+    ns = {"transfer_kv_per_layer_pf_lf": transfer_kv_per_layer_pf_lf}
+    sglang.guard_transfer_ops(ns)
+    gated = ns["transfer_kv_per_layer_pf_lf"]
+    k, v = host.kv_buffer[0], host.kv_buffer[1]
+    gated(k, device.k_buffer[1], v, device.v_buffer[1], None, None, 1, 2048, 4096)
+    for layer in (2, 5, -1):
+        with pytest.raises(kvlayout.TransferRefused) as e:
+            gated(k, device.k_buffer[1], v, device.v_buffer[1], None, None, layer, 2048, 4096)
+        assert e.value.kind == "layer"
+    assert calls == [1]
+
+
+def test_page_head_load_is_wrapped_and_unchecked_ops_are_named():
+    device = fakes.mha_device(heads=16)  # rows 16 x 128 x 2 = 4,096 B
+    calls = []
+
+    def transfer_kv_per_layer_ph_lf(src_k, dst_k, src_v, dst_v, src_indices, dst_indices,
+                                    layer_id, item_size, src_layout_dim, page_size, head_num):
+        calls.append(layer_id)
+
+    def jit_transfer_hicache_all_layer(*args):
+        pass
+
+    def transfer_kv_all_layer(*args):  # a pointer-table op: check_item_sizes covers it
+        pass
+
+    ns = {"__name__": "pool_host.mha", "transfer_kv_per_layer_ph_lf": transfer_kv_per_layer_ph_lf,
+          "transfer_kv_all_layer_lf_ph": lambda *a: None,
+          "jit_transfer_hicache_all_layer": jit_transfer_hicache_all_layer,
+          "transfer_kv_all_layer": transfer_kv_all_layer}
+    with pytest.warns(UserWarning) as w:
+        assert sglang.guard_transfer_ops(ns) == ["pool_host.mha.transfer_kv_per_layer_ph_lf"]
+    assert str(w[0].message) == (
+        "kvlayout: transfer ops not checked by guard_transfer_ops: "
+        "pool_host.mha.jit_transfer_hicache_all_layer, pool_host.mha.transfer_kv_all_layer_lf_ph")
+    with pytest.raises(kvlayout.TransferRefused, match="item_size 2048 B, but dst_k rows are 4096 B"):
+        ns["transfer_kv_per_layer_ph_lf"](None, device.k_buffer[0], None, device.v_buffer[0],
+                                          None, None, 0, 2048, 4096, 64, 8)
+    assert calls == []

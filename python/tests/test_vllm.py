@@ -153,3 +153,52 @@ def test_tp1_prefill_tp2_decode_compare_at_token_level():
         vllm.geometry({n: fakes.flashinfer_cache(4, s2) for n in names}, {n: s2 for n in names},
                       tp=2, rank=2)
     assert e.value.field == "rank"
+
+
+# Regression (hostile review, session 8): vLLM without the hybrid allocator promotes sliding
+# window layers to FullAttentionSpec and merges the group's window into sliding_window=128; the
+# adapter read that as 24 sliding-window layers, though vLLM allocates blocks for every token.
+def test_a_full_attention_spec_with_a_merged_window_keeps_every_token():
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(24)]
+    merged = fakes.spec(fakes.FullAttentionSpec, num_kv_heads=8, head_size=64, sliding_window=128)
+    caches = {n: fakes.flashinfer_cache(10, merged) for n in names}
+    g = vllm.geometry(caches, fakes.kv_cache_config(10, [(names, merged)]))
+    (kv,) = g.buffers
+    assert kv["layers"] == 24
+    assert kv.get("attention", "full") == "full"
+    # 2 (K, V) x 8 heads x 64 x 2 B = 2,048 B/token/layer
+    assert g.bytes_per_token == 24 * 2 * 8 * 64 * 2
+
+
+# Regression: DeepSeek-V3.2 as vLLM groups it (MLA and indexer layers in one
+# UniformTypeKVCacheSpecs group) raised AttributeError 'num_kv_heads'.
+def test_uniform_type_group_of_mla_and_indexer_layers():
+    mla = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=576,
+                     dtype=np.uint8, cache_dtype_str="fp8_ds_mla")
+    idx = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=132,
+                     dtype=np.uint8)
+    attn = [f"model.layers.{i}.self_attn.attn" for i in range(61)]
+    indexer = [f"model.layers.{i}.self_attn.indexer.k_cache" for i in range(61)]
+    specs = {**{n: mla for n in attn}, **{n: idx for n in indexer}}
+    uniform = fakes.UniformTypeKVCacheSpecs(block_size=64, kv_cache_specs=specs)
+    caches = {n: np.zeros((4, 64, 656), np.uint8) for n in attn}
+    caches.update({n: np.zeros((4, 64, 132), np.uint8) for n in indexer})
+    g = vllm.geometry(caches, fakes.kv_cache_config(4, [(list(specs), uniform)]))
+    by = {b["name"]: (b["layers"], b["bytes_per_token"]) for b in g.buffers}
+    # MLA row 512 e4m3 + 4 f32 + 64 bf16 = 656 B; indexer 128 e4m3 + 1 f32 = 132 B
+    assert by == {"kv": (61, 656), "index_k": (61, 132)}
+    assert g.bytes_per_token == 61 * (656 + 132) == 48_068
+
+
+# Regression (hostile review, session 8): FlashInfer HND with one KV head per rank (the same
+# bytes as NHD) was head_major, so it compared unequal with the NHD cache.
+def test_one_head_hnd_is_the_nhd_layout():
+    s = fakes.spec(num_kv_heads=1, head_size=128)
+    nhd = {n: fakes.flashinfer_cache(4, s) for n in LAYERS}
+    # allocated [blocks, 2, heads, block, dim] and permuted, as vLLM does for HND
+    hnd = {n: np.zeros((4, 2, 1, 16, 128), fakes.BF16).transpose(0, 1, 3, 2, 4) for n in LAYERS}
+    assert hnd[LAYERS[0]].strides != nhd[LAYERS[0]].strides
+    a = vllm.geometry(nhd, {n: s for n in LAYERS})
+    b = vllm.geometry(hnd, {n: s for n in LAYERS})
+    assert kvlayout.compare(a, b) == []
+    assert a.buffers[0]["arrangement"] == "section_major"

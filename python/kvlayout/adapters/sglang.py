@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Any, Callable, MutableMapping, Optional
 
 from .._kvlayout import Geometry
@@ -139,6 +140,37 @@ def _row_bytes(t: Any) -> int:
     return n
 
 
+# Per-layer scale tensors of an MXFP8 MHA device pool (``MHATokenToKVPoolMXFP8``): one ue8m0
+# (``float8_e8m0fnu``) scale per 32 elements, ``[size + page_size, head_num, head_dim // 32]``.
+_MXFP8_SCALES = ("k_scale_buffer", "v_scale_buffer")
+
+
+def _mxfp8_scale_buffers(pool: Any) -> list[TensorBuffer]:
+    """Buffers ``k_scale`` / ``v_scale`` (ue8m0, the tensor's per-token shape) of an MXFP8 pool;
+    none for a pool without scale tensors. A host that does not mirror them fails the pairing
+    (the buffer sets differ) instead of being taken for a plain fp8 mirror."""
+    out = []
+    for attr in _MXFP8_SCALES:
+        tensors = getattr(pool, attr, None)
+        if tensors is None:
+            continue
+        shape = list(tensor_facts(tensors[0]).shape[1:])
+        side = attr[: -len("_buffer")]
+        out.append(TensorBuffer(side, list(tensors), axes=("token", "head", "dim"),
+                                sections=[{"name": side, "dtype": "ue8m0", "shape": shape}]))
+    return out
+
+
+def _refuse_unmodelled_scales(pool: Any, modelled: tuple[str, ...]) -> None:
+    """Any other ``*_scale_buffer`` attribute holds bytes the geometry would not describe:
+    refused by name, never dropped."""
+    modelled = (*modelled, "index_k_with_scale_buffer")  # read by both geometries
+    for attr in sorted(vars(pool) if hasattr(pool, "__dict__") else ()):
+        if attr.endswith("_scale_buffer") and attr not in modelled and getattr(pool, attr) is not None:
+            raise KvLayoutError(f"{type(pool).__name__}.{attr}: a scale buffer this adapter "
+                                "does not model; its bytes would be dropped from the geometry")
+
+
 def device_geometry(pool: Any, *, name: Optional[str] = None) -> Geometry:
     """The geometry of an SGLang device pool (MHA, MLA, or MLA + DSA index-K), read from its
     tensors; ``pages`` is the fewest pages any buffer holds (``size // page_size + 1`` with the
@@ -153,6 +185,7 @@ def device_geometry(pool: Any, *, name: Optional[str] = None) -> Geometry:
             buffers.append(TensorBuffer(
                 side, list(tensors), axes=("token", "head", "dim"),
                 sections=[{"name": side, "dtype": d, "shape": [heads, width]}]))
+        buffers += _mxfp8_scale_buffers(pool)
     elif getattr(pool, "kv_buffer", None) is not None:
         t0 = pool.kv_buffer[0]
         sections = _mla_sections(pool, _logical_dtype(pool, t0), _row_bytes(t0))
@@ -169,6 +202,7 @@ def device_geometry(pool: Any, *, name: Optional[str] = None) -> Geometry:
     elif getattr(pool, "index_k_scale_buffer", None) is not None:
         raise KvLayoutError(f"{type(pool).__name__}: index_k_buffer + index_k_scale_buffer "
                             "(split fp4 indexer) is not modelled by this adapter")
+    _refuse_unmodelled_scales(pool, _MXFP8_SCALES if "k" in [b.name for b in buffers] else ())
     return geometry_from_tensors(buffers, page_size_tokens=page,
                                  name=name or f"sglang device: {type(pool).__name__}")
 
@@ -229,6 +263,7 @@ def host_geometry(host_pool: Any, *, indexer: Any = None, name: Optional[str] = 
         buffers.append(TensorBuffer(
             "index_k", idx, axes=_axes(_INDEX_HOST_AXES, str(idx_pool.layout), "index_k_with_scale_buffer"),
             sections=_index_k_sections(meaning, idx), arrangement="section_major"))
+    _refuse_unmodelled_scales(host_pool, ())
     return geometry_from_tensors(buffers, page_size_tokens=page, memory_layout=layout,
                                  name=name or f"sglang host: {type(host_pool).__name__}")
 
@@ -284,7 +319,14 @@ TRANSFER_OPS: dict[str, tuple[tuple[str, ...], tuple[tuple[str, str], ...]]] = {
     "transfer_kv_per_layer_mla_pf_lf": (("dst",), (("src", "src_layout_dim"),)),
     "transfer_kv_all_layer_lf_pf": ((), (("dst_k", "dst_layout_dim"), ("dst_v", "dst_layout_dim"))),
     "transfer_kv_all_layer_mla_lf_pf": ((), (("dst", "dst_layout_dim"),)),
+    # page_head host -> layer-first device: the device rows are checked; the page-head side's
+    # addressing (page, head, token, layer) is the kernel's, not checked here.
+    "transfer_kv_per_layer_ph_lf": (("dst_k", "dst_v"), ()),
 }
+
+# Ops whose device side is a table of per-layer pointers (no strides to read): covered by
+# check_item_sizes when the pools are built, never wrapped.
+POINTER_TABLE_OPS = ("transfer_kv_all_layer", "transfer_kv_all_layer_mla")
 
 
 # Positional order of each op's leading parameters, as sgl-kernel declares them (sgl-kernel
@@ -301,9 +343,13 @@ _ORDER: dict[str, tuple[str, ...]] = {
     "transfer_kv_per_layer_mla_pf_lf": ("src", "dst", "src_indices", "dst_indices", "layer_id",
                                         "item_size", "src_layout_dim"),
     "transfer_kv_all_layer_lf_pf": ("src_k_layers", "dst_k", "src_v_layers", "dst_v",
-                                    "src_indices", "dst_indices", "item_size", "dst_layout_dim"),
+                                    "src_indices", "dst_indices", "item_size", "dst_layout_dim",
+                                    "num_layers"),
     "transfer_kv_all_layer_mla_lf_pf": ("src_layers", "dst", "src_indices", "dst_indices",
-                                        "item_size", "dst_layout_dim"),
+                                        "item_size", "dst_layout_dim", "num_layers"),
+    "transfer_kv_per_layer_ph_lf": ("src_k", "dst_k", "src_v", "dst_v", "src_indices",
+                                    "dst_indices", "layer_id", "item_size", "src_layout_dim",
+                                    "page_size", "head_num"),
 }
 
 
@@ -351,10 +397,36 @@ def _checked(op_name: str, op: Callable) -> Callable:
                     raise TransferRefused(
                         f"{op_name}: {dim_param} {int(dim)} B, but {p} rows are "
                         f"{f.strides_bytes[0]} B apart ({f.describe()})", "item_size")
+        _check_page_first_row(op_name, bound)
         return op(*args, **kwargs)
 
     wrapper.__kvlayout_unchecked__ = op  # type: ignore[attr-defined]
     return wrapper
+
+
+def _check_page_first_row(op_name: str, bound: dict) -> None:
+    """A page-first row holds every layer's item of one token: the layers' items must fit in
+    it. All-layer backups (``num_layers`` items of ``item_size`` into ``dst_layout_dim``) and
+    per-layer loads (layer ``layer_id``'s item at ``layer_id x item_size`` of ``src_layout_dim``)
+    are refused (``kind == "item_size"`` / ``"layer"``) where they would reach past the row into
+    the next token's."""
+    item = bound.get("item_size")
+    if item is None:
+        return
+    item = int(item)
+    layers, row = bound.get("num_layers"), bound.get("dst_layout_dim")
+    if layers is not None and row is not None and int(layers) * item > int(row):
+        raise TransferRefused(
+            f"{op_name}: num_layers {int(layers)} x item_size {item} B = {int(layers) * item} B, "
+            f"but dst_layout_dim is {int(row)} B: the last layers would write into the next "
+            "token's row", "item_size")
+    layer, row = bound.get("layer_id"), bound.get("src_layout_dim")
+    if layer is not None and row is not None and "_pf_" in op_name:
+        if int(layer) < 0 or (int(layer) + 1) * item > int(row):
+            raise TransferRefused(
+                f"{op_name}: layer_id {int(layer)} with item_size {item} B reaches "
+                f"{(int(layer) + 1) * item} B of a {int(row)} B src_layout_dim row (layers "
+                f"0..{int(row) // item - 1 if item else 0})", "layer")
 
 
 def guard_transfer_ops(*namespaces: Any) -> list[str]:
@@ -370,8 +442,17 @@ def guard_transfer_ops(*namespaces: Any) -> list[str]:
     :func:`check_item_sizes` covers them once, when the pools are built. Wrapping twice is a
     no-op. An op whose signature does not name the checked parameters (``(*args, **kwargs)``,
     renamed, compiled) is bound by sgl-kernel's positional order; a call in which a checked
-    argument cannot be found is refused (``kind == "unchecked"``), never passed unchecked."""
+    argument cannot be found is refused (``kind == "unchecked"``), never passed unchecked.
+
+    A page-first row must hold the layers' items (``num_layers x item_size <= dst_layout_dim``;
+    ``(layer_id + 1) x item_size <= src_layout_dim``), else ``TransferRefused``. The device side of
+    a ``*_lf_pf`` backup is a pointer table too: only :func:`check_item_sizes` compares its row
+    stride with ``item_size`` (the seed bug's bf16 device rows against the host's fp8 item).
+    Transfer ops found in a namespace and not checked here (``transfer_kv_all_layer_lf_ph``,
+    SGLang's JIT ``jit_transfer_hicache_*``, any newer ``transfer_kv_*``) are named in one
+    ``UserWarning``, never passed over in silence."""
     wrapped = []
+    unchecked = []
     for namespace in namespaces:
         ns: MutableMapping[str, Any] = (
             namespace if isinstance(namespace, MutableMapping) else vars(namespace))
@@ -382,4 +463,11 @@ def guard_transfer_ops(*namespaces: Any) -> list[str]:
                 continue
             ns[op_name] = _checked(op_name, op)
             wrapped.append(f"{label}.{op_name}")
+        unchecked += [
+            f"{label}.{n}" for n, v in ns.items()
+            if (n.startswith("transfer_kv") or n.startswith("jit_transfer")) and callable(v)
+            and n not in TRANSFER_OPS and n not in POINTER_TABLE_OPS]
+    if unchecked:
+        warnings.warn(f"kvlayout: transfer ops not checked by guard_transfer_ops: "
+                      f"{', '.join(sorted(unchecked))}", UserWarning, stacklevel=2)
     return wrapped

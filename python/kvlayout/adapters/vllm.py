@@ -80,20 +80,36 @@ def _elem_dtype(spec_dtype: Any, kv_cache_dtype: str, what: str) -> str:
     raise KvLayoutError(f"{what}: dtype {n!r} is not modelled")
 
 
+def _by_equal_spec(specs: Mapping[str, Any]) -> list[tuple[list[str], Any]]:
+    """``{layer: spec}`` grouped by equal spec, in layer order."""
+    out: list[tuple[list[str], Any]] = []
+    for layer, spec in specs.items():
+        for names, s in out:
+            if s == spec:
+                names.append(layer)
+                break
+        else:
+            out.append(([layer], spec))
+    return out
+
+
 def _groups(kv_cache_config: Any) -> list[tuple[list[str], Any]]:
     groups = getattr(kv_cache_config, "kv_cache_groups", None)
     if groups is not None:
-        return [(list(g.layer_names), g.kv_cache_spec) for g in groups]
-    if isinstance(kv_cache_config, Mapping):
         out: list[tuple[list[str], Any]] = []
-        for layer, spec in kv_cache_config.items():
-            for names, s in out:
-                if s == spec:
-                    names.append(layer)
-                    break
+        for g in groups:
+            per_layer = getattr(g.kv_cache_spec, "kv_cache_specs", None)
+            if isinstance(per_layer, Mapping):
+                # UniformTypeKVCacheSpecs: one group of layers whose specs differ (DeepSeek-V3.2's
+                # MLA and indexer layers: other page sizes, same token count); each spec its own
+                # buffer, as if vLLM had made two groups.
+                out += _by_equal_spec({n: per_layer[n] for n in g.layer_names}
+                                      if set(g.layer_names) <= set(per_layer) else per_layer)
             else:
-                out.append(([layer], spec))
+                out.append((list(g.layer_names), g.kv_cache_spec))
         return out
+    if isinstance(kv_cache_config, Mapping):
+        return _by_equal_spec(kv_cache_config)
     raise KvLayoutError("kv_cache_config: expected a KVCacheConfig (kv_cache_groups) or a "
                         "{layer_name: KVCacheSpec} mapping")
 
@@ -104,13 +120,16 @@ def _layer_id(name: str) -> Optional[int]:
 
 
 def _attention(spec: Any) -> Any:
+    """What the cache keeps. Only a ``SlidingWindowSpec`` (or ``SlidingWindowMLASpec``) keeps a
+    window and only a ``ChunkedLocalAttentionSpec`` a chunk: a ``FullAttentionSpec`` that carries
+    ``sliding_window`` / ``attention_chunk_size`` (vLLM without the hybrid allocator promotes
+    those layers to full attention and merges the group's windows into one spec) allocates
+    blocks for every token (vllm ``v1/kv_cache_interface.py``), so it is full."""
     kind = type(spec).__name__
-    window = getattr(spec, "sliding_window", None)
-    chunk = getattr(spec, "attention_chunk_size", None)
-    if window:
-        return {"sliding_window_tokens": int(window)}
-    if chunk:
-        return {"chunk_tokens": int(chunk)}
+    if "SlidingWindow" in kind and getattr(spec, "sliding_window", None):
+        return {"sliding_window_tokens": int(spec.sliding_window)}
+    if "ChunkedLocal" in kind and getattr(spec, "attention_chunk_size", None):
+        return {"chunk_tokens": int(spec.attention_chunk_size)}
     if "Mamba" in kind:
         return "state"
     return None
@@ -219,7 +238,9 @@ def _group_buffers(base: str, layers: list[str], spec: Any, kv_caches: Mapping[s
     if not (kv_first or block_first):
         raise KvLayoutError(f"{what}: tensor shape {list(f.shape)}: cannot tell the K/V axis "
                             "(both of the first two dimensions are 2)")
-    hnd = f.strides_bytes[3] > f.strides_bytes[2]  # heads outside the block's tokens
+    # Heads outside the block's tokens. One head per rank (Llama-3.1-70B at TP 8) lays the same
+    # bytes either way: NHD then, so it compares equal with the NHD form of the same cache.
+    hnd = f.shape[3] > 1 and f.strides_bytes[3] > f.strides_bytes[2]
     if kv_first:  # FlashAttention: K blocks, then V blocks: two token-major buffers
         arrangement = "head_major" if hnd else "token_major"
         return [TensorBuffer(side if base == "kv" else f"{base}.{side}", [t[j] for t in tensors],
