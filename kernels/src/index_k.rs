@@ -19,6 +19,13 @@
 //!    kernel agree bit for bit.
 //!
 //! Dequantized value: `e4m3_value * scale`, one f32 multiplication.
+//!
+//! Values that are not finite, as this reference computes them (not checked against
+//! DeepSeek's kernel): `amax` is an f32 `max`, which skips a NaN, so one NaN value leaves the
+//! scale to the others and becomes the e4m3 NaN byte `0x7f` (it dequantizes to NaN, the other
+//! values as usual); one ±inf makes the scale inf, every other value 0 and the whole key
+//! dequantize to NaN (0 x inf). Under `Ue8m0` a key near bf16's largest finite value gets a
+//! scale of `2^127`, and its largest values dequantize to inf.
 
 use float8::F8E4M3;
 use half::bf16;
@@ -209,7 +216,9 @@ impl IndexKPages {
             pool.stored_page_bytes(buffer)?
         };
         let spec = IndexKPages {
-            page_size_tokens: pool.page_size_tokens,
+            // The buffer's own page size (a v2 buffer may override the pool's): the scales sit
+            // after this many value rows.
+            page_size_tokens: pool.buffer_page_size_tokens(buffer)?,
             pages: pool.pages,
             page_stride_bytes,
             base_bytes,
@@ -258,7 +267,9 @@ pub fn quantize_key(key: &[bf16; 128], format: ScaleFormat) -> ([u8; 128], f32) 
 
 /// Quantizes `keys` (`[tokens, 128]` bf16, row-major) into `cache` at `slots[i]` for row `i`.
 /// Checked first (spec, buffer lengths, one slot per row, every slot below
-/// `pages * page_size_tokens`); on any error nothing is written. Slots should be distinct.
+/// `pages * page_size_tokens`); on any error nothing is written. Slots should be distinct (an
+/// engine's `out_cache_loc` is): here a repeated slot keeps the last of its keys; the GPU
+/// kernel ([`crate::Gpu::quantize_index_k`]) writes them in no defined order.
 pub fn quantize_index_k_cpu(
     spec: &IndexKPages,
     keys: &[bf16],

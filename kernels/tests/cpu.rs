@@ -1162,3 +1162,32 @@ fn gathering_pays_on_runs_counted_after_merging() {
     // A device end past u64::MAX: refused.
     assert_eq!(host_stretches(&[r(u64::MAX - 1, 0, 4)]), None);
 }
+
+/// Regression (hostile review, session 8): `IndexKPages::for_pool_layer` took the pool's page
+/// size, not the buffer's own (geometry v2), so a 128-token index-K buffer in a 64-token pool
+/// had its scales written at 64 x 128 = 8,192 B into page 0: over token 64's values.
+#[test]
+fn index_k_spec_takes_the_buffers_own_page_size() {
+    let g = PoolGeometry {
+        name: "v2".into(),
+        page_size_tokens: 64,
+        pages: 2,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![
+            BufferGeometry::new("index_k", 1, formats::INDEX_K_FP8).with_page_size_tokens(128),
+        ],
+    };
+    let spec = IndexKPages::for_pool_layer(&g, 0, 0).unwrap();
+    // 128 tokens x 132 B = 16,896 B per page; 2 pages.
+    assert_eq!(spec.page_size_tokens, 128);
+    assert_eq!(spec.page_stride_bytes, 16_896);
+    // slot 100 = page 0, token 100: values at 100 x 128 = 12,800, scale at 128 x 128 + 100 x 4
+    assert_eq!(spec.values_offset_bytes(100), Ok(12_800));
+    assert_eq!(spec.scale_offset_bytes(100), Ok(16_384 + 400));
+    let k = key(&[(0, 2.0)], 0.5);
+    let mut cache = vec![0u8; 2 * 16_896];
+    quantize_index_k_cpu(&spec, &k, &[0], &mut cache, ScaleFormat::F32).unwrap();
+    // token 64's values (64 x 128 = 8,192..8,320) stay untouched; token 0's scale at 16,384
+    assert!(cache[8_192..8_320].iter().all(|&b| b == 0));
+    assert_eq!(&cache[16_384..16_388], &(2.0 * INV_E4M3_MAX).to_le_bytes());
+}

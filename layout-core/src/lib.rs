@@ -116,6 +116,12 @@ pub mod __private {
     /// Implemented by the derive next to `KvLayout`.
     pub trait Sealed {}
 
+    /// A derive attribute's number, typed `u64` (a float, bool or wider integer does not
+    /// compile, instead of being cast).
+    pub const fn attr_u64(value: u64) -> u64 {
+        value
+    }
+
     /// [`bytes_per_token_or_panic`] on a layout taken by value, for associated consts
     /// (`&Self::LAYOUT` is not promoted in a trait impl, and a `TokenLayout` owns `Cow`s whose
     /// destructor cannot run in `const`: the value is forgotten instead, which frees nothing

@@ -40,6 +40,17 @@ fn as_u64(expr: &Expr) -> TokenStream {
     }
 }
 
+/// An attribute's number (`block`, `page_stride_bytes`, `page_align_bytes`) as a `u64`
+/// constant expression: an integer literal re-typed as `u64`; anything else must already be a
+/// `u64` (a float, a bool or a `u128` is a type error at the attribute, never truncated by a
+/// cast).
+fn attr_u64(expr: &Expr, krate: &Path) -> TokenStream {
+    match literal_u64(expr) {
+        Some(_) => as_u64(expr),
+        None => quote_spanned!(expr.span()=> #krate::__private::attr_u64(#expr)),
+    }
+}
+
 /// One `Section` constructor.
 fn section(input: &Input, field: &Field, krate: &Path) -> TokenStream {
     let label = &field.name;
@@ -52,7 +63,7 @@ fn section(input: &Input, field: &Field, krate: &Path) -> TokenStream {
             let target = input
                 .position(target)
                 .expect("validated: the scale target exists");
-            let block = as_u64(block);
+            let block = attr_u64(block, krate);
             quote!(#krate::Section::scale_of(#label, #dtype, #shape, #target, #block))
         }
         _ => quote!(#krate::Section::new(#label, #dtype, #shape)),
@@ -90,7 +101,7 @@ fn impl_layout(input: &Input, krate: &Path) -> TokenStream {
     };
     let option = |expr: &Option<Expr>| match expr {
         Some(e) => {
-            let v = as_u64(e);
+            let v = attr_u64(e, krate);
             quote!(::core::option::Option::Some(#v))
         }
         None => quote!(::core::option::Option::None),

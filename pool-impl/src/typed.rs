@@ -51,9 +51,19 @@ impl<L: KvLayout> TypedDevicePool<L> {
         &self.pool
     }
 
-    /// The untyped pool, mutable (not paired yet: write its bytes before pairing).
-    pub fn pool_mut(&mut self) -> &mut DevicePool<CpuBackend> {
-        &mut self.pool
+    /// Write access to the pool's bytes (before pairing). A write-only handle, not
+    /// `&mut DevicePool`: through that, the pool could be swapped for one of another layout
+    /// (`std::mem::swap`) while the type still said `L`.
+    ///
+    /// ```compile_fail
+    /// # use kvlayout_core::formats::IndexKFp8;
+    /// # use kvlayout_pool::{DevicePool, TypedDevicePool};
+    /// fn swap(typed: &mut TypedDevicePool<IndexKFp8>, other: &mut DevicePool) {
+    ///     std::mem::swap(typed.writer().pool(), other) // a shared reference
+    /// }
+    /// ```
+    pub fn writer(&mut self) -> PoolWriter<'_, DevicePool<CpuBackend>> {
+        PoolWriter::new(&mut self.pool)
     }
 }
 

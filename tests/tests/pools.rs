@@ -368,7 +368,7 @@ fn typed_pools_pair_and_round_trip() {
     use kvlayout_pool::{TypedDevicePool, TypedHiCache, TypedHostPool};
     let mut device = TypedDevicePool::<IndexKBf16>::new(2, 4, PAGE_TOKENS).unwrap();
     let data: Vec<u8> = (0..16_384).map(|i| pattern(0, 0, 1, 2, i)).collect();
-    device.pool_mut().write_page(0, 1, 2, &data).unwrap();
+    device.writer().write_page(0, 1, 2, &data).unwrap();
     let host = TypedHostPool::mirror_of(&device, 8, MemoryLayout::PageFirstDirect).unwrap();
     // 8 pages x 2 layers x 16384 B.
     assert_eq!(host.pool().len_bytes(), 262_144);
