@@ -174,6 +174,51 @@ pub const UNMODELLED: &[(&str, &str)] = &[
         "kv_cache_scheme",
         "a quantized KV cache dtype and scales (compressed-tensors); use --kv-dtype",
     ),
+    (
+        "hybrid_layer_pattern",
+        "per-layer full or sliding-window attention (MiMo-V2: 1 = sliding)",
+    ),
+    (
+        "swa_num_key_value_heads",
+        "KV heads of the sliding-window layers (MiMo-V2)",
+    ),
+    (
+        "swa_head_dim",
+        "head dim of the sliding-window layers (MiMo-V2)",
+    ),
+    (
+        "swa_v_head_dim",
+        "V head dim of the sliding-window layers (MiMo-V2)",
+    ),
+    (
+        "num_attention_groups",
+        "KV heads under another name (Step-3.5; transformers maps it to num_key_value_heads)",
+    ),
+];
+
+/// Name endings of fields that size KV heads, head dims or per-layer patterns. A text-config
+/// field ending so and not in [`MODELLED_SHAPE_FIELDS`] is refused: a reader that does not
+/// know it would size the cache without it.
+pub const SHAPE_FIELD_ENDINGS: &[&str] =
+    &["_key_value_heads", "_kv_heads", "_head_dim", "_pattern"];
+
+/// Fields with a [`SHAPE_FIELD_ENDINGS`] ending that are read ([`ModelConfig`]) or do not
+/// change the cache: `qk_nope_head_dim` sizes MLA queries and keys, which are rebuilt from the
+/// cached latent; `v_head_dim` is checked on its own (harmless under MLA or equal to
+/// `head_dim`).
+pub const MODELLED_SHAPE_FIELDS: &[&str] = &[
+    "num_key_value_heads",
+    "num_global_key_value_heads",
+    "global_head_dim",
+    "index_head_dim",
+    "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "mamba_head_dim",
+    "sliding_window_pattern",
+    "hybrid_override_pattern",
 ];
 
 fn is_live(v: &Value) -> bool {
@@ -188,7 +233,9 @@ fn is_live(v: &Value) -> bool {
 }
 
 /// Refuses the first field of [`UNMODELLED`] set in `text` (the text config), the outer object,
-/// or either's `quantization_config`.
+/// or either's `quantization_config`; then a text-config field with a [`SHAPE_FIELD_ENDINGS`]
+/// ending not in [`MODELLED_SHAPE_FIELDS`]; then a `v_head_dim` other than the head dim outside
+/// MLA.
 fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), ModelError> {
     let mut places = vec![("", text)];
     if !std::ptr::eq(outer, text) {
@@ -199,17 +246,47 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
             places.push(("quantization_config.", q));
         }
     }
+    let refuse = |field: String, v: &Value, why: &str| ModelError::Unmodelled {
+        name: name.to_string(),
+        field,
+        value: v.to_string(),
+        why: why.to_string(),
+    };
     for (prefix, obj) in places {
         for (field, why) in UNMODELLED {
             if let Some(v) = obj.get(*field).filter(|v| is_live(v)) {
-                return Err(ModelError::Unmodelled {
-                    name: name.to_string(),
-                    field: format!("{prefix}{field}"),
-                    value: v.to_string(),
-                    why: (*why).to_string(),
-                });
+                return Err(refuse(format!("{prefix}{field}"), v, why));
             }
         }
+    }
+    let Some(fields) = text.as_object() else {
+        return Ok(());
+    };
+    for (field, v) in fields {
+        let shape_field = SHAPE_FIELD_ENDINGS.iter().any(|e| field.ends_with(e));
+        if shape_field && !MODELLED_SHAPE_FIELDS.contains(&field.as_str()) && is_live(v) {
+            return Err(refuse(
+                field.clone(),
+                v,
+                "a KV head count, head dim or layer pattern this reader does not know",
+            ));
+        }
+    }
+    // V heads narrower or wider than K: the V plane is not `head_dim` wide. Under MLA
+    // (`kv_lora_rank`) V is rebuilt from the cached latent.
+    let number = |f: &str| fields.get(f).and_then(Value::as_u64);
+    let head_dim = number("head_dim").or_else(|| {
+        let (hidden, heads) = (number("hidden_size")?, number("num_attention_heads")?);
+        hidden.checked_div(heads)
+    });
+    let mla = fields.get("kv_lora_rank").is_some_and(is_live);
+    let v_dim = fields.get("v_head_dim").filter(|v| is_live(v));
+    if let Some(v) = v_dim.filter(|v| !mla && v.as_u64() != head_dim) {
+        return Err(refuse(
+            "v_head_dim".to_string(),
+            v,
+            "V heads of another width than head_dim; K and V planes are modelled equal",
+        ));
     }
     Ok(())
 }

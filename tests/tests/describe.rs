@@ -572,6 +572,49 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         r#"{{{GQA}, "quantization_config": {{"kv_cache_scheme": {{"num_bits": 8}}}}}}"#
     ));
     assert!(e.contains("quantization_config.kv_cache_scheme"), "{e}");
+    // Fields that size the cache under names the reader does not know (hostile review:
+    // MiMo-V2's swa_* fields and hybrid_layer_pattern, Step-3.5's num_attention_groups).
+    for (field, value) in [
+        ("hybrid_layer_pattern", "[0, 1, 1, 1]"),
+        ("swa_num_key_value_heads", "8"),
+        ("swa_head_dim", "192"),
+        ("num_attention_groups", "8"),
+        // Unknown names with a shape ending.
+        ("local_num_key_value_heads", "4"),
+        ("swa_kv_heads", "4"),
+        ("attention_head_dim", "96"),
+        ("moe_layer_pattern", "\"EEDD\""),
+    ] {
+        let e = refusal(&format!(r#"{{{GQA}, "{field}": {value}}}"#));
+        assert!(e.contains(&format!("{field} = ")), "{field}: {e}");
+        assert!(e.contains("not modelled"), "{field}: {e}");
+    }
+    // v_head_dim 48 with head_dim 64 outside MLA: the V plane is narrower than K.
+    let e = refusal(&format!(r#"{{{GQA}, "v_head_dim": 48}}"#));
+    assert!(e.contains("v_head_dim = 48"), "{e}");
+    // Harmless: v_head_dim equal to head_dim (given, or hidden_size 512 / 8 heads = 64), null
+    // or 0 shape fields; 4 layers x 2 (K, V) x 2 heads x 64 x 2 B = 2,048 B/token.
+    for extra in [
+        r#""v_head_dim": 64"#,
+        r#""swa_head_dim": null, "num_attention_groups": 0"#,
+    ] {
+        let m = Model::parse("t", "t", &format!("{{{GQA}, {extra}}}")).unwrap();
+        assert_eq!(
+            m.totals(&Options::default()).unwrap().full_bytes_per_token,
+            4 * 2 * 2 * 64 * 2
+        );
+    }
+    let m = Model::parse(
+        "t",
+        "t",
+        r#"{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "hidden_size": 512, "v_head_dim": 64}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        m.totals(&Options::default()).unwrap().full_bytes_per_token,
+        4 * 2 * 2 * 64 * 2
+    );
     let e = refusal(&format!(r#"{{{GQA}, "torch_dtype": "float16"}}"#));
     assert!(e.contains("torch_dtype = \"float16\""), "{e}");
     // sliding layers need their window.
