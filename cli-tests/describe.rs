@@ -141,6 +141,12 @@ fn refused_configs_exit_2_naming_the_field() {
                 "num_attention_groups": 8, "head_dim": 128, "hidden_size": 4096}"#,
             "num_attention_groups = 8",
         ),
+        // ModelOpt FP8 KV cache: read as bf16 before.
+        (
+            r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
+                "quantization_config": {"quant_method": "modelopt", "kv_cache_quant_algo": "FP8"}}"#,
+            "quantization_config.kv_cache_quant_algo = \"FP8\"",
+        ),
     ];
     for (i, (config, want)) in cases.into_iter().enumerate() {
         let path = dir.join(format!("config-{i}.json"));

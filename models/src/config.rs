@@ -175,6 +175,10 @@ pub const UNMODELLED: &[(&str, &str)] = &[
         "a quantized KV cache dtype and scales (compressed-tensors); use --kv-dtype",
     ),
     (
+        "kv_cache_quant_algo",
+        "a quantized KV cache dtype (ModelOpt, e.g. \"FP8\"); use --kv-dtype",
+    ),
+    (
         "hybrid_layer_pattern",
         "per-layer full or sliding-window attention (MiMo-V2: 1 = sliding)",
     ),

@@ -572,6 +572,27 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         r#"{{{GQA}, "quantization_config": {{"kv_cache_scheme": {{"num_bits": 8}}}}}}"#
     ));
     assert!(e.contains("quantization_config.kv_cache_scheme"), "{e}");
+    // ModelOpt's FP8 KV cache (hostile review: read as bf16, 4 x 2 x 2 x 64 x 2 = 2,048
+    // B/token where fp8 is 1,024); refused like kv_cache_scheme, pointing at --kv-dtype.
+    let e = refusal(&format!(
+        r#"{{{GQA}, "quantization_config": {{"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}}}"#
+    ));
+    assert!(
+        e.contains("quantization_config.kv_cache_quant_algo = \"FP8\""),
+        "{e}"
+    );
+    assert!(e.contains("--kv-dtype"), "{e}");
+    // null: no KV quantization, maps (2,048 B/token as above).
+    let m = Model::parse(
+        "t",
+        "t",
+        &format!(r#"{{{GQA}, "quantization_config": {{"kv_cache_quant_algo": null}}}}"#),
+    )
+    .unwrap();
+    assert_eq!(
+        m.totals(&Options::default()).unwrap().full_bytes_per_token,
+        2_048
+    );
     // Fields that size the cache under names the reader does not know (hostile review:
     // MiMo-V2's swa_* fields and hybrid_layer_pattern, Step-3.5's num_attention_groups).
     for (field, value) in [
