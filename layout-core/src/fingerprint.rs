@@ -27,7 +27,8 @@
 //!   u64(page stride bytes at that size), u64(core(L)), u64(attention code), u64(W or C, else 0),
 //!   layer ids: u64(0) | u64(1) u64(count) u64(each id), shard: u64(0) | u64(1) u64(tp_size)
 //!   u64(rank) u64(split code) u64(heads_total, 0 when replicated), then per section: u64(0) when
-//!   linear | u64(1) str(order))`.
+//!   linear | u64(1) str(order))`. A file's `"order": "linear"` is linear (read as absent), so
+//!   a buffer whose only v2 field it is hashes as v1 content.
 //! - [`PoolGeometry::fingerprint`] (`pool`; pairs, storage keys, handshakes):
 //!   `FNV(str("kvlayout.pool/v1"), u64(page_size_tokens, or 0 when every buffer is `state`:
 //!   slots have no token axis, so the pool's page size is no part of them), u64(buffer count),

@@ -101,9 +101,11 @@ impl Section {
         self
     }
 
-    /// This section with the named element order (`kvlayout.geometry/v2`).
+    /// This section with the named element order (`kvlayout.geometry/v2`); `"linear"` is the
+    /// default order and leaves it absent (one fingerprint for both spellings).
     pub fn with_order(mut self, order: impl Into<String>) -> Section {
-        self.order = Some(Cow::Owned(order.into()));
+        let order = order.into();
+        self.order = (order != "linear").then_some(Cow::Owned(order));
         self
     }
 

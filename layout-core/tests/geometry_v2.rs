@@ -332,6 +332,41 @@ fn attention_layer_ids_and_order_at_the_pool_level() {
     assert_eq!(m.lines(), ["full.sections[0].order: linear, swizzle"]);
 }
 
+/// An explicit `"order": "linear"` is the default order (diff prints absent as `linear`), so it
+/// must not change a fingerprint (hostile review: every fingerprint changed while `check` found
+/// the files compatible). The file without it is the v1 content of llama-3.1-8b's pool.
+#[test]
+fn an_explicit_linear_order_is_absent_at_every_level() {
+    let text = |order: &str| {
+        format!(
+            r#"{{"schema": "kvlayout.geometry/v2", "name": "n", "page_size_tokens": 64, "pages": 1024,
+                "memory_layout": "layer_first", "buffers": [{{"name": "kv", "layers": 32,
+                "arrangement": "section_major", "sections": [
+                {{"name": "k", "dtype": "bf16", "shape": [8, 128]{order}}},
+                {{"name": "v", "dtype": "bf16", "shape": [8, 128]}}]}}]}}"#
+        )
+    };
+    let plain = file::from_json(&text("")).unwrap();
+    let linear = file::from_json(&text(r#", "order": "linear""#)).unwrap();
+    assert_eq!(linear.buffers[0].layout.sections()[0].order(), None);
+    for level in [Level::Pool, Level::Storage, Level::Token] {
+        assert_eq!(compare_at(&plain, &linear, level), Ok(()));
+    }
+    assert_eq!(plain.fingerprints(), linear.fingerprints());
+    // The same content as a v1 file (no v2 field): the same pool fingerprint.
+    let v1 = file::from_json(&text("").replace("geometry/v2", "geometry/v1")).unwrap();
+    assert_eq!(v1.fingerprints(), linear.fingerprints());
+    // Written back, the order is absent; another name still counts.
+    assert!(!file::to_json(&linear).contains("order"));
+    let swizzled = file::from_json(&text(r#", "order": "swizzle""#)).unwrap();
+    assert_ne!(swizzled.fingerprint(), linear.fingerprint());
+    let token = |g: &PoolGeometry| g.token_fingerprints()[0].1;
+    assert_ne!(token(&swizzled), token(&linear));
+    // The builder reads "linear" the same way.
+    let s = linear.buffers[0].layout.sections()[1].clone();
+    assert_eq!(s.with_order("linear").order(), None);
+}
+
 /// The `--totals` figures (docs/DESIGN.md), by hand. gpt-oss-20b (case 15 A): 12 full + 12 sliding layers
 /// of 2 (K, V) x 8 KV heads x 64 x 2 B (bf16) = 2,048 B/token/layer; window 128.
 #[test]
