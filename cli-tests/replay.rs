@@ -273,6 +273,38 @@ fn trace_bad_line_exits_2_naming_line_and_field() {
     assert!(text.contains("trace line 13: input_length: -5"), "{text}");
 }
 
+/// Hostile review: errors found after a line was read said `workload: output_length: overflow`
+/// (no line, no value) and gave no line for a timestamp past the 31-day span.
+#[test]
+fn trace_overflow_and_span_name_the_line_and_values() {
+    // 1,024 + 18,446,744,073,709,551,000 > 2^64 - 1 = 18,446,744,073,709,551,615.
+    let (code, text) = trace_replay(
+        "{\"timestamp\": 12000, \"input_length\": 1024, \"output_length\": 18446744073709551000, \"hash_ids\": [1, 2]}\n",
+        &[],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "trace line 13: output_length: input_length 1024 + output_length \
+             18446744073709551000 tokens overflows 64 bits"
+        ),
+        "{text}"
+    );
+    // The first request is at 0 ms; 31 days = 2,678,400,000 ms, one more is refused.
+    let (code, text) = trace_replay(
+        "{\"timestamp\": 2678400001, \"input_length\": 512, \"output_length\": 0, \"hash_ids\": [1]}\n",
+        &[],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "trace line 13: timestamp: 2678400001 ms is 2678400001 ms after the first request's \
+             (0 ms), more than the 2678400000 ms (31 days) a trace may span"
+        ),
+        "{text}"
+    );
+}
+
 #[test]
 fn trace_plot_writes_an_svg() {
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("replay-plot.svg");

@@ -62,7 +62,8 @@ pub enum TraceError {
     },
 }
 
-fn line_err(line: u64, field: &str, problem: String) -> TraceError {
+/// A [`TraceError::Line`].
+pub(crate) fn line_err(line: u64, field: &str, problem: String) -> TraceError {
     TraceError::Line {
         line,
         field: field.to_string(),

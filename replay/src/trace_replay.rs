@@ -36,7 +36,7 @@ use crate::pairing::{HostSource, Paired, Sample, pair_pools, require_full_attent
 use crate::report::{Minute, TraceRefusal, TraceReport, share};
 use crate::schedule::{Schedule, ScheduleConfig, WritePolicy};
 use crate::store::{IndexerParams, PoolStore};
-use crate::trace::{TraceError, TraceReader};
+use crate::trace::{TraceError, TraceReader, line_err};
 
 /// Longest span of a trace, first request to last (31 days: a per-minute series of 44,640
 /// minutes; the series is dense, and `--json` prints every minute).
@@ -436,14 +436,16 @@ pub fn run_trace_overlapped<B: Backend>(
         let first_ms = *first_ms.get_or_insert(req.timestamp_ms);
         let since_ms = req.timestamp_ms - first_ms; // the reader refuses timestamps going back
         if since_ms > MAX_TRACE_SPAN_MS {
-            return Err(workload_err(
+            return Err(line_err(
+                req.line,
                 "timestamp",
                 format!(
                     "{} ms is {since_ms} ms after the first request's ({first_ms} ms), more \
                      than the {MAX_TRACE_SPAN_MS} ms (31 days) a trace may span",
                     req.timestamp_ms
                 ),
-            ));
+            )
+            .into());
         }
         let minute = (since_ms / 60_000) as usize; // at most 44,640
         req.timestamp_ms = since_ms;

@@ -613,7 +613,7 @@ mod trace {
         .to_string();
         assert_eq!(
             e,
-            "workload: timestamp: 2678400006 ms is 2678400001 ms after the first request's \
+            "trace line 2: timestamp: 2678400006 ms is 2678400001 ms after the first request's \
              (5 ms), more than the 2678400000 ms (31 days) a trace may span"
         );
     }

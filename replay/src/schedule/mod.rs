@@ -38,7 +38,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use kvlayout_pool::PagePair;
 
 use crate::error::{ReplayError, workload_err};
-use crate::trace::{BLOCK_TOKENS, Request};
+use crate::trace::{BLOCK_TOKENS, Request, line_err};
 
 mod tree;
 
@@ -278,7 +278,16 @@ impl Schedule {
         let total_pages = req
             .input_tokens
             .checked_add(req.output_tokens)
-            .ok_or_else(|| workload_err("output_length", "overflow".into()))?
+            .ok_or_else(|| {
+                line_err(
+                    req.line,
+                    "output_length",
+                    format!(
+                        "input_length {} + output_length {} tokens overflows 64 bits",
+                        req.input_tokens, req.output_tokens
+                    ),
+                )
+            })?
             .div_ceil(page);
         let private_pages = total_pages - cached_pages;
         self.now_ms = self.now_ms.max(req.timestamp_ms);
