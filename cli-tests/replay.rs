@@ -273,6 +273,41 @@ fn trace_bad_line_exits_2_naming_line_and_field() {
     assert!(text.contains("trace line 13: input_length: -5"), "{text}");
 }
 
+/// Hostile review: `--decode-ms-per-token 18446744073709551615` saturated and printed `last
+/// request done at 18446744073709552.0 s`, exit 0. Line 13 decodes 2 tokens: 2 x (2^64 - 1)
+/// overflows; with 1 token the decode time fits (2^64 - 1 ms) but the end, 12,000 ms (its
+/// timestamp; the 12 requests before it decode nothing) + 26 ms of prefill (512 new tokens at
+/// 20,000 tokens/s = 25.6 ms, rounded up) + that, does not.
+#[test]
+fn replay_times_that_overflow_are_errors_naming_the_line_and_flag() {
+    let line = |out: u64| {
+        format!(
+            "{{\"timestamp\": 12000, \"input_length\": 512, \"output_length\": {out}, \"hash_ids\": [99]}}\n"
+        )
+    };
+    let max = u64::MAX.to_string();
+    let (code, text) = trace_replay(&line(2), &["--decode-ms-per-token", &max]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "trace line 13: output_length: 2 tokens x --decode-ms-per-token \
+             18446744073709551615 ms overflows 64 bits"
+        ),
+        "{text}"
+    );
+    let (code, text) = trace_replay(&line(1), &["--decode-ms-per-token", &max]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "trace line 13: output_length: the request ends at 12000 ms (admitted) + 26 ms \
+             (prefill) + 18446744073709551615 ms (1 tokens x --decode-ms-per-token \
+             18446744073709551615 ms): overflows 64 bits"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("last request done"), "{text}");
+}
+
 /// Hostile review: errors found after a line was read said `workload: output_length: overflow`
 /// (no line, no value) and gave no line for a timestamp past the 31-day span.
 #[test]

@@ -518,17 +518,50 @@ impl Schedule {
         if out.loaded_pages > 0 {
             out.corrupted = store.check(req, &context)?;
         }
+        // Checked: a time past 2^64 ms is an error naming the line, the field and the flag.
         let prefill_ms = out
             .recomputed_tokens
-            .saturating_mul(1000)
+            .checked_mul(1000)
+            .ok_or_else(|| {
+                line_err(
+                    req.line,
+                    "input_length",
+                    format!(
+                        "{} recomputed tokens x 1000 ms/s overflows 64 bits (prefill time at \
+                         --prefill-tokens-per-s)",
+                        out.recomputed_tokens
+                    ),
+                )
+            })?
             .div_ceil(self.cfg.prefill_tokens_per_s);
         let decode_ms = req
             .output_tokens
-            .saturating_mul(self.cfg.decode_ms_per_token);
+            .checked_mul(self.cfg.decode_ms_per_token)
+            .ok_or_else(|| {
+                line_err(
+                    req.line,
+                    "output_length",
+                    format!(
+                        "{} tokens x --decode-ms-per-token {} ms overflows 64 bits",
+                        req.output_tokens, self.cfg.decode_ms_per_token
+                    ),
+                )
+            })?;
         let end = self
             .now_ms
-            .saturating_add(prefill_ms)
-            .saturating_add(decode_ms);
+            .checked_add(prefill_ms)
+            .and_then(|t| t.checked_add(decode_ms))
+            .ok_or_else(|| {
+                line_err(
+                    req.line,
+                    "output_length",
+                    format!(
+                        "the request ends at {} ms (admitted) + {prefill_ms} ms (prefill) + \
+                         {decode_ms} ms ({} tokens x --decode-ms-per-token {} ms): overflows 64 bits",
+                        self.now_ms, req.output_tokens, self.cfg.decode_ms_per_token
+                    ),
+                )
+            })?;
         self.running.push(Reverse((end, req.line)));
         self.running_reqs.insert(
             req.line,
