@@ -39,9 +39,28 @@ impl Kv<'_> {
         ModelError::field(self.name, field, problem)
     }
 
-    /// A layout the builder refused, blamed on the config field that sized it.
-    fn layout_err(&self, field: &str, value: u64, e: LayoutError) -> ModelError {
-        self.err(field, format!("{value} gives an invalid layout: {e}"))
+    /// A layout the builder refused, blamed on the config field that sized it: the first of
+    /// `fields`, or for an overflow the largest (a product overflows through its largest
+    /// factor: `head_dim` 2^64 - 1, not `num_key_value_heads` 2); the others are named with it.
+    fn layout_err(&self, fields: &[(&str, u64)], e: LayoutError) -> ModelError {
+        let at_fault = match e {
+            LayoutError::Overflow { .. } => fields.iter().max_by_key(|(_, v)| *v),
+            _ => fields.first(),
+        };
+        let Some(&(field, value)) = at_fault else {
+            return self.err("layout", e.to_string());
+        };
+        let others: Vec<String> = fields
+            .iter()
+            .filter(|(f, _)| *f != field)
+            .map(|(f, v)| format!("{f} {v}"))
+            .collect();
+        let with = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (with {})", others.join(", "))
+        };
+        self.err(field, format!("{value}{with} gives an invalid layout: {e}"))
     }
 
     pub fn positive(&self, field: &str, v: Option<u64>) -> Result<u64, ModelError> {
@@ -94,6 +113,12 @@ impl Kv<'_> {
             Some(d) if global => self.positive("global_head_dim", Some(d))?,
             _ => self.head_dim()?,
         };
+        // The field that gave `dim`, with its value, for an error.
+        let dim_field = match (c.global_head_dim, c.head_dim, c.hidden_size) {
+            (Some(d), _, _) if global => ("global_head_dim", d),
+            (_, None, Some(hidden)) => ("hidden_size", hidden),
+            _ => ("head_dim", dim),
+        };
         let (local, shard) = match self.tp {
             Some(tp) => {
                 divide_evenly(self.name, "num_attention_heads", q_heads, tp)?;
@@ -110,8 +135,8 @@ impl Kv<'_> {
             KvDtype::Fp8 => (Dtype::F8E4M3, "fp8"),
         };
         let format = format!("mha_{tag}_{local}x{dim}");
-        let layout =
-            formats::mha(local, dim, dtype).map_err(|e| self.layout_err(heads_field, heads, e))?;
+        let layout = formats::mha(local, dim, dtype)
+            .map_err(|e| self.layout_err(&[(heads_field, heads), dim_field], e))?;
         Ok(Built {
             format,
             layout,
@@ -130,7 +155,9 @@ impl Kv<'_> {
             (KvDtype::Fp8, false) => ("mla_fp8", formats::mla(rank, rope, Dtype::F8E4M3)),
             (KvDtype::Fp8, true) => ("dsa_mla_fp8", formats::dsa_mla_fp8(rank, rope)),
         };
-        let layout = built.map_err(|e| self.layout_err("kv_lora_rank", rank, e))?;
+        let layout = built.map_err(|e| {
+            self.layout_err(&[("kv_lora_rank", rank), ("qk_rope_head_dim", rope)], e)
+        })?;
         // Not the standard 512 + 64: the name says the dimensions.
         let format = if standard {
             name.to_string()
@@ -158,7 +185,7 @@ impl Kv<'_> {
                 formats::index_k(Dtype::F4E2M1, dim, Some((Dtype::Ue8m0, 32))),
             ),
         };
-        let layout = built.map_err(|e| self.layout_err("index_head_dim", dim, e))?;
+        let layout = built.map_err(|e| self.layout_err(&[("index_head_dim", dim)], e))?;
         // Not the built-in 128-dim format: the name says the dimension.
         let format = if dim == 128 {
             name.to_string()

@@ -209,6 +209,55 @@ fn bad_head_dim_is_an_error_naming_the_field() {
     );
 }
 
+/// Hostile review: an overflow blamed the first field the builder was given, not the one at
+/// fault (`"head_dim": 2^64 - 1` was reported as `num_key_value_heads: 2 gives an invalid
+/// layout`, a `qk_rope_head_dim` of 2^63 - 1 as `kv_lora_rank: 512`). 2 heads x (2^64 - 1)
+/// elements and (2^63 - 1) x 16 bits both pass 2^64.
+#[test]
+fn an_overflow_names_the_field_at_fault_and_its_value() {
+    let e = refusal(
+        r#"{"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+            "head_dim": 18446744073709551615}"#,
+    );
+    assert!(
+        e.contains(
+            "head_dim: 18446744073709551615 (with num_key_value_heads 2) gives an invalid layout: overflow"
+        ),
+        "{e}"
+    );
+    let e = refusal(
+        r#"{"num_hidden_layers": 4, "num_attention_heads": 8, "kv_lora_rank": 512,
+            "qk_rope_head_dim": 9223372036854775807}"#,
+    );
+    assert!(
+        e.contains(
+            "qk_rope_head_dim: 9223372036854775807 (with kv_lora_rank 512) gives an invalid layout: overflow"
+        ),
+        "{e}"
+    );
+    // 2^62 KV heads (dividing 2^62 query heads) x 64: the heads are at fault.
+    let e = refusal(
+        r#"{"num_hidden_layers": 4, "num_attention_heads": 4611686018427387904,
+            "num_key_value_heads": 4611686018427387904, "head_dim": 64}"#,
+    );
+    assert!(
+        e.contains(
+            "num_key_value_heads: 4611686018427387904 (with head_dim 64) gives an invalid layout: overflow"
+        ),
+        "{e}"
+    );
+    // head_dim from hidden_size 2^63 / 2 heads = 2^62, x 2 heads x 16 bits: hidden_size is named.
+    let e = refusal(
+        r#"{"num_hidden_layers": 4, "num_attention_heads": 2, "hidden_size": 9223372036854775808}"#,
+    );
+    assert!(
+        e.contains(
+            "hidden_size: 9223372036854775808 (with num_key_value_heads 2) gives an invalid layout: overflow"
+        ),
+        "{e}"
+    );
+}
+
 fn totals_of(name: &str, opts: &Options) -> Totals {
     Model::builtin(name).unwrap().unwrap().totals(opts).unwrap()
 }
