@@ -141,6 +141,12 @@ fn refused_configs_exit_2_naming_the_field() {
                 "num_attention_groups": 8, "head_dim": 128, "hidden_size": 4096}"#,
             "num_attention_groups = 8",
         ),
+        // A key named twice: the last value won before (1 KV head).
+        (
+            r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 8, "num_key_value_heads": 1}"#,
+            "key \"num_key_value_heads\" given twice",
+        ),
         // ModelOpt FP8 KV cache: read as bf16 before.
         (
             r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,

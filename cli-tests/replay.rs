@@ -271,6 +271,16 @@ fn trace_bad_line_exits_2_naming_line_and_field() {
     );
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("trace line 13: input_length: -5"), "{text}");
+    // A key named twice (the last value won before).
+    let (code, text) = trace_replay(
+        "{\"timestamp\": 12000, \"input_length\": 512, \"input_length\": 1024, \"output_length\": 0, \"hash_ids\": [1, 2]}\n",
+        &[],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("trace line 13: line: key \"input_length\" given twice"),
+        "{text}"
+    );
 }
 
 /// Hostile review: `--decode-ms-per-token 18446744073709551615` saturated and printed `last

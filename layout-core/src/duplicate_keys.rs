@@ -68,9 +68,10 @@ impl<'de> Visitor<'de> for UniqueKeysVisitor {
 }
 
 /// `Ok` when no object in `text` repeats a key; else the error names the object's path (the
-/// field) and the key. Invalid JSON is left to the reader proper (its message has the line and
-/// column), so this returns `Ok` for it.
-pub(crate) fn check_unique_keys(text: &str) -> Result<(), GeometryError> {
+/// field; `json` for the top-level object) and the key. Invalid JSON is left to the reader
+/// proper (its message has the line and column), so this returns `Ok` for it. Geometry files,
+/// model configs and trace lines go through it.
+pub fn check_unique_keys(text: &str) -> Result<(), GeometryError> {
     let mut json = serde_json::Deserializer::from_str(text);
     match serde_path_to_error::deserialize::<_, UniqueKeys>(&mut json) {
         Ok(_) => Ok(()),

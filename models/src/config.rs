@@ -295,9 +295,9 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
     Ok(())
 }
 
-/// Parses `config.json` text: a JSON object (BOM allowed); a `kvlayout` geometry file is
-/// refused saying which kind of file was expected; the text config is the `text_config` object
-/// when there is one.
+/// Parses `config.json` text: a JSON object (BOM allowed, a key named twice refused); a
+/// `kvlayout` geometry file is refused saying which kind of file was expected; the text config
+/// is the `text_config` object when there is one.
 pub fn parse(name: &str, text: &str) -> Result<ModelConfig, ModelError> {
     let parse_err = |reason: String| ModelError::Parse {
         name: name.to_string(),
@@ -305,6 +305,9 @@ pub fn parse(name: &str, text: &str) -> Result<ModelConfig, ModelError> {
     };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let outer: Value = serde_json::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+    // serde_json keeps the last of a repeated key: refuse it, naming the key.
+    kvlayout_core::check_unique_keys(text)
+        .map_err(|e| parse_err(format!("{}: {}", e.field, e.problem)))?;
     let Some(obj) = outer.as_object() else {
         return Err(parse_err("a config.json must be a JSON object".into()));
     };

@@ -8,8 +8,9 @@
 //! mean the same prefix, so the KV of that block can be reused). A line is refused, naming its
 //! number (from 1) and the field, when a length is missing, negative or not an integer, when
 //! `hash_ids` does not hold exactly `ceil(input_length / 512)` non-negative integers, when the
-//! timestamp is earlier than the previous line's, or when the line is not a JSON object. Other
-//! fields are refused by name (nothing is dropped silently). Empty lines are skipped.
+//! timestamp is earlier than the previous line's, when the line is not a JSON object, or when
+//! it names a key twice. Other fields are refused by name (nothing is dropped silently). Empty
+//! lines are skipped.
 
 use std::io::BufRead;
 
@@ -92,6 +93,15 @@ pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Req
     let Value::Object(obj) = value else {
         return Err(line_err(line, "line", "not a JSON object".into()));
     };
+    // serde_json keeps the last of a repeated key: refuse it, naming the key and its column.
+    kvlayout_core::check_unique_keys(text).map_err(|e| {
+        let field = if e.field == "json" { "line" } else { &e.field };
+        line_err(
+            line,
+            field,
+            e.problem.replace(" at line 1 column ", " at column "),
+        )
+    })?;
     for key in obj.keys() {
         if !matches!(
             key.as_str(),
@@ -275,6 +285,20 @@ mod tests {
         assert!(err(r#"{"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": 1}"#)
             .contains("x: unknown field"));
         assert!(err("[1]").contains("line: not a JSON object"));
+    }
+
+    /// Hostile review: a repeated key was read as its last value. Column 28 is the closing
+    /// quote of the second `"timestamp"` (`{` 1, the first key 2-12, `: 1, ` 13-17, the second
+    /// key 18-28).
+    #[test]
+    fn a_key_named_twice_is_refused_naming_it() {
+        assert_eq!(
+            err(
+                r#"{"timestamp": 1, "timestamp": 100, "input_length": 512, "output_length": 5, "hash_ids": [0]}"#
+            ),
+            "trace line 7: line: key \"timestamp\" given twice in one object (the second value \
+             would silently win) at column 28"
+        );
     }
 
     #[test]

@@ -685,6 +685,18 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         m.totals(&Options::default()).unwrap().full_bytes_per_token,
         4 * 2 * 2 * 64 * 2
     );
+    // A key named twice (hostile review: the last value won, 1 KV head instead of 2), at the
+    // top level or in text_config.
+    let e = refusal(&format!(r#"{{{GQA}, "num_key_value_heads": 1}}"#));
+    assert!(
+        e.contains("json: key \"num_key_value_heads\" given twice in one object"),
+        "{e}"
+    );
+    let e = refusal(&format!(r#"{{"text_config": {{{GQA}, "head_dim": 128}}}}"#));
+    assert!(
+        e.contains("text_config: key \"head_dim\" given twice in one object"),
+        "{e}"
+    );
     let e = refusal(&format!(r#"{{{GQA}, "torch_dtype": "float16"}}"#));
     assert!(e.contains("torch_dtype = \"float16\""), "{e}");
     // sliding layers need their window.
