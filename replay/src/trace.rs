@@ -10,7 +10,7 @@
 //! `hash_ids` does not hold exactly `ceil(input_length / 512)` non-negative integers, when the
 //! timestamp is earlier than the previous line's, when the line is not a JSON object, or when
 //! it names a key twice. Other fields are refused by name (nothing is dropped silently). Empty
-//! lines are skipped.
+//! lines are skipped, and a UTF-8 byte-order mark at the start of the file.
 
 use std::io::BufRead;
 
@@ -207,7 +207,11 @@ impl<R: BufRead> Iterator for TraceReader<R> {
                     }));
                 }
             }
-            let text = self.buf.trim();
+            let mut text = self.buf.trim();
+            if self.line == 1 {
+                // A UTF-8 byte-order mark, as geometry files and config.json allow.
+                text = text.strip_prefix('\u{feff}').unwrap_or(text);
+            }
             if text.is_empty() {
                 continue;
             }
@@ -285,6 +289,29 @@ mod tests {
         assert!(err(r#"{"timestamp": 100, "input_length": 1, "output_length": 1, "hash_ids": [0], "x": 1}"#)
             .contains("x: unknown field"));
         assert!(err("[1]").contains("line: not a JSON object"));
+    }
+
+    /// Hostile review: a UTF-8 BOM made line 1 "not JSON: expected value at line 1 column 1";
+    /// geometry files and config.json strip one. Only at the start of the file.
+    #[test]
+    fn a_bom_at_the_start_is_skipped() {
+        let line = r#"{"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [3]}"#;
+        let text = format!("\u{feff}{line}\n{line}\n");
+        let got: Vec<Request> = TraceReader::new(text.as_bytes())
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            (got[0].line, got[0].timestamp_ms, got[0].hash_ids.clone()),
+            (1, 5, vec![3])
+        );
+        let text = format!("{line}\n\u{feff}{line}\n");
+        let e = TraceReader::new(text.as_bytes())
+            .nth(1)
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("trace line 2: line: not JSON"), "{e}");
     }
 
     /// Hostile review: a repeated key was read as its last value. Column 28 is the closing
