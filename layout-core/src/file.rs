@@ -395,34 +395,33 @@ fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry,
                 )
             };
             let groups = map["planes"].as_array().ok_or_else(bad)?;
-            let entries: usize = groups
-                .iter()
-                .map(|g| g.as_array().map_or(0, Vec::len))
-                .sum();
-            if groups.len() > b.sections.len() || entries > b.sections.len() {
-                return Err(GeometryError::new(
-                    format!("{path}.arrangement.planes"),
-                    format!(
-                        "{} planes with {entries} entries for {} sections: each section belongs to exactly one plane",
-                        groups.len(),
-                        b.sections.len()
-                    ),
-                ));
-            }
-            let mut planes = Vec::with_capacity(groups.len());
+            // Names first, so an unknown one is named rather than counted.
+            let mut planes: Vec<Cow<'static, [usize]>> = Vec::with_capacity(groups.len());
             for g in groups {
                 let mut plane = Vec::new();
                 for name in g.as_array().ok_or_else(bad)? {
                     let name = name.as_str().ok_or_else(bad)?;
                     let k = index_of(name).ok_or_else(|| {
+                        let known: Vec<&str> = b.sections.iter().map(|s| s.name.as_str()).collect();
                         GeometryError::new(
                             format!("{path}.arrangement.planes"),
-                            format!("no section named {name:?}"),
+                            format!("no section named {name:?} (sections: {})", known.join(", ")),
                         )
                     })?;
                     plane.push(k);
                 }
                 planes.push(Cow::Owned(plane));
+            }
+            let entries: usize = planes.iter().map(|p| p.len()).sum();
+            if planes.len() > b.sections.len() || entries > b.sections.len() {
+                return Err(GeometryError::new(
+                    format!("{path}.arrangement.planes"),
+                    format!(
+                        "{} planes with {entries} entries for {} sections: each section belongs to exactly one plane",
+                        planes.len(),
+                        b.sections.len()
+                    ),
+                ));
             }
             Arrangement::Planes(Cow::Owned(planes))
         }
