@@ -19,13 +19,13 @@ pub struct TransferStats {
     pub loads: u64,
     /// Pages backed up (pairs, counted once for all layers of an all-layer call; per-layer
     /// calls count pairs of layer 0 only).
-    pub pages_backed_up: u64,
+    pub backed_up_pages: u64,
     /// Pages loaded (counted as for backups).
-    pub pages_loaded: u64,
+    pub loaded_pages: u64,
     /// Bytes copied device -> host.
-    pub bytes_backed_up: u64,
+    pub backed_up_bytes: u64,
     /// Bytes copied host -> device.
-    pub bytes_loaded: u64,
+    pub loaded_bytes: u64,
     /// Transfers refused (by the shim's checks, or [`TransferError::Busy`]); no byte moved.
     pub refused: u64,
     /// Transfers the backend failed part way ([`TransferError::Interrupted`]); their bytes
@@ -52,13 +52,13 @@ impl TransferStats {
                 let (calls, counted, bytes) = match direction {
                     Direction::Backup => (
                         &mut self.backups,
-                        &mut self.pages_backed_up,
-                        &mut self.bytes_backed_up,
+                        &mut self.backed_up_pages,
+                        &mut self.backed_up_bytes,
                     ),
                     Direction::Load => (
                         &mut self.loads,
-                        &mut self.pages_loaded,
-                        &mut self.bytes_loaded,
+                        &mut self.loaded_pages,
+                        &mut self.loaded_bytes,
                     ),
                 };
                 *calls += 1;
@@ -74,10 +74,10 @@ impl TransferStats {
     pub fn add(&mut self, other: TransferStats) {
         self.backups += other.backups;
         self.loads += other.loads;
-        self.pages_backed_up += other.pages_backed_up;
-        self.pages_loaded += other.pages_loaded;
-        self.bytes_backed_up = self.bytes_backed_up.saturating_add(other.bytes_backed_up);
-        self.bytes_loaded = self.bytes_loaded.saturating_add(other.bytes_loaded);
+        self.backed_up_pages += other.backed_up_pages;
+        self.loaded_pages += other.loaded_pages;
+        self.backed_up_bytes = self.backed_up_bytes.saturating_add(other.backed_up_bytes);
+        self.loaded_bytes = self.loaded_bytes.saturating_add(other.loaded_bytes);
         self.refused += other.refused;
         self.interrupted += other.interrupted;
     }
@@ -292,10 +292,10 @@ mod tests {
             TransferStats {
                 backups: 1,
                 loads: 2,
-                pages_backed_up: 3,
-                pages_loaded: 2,
-                bytes_backed_up: 300,
-                bytes_loaded: 40,
+                backed_up_pages: 3,
+                loaded_pages: 2,
+                backed_up_bytes: 300,
+                loaded_bytes: 40,
                 refused: 1,
                 interrupted: 1,
             }

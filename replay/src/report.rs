@@ -94,9 +94,9 @@ pub struct TraceReport {
     /// The page schedule's counters.
     pub pages: PageCounts,
     /// Bytes copied device -> host (simulated layers).
-    pub bytes_backed_up: u64,
+    pub backed_up_bytes: u64,
     /// Bytes copied host -> device (simulated layers).
-    pub bytes_loaded: u64,
+    pub loaded_bytes: u64,
     /// Backup transfers.
     pub backup_transfers: u64,
     /// Load transfers (one per layer).

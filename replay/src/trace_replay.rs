@@ -386,8 +386,8 @@ pub fn run_trace_overlapped<B: Backend>(
         host_tokens: 0,
         recomputed_tokens: 0,
         pages: Default::default(),
-        bytes_backed_up: 0,
-        bytes_loaded: 0,
+        backed_up_bytes: 0,
+        loaded_bytes: 0,
         backup_transfers: 0,
         load_transfers: 0,
         first_refusal: None,
@@ -483,8 +483,8 @@ pub fn run_trace_overlapped<B: Backend>(
     }
     let stats = store.cache().stats();
     report.pages = schedule.counts.clone();
-    report.bytes_backed_up = stats.bytes_backed_up;
-    report.bytes_loaded = stats.bytes_loaded;
+    report.backed_up_bytes = stats.backed_up_bytes;
+    report.loaded_bytes = stats.loaded_bytes;
     report.backup_transfers = stats.backups;
     report.load_transfers = stats.loads;
     report.first_refusal = store.first_refusal().map(str::to_string);

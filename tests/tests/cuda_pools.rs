@@ -621,7 +621,7 @@ fn gpu_replay_gives_the_four_expected_outcomes_and_the_cpu_report() {
             (ReplayOutcome::Completed(g), ReplayOutcome::Completed(c)) => {
                 assert_eq!(g, c, "run {i}: the GPU report differs from the CPU's");
                 assert!(
-                    g.pages_loaded > 0 && g.pages_backed_up > 0,
+                    g.loaded_pages > 0 && g.backed_up_pages > 0,
                     "run {i}: {g:?}"
                 );
                 // Run 2: the seed bug (bf16 device, fp8-formula host, no checks) corrupts.

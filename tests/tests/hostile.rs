@@ -504,11 +504,11 @@ fn threads_on_disjoint_pages_lose_and_tear_no_page() {
     // layer 0 only: 4 x 12 x 4.
     let st = c.stats();
     assert_eq!(
-        (st.backups, st.loads, st.pages_loaded, st.refused),
+        (st.backups, st.loads, st.loaded_pages, st.refused),
         (192, 96, 192, 0)
     );
     // 192 backups x 100,864 B.
-    assert_eq!(st.bytes_backed_up, 192 * PAIR_BYTES);
+    assert_eq!(st.backed_up_bytes, 192 * PAIR_BYTES);
 }
 
 #[test]

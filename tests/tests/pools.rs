@@ -234,7 +234,7 @@ fn host_page_out_of_range_refused_and_no_byte_moves() {
     );
     assert_eq!(snapshots(&cache), before);
     assert_eq!(cache.stats().refused, 1);
-    assert_eq!(cache.stats().bytes_backed_up, 0);
+    assert_eq!(cache.stats().backed_up_bytes, 0);
 }
 
 #[test]

@@ -59,12 +59,12 @@ fn completed(o: ReplayOutcome) -> ReplayReport {
 
 /// Checks the transfer counters against the per-page bytes worked by hand.
 fn assert_moved(r: &ReplayReport, bytes_per_page_all_layers: u64) {
-    assert!(r.pages_backed_up > 0, "{r:?}");
-    assert!(r.pages_loaded > 0, "{r:?}");
-    assert_eq!(r.bytes_loaded, r.pages_loaded * bytes_per_page_all_layers);
+    assert!(r.backed_up_pages > 0, "{r:?}");
+    assert!(r.loaded_pages > 0, "{r:?}");
+    assert_eq!(r.loaded_bytes, r.loaded_pages * bytes_per_page_all_layers);
     assert_eq!(
-        r.bytes_backed_up,
-        r.pages_backed_up * bytes_per_page_all_layers
+        r.backed_up_bytes,
+        r.backed_up_pages * bytes_per_page_all_layers
     );
 }
 
@@ -112,7 +112,7 @@ fn bf16_index_k_fp8_formula_host_refused_at_pairing() {
         "sessions",
         "corrupted_sessions",
         "refused_transfers",
-        "bytes_loaded",
+        "loaded_bytes",
     ] {
         assert!(v.get(key).is_some(), "{key} missing from {v}");
     }
@@ -297,8 +297,8 @@ mod trace {
         assert_eq!(r.device_tokens + r.host_tokens, 6_144);
         assert!(r.host_tokens > 0);
         // One layer of the bf16 index-K buffer moves: 64 x 256 = 16,384 B per page.
-        assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 16_384);
-        assert_eq!(r.bytes_backed_up, r.pages.backed_up_pages * 16_384);
+        assert_eq!(r.loaded_bytes, r.pages.loaded_pages * 16_384);
+        assert_eq!(r.backed_up_bytes, r.pages.backed_up_pages * 16_384);
         assert_eq!(r.pages.loaded_pages * 64, r.host_tokens);
         // The per-minute series adds up (all 12 requests arrive in minute 0).
         assert_eq!(r.per_minute.len(), 1);
@@ -324,7 +324,7 @@ mod trace {
         let r = completed(run(&i));
         assert_eq!(r.corrupted_requests, 0);
         // 64 x (256 + 656) = 58,368 B per page and layer.
-        assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 58_368);
+        assert_eq!(r.loaded_bytes, r.pages.loaded_pages * 58_368);
     }
 
     #[test]
@@ -382,7 +382,7 @@ mod trace {
         assert!(r.corrupted_requests > 0, "{r:?}");
         assert!(r.corrupted_requests <= r.requests_with_host_hits, "{r:?}");
         // The host item is the fp8 formula's: 64 x 132 = 8,448 B per page copied.
-        assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 8_448);
+        assert_eq!(r.loaded_bytes, r.pages.loaded_pages * 8_448);
         assert_eq!(r.host_pages, 4096);
     }
 
@@ -393,7 +393,7 @@ mod trace {
             assert_eq!(r.corrupted_requests, 0, "{r:?}");
             assert_eq!(r.requests_with_host_hits, 8);
             // 64 x 132 = 8,448 B per page.
-            assert_eq!(r.bytes_loaded, r.pages.loaded_pages * 8_448);
+            assert_eq!(r.loaded_bytes, r.pages.loaded_pages * 8_448);
         }
     }
 

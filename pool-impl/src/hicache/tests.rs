@@ -242,7 +242,7 @@ fn an_empty_list_is_not_counted() {
     assert_eq!(c.stats(), TransferStats::default());
     // One page of both layers of fp8 index-K: 2 x 64 x 132 = 16,896 B.
     assert_eq!(c.backup(&[PagePair::new(1, 5)]).unwrap().bytes, 16_896);
-    assert_eq!((c.stats().backups, c.stats().bytes_backed_up), (1, 16_896));
+    assert_eq!((c.stats().backups, c.stats().backed_up_bytes), (1, 16_896));
 }
 
 // ---- The enqueue / complete split (issue 11, item 4) ----

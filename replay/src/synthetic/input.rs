@@ -100,7 +100,7 @@ pub struct Refusal {
     /// Always 0.
     pub refused_transfers: u64,
     /// Always 0.
-    pub bytes_loaded: u64,
+    pub loaded_bytes: u64,
 }
 
 /// What a completed replay measured.
@@ -153,13 +153,13 @@ pub struct ReplayReport {
     /// Pages found on the device when their session (or prefix) came back.
     pub device_page_hits: u64,
     /// Pages backed up device -> host.
-    pub pages_backed_up: u64,
+    pub backed_up_pages: u64,
     /// Pages loaded host -> device.
-    pub pages_loaded: u64,
+    pub loaded_pages: u64,
     /// Bytes copied device -> host.
-    pub bytes_backed_up: u64,
+    pub backed_up_bytes: u64,
     /// Bytes copied host -> device.
-    pub bytes_loaded: u64,
+    pub loaded_bytes: u64,
     /// Backup transfers.
     pub backup_transfers: u64,
     /// Load transfers (one per layer per batch).

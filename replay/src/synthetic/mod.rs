@@ -214,10 +214,10 @@ pub fn run_with<B: Backend>(
         top_k: w.top_k as u64,
         indexer_heads: w.indexer_heads,
         device_page_hits: 0,
-        pages_backed_up: 0,
-        pages_loaded: 0,
-        bytes_backed_up: 0,
-        bytes_loaded: 0,
+        backed_up_pages: 0,
+        loaded_pages: 0,
+        backed_up_bytes: 0,
+        loaded_bytes: 0,
         backup_transfers: 0,
         load_transfers: 0,
         refused_transfers: 0,
@@ -309,10 +309,10 @@ pub fn run_with<B: Backend>(
     let r = &mut sim.report;
     r.corrupted_sessions = sim.sessions.iter().filter(|s| s.corrupted).count() as u64;
     r.sessions_with_loaded_pages = sim.sessions.iter().filter(|s| s.loaded).count() as u64;
-    r.pages_backed_up = stats.pages_backed_up;
-    r.pages_loaded = stats.pages_loaded;
-    r.bytes_backed_up = stats.bytes_backed_up;
-    r.bytes_loaded = stats.bytes_loaded;
+    r.backed_up_pages = stats.backed_up_pages;
+    r.loaded_pages = stats.loaded_pages;
+    r.backed_up_bytes = stats.backed_up_bytes;
+    r.loaded_bytes = stats.loaded_bytes;
     r.backup_transfers = stats.backups;
     r.load_transfers = stats.loads;
     r.refused_transfers = stats.refused;
@@ -328,7 +328,7 @@ fn refusal(input: &ReplayInput, host_geometry: String, mismatch: Vec<String>) ->
         mismatch,
         corrupted_sessions: 0,
         refused_transfers: 0,
-        bytes_loaded: 0,
+        loaded_bytes: 0,
     }
 }
 

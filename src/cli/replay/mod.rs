@@ -324,10 +324,10 @@ fn print_report(r: &ReplayReport, backend: &str) {
     println!(
         "pages: {} device hits, {} backed up ({} B), {} loaded ({} B)",
         r.device_page_hits,
-        r.pages_backed_up,
-        thousands(r.bytes_backed_up),
-        r.pages_loaded,
-        thousands(r.bytes_loaded)
+        r.backed_up_pages,
+        thousands(r.backed_up_bytes),
+        r.loaded_pages,
+        thousands(r.loaded_bytes)
     );
     println!(
         "transfers: {} backups, {} loads, {} refused ({} pages recomputed)",

@@ -245,9 +245,9 @@ fn print_trace_report(r: &TraceReport, backend: &str) {
         thousands(r.pages.device_hit_pages),
         thousands(r.pages.computed_pages),
         thousands(r.pages.backed_up_pages),
-        thousands(r.bytes_backed_up),
+        thousands(r.backed_up_bytes),
         thousands(r.pages.loaded_pages),
-        thousands(r.bytes_loaded),
+        thousands(r.loaded_bytes),
         thousands(r.pages.dropped_pages)
     );
     println!(
