@@ -297,3 +297,46 @@ fn a_bad_pool_prints_no_table() {
     assert_eq!(out, "", "stdout must stay empty");
     assert!(err.contains("pages: must be at least 1, got 0"), "{err}");
 }
+
+/// Hostile review: `describe` without `--tp` writes no shard, so it is not the TP-1 side of a
+/// token-level check against a TP-2 rank; README and --help say `--tp 1` gives it. Llama-3.1-8B
+/// has 8 KV heads: rank 0 of 2 holds heads 0-3 of the 8 that --tp 1 holds.
+#[test]
+fn tp_1_is_the_token_level_peer_of_a_tp_2_rank() {
+    let dir = temp_dir("tp1");
+    let write = |name: &str, extra: &[&str]| {
+        let mut args = vec!["--model", "llama-3.1-8b", "--json"];
+        args.extend_from_slice(extra);
+        let (code, out, err) = describe(&args);
+        assert_eq!(code, 0, "{err}");
+        let path = dir.join(name);
+        std::fs::write(&path, out).unwrap();
+        path
+    };
+    let whole = write("whole.json", &[]);
+    let tp1 = write("tp1.json", &["--tp", "1"]);
+    let rank0 = write("tp2-rank0.json", &["--tp", "2", "--rank", "0"]);
+    let check = |a: &PathBuf| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+            .args(["check", "--level", "token"])
+            .arg(a)
+            .arg(&rank0)
+            .output()
+            .expect("run kvlayout");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.code().expect("exit code"), text)
+    };
+    let (code, text) = check(&whole);
+    assert_eq!(code, 1, "{text}");
+    assert!(text.contains("kv.shard.split: whole, heads of 8"), "{text}");
+    let (code, text) = check(&tp1);
+    assert_eq!(code, 0, "{text}");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["describe", "--help"])
+        .output()
+        .expect("run kvlayout");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("pass --tp 1"), "{help}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -99,7 +99,8 @@ pub struct DescribeArgs {
     #[arg(long, value_enum, ignore_case = true)]
     pub state_dtype: Option<StateDtypeArg>,
     /// Tensor-parallel ranks: describe one rank's pool (KV heads split, replicated when fewer
-    /// than ranks; MLA latent and index-K replicated).
+    /// than ranks; MLA latent and index-K replicated). Without --tp no shard is written: for
+    /// the TP-1 side of a `check --level token` against another TP size's rank, pass --tp 1.
     #[arg(long)]
     pub tp: Option<u64>,
     /// The rank to describe, 0..tp [default: 0].
