@@ -163,7 +163,8 @@ pub(crate) fn count_arg(py: Python<'_>, field: &str, v: &Bound<'_, PyAny>) -> Py
 /// config.json path or a Hugging Face model directory. `kv_dtype`: "bf16" | "fp8" (default fp8
 /// for DSA models, bf16 otherwise); `index_k`: "fp8" | "bf16" | "fp4" (DSA models, default
 /// fp8; a `UserWarning` on a model without an indexer); `tp`, `rank`: tensor-parallel size and
-/// this rank (default one rank); `state_dtype`: recurrent-state dtype ("f32" | "bf16" | "f16");
+/// this rank (default one rank, with no `shard`: pass `tp=1` for the TP-1 side of a
+/// token-level `compare` against another TP size's rank); `state_dtype`: recurrent-state dtype ("f32" | "bf16" | "f16");
 /// `page_size_tokens`, `pages`: the pool's page size and page count; `equal_page_bytes`: give
 /// every token buffer's page the bytes of the largest (vLLM's hybrid allocator).
 /// Raises `ModelError` (unreadable config, a field that changes the cache and is not modelled,
