@@ -250,7 +250,7 @@ impl BufferGeometry {
         let mut order = false;
         let mut i = 0;
         while i < sections.len() {
-            if sections[i].order.is_some() {
+            if sections[i].order().is_some() {
                 order = true;
             }
             i += 1;
@@ -269,7 +269,7 @@ impl BufferGeometry {
                 .layout
                 .sections()
                 .iter()
-                .any(|s| s.order.is_some() || s.dtype.is_v2())
+                .any(|s| s.order().is_some() || s.dtype.is_v2())
     }
 }
 

@@ -342,7 +342,7 @@ fn equal_by_position(sa: &[Section], sb: &[Section], per_head: bool) -> bool {
             x.dtype == y.dtype
                 && shape_of(x, per_head) == shape_of(y, per_head)
                 && x.scale == y.scale
-                && x.order == y.order
+                && x.order() == y.order()
         })
 }
 

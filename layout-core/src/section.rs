@@ -109,11 +109,13 @@ impl Section {
         self
     }
 
-    /// The order's name, `None` when linear.
+    /// The order's name, `None` when linear: absent, or `"linear"` set on the public field
+    /// (every comparison and fingerprint reads the order through here, so both spellings are
+    /// one layout).
     pub const fn order(&self) -> Option<&str> {
         match &self.order {
-            Some(o) => Some(cow_str(o)),
-            None => None,
+            Some(o) if !is_linear(cow_str(o)) => Some(cow_str(o)),
+            _ => None,
         }
     }
 
@@ -172,4 +174,20 @@ pub(crate) const fn bits_to_bytes(elems: u64, bits: u64, index: usize) -> Result
         });
     }
     Ok(total_bits / 8)
+}
+
+/// `name == "linear"`, in `const`.
+const fn is_linear(name: &str) -> bool {
+    let (a, b) = (name.as_bytes(), b"linear".as_slice());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }

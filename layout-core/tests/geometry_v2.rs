@@ -365,6 +365,15 @@ fn an_explicit_linear_order_is_absent_at_every_level() {
     // The builder reads "linear" the same way.
     let s = linear.buffers[0].layout.sections()[1].clone();
     assert_eq!(s.with_order("linear").order(), None);
+    // Regression (hostile review, session 8): "linear" set on the public field (not through the
+    // reader or the builder) still changed every fingerprint while comparing equal.
+    let mut by_field = plain.clone();
+    let mut sections = by_field.buffers[0].layout.sections().to_vec();
+    sections[0].order = Some("linear".into());
+    by_field.buffers[0].layout.sections = std::borrow::Cow::Owned(sections);
+    assert_eq!(by_field.buffers[0].layout.sections()[0].order(), None);
+    assert_eq!(by_field.fingerprints(), plain.fingerprints());
+    assert_eq!(compare_at(&plain, &by_field, Level::Pool), Ok(()));
 }
 
 /// The `--totals` figures (docs/DESIGN.md), by hand. gpt-oss-20b (case 15 A): 12 full + 12 sliding layers

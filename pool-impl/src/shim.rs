@@ -4,7 +4,8 @@
 //! Where each check runs, all before any byte moves:
 //! - once, at pairing ([`crate::HiCache::pair`]): the full geometry comparison
 //!   ([`kvlayout_core::compare`]: page size, buffer names, per buffer layer count,
-//!   arrangement, bytes per token, page stride, sections), equal pool fingerprints, and the page
+//!   arrangement, bytes per token, page stride, sections; the pool fingerprints then agree, but for
+//!   `layer_ids` given on one side only, which compare allows), and the page
 //!   routes every transfer uses, with the last page of each side proven inside its region
 //!   (checked arithmetic);
 //! - every transfer, in every build: the layer asked for exists; the list is no longer than the

@@ -61,25 +61,29 @@ impl TransferStats {
                         &mut self.loaded_bytes,
                     ),
                 };
-                *calls += 1;
-                *counted += pages;
+                *calls = calls.saturating_add(1);
+                *counted = counted.saturating_add(pages);
                 *bytes = bytes.saturating_add(t.bytes);
             }
-            Err(TransferError::Interrupted { .. }) => self.interrupted += 1,
-            Err(_) => self.refused += 1,
+            Err(TransferError::Interrupted { .. }) => {
+                self.interrupted = self.interrupted.saturating_add(1)
+            }
+            Err(_) => self.refused = self.refused.saturating_add(1),
         }
     }
 
-    /// Adds another handle's counters (saturating bytes).
+    /// Adds another handle's counters, each saturating at `u64::MAX` (the fields are public: a
+    /// caller's values never make this panic or wrap).
     pub fn add(&mut self, other: TransferStats) {
-        self.backups += other.backups;
-        self.loads += other.loads;
-        self.backed_up_pages += other.backed_up_pages;
-        self.loaded_pages += other.loaded_pages;
-        self.backed_up_bytes = self.backed_up_bytes.saturating_add(other.backed_up_bytes);
-        self.loaded_bytes = self.loaded_bytes.saturating_add(other.loaded_bytes);
-        self.refused += other.refused;
-        self.interrupted += other.interrupted;
+        let sum = |a: &mut u64, b: u64| *a = a.saturating_add(b);
+        sum(&mut self.backups, other.backups);
+        sum(&mut self.loads, other.loads);
+        sum(&mut self.backed_up_pages, other.backed_up_pages);
+        sum(&mut self.loaded_pages, other.loaded_pages);
+        sum(&mut self.backed_up_bytes, other.backed_up_bytes);
+        sum(&mut self.loaded_bytes, other.loaded_bytes);
+        sum(&mut self.refused, other.refused);
+        sum(&mut self.interrupted, other.interrupted);
     }
 }
 

@@ -428,3 +428,26 @@ fn staged_writes_and_reads_are_checked_before_a_byte_moves() {
     c.read_device_runs(&mut out, &back).unwrap();
     assert_eq!(out, vec![9; PAGE_LAYER_BYTES as usize]);
 }
+
+/// Regression (hostile review, session 8): `TransferStats::add` panicked in debug (wrapped in
+/// release) when a public counter was near `u64::MAX`.
+#[test]
+fn stats_add_saturates_every_counter() {
+    let mut a = TransferStats {
+        backups: u64::MAX,
+        loads: u64::MAX - 1,
+        refused: u64::MAX,
+        ..TransferStats::default()
+    };
+    a.add(TransferStats {
+        backups: 1,
+        loads: 5,
+        refused: 2,
+        interrupted: 3,
+        ..TransferStats::default()
+    });
+    assert_eq!(
+        (a.backups, a.loads, a.refused, a.interrupted),
+        (u64::MAX, u64::MAX, u64::MAX, 3)
+    );
+}
