@@ -18,7 +18,8 @@ use kvlayout_kernels::{
     CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
     LaunchShape, PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
 };
-use kvlayout_pool::{Backend, CopyRun, CpuBackend};
+use kvlayout_pool::backend::copy_runs;
+use kvlayout_pool::{CopyRun, Direction};
 
 const LAYERS: u64 = 3;
 const HOST_PAGES: u64 = 24;
@@ -588,7 +589,7 @@ fn run_lists_match_cpu_reference() {
     assert!(gpu.read(&dst).unwrap() == expect);
 }
 
-/// `dst` after `runs` copy `src` into it, by THE CPU run copy: the pool crate's CPU backend.
+/// `dst` after `runs` copy `src` into it, by THE CPU run copy: the pool crate's CPU backend's.
 fn cpu_reference(src: &[u8], dst: &[u8], runs: &[ByteRun]) -> Vec<u8> {
     let runs: Vec<CopyRun> = runs
         .iter()
@@ -599,9 +600,7 @@ fn cpu_reference(src: &[u8], dst: &[u8], runs: &[ByteRun]) -> Vec<u8> {
         })
         .collect();
     let mut out = dst.to_vec();
-    CpuBackend
-        .host_to_device(&src.to_vec(), &mut out, &runs)
-        .unwrap();
+    copy_runs(Direction::Load, src, &mut out, &runs).unwrap();
     out
 }
 

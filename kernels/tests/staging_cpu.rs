@@ -9,7 +9,8 @@ use kvlayout_kernels::staging::{
     gather_into_staging, plan_staged_chunks, scatter_from_staging, split_runs,
 };
 use kvlayout_kernels::test_data::SplitMix64;
-use kvlayout_pool::{Backend, CopyRun, CpuBackend};
+use kvlayout_pool::backend::copy_runs;
+use kvlayout_pool::{CopyRun, Direction};
 
 fn piece(host: u64, device: u64, staging: u64, len: u64) -> StagedPiece {
     StagedPiece {
@@ -20,8 +21,8 @@ fn piece(host: u64, device: u64, staging: u64, len: u64) -> StagedPiece {
     }
 }
 
-/// `dst` after `runs` copy `src` into it, by the pool crate's CPU backend.
-fn cpu_copy(src: &[u8], dst: &mut Vec<u8>, runs: &[ByteRun]) {
+/// `dst` after `runs` copy `src` into it, by the pool crate's CPU run copy (its CPU backend's).
+fn cpu_copy(src: &[u8], dst: &mut [u8], runs: &[ByteRun]) {
     let runs: Vec<CopyRun> = runs
         .iter()
         .map(|r| CopyRun {
@@ -30,9 +31,7 @@ fn cpu_copy(src: &[u8], dst: &mut Vec<u8>, runs: &[ByteRun]) {
             len_bytes: r.len_bytes,
         })
         .collect();
-    CpuBackend
-        .host_to_device(&src.to_vec(), dst, &runs)
-        .unwrap();
+    copy_runs(Direction::Load, src, dst, &runs).unwrap();
 }
 
 #[test]

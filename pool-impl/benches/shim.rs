@@ -27,7 +27,7 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, formats};
 use kvlayout_pool::{
-    Backend, CopyRun, CpuBackend, DevicePool, Direction, HiCache, HostPool, KvPool, Layers,
+    Backend, CopyRun, CpuBackend, CpuMem, DevicePool, Direction, HiCache, HostPool, KvPool, Layers,
     PagePair,
 };
 
@@ -80,10 +80,13 @@ fn one_page(c: &mut Criterion, label: &str, name: &'static str, layout: TokenLay
     let run = the_run(&cache, hot);
     assert_eq!(run.len_bytes, page_bytes);
 
-    let src: Vec<u8> = (0..cache.device().memory().len())
+    let src_bytes: Vec<u8> = (0..cache.device().memory().len())
         .map(|i| i as u8)
         .collect();
-    let mut dst = vec![1u8; cache.host().memory().len()];
+    // Regions as the backend allocates them (page-aligned), so memcpy and the backend copy
+    // move the same aligned bytes.
+    let src = CpuMem::from(&src_bytes[..]);
+    let mut dst = CpuMem::from(&vec![1u8; cache.host().memory().len()][..]);
 
     let mut g = c.benchmark_group(format!("one page, one layer: {label}"));
     g.throughput(Throughput::Bytes(page_bytes));

@@ -71,7 +71,7 @@ pub mod shim;
 mod transfer;
 mod typed;
 
-pub use backend::{Backend, BackendError, CpuBackend, FailingCpuBackend, Memory};
+pub use backend::{Backend, BackendError, CpuBackend, CpuMem, FailingCpuBackend, Memory};
 pub use concurrent::ConcurrentHiCache;
 pub use error::{PairError, PoolError, PoolFact, TransferError};
 pub use hicache::{HiCache, TransferMode};

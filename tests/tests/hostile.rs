@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use kvlayout_core::{MemoryLayout, PoolGeometry, formats};
 use kvlayout_pool::{
-    Backend, BackendError, ConcurrentHiCache, CpuBackend, DevicePool, Direction, HiCache, HostPool,
-    KvPool, Layers, PagePair, TransferError, Transferred,
+    Backend, BackendError, ConcurrentHiCache, CpuBackend, CpuMem, DevicePool, Direction, HiCache,
+    HostPool, KvPool, Layers, PagePair, TransferError, Transferred,
 };
 use kvlayout_tests::{fill_pool as fill, page_pattern, snapshots};
 
@@ -36,7 +36,7 @@ fn dsa(pages: u64) -> PoolGeometry {
 const DEVICE_TAG: u64 = 1;
 const HOST_TAG: u64 = 2;
 
-fn cache_on<B: Backend<DeviceMem = Vec<u8>, HostMem = Vec<u8>>>(backend: B) -> HiCache<B> {
+fn cache_on<B: Backend<DeviceMem = CpuMem, HostMem = CpuMem>>(backend: B) -> HiCache<B> {
     let mut device = DevicePool::new_in(backend, dsa(DEVICE_PAGES)).unwrap();
     fill(&mut device, DEVICE_TAG);
     let mut host = HostPool::mirror_of(&device, HOST_PAGES, MemoryLayout::PageFirst).unwrap();

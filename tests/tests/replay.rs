@@ -433,49 +433,69 @@ mod trace {
     // SAFETY: copies finish at once (the CPU backend's); `wait` only reports the injected
     // failure.
     unsafe impl kvlayout_pool::Backend for WaitFails {
-        type DeviceMem = Vec<u8>;
-        type HostMem = Vec<u8>;
+        type DeviceMem = kvlayout_pool::CpuMem;
+        type HostMem = kvlayout_pool::CpuMem;
         fn name(&self) -> &'static str {
             "wait-fails"
         }
-        fn alloc_device(&self, n: u64) -> Result<Vec<u8>, BackendError> {
+        fn alloc_device(&self, n: u64) -> Result<kvlayout_pool::CpuMem, BackendError> {
             CpuBackend.alloc_device(n)
         }
-        fn alloc_host(&self, n: u64) -> Result<Vec<u8>, BackendError> {
+        fn alloc_host(&self, n: u64) -> Result<kvlayout_pool::CpuMem, BackendError> {
             CpuBackend.alloc_host(n)
         }
-        fn read_device(&self, m: &Vec<u8>, o: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        fn read_device(
+            &self,
+            m: &kvlayout_pool::CpuMem,
+            o: u64,
+            out: &mut [u8],
+        ) -> Result<(), BackendError> {
             CpuBackend.read_device(m, o, out)
         }
-        fn write_device(&self, m: &mut Vec<u8>, o: u64, d: &[u8]) -> Result<(), BackendError> {
+        fn write_device(
+            &self,
+            m: &mut kvlayout_pool::CpuMem,
+            o: u64,
+            d: &[u8],
+        ) -> Result<(), BackendError> {
             CpuBackend.write_device(m, o, d)
         }
-        fn read_host(&self, m: &Vec<u8>, o: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        fn read_host(
+            &self,
+            m: &kvlayout_pool::CpuMem,
+            o: u64,
+            out: &mut [u8],
+        ) -> Result<(), BackendError> {
             CpuBackend.read_host(m, o, out)
         }
-        fn write_host(&self, m: &mut Vec<u8>, o: u64, d: &[u8]) -> Result<(), BackendError> {
+        fn write_host(
+            &self,
+            m: &mut kvlayout_pool::CpuMem,
+            o: u64,
+            d: &[u8],
+        ) -> Result<(), BackendError> {
             CpuBackend.write_host(m, o, d)
         }
         fn device_to_host(
             &self,
-            s: &Vec<u8>,
-            d: &mut Vec<u8>,
+            s: &kvlayout_pool::CpuMem,
+            d: &mut kvlayout_pool::CpuMem,
             r: &[CopyRun],
         ) -> Result<(), BackendError> {
             CpuBackend.device_to_host(s, d, r)
         }
         fn host_to_device(
             &self,
-            s: &Vec<u8>,
-            d: &mut Vec<u8>,
+            s: &kvlayout_pool::CpuMem,
+            d: &mut kvlayout_pool::CpuMem,
             r: &[CopyRun],
         ) -> Result<(), BackendError> {
             CpuBackend.host_to_device(s, d, r)
         }
         unsafe fn enqueue_device_to_host(
             &self,
-            s: &Vec<u8>,
-            d: &mut Vec<u8>,
+            s: &kvlayout_pool::CpuMem,
+            d: &mut kvlayout_pool::CpuMem,
             r: &[CopyRun],
         ) -> Result<(), BackendError> {
             self.enqueued
@@ -484,8 +504,8 @@ mod trace {
         }
         unsafe fn enqueue_host_to_device(
             &self,
-            s: &Vec<u8>,
-            d: &mut Vec<u8>,
+            s: &kvlayout_pool::CpuMem,
+            d: &mut kvlayout_pool::CpuMem,
             r: &[CopyRun],
         ) -> Result<(), BackendError> {
             self.enqueued

@@ -1,41 +1,17 @@
-//! The CPU backend: every pool is one zeroed `Vec<u8>`; copies are `copy_from_slice` per run.
+//! The CPU backend: every pool is one zeroed, page-aligned [`CpuMem`]; copies are
+//! `copy_from_slice` per run.
 //! The device pool then lives in ordinary memory and behaves byte for byte like a GPU pool.
 
-use super::{Backend, BackendError, Memory, check_range, check_runs};
+use super::cpu_mem::CpuMem;
+use super::{Backend, BackendError, check_range, check_runs};
 use crate::plan::{CopyRun, Direction};
 
 /// Pools in ordinary memory (the embedded default).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuBackend;
 
-impl Memory for Vec<u8> {
-    fn len_bytes(&self) -> u64 {
-        self.len() as u64
-    }
-}
-
-fn alloc(side: &'static str, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
-    let err = |reason: &str| BackendError::Alloc {
-        side,
-        len_bytes,
-        reason: reason.into(),
-    };
-    let len = usize::try_from(len_bytes).map_err(|_| err("larger than the address space"))?;
-    if len == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<u8>(len).map_err(|_| err("layout overflow"))?;
-    // Zeroed allocation (calloc): the OS maps pages lazily, so a large host pool of which a
-    // workload touches a few pages costs only those pages, and a failure is an error, not an
-    // abort.
-    // SAFETY: `layout` has a non-zero size.
-    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-    if ptr.is_null() {
-        return Err(err("allocator returned null"));
-    }
-    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[u8; len]`, is
-    // non-null, and its `len` bytes are initialized (zeroed); capacity equals the allocation.
-    Ok(unsafe { Vec::from_raw_parts(ptr, len, len) })
+fn alloc(side: &'static str, len_bytes: u64) -> Result<CpuMem, BackendError> {
+    CpuMem::zeroed(side, len_bytes)
 }
 
 fn read(side: &'static str, mem: &[u8], offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
@@ -84,46 +60,41 @@ pub fn copy_runs(
 // SAFETY: every copy finishes before the call that makes it returns (the default enqueue);
 // `wait` does nothing; `shares_waits_with` is the default (false).
 unsafe impl Backend for CpuBackend {
-    type DeviceMem = Vec<u8>;
-    type HostMem = Vec<u8>;
+    type DeviceMem = CpuMem;
+    type HostMem = CpuMem;
 
     fn name(&self) -> &'static str {
         "cpu"
     }
 
-    fn alloc_device(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+    fn alloc_device(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
         alloc("device", len_bytes)
     }
 
-    fn alloc_host(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+    fn alloc_host(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
         alloc("host", len_bytes)
     }
 
-    fn read_device(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+    fn read_device(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         read("device", mem, offset, out)
     }
 
-    fn write_device(
-        &self,
-        mem: &mut Vec<u8>,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), BackendError> {
+    fn write_device(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         write("device", mem, offset, data)
     }
 
-    fn read_host(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+    fn read_host(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         read("host", mem, offset, out)
     }
 
-    fn write_host(&self, mem: &mut Vec<u8>, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    fn write_host(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         write("host", mem, offset, data)
     }
 
     fn device_to_host(
         &self,
-        src: &Vec<u8>,
-        dst: &mut Vec<u8>,
+        src: &CpuMem,
+        dst: &mut CpuMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         copy_runs(Direction::Backup, src, dst, runs)
@@ -131,8 +102,8 @@ unsafe impl Backend for CpuBackend {
 
     fn host_to_device(
         &self,
-        src: &Vec<u8>,
-        dst: &mut Vec<u8>,
+        src: &CpuMem,
+        dst: &mut CpuMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         copy_runs(Direction::Load, src, dst, runs)
@@ -146,7 +117,7 @@ mod tests {
     #[test]
     fn a_copy_with_one_bad_run_moves_no_byte() {
         let b = CpuBackend;
-        let src = vec![7u8; 64];
+        let src = CpuMem::from(&[7u8; 64][..]);
         let mut dst = b.alloc_host(32).unwrap();
         let runs = [
             CopyRun {
@@ -170,7 +141,7 @@ mod tests {
                 len_bytes: 32
             }
         );
-        assert_eq!(dst, vec![0u8; 32]);
+        assert_eq!(&dst[..], &[0u8; 32][..]);
     }
 
     fn run(src: u64, dst: u64, len: u64) -> CopyRun {
@@ -184,7 +155,7 @@ mod tests {
     /// The contract of the one CPU run copy, clause by clause.
     #[test]
     fn copy_runs_contract_order_sides_overflow_and_overlap() {
-        let src: Vec<u8> = (1..=8).collect();
+        let src = CpuMem::from(&[1u8, 2, 3, 4, 5, 6, 7, 8][..]);
         let mut dst = vec![0u8; 4];
         // In list order; overlapping destinations: the later run wins (bytes 3, 4 then 5, 6 at
         // 1..3).

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Backend, BackendError, CpuBackend, check_runs, copy_runs};
+use super::{Backend, BackendError, CpuBackend, CpuMem, check_runs, copy_runs};
 use crate::plan::{CopyRun, Direction};
 
 /// A [`CpuBackend`] that copies `n_runs` runs in total (over all copies, shared by every clone:
@@ -76,46 +76,41 @@ impl FailingCpuBackend {
 // SAFETY: as the CPU backend: copies finish before the call returns; the default `wait` and
 // `shares_waits_with`.
 unsafe impl Backend for FailingCpuBackend {
-    type DeviceMem = Vec<u8>;
-    type HostMem = Vec<u8>;
+    type DeviceMem = CpuMem;
+    type HostMem = CpuMem;
 
     fn name(&self) -> &'static str {
         "cpu (failing)"
     }
 
-    fn alloc_device(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+    fn alloc_device(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
         CpuBackend.alloc_device(len_bytes)
     }
 
-    fn alloc_host(&self, len_bytes: u64) -> Result<Vec<u8>, BackendError> {
+    fn alloc_host(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
         CpuBackend.alloc_host(len_bytes)
     }
 
-    fn read_device(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+    fn read_device(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         CpuBackend.read_device(mem, offset, out)
     }
 
-    fn write_device(
-        &self,
-        mem: &mut Vec<u8>,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<(), BackendError> {
+    fn write_device(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         CpuBackend.write_device(mem, offset, data)
     }
 
-    fn read_host(&self, mem: &Vec<u8>, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+    fn read_host(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
         CpuBackend.read_host(mem, offset, out)
     }
 
-    fn write_host(&self, mem: &mut Vec<u8>, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+    fn write_host(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
         CpuBackend.write_host(mem, offset, data)
     }
 
     fn device_to_host(
         &self,
-        src: &Vec<u8>,
-        dst: &mut Vec<u8>,
+        src: &CpuMem,
+        dst: &mut CpuMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         self.copy(Direction::Backup, src, dst, runs)
@@ -123,8 +118,8 @@ unsafe impl Backend for FailingCpuBackend {
 
     fn host_to_device(
         &self,
-        src: &Vec<u8>,
-        dst: &mut Vec<u8>,
+        src: &CpuMem,
+        dst: &mut CpuMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
         self.copy(Direction::Load, src, dst, runs)
@@ -146,8 +141,8 @@ mod tests {
     #[test]
     fn copies_the_allowed_prefix_then_fails_naming_the_count() {
         let b = CpuBackend::failing_after(2);
-        let src: Vec<u8> = (1..=8).collect();
-        let mut dst = vec![0u8; 8];
+        let src = CpuMem::from(&[1u8, 2, 3, 4, 5, 6, 7, 8][..]);
+        let mut dst = CpuMem::from(&[0u8; 8][..]);
         // Three runs of 2 bytes; the budget allows two: bytes [0, 4) move, [4, 6) does not.
         let runs = [run(0, 0, 2), run(2, 2, 2), run(4, 4, 2)];
         let err = b.device_to_host(&src, &mut dst, &runs).unwrap_err();
@@ -159,7 +154,7 @@ mod tests {
                 reason: "injected fault (FailingCpuBackend)".into()
             }
         );
-        assert_eq!(dst, [1, 2, 3, 4, 0, 0, 0, 0]);
+        assert_eq!(dst[..], [1, 2, 3, 4, 0, 0, 0, 0]);
         // The budget is spent: the next copy moves nothing.
         let err = b
             .host_to_device(&src, &mut dst, &[run(6, 6, 2)])
@@ -171,9 +166,9 @@ mod tests {
                 ..
             }
         ));
-        assert_eq!(dst, [1, 2, 3, 4, 0, 0, 0, 0]);
+        assert_eq!(dst[..], [1, 2, 3, 4, 0, 0, 0, 0]);
         b.allow(1);
         b.host_to_device(&src, &mut dst, &[run(6, 6, 2)]).unwrap();
-        assert_eq!(dst, [1, 2, 3, 4, 0, 0, 7, 8]);
+        assert_eq!(dst[..], [1, 2, 3, 4, 0, 0, 7, 8]);
     }
 }

@@ -2,18 +2,20 @@
 //!
 //! The shim ([`crate::shim`]) computes every byte offset from the pools' geometries and checks
 //! the whole plan before a backend sees it; a backend only allocates, reads, writes and copies
-//! runs. The CPU backend ([`CpuBackend`], `Vec<u8>` per pool) is the embedded default; a CUDA
+//! runs. The CPU backend ([`CpuBackend`], a page-aligned [`CpuMem`] per pool) is the embedded default; a CUDA
 //! backend (device memory, pinned host memory) fits behind the same trait and executes the same
 //! plans.
 //!
 //! [`TransferPlan`]: crate::plan::TransferPlan
 
 mod cpu;
+mod cpu_mem;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod fault;
 
 pub use cpu::{CpuBackend, copy_runs};
+pub use cpu_mem::{CPU_MEM_ALIGN_BYTES, CpuMem};
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaBackend, CudaDeviceMem, CudaHostMem, KernelError};
 pub use fault::FailingCpuBackend;
@@ -24,6 +26,13 @@ use crate::plan::{CopyRun, Direction};
 pub trait Memory {
     /// Length of the region in bytes.
     fn len_bytes(&self) -> u64;
+}
+
+/// For backends of one's own (tests' recording backends, say) that hold plain vectors.
+impl Memory for Vec<u8> {
+    fn len_bytes(&self) -> u64 {
+        self.len() as u64
+    }
 }
 
 /// An error of a memory backend. A refused copy ([`BackendError::OutOfRange`]) moved no byte:

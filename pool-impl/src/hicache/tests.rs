@@ -4,7 +4,7 @@
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, formats};
 
 use super::*;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, CpuMem};
 use crate::error::PoolFact;
 use crate::shim::CHECKS_COMPILED;
 
@@ -373,7 +373,7 @@ fn enqueue_needs_a_checked_pairing() {
 fn staged_writes_and_reads_are_checked_before_a_byte_moves() {
     let mut c = filled_cache(CpuBackend);
     let before = both(&c);
-    let staging: Vec<u8> = vec![9; 2 * PAGE_LAYER_BYTES as usize];
+    let staging = CpuMem::from(&vec![9u8; 2 * PAGE_LAYER_BYTES as usize][..]);
     // Device page 3, layer 0 from the staging's second page (layer_first: at 3 x 8,448).
     let runs = crate::page_copy_runs(c.device().geometry(), 0, 0, 3, PAGE_LAYER_BYTES).unwrap();
     assert_eq!(
@@ -409,7 +409,7 @@ fn staged_writes_and_reads_are_checked_before_a_byte_moves() {
         vec![9; PAGE_LAYER_BYTES as usize]
     );
     // Read it back through a run list; a run past the device region is refused first.
-    let mut out = vec![0u8; PAGE_LAYER_BYTES as usize];
+    let mut out = CpuMem::from(&vec![0u8; PAGE_LAYER_BYTES as usize][..]);
     let back = [CopyRun {
         src_offset_bytes: 3 * PAGE_LAYER_BYTES,
         dst_offset_bytes: 0,
@@ -424,9 +424,9 @@ fn staged_writes_and_reads_are_checked_before_a_byte_moves() {
         matches!(err, BackendError::OutOfRange { side: "device", .. }),
         "{err}"
     );
-    assert_eq!(out, vec![0; PAGE_LAYER_BYTES as usize]);
+    assert_eq!(out[..], vec![0; PAGE_LAYER_BYTES as usize]);
     c.read_device_runs(&mut out, &back).unwrap();
-    assert_eq!(out, vec![9; PAGE_LAYER_BYTES as usize]);
+    assert_eq!(out[..], vec![9; PAGE_LAYER_BYTES as usize]);
 }
 
 /// Regression (hostile review, session 8): `TransferStats::add` panicked in debug (wrapped in
