@@ -224,28 +224,27 @@ def test_token_plan_head_major_without_shard_places_each_head_row():
     plan = token_plan({"kv": src}, {"kv": dst}, src_pages, dst_pages)
     # every byte of 4 source pages moves: 2 layers x 128 tokens x 2 sections x 8 x 128 x 2 B
     assert plan.bytes_total == 2 * 128 * 2 * HND_HEADS * HND_DIM * 2
+    def head_rows(lay, pages):
+        """(offset in u16 units, tag) of every head row: the tag names the layer, section,
+        head and the token's place in the stream of `pages`."""
+        t_page = lay.page_size_tokens
+        for layer in range(2):
+            for i, page in enumerate(pages):
+                for sec in range(2):
+                    for head in range(HND_HEADS):
+                        for t in range(t_page):
+                            o = hnd_element_offset(lay, layer, page, sec, head, t) // 2
+                            yield o, layer * 20_000 + sec * 10_000 + head * 1000 + i * t_page + t
+
     src_region = np.zeros(src.region_bytes, dtype=np.uint8)
     src16 = src_region.view(np.uint16)
-    for layer in range(2):
-        for i, page in enumerate(src_pages):
-            for sec in range(2):
-                for head in range(HND_HEADS):
-                    for t in range(32):
-                        o = hnd_element_offset(src, layer, page, sec, head, t) // 2
-                        tag = layer * 20_000 + sec * 10_000 + head * 1000 + i * 32 + t
-                        src16[o : o + HND_DIM] = tag
+    for o, tag in head_rows(src, src_pages):
+        src16[o : o + HND_DIM] = tag
     dst_region = np.zeros(dst.region_bytes, dtype=np.uint8)
     _apply(plan, {"kv": src_region}, {"kv": dst_region})
     dst16 = dst_region.view(np.uint16)
-    wrong = 0
-    for layer in range(2):
-        for j, page in enumerate(dst_pages):
-            for sec in range(2):
-                for head in range(HND_HEADS):
-                    for t in range(64):
-                        o = hnd_element_offset(dst, layer, page, sec, head, t) // 2
-                        want = layer * 20_000 + sec * 10_000 + head * 1000 + j * 64 + t
-                        wrong += int(np.count_nonzero(dst16[o : o + HND_DIM] != want))
+    wrong = sum(int(np.count_nonzero(dst16[o : o + HND_DIM] != tag))
+                for o, tag in head_rows(dst, dst_pages))
     assert wrong == 0
 
 

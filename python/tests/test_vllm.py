@@ -57,7 +57,9 @@ def test_hybrid_groups_keep_windows_and_layer_ids():
     assert any(line.startswith("swa") for line in kvlayout.compare(g, g_full))
 
 
-def test_mla_fp8_ds_mla_and_indexer():
+def dsv32_layers():
+    """DeepSeek-V3.2 as vLLM registers it: 61 MLA layers (fp8_ds_mla, 656 B rows) and 61
+    indexer layers (132 B rows), 4 blocks of 64 tokens: specs, layer names and caches."""
     mla = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=576,
                      dtype=np.uint8, cache_dtype_str="fp8_ds_mla")
     idx = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=132,
@@ -66,6 +68,11 @@ def test_mla_fp8_ds_mla_and_indexer():
     indexer = [f"model.layers.{i}.self_attn.indexer.k_cache" for i in range(61)]
     caches = {n: np.zeros((4, 64, 656), np.uint8) for n in attn}
     caches.update({n: np.zeros((4, 64, 132), np.uint8) for n in indexer})
+    return mla, idx, attn, indexer, caches
+
+
+def test_mla_fp8_ds_mla_and_indexer():
+    mla, idx, attn, indexer, caches = dsv32_layers()
     g = vllm.geometry(caches, fakes.kv_cache_config(4, [(attn, mla), (indexer, idx)]))
     by = {b["name"]: b for b in g.buffers}
     # named as `kvlayout describe deepseek-v3.2-exp` names them: kv, index_k
@@ -173,16 +180,9 @@ def test_a_full_attention_spec_with_a_merged_window_keeps_every_token():
 # Regression: DeepSeek-V3.2 as vLLM groups it (MLA and indexer layers in one
 # UniformTypeKVCacheSpecs group) raised AttributeError 'num_kv_heads'.
 def test_uniform_type_group_of_mla_and_indexer_layers():
-    mla = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=576,
-                     dtype=np.uint8, cache_dtype_str="fp8_ds_mla")
-    idx = fakes.spec(fakes.MLAAttentionSpec, block_size=64, num_kv_heads=1, head_size=132,
-                     dtype=np.uint8)
-    attn = [f"model.layers.{i}.self_attn.attn" for i in range(61)]
-    indexer = [f"model.layers.{i}.self_attn.indexer.k_cache" for i in range(61)]
+    mla, idx, attn, indexer, caches = dsv32_layers()
     specs = {**{n: mla for n in attn}, **{n: idx for n in indexer}}
     uniform = fakes.UniformTypeKVCacheSpecs(block_size=64, kv_cache_specs=specs)
-    caches = {n: np.zeros((4, 64, 656), np.uint8) for n in attn}
-    caches.update({n: np.zeros((4, 64, 132), np.uint8) for n in indexer})
     g = vllm.geometry(caches, fakes.kv_cache_config(4, [(list(specs), uniform)]))
     by = {b["name"]: (b["layers"], b["bytes_per_token"]) for b in g.buffers}
     # MLA row 512 e4m3 + 4 f32 + 64 bf16 = 656 B; indexer 128 e4m3 + 1 f32 = 132 B
