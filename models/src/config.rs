@@ -54,7 +54,8 @@ pub struct ModelConfig {
     #[serde(default)]
     pub sliding_window: Option<u64>,
     /// Gemma 3: every `sliding_window_pattern`-th layer is global (`(i + 1) % p == 0`).
-    #[serde(default)]
+    /// transformers' own exports write it `_sliding_window_pattern` (read the same).
+    #[serde(default, alias = "_sliding_window_pattern")]
     pub sliding_window_pattern: Option<u64>,
     /// `false` turns `sliding_window` off (Qwen2/Qwen3 configs carry a window they do not use;
     /// absent on a `qwen*` config it is `false`, the transformers default).
@@ -209,8 +210,13 @@ pub const SHAPE_FIELD_ENDINGS: &[&str] =
 /// Fields with a [`SHAPE_FIELD_ENDINGS`] ending that are read ([`ModelConfig`]) or do not
 /// change the cache: `qk_nope_head_dim` sizes MLA queries and keys, which are rebuilt from the
 /// cached latent; `v_head_dim` is checked on its own (harmless under MLA or equal to
-/// `head_dim`).
+/// `head_dim`); `mtp_hybrid_override_pattern` lays out Nemotron-H's multi-token-prediction draft
+/// layers, which keep their own pool. Besides these, a `*_head_dim` equal to the head dim (a
+/// synonym: Hunyuan's `attention_head_dim`) and, under MLA, `qk_head_dim` (transformers'
+/// `qk_nope_head_dim + qk_rope_head_dim`, the query/key width rebuilt from the latent) pass.
 pub const MODELLED_SHAPE_FIELDS: &[&str] = &[
+    "mtp_hybrid_override_pattern",
+    "_sliding_window_pattern",
     "num_key_value_heads",
     "num_global_key_value_heads",
     "global_head_dim",
@@ -266,9 +272,18 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
     let Some(fields) = text.as_object() else {
         return Ok(());
     };
+    let number = |f: &str| fields.get(f).and_then(Value::as_u64);
+    let head_dim = number("head_dim").or_else(|| {
+        let (hidden, heads) = (number("hidden_size")?, number("num_attention_heads")?);
+        hidden.checked_div(heads)
+    });
+    let mla = fields.get("kv_lora_rank").is_some_and(is_live);
     for (field, v) in fields {
         let shape_field = SHAPE_FIELD_ENDINGS.iter().any(|e| field.ends_with(e));
-        if shape_field && !MODELLED_SHAPE_FIELDS.contains(&field.as_str()) && is_live(v) {
+        let harmless = MODELLED_SHAPE_FIELDS.contains(&field.as_str())
+            || (field.ends_with("_head_dim") && head_dim.is_some() && v.as_u64() == head_dim)
+            || (mla && field == "qk_head_dim");
+        if shape_field && !harmless && is_live(v) {
             return Err(refuse(
                 field.clone(),
                 v,
@@ -278,12 +293,6 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
     }
     // V heads narrower or wider than K: the V plane is not `head_dim` wide. Under MLA
     // (`kv_lora_rank`) V is rebuilt from the cached latent.
-    let number = |f: &str| fields.get(f).and_then(Value::as_u64);
-    let head_dim = number("head_dim").or_else(|| {
-        let (hidden, heads) = (number("hidden_size")?, number("num_attention_heads")?);
-        hidden.checked_div(heads)
-    });
-    let mla = fields.get("kv_lora_rank").is_some_and(is_live);
     let v_dim = fields.get("v_head_dim").filter(|v| is_live(v));
     if let Some(v) = v_dim.filter(|v| !mla && v.as_u64() != head_dim) {
         return Err(refuse(

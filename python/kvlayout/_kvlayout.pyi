@@ -86,7 +86,7 @@ class TransferGuard:
         """`layer`: an index, or the model layer id on a geometry whose buffers carry
         `layer_ids`; None: all layers (ints: Python's or numpy's). Raises TransferRefused
         (kind: layer, length, too_many_pairs, page_out_of_range (negative, past the pool, or
-        past 64 bits), duplicate_destination); TypeError for a bool, or indices that are not
+        past the int64 range), duplicate_destination); TypeError for a bool, or indices that are not
         integers / int64 arrays / one-dimensional / host-readable. Safe to share between
         threads."""
     def layer_indices(self, layer: int) -> dict[str, int]:

@@ -88,7 +88,7 @@ fn layer_arg(py: Python<'_>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<Optio
         errors::transfer_refused(
             py,
             format!(
-                "layer {}: out of range (past 64 bits)",
+                "layer {}: out of range (past the int64 range)",
                 l.repr().map(|r| r.to_string()).unwrap_or_default()
             ),
             "layer",

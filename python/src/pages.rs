@@ -205,10 +205,10 @@ fn int_at(py: Python<'_>, item: *mut ffi::PyObject, what: &str, i: usize) -> PyR
     if v == -1 && unsafe { !ffi::PyErr_Occurred().is_null() } {
         let e = PyErr::fetch(py);
         if e.is_instance_of::<PyOverflowError>(py) {
-            // An int past 64 bits is a page no pool has: refused as out of range.
+            // An int past the int64 range is a page no pool has: refused as out of range.
             return Err(crate::errors::transfer_refused(
                 py,
-                format!("{what}[{i}]: page past 64 bits, out of range"),
+                format!("{what}[{i}]: page past the int64 range, out of range"),
                 "page_out_of_range",
             ));
         }

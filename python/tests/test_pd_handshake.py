@@ -202,8 +202,10 @@ def test_equal_tp_other_rank_is_refused_naming_both_ranks():
     assert handshake.check_peer(r1, message(_tp2_rank(1))).level == "pool"
     with pytest.raises(PeerRefused) as e:
         handshake.check_peer(r1, message(r0))
+    # 8 heads over 2 ranks: rank 0 holds [0, 4), rank 1 [4, 8)
     assert e.value.lines == [
-        "kv.shard.rank: 0, 1 (tp_size 2 on both sides: the ranks hold disjoint heads, "
-        "nothing would move)"
+        "kv.shard.rank: 0, 1 (tp_size 2 on both sides: rank r pairs with rank r; the ranks' "
+        "slices [0, 4) and [4, 8) of heads_total 8 do not overlap, so no byte of this buffer "
+        "would move)"
     ]
     assert e.value.level == "token"

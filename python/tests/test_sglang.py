@@ -267,6 +267,9 @@ def test_all_layer_backup_must_fit_the_page_first_row():
     assert e.value.kind == "item_size"
     assert "num_layers 2 x item_size 4096 B = 8192 B, but dst_layout_dim is 4096 B" in str(e.value)
     assert calls == [2048]
+    with pytest.raises(kvlayout.TransferRefused, match="num_layers -1: must be at least 1"):
+        gated(None, k, None, v, None, None, 1024, 4096, -1)
+    assert calls == [2048]
 
 
 def test_per_layer_load_layer_must_lie_in_the_page_first_row():

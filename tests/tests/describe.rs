@@ -685,6 +685,66 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         m.totals(&Options::default()).unwrap().full_bytes_per_token,
         4 * 2 * 2 * 64 * 2
     );
+    // Regressions (new-user check, session 8): harmless fields the shape-ending rule refused.
+    // Hunyuan's attention_head_dim equal to head_dim, Nemotron-H's MTP draft pattern (its own
+    // pool): 4 layers x 2 (K, V) x 2 heads x 64 x 2 B = 2,048 B/token, as without them.
+    for extra in [
+        r#""attention_head_dim": 64"#,
+        r#""mtp_hybrid_override_pattern": "*E""#,
+    ] {
+        let m = Model::parse("t", "t", &format!("{{{GQA}, {extra}}}")).unwrap();
+        assert_eq!(
+            m.totals(&Options::default()).unwrap().full_bytes_per_token,
+            4 * 2 * 2 * 64 * 2,
+            "{extra}"
+        );
+    }
+    // transformers' re-saved DeepSeek-V3 config: qk_head_dim 192 (128 nope + 64 rope) and
+    // head_dim 64 under MLA; the latent row is 512 + 64 bf16 = 1,152 B, 61 layers = 70,272.
+    let dsv3: serde_json::Value =
+        serde_json::from_str(include_str!("../../configs/deepseek-v3.json")).unwrap();
+    let mut resaved = dsv3.clone();
+    resaved["qk_head_dim"] = 192.into();
+    resaved["head_dim"] = 64.into();
+    let m = Model::parse("t", "t", &resaved.to_string()).unwrap();
+    let bf16 = Options {
+        kv_dtype: Some(KvDtype::Bf16),
+        ..Options::default()
+    };
+    assert_eq!(m.totals(&bf16).unwrap().full_bytes_per_token, 61 * 1_152);
+    // Gemma 3 as transformers exports it: `_sliding_window_pattern` (read as
+    // sliding_window_pattern), with or without the layer_types it implies. gemma-3-4b-it: 34
+    // layers, global iff (i + 1) % 6 == 0: 5 full, 29 sliding (window 1,024); 2 x 4 KV heads x
+    // 256 x 2 B = 4,096 B/token/layer: 5 x 4,096 = 20,480 B/token, 29 x 4,096 x 1,024 =
+    // 121,634,816 B/request.
+    let gemma: serde_json::Value =
+        serde_json::from_str(include_str!("../../configs/gemma-3-4b-it.json")).unwrap();
+    let mut exported = gemma.clone();
+    let text = exported["text_config"].as_object_mut().unwrap();
+    let pattern = text.remove("sliding_window_pattern").unwrap();
+    text.insert("_sliding_window_pattern".into(), pattern);
+    let with_types = {
+        let mut e = exported.clone();
+        let types: Vec<&str> = (0..34)
+            .map(|i| {
+                if (i + 1) % 6 == 0 {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                }
+            })
+            .collect();
+        e["text_config"]["layer_types"] = serde_json::json!(types);
+        e
+    };
+    for config in [exported, with_types] {
+        let t = Model::parse("t", "t", &config.to_string())
+            .unwrap()
+            .totals(&Options::default())
+            .unwrap();
+        assert_eq!(t.full_bytes_per_token, 20_480);
+        assert_eq!(t.window_bytes_per_request_max, 121_634_816);
+    }
     // A key named twice (hostile review: the last value won, 1 KV head instead of 2), at the
     // top level or in text_config.
     let e = refusal(&format!(r#"{{{GQA}, "num_key_value_heads": 1}}"#));

@@ -415,6 +415,8 @@ def _check_page_first_row(op_name: str, bound: dict) -> None:
         return
     item = int(item)
     layers, row = bound.get("num_layers"), bound.get("dst_layout_dim")
+    if layers is not None and int(layers) < 1:
+        raise TransferRefused(f"{op_name}: num_layers {int(layers)}: must be at least 1", "layer")
     if layers is not None and row is not None and int(layers) * item > int(row):
         raise TransferRefused(
             f"{op_name}: num_layers {int(layers)} x item_size {item} B = {int(layers) * item} B, "
@@ -422,7 +424,9 @@ def _check_page_first_row(op_name: str, bound: dict) -> None:
             "token's row", "item_size")
     layer, row = bound.get("layer_id"), bound.get("src_layout_dim")
     if layer is not None and row is not None and "_pf_" in op_name:
-        if int(layer) < 0 or (int(layer) + 1) * item > int(row):
+        if int(layer) < 0:
+            raise TransferRefused(f"{op_name}: layer_id {int(layer)} is negative", "layer")
+        if (int(layer) + 1) * item > int(row):
             raise TransferRefused(
                 f"{op_name}: layer_id {int(layer)} with item_size {item} B reaches "
                 f"{(int(layer) + 1) * item} B of a {int(row)} B src_layout_dim row (layers "

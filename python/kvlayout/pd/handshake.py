@@ -125,10 +125,14 @@ def disjoint_heads(peer_json: str, local_json: str) -> list[str]:
             and sa.get("tp_size") == sb.get("tp_size")
             and sa.get("rank") != sb.get("rank")
         ):
+            per = (sa.get("heads_total") or 0) // max(sa.get("tp_size") or 1, 1)
+            ra, rb = sa.get("rank"), sb.get("rank")
+            slice_of = lambda r: f"[{r * per}, {(r + 1) * per})"  # noqa: E731
             lines.append(
-                f"{a['name']}.shard.rank: {sa.get('rank')}, {sb.get('rank')} (tp_size "
-                f"{sa.get('tp_size')} on both sides: the ranks hold disjoint heads, nothing "
-                "would move)"
+                f"{a['name']}.shard.rank: {ra}, {rb} (tp_size {sa.get('tp_size')} on both "
+                f"sides: rank r pairs with rank r; the ranks' slices {slice_of(ra)} and "
+                f"{slice_of(rb)} of heads_total {sa.get('heads_total')} do not overlap, so "
+                "no byte of this buffer would move)"
             )
     return lines
 
