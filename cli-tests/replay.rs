@@ -278,7 +278,7 @@ fn trace_bad_line_exits_2_naming_line_and_field() {
     );
     assert_eq!(code, 2, "{text}");
     assert!(
-        text.contains("trace line 13: line: key \"input_length\" given twice"),
+        text.contains("trace line 13: input_length: key \"input_length\" given twice"),
         "{text}"
     );
 }

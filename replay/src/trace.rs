@@ -95,7 +95,9 @@ pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Req
     };
     // serde_json keeps the last of a repeated key: refuse it, naming the key and its column.
     kvlayout_core::check_unique_keys(text).map_err(|e| {
-        let field = if e.field == "json" { "line" } else { &e.field };
+        // At the top level the field is the key itself (the problem names it in quotes).
+        let key = e.problem.split('"').nth(1).unwrap_or("line");
+        let field = if e.field == "json" { key } else { &e.field };
         line_err(
             line,
             field,
@@ -323,7 +325,7 @@ mod tests {
             err(
                 r#"{"timestamp": 1, "timestamp": 100, "input_length": 512, "output_length": 5, "hash_ids": [0]}"#
             ),
-            "trace line 7: line: key \"timestamp\" given twice in one object (the second value \
+            "trace line 7: timestamp: key \"timestamp\" given twice in one object (the second value \
              would silently win) at column 28"
         );
     }
