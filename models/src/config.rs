@@ -262,9 +262,19 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
         value: v.to_string(),
         why: why.to_string(),
     };
+    // MiniMax's attn_type_list: 1 is softmax attention (an ordinary KV cache), 0 lightning
+    // (linear) attention; a list of 1s only (MiniMax-M2) lays out plain full attention.
+    let all_softmax = |field: &str, v: &Value| {
+        field == "attn_type_list"
+            && v.as_array()
+                .is_some_and(|a| a.iter().all(|x| x.as_u64() == Some(1)))
+    };
     for (prefix, obj) in places {
         for (field, why) in UNMODELLED {
-            if let Some(v) = obj.get(*field).filter(|v| is_live(v)) {
+            if let Some(v) = obj
+                .get(*field)
+                .filter(|v| is_live(v) && !all_softmax(field, v))
+            {
                 return Err(refuse(format!("{prefix}{field}"), v, why));
             }
         }

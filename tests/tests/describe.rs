@@ -699,6 +699,20 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
             "{extra}"
         );
     }
+    // MiniMax-M2's attn_type_list of 1s only (softmax everywhere): plain GQA, 2,048 B/token as
+    // above; a 0 (lightning attention) anywhere is still refused.
+    let m = Model::parse(
+        "t",
+        "t",
+        &format!(r#"{{{GQA}, "attn_type_list": [1, 1, 1, 1]}}"#),
+    )
+    .unwrap();
+    assert_eq!(
+        m.totals(&Options::default()).unwrap().full_bytes_per_token,
+        4 * 2 * 2 * 64 * 2
+    );
+    let e = refusal(&format!(r#"{{{GQA}, "attn_type_list": [0, 1, 0, 1]}}"#));
+    assert!(e.contains("attn_type_list = [0,1,0,1]"), "{e}");
     // transformers' re-saved DeepSeek-V3 config: qk_head_dim 192 (128 nope + 64 rope) and
     // head_dim 64 under MLA; the latent row is 512 + 64 bf16 = 1,152 B, 61 layers = 70,272.
     let dsv3: serde_json::Value =
