@@ -167,6 +167,10 @@ pub const UNMODELLED: &[(&str, &str)] = &[
     ("num_kv_heads", "KV heads under another name (Falcon)"),
     ("n_head_kv", "KV heads under another name (Falcon)"),
     (
+        "compress_ratios",
+        "per-layer compressed KV (DeepSeek-V4: a compression ratio per layer, beside a sliding window and an indexer)",
+    ),
+    (
         "attn_type_list",
         "per-layer lightning (linear) or softmax attention (MiniMax)",
     ),

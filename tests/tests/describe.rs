@@ -649,6 +649,8 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         ("swa_num_key_value_heads", "8"),
         ("swa_head_dim", "192"),
         ("num_attention_groups", "8"),
+        // DeepSeek-V4 (new-user check: it was refused as an MLA config without kv_lora_rank).
+        ("compress_ratios", "[0, 0, 4, 128]"),
         // Unknown names with a shape ending.
         ("local_num_key_value_heads", "4"),
         ("swa_kv_heads", "4"),
