@@ -482,9 +482,8 @@ fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry,
             dtype,
             shape: Cow::Owned(s.shape.clone()),
             scale,
-            // "linear" is what absent means (diff prints absent as `linear`): read it as
-            // absent, so both spellings give one fingerprint.
-            order: s.order.clone().filter(|o| o != "linear").map(Cow::Owned),
+            // "linear" is kept as written: `Section::order` reads it as absent everywhere.
+            order: s.order.clone().map(Cow::Owned),
         });
     }
     let attention = match &b.attention {

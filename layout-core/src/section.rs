@@ -102,10 +102,10 @@ impl Section {
     }
 
     /// This section with the named element order (`kvlayout.geometry/v2`); `"linear"` is the
-    /// default order and leaves it absent (one fingerprint for both spellings).
+    /// default order, which [`Section::order`] reads as absent (one fingerprint for both
+    /// spellings).
     pub fn with_order(mut self, order: impl Into<String>) -> Section {
-        let order = order.into();
-        self.order = (order != "linear").then_some(Cow::Owned(order));
+        self.order = Some(Cow::Owned(order.into()));
         self
     }
 

@@ -103,8 +103,11 @@ def _groups(kv_cache_config: Any) -> list[tuple[list[str], Any]]:
                 # UniformTypeKVCacheSpecs: one group of layers whose specs differ (DeepSeek-V3.2's
                 # MLA and indexer layers: other page sizes, same token count); each spec its own
                 # buffer, as if vLLM had made two groups.
-                out += _by_equal_spec({n: per_layer[n] for n in g.layer_names}
-                                      if set(g.layer_names) <= set(per_layer) else per_layer)
+                missing = [n for n in g.layer_names if n not in per_layer]
+                if missing:
+                    raise KvLayoutError(f"kv_cache_groups: layer {missing[0]} has no spec in "
+                                        "its group's kv_cache_specs")
+                out += _by_equal_spec({n: per_layer[n] for n in g.layer_names})
             else:
                 out.append((list(g.layer_names), g.kv_cache_spec))
         return out
