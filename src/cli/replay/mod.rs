@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlayout_core::MemoryLayout;
 use kvlayout_models::{Model, PoolOptions};
+use kvlayout_pool::ChecksumMode;
 use kvlayout_replay::synthetic::{
     self as replay, ReplayInput, ReplayOutcome, ReplayReport, Workload,
 };
@@ -160,6 +161,12 @@ pub struct ReplayArgs {
     /// copy that would leave its buffers.
     #[arg(long)]
     pub no_verify: bool,
+    /// Trace: page checksums on the pairing: `all` (every page recorded at backup and verified
+    /// at load), `sampled:N` (host pages that are multiples of N), or `off`. A mismatch refuses
+    /// the load (a miss) on a checked pairing; with --no-verify the bytes are used as the engine
+    /// without kvlayout would, and the mismatch is counted.
+    #[arg(long, default_value = "off", value_parser = parse_checksum)]
+    pub checksum: ChecksumMode,
     /// Where the pools live: `cpu`, or `cuda` (GPU 0; falls back to the CPU backend, saying
     /// so, when no CUDA driver is found, unless --require-gpu).
     #[arg(long, value_enum, default_value = "cpu")]
@@ -173,6 +180,10 @@ pub struct ReplayArgs {
     /// Print one JSON object (no progress bar).
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_checksum(text: &str) -> Result<ChecksumMode, String> {
+    ChecksumMode::parse(text)
 }
 
 /// The backend a replay runs on.
@@ -397,9 +408,14 @@ pub fn run(args: &ReplayArgs) -> u8 {
     }
     match args.workload {
         WorkloadArg::Synthetic
-            if args.trace.is_some() || args.plot.is_some() || args.buffers.is_some() =>
+            if args.trace.is_some()
+                || args.plot.is_some()
+                || args.buffers.is_some()
+                || args.checksum != ChecksumMode::Off =>
         {
-            eprintln!("error: --trace, --plot and --buffers belong to --workload trace");
+            eprintln!(
+                "error: --trace, --plot, --buffers and --checksum belong to --workload trace"
+            );
             2
         }
         WorkloadArg::Synthetic => run_synthetic(args, model, pool, pools),
