@@ -29,6 +29,7 @@ from ._kvlayout import (
     compare,
     describe,
     formats,
+    page_checksum,
     totals,
 )
 from .tensors import TensorBuffer, geometry_from_tensors
@@ -50,6 +51,7 @@ __all__ = [
     "compare",
     "describe",
     "formats",
+    "page_checksum",
     "totals",
     "geometry_from_tensors",
     "TensorBuffer",

@@ -7,6 +7,7 @@ from ._kvlayout import (
     compare as compare,
     describe as describe,
     formats as formats,
+    page_checksum as page_checksum,
     totals as totals,
 )
 from .errors import (

@@ -9,6 +9,7 @@
 
 use pyo3::prelude::*;
 
+mod checksum;
 mod errors;
 mod geometry;
 mod guard;
@@ -20,6 +21,7 @@ mod pages;
 fn _kvlayout(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<geometry::Geometry>()?;
     m.add_class::<guard::TransferGuard>()?;
+    m.add_function(wrap_pyfunction!(checksum::page_checksum, m)?)?;
     m.add_function(wrap_pyfunction!(geometry::compare, m)?)?;
     m.add_function(wrap_pyfunction!(geometry::check, m)?)?;
     m.add_function(wrap_pyfunction!(model::describe, m)?)?;

@@ -19,7 +19,7 @@ import numpy as np
 
 import kvlayout
 
-from . import handshake
+from . import checksums, handshake
 from .plan import page_plan, token_plan
 from .regions import buffer_layouts
 from .verify import pattern, verify
@@ -52,6 +52,9 @@ def prefill(cfg: dict) -> None:
     side.register(regions)
     addrs = {name: [a.ctypes.data, a.nbytes] for name, a in regions.items()}
     published = geometry if cfg.get("publish_geometry", True) else None
+    # The pages offered are final now: their checksums travel in the same message (the NIXL
+    # notification, the Mooncake metadata entry) that says they are ready.
+    sums = checksums.page_checksums(geometry, layouts, regions, cfg["src_pages"])
     if cfg["engine"] == "nixl":
         msg = handshake.make_message(
             side.name,
@@ -59,11 +62,13 @@ def prefill(cfg: dict) -> None:
             addrs,
             seed=cfg["seed"],
             agent_metadata=base64.b64encode(side.metadata()).decode(),
+            checksums=sums,
         )
         side.publish("kvlayout-decode", cfg["peer_addr"], cfg["peer_port"], msg, cfg["timeout_s"])
     else:
         msg = handshake.make_message(
-            side.segment, published, addrs, seed=cfg["seed"], segment=side.segment
+            side.segment, published, addrs, seed=cfg["seed"], segment=side.segment,
+            checksums=sums,
         )
         side.publish(msg)
     _emit({"event": "published"})
@@ -137,6 +142,29 @@ def decode(cfg: dict) -> dict:
         moved = side.read(peer, local, remote)
     else:
         moved = side.read(msg["segment"], local, remote)
+    fault = cfg.get("fault")
+    if fault:
+        _inject(fault, layouts, regions, cfg["dst_pages"])
+    # The receiver verifies the pages it wrote against the sender's checksums before any is
+    # used (pages moved whole only: a token-level plan cuts pages).
+    checked, bad = 0, []  # type: int, list[str]
+    if plan.level == "pool" and "checksums" in msg:
+        checked, bad = checksums.mismatches(
+            geometry, layouts, regions, msg["checksums"], cfg["src_pages"], cfg["dst_pages"]
+        )
+    if bad:
+        side.close()
+        return {
+            **result,
+            "verdict": "refused",
+            "bytes_moved": moved,
+            "bytes_verified_equal": 0,
+            "lines": bad,
+            "level": "checksum",
+            "checksummed_pages": checked,
+            "checksum_mismatches": len(bad),
+            "stray_bytes": 0,
+        }
     src_regions = {
         n: pattern(lay, msg["seed"], i) for i, (n, lay) in enumerate(peer_layouts.items())
     }
@@ -161,8 +189,27 @@ def decode(cfg: dict) -> dict:
         "level": verdict.level,
         "runs": plan.run_count,
         "stray_bytes": stray,
+        "checksummed_pages": checked,
+        "checksum_mismatches": 0,
         "head_ranges": {k: list(v) for k, v in plan.head_ranges.items()},
     }
+
+
+def _inject(fault: str, layouts: dict, regions: dict, dst_pages: list[int]) -> None:
+    """A content-only fault on the first buffer's layer 0 after the transfer:
+    `stale-destination` puts back what the first destination page held before (zeros: its
+    bytes never arrived, a reused slot); `corrupted-in-flight` inverts one byte in the middle of
+    the last destination page (a wire or DMA error the engine did not report)."""
+    name, lay = next(iter(layouts.items()))
+    payload = lay.page_size_tokens * lay.bytes_per_token
+    if fault == "stale-destination":
+        start = lay.page_offset_bytes(0, dst_pages[0])
+        regions[name][start:start + payload] = 0
+    elif fault == "corrupted-in-flight":
+        at = lay.page_offset_bytes(0, dst_pages[-1]) + payload // 2
+        regions[name][at] ^= 0xFF
+    else:
+        raise ValueError(f"fault {fault!r}: expected stale-destination or corrupted-in-flight")
 
 
 def main(cfg: dict) -> None:
