@@ -12,7 +12,8 @@
 #   4b. the nvidia-smi phase slicer of `gpu_bench --hold` (kernels/scripts/smi_phases.py) on a
 #      hand-made log;
 #   5. the Python package (pip install ./python into a venv) and its pytest suite, then the
-#      prefill/decode handshake self-tests over real NIXL and Mooncake wheels.
+#      prefill/decode handshake self-tests over real NIXL and Mooncake wheels;
+#   6. the L3 page store self-test on a real Mooncake Store (python -m kvlayout.store selftest).
 # GPU tests are not run here (CI has no GPU; they print why they skip): scripts/gpu-check.sh
 # runs them all with the GPU required.
 set -euo pipefail
@@ -42,5 +43,8 @@ scripts/python-tests.sh
 
 step "prefill/decode handshake over NIXL and Mooncake"
 scripts/pd-ci.sh
+
+step "L3 page store on Mooncake Store (kvlayout.store selftest, mooncake_master on 127.0.0.1)"
+"${KVLAYOUT_PY_VENV:-target/py-venv}/bin/python" -m kvlayout.store selftest
 
 printf '\nall tests passed\n'
