@@ -55,6 +55,7 @@
 //! assert_eq!(&dst[4..8], &[0xEE; 4]);
 //! ```
 
+pub mod checksum_gpu;
 pub mod copy_cpu;
 pub mod copy_runs;
 pub mod copy_spec;
