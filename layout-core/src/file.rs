@@ -29,6 +29,8 @@ use crate::section::{ScaleOf, Section, cow_slice};
 pub const SCHEMA: &str = "kvlayout.geometry/v1";
 /// The v2 schema string (hybrid, windowed, stateful, sharded pools).
 pub const SCHEMA_V2: &str = "kvlayout.geometry/v2";
+/// The v3 schema string (compressed rows, replicated heads, grouped shards).
+pub const SCHEMA_V3: &str = "kvlayout.geometry/v3";
 
 /// Largest geometry file read (16 MiB; a real pool's file is a few KiB).
 pub const MAX_FILE_BYTES: u64 = 16 << 20;
@@ -151,6 +153,8 @@ struct BufferFile {
     layer_ids: Option<Vec<u32>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     shard: Option<ShardFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compress_ratio: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -175,6 +179,8 @@ struct SectionFile {
     block_elems: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     order: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    split_groups: Option<Vec<u64>>,
 }
 
 /// Reads and validates a geometry file.
@@ -215,13 +221,16 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
             ),
         ));
     }
-    let v2 = match file.schema.as_str() {
-        SCHEMA => false,
-        SCHEMA_V2 => true,
+    let (v2, v3) = match file.schema.as_str() {
+        SCHEMA => (false, false),
+        SCHEMA_V2 => (true, false),
+        SCHEMA_V3 => (true, true),
         other => {
             return Err(GeometryError::new(
                 "schema",
-                format!("unknown schema {other:?} (expected \"{SCHEMA}\" or \"{SCHEMA_V2}\")"),
+                format!(
+                    "unknown schema {other:?} (expected \"{SCHEMA}\", \"{SCHEMA_V2}\" or \"{SCHEMA_V3}\")"
+                ),
             ));
         }
     };
@@ -238,7 +247,7 @@ pub fn from_json(text: &str) -> Result<PoolGeometry, GeometryError> {
         .buffers
         .into_iter()
         .enumerate()
-        .map(|(i, b)| buffer_from_file(i, b, v2))
+        .map(|(i, b)| buffer_from_file(i, b, v2, v3))
         .collect::<Result<Vec<_>, _>>()?;
     let pool = PoolGeometry {
         name: file.name,
@@ -332,9 +341,28 @@ fn shard_from_file(path: &str, s: &ShardFile) -> Result<Shard, GeometryError> {
     })
 }
 
-fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry, GeometryError> {
+/// Refuses v3 field `field` of a v1 or v2 file, naming the schema it needs.
+fn needs_v3(v3: bool, present: bool, field: impl FnOnce() -> String) -> Result<(), GeometryError> {
+    if present && !v3 {
+        return Err(GeometryError::new(
+            field(),
+            format!("needs \"schema\": \"{SCHEMA_V3}\" (this file says v1 or v2)"),
+        ));
+    }
+    Ok(())
+}
+
+fn buffer_from_file(
+    i: usize,
+    b: BufferFile,
+    v2: bool,
+    v3: bool,
+) -> Result<BufferGeometry, GeometryError> {
     check_name(format!("buffers[{i}].name"), &b.name)?;
     let path = format!("buffers[{i}] ({})", b.name);
+    needs_v3(v3, b.compress_ratio.is_some(), || {
+        format!("{path}.compress_ratio")
+    })?;
     needs_v2(v2, b.page_size_tokens.is_some(), || {
         format!("{path}.page_size_tokens")
     })?;
@@ -447,6 +475,9 @@ fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry,
         })?;
         needs_v2(v2, dtype.is_v2(), || format!("{sp}.dtype {}", dtype.name()))?;
         needs_v2(v2, s.order.is_some(), || format!("{sp}.order"))?;
+        needs_v3(v3, s.split_groups.is_some(), || {
+            format!("{sp}.split_groups")
+        })?;
         if let Some(order) = &s.order {
             check_name(format!("{sp}.order"), order)?;
         }
@@ -484,6 +515,7 @@ fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry,
             scale,
             // "linear" is kept as written: `Section::order` reads it as absent everywhere.
             order: s.order.clone().map(Cow::Owned),
+            split_groups: s.split_groups.clone().map(Cow::Owned),
         });
     }
     let attention = match &b.attention {
@@ -494,6 +526,15 @@ fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry,
         Some(s) => Some(shard_from_file(&path, s)?),
         None => None,
     };
+    if let Some(s) = shard {
+        needs_v3(v3, s.replicated_heads(), || {
+            format!(
+                "{path}.shard.heads_total {} below tp_size {} (replicated heads)",
+                s.heads_total().unwrap_or(0),
+                s.tp_size
+            )
+        })?;
+    }
     Ok(BufferGeometry {
         name: Cow::Owned(b.name),
         layers: b.layers,
@@ -507,6 +548,7 @@ fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry,
         attention,
         layer_ids: b.layer_ids,
         shard,
+        compress_ratio: b.compress_ratio.unwrap_or(1),
     })
 }
 
@@ -514,8 +556,14 @@ fn buffer_from_file(i: usize, b: BufferFile, v2: bool) -> Result<BufferGeometry,
 /// buffer needs v2 ([`BufferGeometry::needs_v2_file`]).
 pub fn to_json(pool: &PoolGeometry) -> String {
     let v2 = pool.buffers.iter().any(BufferGeometry::needs_v2_file);
+    let v3 = pool.buffers.iter().any(BufferGeometry::needs_v3_file);
+    let schema = match (v2, v3) {
+        (_, true) => SCHEMA_V3,
+        (true, false) => SCHEMA_V2,
+        (false, false) => SCHEMA,
+    };
     let file = FileDoc {
-        schema: if v2 { SCHEMA_V2 } else { SCHEMA }.to_string(),
+        schema: schema.to_string(),
         name: pool.name.clone(),
         page_size_tokens: pool.page_size_tokens,
         pages: pool.pages,
@@ -559,6 +607,7 @@ fn buffer_to_file(b: &BufferGeometry) -> BufferFile {
                 scales: s.scale.map(|r| name_of(r.target)),
                 block_elems: s.scale.map(|r| r.block_elems),
                 order: s.order().map(str::to_string),
+                split_groups: s.split_groups().map(<[u64]>::to_vec),
             })
             .collect(),
         page_align_bytes: layout.page_align_bytes,
@@ -585,5 +634,6 @@ fn buffer_to_file(b: &BufferGeometry) -> BufferFile {
             .to_string(),
             heads_total: s.heads_total(),
         }),
+        compress_ratio: (b.compress_ratio != 1).then_some(b.compress_ratio),
     }
 }
