@@ -114,25 +114,24 @@ fn refused_configs_exit_2_naming_the_field() {
                 "layer_types": ["full_attention", "cross_attention"]}"#,
             "layer_types[1]: \"cross_attention\" is not a layer type",
         ),
+        // Gemma KV sharing of every layer: no layer owns the cache.
         (
             r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
-                "num_kv_shared_layers": 1}"#,
-            "num_kv_shared_layers = 1",
+                "num_kv_shared_layers": 2}"#,
+            "num_kv_shared_layers: 2 is not below num_hidden_layers 2",
         ),
         (
             r#"{"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8,
                 "hybrid_override_pattern": "MX"}"#,
             "hybrid_override_pattern[1]: 'X' is not a layer",
         ),
-        // MiMo-V2-Flash (hostile review): 8 of 48 layers full attention with 4 KV heads x
-        // (K 192 + V 128) x 2 B = 2,560 B/token each, 40 sliding with 8 KV heads; read as 48
-        // sliding layers of 4 x 192 heads and 0 B/token full before.
+        // MiMo-V2's swa_* heads without the hybrid_layer_pattern that says which layers they
+        // serve (the full MiMo-V2 config maps: models/tests/families_2026.rs).
         (
             r#"{"model_type": "mimo_v2_flash", "num_hidden_layers": 6, "num_attention_heads": 64,
                 "num_key_value_heads": 4, "swa_num_key_value_heads": 8, "hidden_size": 4096,
-                "head_dim": 192, "v_head_dim": 128, "swa_head_dim": 192, "swa_v_head_dim": 128,
-                "hybrid_layer_pattern": [0, 1, 1, 1, 1, 1], "sliding_window": 128}"#,
-            "hybrid_layer_pattern = [0,1,1,1,1,1]",
+                "head_dim": 192, "sliding_window": 128}"#,
+            "swa_num_key_value_heads = 8",
         ),
         // Step-3.5: num_attention_groups 8 is the KV-head count (8 x 2 x 8 x 128 x 2 = 32,768
         // B/token over 8 layers); read as 64 KV heads (262,144 B/token) before.

@@ -28,6 +28,7 @@
 
 pub mod builtin;
 pub mod config;
+pub mod decilm;
 mod error;
 mod kv;
 pub mod layers;
@@ -266,7 +267,13 @@ impl Model {
         let buffers = self.plan(opts)?;
         let formats: Vec<String> = buffers.iter().map(|b| b.format.clone()).collect();
         let title = format!("device: {} ({})", self.name, formats.join(" + "));
-        let geometry = plan::geometry(&self.name, title, &buffers, opts)?;
+        let geometry = plan::geometry(
+            &self.name,
+            self.config.num_hidden_layers,
+            title,
+            &buffers,
+            opts,
+        )?;
         Ok(ModelPool {
             geometry,
             formats,

@@ -38,17 +38,42 @@ use crate::kv::{Built, Kv};
 use crate::shard::{Shard, Tp, divide_evenly};
 use crate::{ModelError, StateDtype};
 
+/// The recurrent-state dtype: `--state-dtype`, else the config's `mamba_ssm_dtype` (SGLang) or
+/// `mamba_ssm_cache_dtype` (vLLM's field, NemotronH configs; "auto" is the default, f32 here),
+/// else f32. Both fields given with different values are refused naming both.
 fn temporal_dtype(kv: &Kv<'_>, state_dtype: Option<StateDtype>) -> Result<StateDtype, ModelError> {
-    match (state_dtype, kv.c.mamba_ssm_dtype.as_deref()) {
-        (Some(d), _) => Ok(d),
+    if let Some(d) = state_dtype {
+        return Ok(d);
+    }
+    let read = |field: &str, v: Option<&str>| -> Result<Option<StateDtype>, ModelError> {
+        match v {
+            None | Some("auto") => Ok(None),
+            Some(s) => StateDtype::from_name(s).map(Some).ok_or_else(|| {
+                ModelError::field(
+                    kv.name,
+                    field,
+                    format!("\"{s}\": expected float32, bfloat16 or float16"),
+                )
+            }),
+        }
+    };
+    let ssm = read("mamba_ssm_dtype", kv.c.mamba_ssm_dtype.as_deref())?;
+    let cache = read(
+        "mamba_ssm_cache_dtype",
+        kv.c.mamba_ssm_cache_dtype.as_deref(),
+    )?;
+    match (ssm, cache) {
+        (Some(a), Some(b)) if a != b => Err(ModelError::field(
+            kv.name,
+            "mamba_ssm_cache_dtype",
+            format!(
+                "{} disagrees with mamba_ssm_dtype {} (one recurrent-state dtype)",
+                b.name(),
+                a.name()
+            ),
+        )),
+        (Some(d), _) | (None, Some(d)) => Ok(d),
         (None, None) => Ok(StateDtype::F32),
-        (None, Some(s)) => StateDtype::from_name(s).ok_or_else(|| {
-            ModelError::field(
-                kv.name,
-                "mamba_ssm_dtype",
-                format!("\"{s}\": expected float32, bfloat16 or float16"),
-            )
-        }),
     }
 }
 
@@ -213,6 +238,118 @@ pub(crate) fn mamba2(
             format: format!("mamba2_state_{}_{h_local}x{p}x{s}", dtype.name()),
             layout: temporal,
             shard: heads_shard(kv.tp, h, h_local),
+        },
+    ))
+}
+
+/// The conv and recurrent buffers of one Kimi Delta Attention layer (Kimi-Linear;
+/// `linear_attn_config`: `num_heads` h, `head_dim` d, `short_conv_kernel_size` K), following
+/// vLLM `layers/mamba/mamba_utils.py` `kda_state_shape`: q, k and v each have a causal conv of
+/// h x d channels, `(h*d / N, K - 1)` each, and the recurrent state is `(h / N, d, d)`. The
+/// conv windows are written as three bf16 sections `q`, `k`, `v` of `[h/N, d, K-1]` (the
+/// layout of the GDN conv above); the recurrent state is f32 unless `--state-dtype` or the
+/// config says otherwise.
+///
+/// Kimi-Linear-48B (h 32, d 128, K 4), one rank: conv 3 x 32 x 128 x 3 bf16 = 73,728 B;
+/// recurrent 32 x 128 x 128 f32 = 2,097,152 B.
+pub(crate) fn kda(
+    kv: &Kv<'_>,
+    state_dtype: Option<StateDtype>,
+) -> Result<(Built, Built), ModelError> {
+    let cfg = kv.c.linear_attn_config.as_ref();
+    let get = |f: &str| {
+        cfg.and_then(|c| c.get(f))
+            .and_then(serde_json::Value::as_u64)
+    };
+    let field = |f: &str| format!("linear_attn_config.{f}");
+    let h = kv.positive(&field("num_heads"), get("num_heads"))?;
+    let d = kv.positive(&field("head_dim"), get("head_dim"))?;
+    let k = kernel(
+        kv,
+        &field("short_conv_kernel_size"),
+        get("short_conv_kernel_size"),
+    )?;
+    // A config giving K heads of their own (vLLM's num_k_heads / head_k_dim) is not modelled.
+    for f in ["num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim"] {
+        if let Some(v) = cfg.and_then(|c| c.get(f)).filter(|v| !v.is_null()) {
+            return Err(ModelError::Unmodelled {
+                name: kv.name.to_string(),
+                field: field(f),
+                value: v.to_string(),
+                why: "KDA K or V heads of their own shape".into(),
+            });
+        }
+    }
+    let dtype = temporal_dtype(kv, state_dtype)?;
+    let tp = kv.tp.unwrap_or(Tp::SINGLE);
+    let h_local = divide_evenly(kv.name, &field("num_heads"), h, tp)?;
+    let window = k - 1;
+    let conv = conv_layout(
+        kv,
+        &field("num_heads"),
+        [
+            ("q", vec![h_local, d, window]),
+            ("k", vec![h_local, d, window]),
+            ("v", vec![h_local, d, window]),
+        ],
+    )?;
+    let temporal = ssm_layout(kv, &field("num_heads"), dtype, vec![h_local, d, d])?;
+    Ok((
+        Built {
+            format: format!("kda_conv_bf16_3x{h_local}x{d}_k{k}"),
+            layout: conv,
+            shard: heads_shard(kv.tp, h, h_local),
+        },
+        Built {
+            format: format!("kda_state_{}_{h_local}x{d}x{d}", dtype.name()),
+            layout: temporal,
+            shard: heads_shard(kv.tp, h, h_local),
+        },
+    ))
+}
+
+/// The conv and recurrent buffers of one RecurrentGemma recurrent block, following
+/// transformers `models/recurrent_gemma/modeling_recurrent_gemma.py`
+/// (`RecurrentGemmaRecurrentBlock._setup_cache`): the causal conv keeps `conv1d_width - 1`
+/// past positions of the `lru_width` channels in the model dtype (bf16 here), `[lru_width,
+/// conv1d_width - 1]`, and the RG-LRU keeps `[lru_width]` in f32 ("recurrent_states always
+/// computed in full precision"; `--state-dtype` does not apply). No engine shards it: `--tp`
+/// is refused.
+///
+/// RecurrentGemma-2B (lru_width 2,560, conv1d_width 4): conv 2,560 x 3 x 2 = 15,360 B;
+/// RG-LRU 2,560 x 4 = 10,240 B.
+pub(crate) fn rg_lru(kv: &Kv<'_>) -> Result<(Built, Built), ModelError> {
+    let c = kv.c;
+    if let Some(tp) = kv.tp {
+        return Err(ModelError::field(
+            kv.name,
+            "block_types",
+            format!(
+                "--tp {}: RecurrentGemma's recurrent blocks have no tensor-parallel split in an engine kvlayout follows",
+                tp.size
+            ),
+        ));
+    }
+    let w = kv.positive("lru_width", c.lru_width)?;
+    let k = kernel(kv, "conv1d_width", c.conv1d_width)?;
+    let conv = formats::single("conv", Dtype::Bf16, vec![w, k - 1]).map_err(|e| {
+        ModelError::field(
+            kv.name,
+            "lru_width",
+            format!("gives an invalid layout: {e}"),
+        )
+    })?;
+    let lru = ssm_layout(kv, "lru_width", StateDtype::F32, vec![w])?;
+    Ok((
+        Built {
+            format: format!("rglru_conv_bf16_{w}_k{k}"),
+            layout: conv,
+            shard: None,
+        },
+        Built {
+            format: format!("rglru_state_f32_{w}"),
+            layout: lru,
+            shard: None,
         },
     ))
 }

@@ -3,6 +3,8 @@
 //! - `full_bytes_per_token`: sum over full-attention buffers of bytes per token x layers;
 //! - `window_bytes_per_request_max`: sum over sliding / chunked buffers of bytes per token x
 //!   layers x window (or chunk) tokens, no page rounding;
+//! - `layers_by_attention.linear` counts every recurrent-state layer that is not Mamba2: Gated
+//!   DeltaNet, Kimi Delta Attention, RecurrentGemma's RG-LRU blocks;
 //! - `state_bytes_per_request`: sum over state buffers of slot bytes x layers;
 //! - `layers_by_attention`: model layers per kind (`full`, `sliding`, `chunked`, `linear`, and
 //!   `mamba`, `no_cache` for Nemotron-H).
@@ -69,7 +71,7 @@ pub(crate) fn totals(
             LayerKind::Full => &mut n.full,
             LayerKind::Sliding { .. } => &mut n.sliding,
             LayerKind::Chunked { .. } => &mut n.chunked,
-            LayerKind::Linear => &mut n.linear,
+            LayerKind::Linear | LayerKind::Kda | LayerKind::RgLru => &mut n.linear,
             LayerKind::Mamba => &mut n.mamba,
             LayerKind::NoCache => &mut n.no_cache,
         } += 1;

@@ -84,8 +84,9 @@ impl From<StateDtypeArg> for StateDtype {
 pub struct DescribeArgs {
     /// Built-in model name, case-insensitive (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5,
     /// llama-3.1-8b, llama-3.1-70b, qwen3-8b, qwen3-235b-a22b, gpt-oss-20b, qwen3-coder-next,
-    /// gemma-3-4b-it, gemma-4-26b-a4b, nemotron-nano-9b-v2, llama-4-scout), a path to a Hugging Face config.json, or
-    /// a model directory holding one (DIR/config.json).
+    /// gemma-3-4b-it, gemma-4-26b-a4b, nemotron-nano-9b-v2, llama-4-scout, recurrentgemma-2b,
+    /// kimi-linear-48b-a3b, gemma-4-e2b-it, mimo-v2-flash), a path to a Hugging Face
+    /// config.json, or a model directory holding one (DIR/config.json).
     #[arg(long)]
     pub model: String,
     /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
