@@ -7,7 +7,7 @@
 
 use kvlayout_core::file;
 use kvlayout_models::{
-    Attention, BufferAttention, BufferSummary, IndexK, KvDtype, LayerKind, Model, Options, Shard,
+    BufferAttention, BufferSummary, IndexK, KvDtype, KvLayout, LayerKind, Model, Options, Shard,
     StateDtype, Tp, summary,
 };
 
@@ -55,6 +55,24 @@ impl From<IndexKArg> for IndexK {
     }
 }
 
+/// `--kv-layout` values (DeepSeek-V4's KV record).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum KvLayoutArg {
+    /// SGLang DeepSeekV4SingleKVPool (FlashMLA): 584 B/token, pages padded to 576 B.
+    Flashmla,
+    /// SGLang DeepSeekV4UniformFP8KVPool (--dsv4-attn-backend trtllm): 512 B/token.
+    Trtllm,
+}
+
+impl From<KvLayoutArg> for KvLayout {
+    fn from(a: KvLayoutArg) -> KvLayout {
+        match a {
+            KvLayoutArg::Flashmla => KvLayout::FlashMla,
+            KvLayoutArg::Trtllm => KvLayout::Trtllm,
+        }
+    }
+}
+
 /// `--state-dtype` values.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum StateDtypeArg {
@@ -85,7 +103,8 @@ pub struct DescribeArgs {
     /// Built-in model name, case-insensitive (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5,
     /// llama-3.1-8b, llama-3.1-70b, qwen3-8b, qwen3-235b-a22b, gpt-oss-20b, qwen3-coder-next,
     /// gemma-3-4b-it, gemma-4-26b-a4b, nemotron-nano-9b-v2, llama-4-scout, recurrentgemma-2b,
-    /// kimi-linear-48b-a3b, gemma-4-e2b-it, mimo-v2-flash), a path to a Hugging Face
+    /// kimi-linear-48b-a3b, gemma-4-e2b-it, deepseek-v4-flash, mimo-v2-flash), a path to a
+    /// Hugging Face
     /// config.json, or a model directory holding one (DIR/config.json).
     #[arg(long)]
     pub model: String,
@@ -107,9 +126,13 @@ pub struct DescribeArgs {
     /// The rank to describe, 0..tp [default: 0].
     #[arg(long, requires = "tp")]
     pub rank: Option<u64>,
-    /// Tokens per page.
-    #[arg(long, default_value_t = 64)]
-    pub page_size: u64,
+    /// DeepSeek-V4's KV record: flashmla (584 B/token) or trtllm (512 B/token)
+    /// [default: flashmla].
+    #[arg(long, value_enum, ignore_case = true)]
+    pub kv_layout: Option<KvLayoutArg>,
+    /// Tokens per page [default: the engine's: 256 for DeepSeek-V4 (SGLang on CUDA), else 64].
+    #[arg(long)]
+    pub page_size: Option<u64>,
     /// Device pool pages (for the pool's total bytes).
     #[arg(long, default_value_t = 1024)]
     pub pages: u64,
@@ -121,7 +144,7 @@ pub struct DescribeArgs {
     #[arg(long, conflicts_with = "totals")]
     pub json: bool,
     /// Print one JSON object: full_bytes_per_token, window_bytes_per_request_max,
-    /// state_bytes_per_request, layers_by_attention.
+    /// state_bytes_per_request, compressed_bytes_per_token, layers_by_attention.
     #[arg(long)]
     pub totals: bool,
 }
@@ -139,10 +162,22 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// An exact byte count: thousands-separated, with its fraction when it has one (`10,570.25`).
+fn exact(v: f64) -> String {
+    let whole = v.trunc();
+    let frac = v - whole;
+    if frac == 0.0 {
+        thousands(whole as u64)
+    } else {
+        let f = format!("{frac}");
+        format!("{}{}", thousands(whole as u64), f.trim_start_matches('0'))
+    }
+}
+
 /// The `--index-k` choice (fp8 when absent); says on stderr when the model has no DSA indexer
 /// to apply it to.
 pub fn index_k_for(model: &Model, arg: Option<IndexKArg>) -> IndexK {
-    if arg.is_some() && model.attention() != Attention::MlaDsa {
+    if arg.is_some() && !model.has_index_k() {
         eprintln!(
             "note: --index-k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
             model.name
@@ -195,7 +230,15 @@ fn fail(e: impl std::fmt::Display) -> u8 {
 
 fn layer_counts(kinds: &[LayerKind]) -> String {
     let mut parts = Vec::new();
-    for key in ["full", "sliding", "chunked", "linear", "mamba", "no_cache"] {
+    for key in [
+        "full",
+        "sliding",
+        "chunked",
+        "linear",
+        "compressed",
+        "mamba",
+        "no_cache",
+    ] {
         let n = kinds.iter().filter(|k| k.key() == key).count();
         if n > 0 {
             let span = kinds.iter().find(|k| k.key() == key).and_then(|k| match k {
@@ -238,14 +281,24 @@ pub fn run(args: &DescribeArgs) -> u8 {
         Ok(tp) => tp,
         Err(e) => return fail(e),
     };
+    if args.kv_layout.is_some() && model.config.compress_ratios.is_none() {
+        eprintln!(
+            "note: --kv-layout ignored: {} is not DeepSeek-V4 (no compress_ratios)",
+            model.name
+        );
+    }
+    let page_size = args
+        .page_size
+        .unwrap_or_else(|| model.engine_page_size_tokens());
     let opts = Options {
         kv_dtype: args.kv_dtype.map(Into::into),
         index_k: index_k_for(&model, args.index_k),
-        page_size_tokens: args.page_size,
+        page_size_tokens: page_size,
         pages: args.pages,
         tp,
         state_dtype: args.state_dtype.map(Into::into),
         equal_page_bytes: args.equal_page_bytes,
+        kv_layout: args.kv_layout.map(Into::into).unwrap_or_default(),
     };
     if args.totals {
         return match model.totals(&opts) {
@@ -272,7 +325,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
         (Ok(k), Ok(b)) => (k, b),
         (Err(e), _) | (_, Err(e)) => return fail(e),
     };
-    let rows = match summary(&buffers, args.page_size) {
+    let rows = match summary(&buffers, page_size) {
         Ok(r) => r,
         Err(e) => return fail(e),
     };
@@ -304,20 +357,38 @@ pub fn run(args: &DescribeArgs) -> u8 {
         fingerprints.pool
     );
     println!("fingerprints: {fingerprints}");
+    // Columns as wide as the longest buffer name and format (9 and 34 at the least).
+    let name_w = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(9);
+    let format_w = rows
+        .iter()
+        .map(|r| r.format.len())
+        .max()
+        .unwrap_or(0)
+        .max(34);
     println!(
-        "{:<9} {:<34} {:<11} {:>6} {:>14} {:>14} {:>18}",
+        "{:<name_w$} {:<format_w$} {:<11} {:>6} {:>14} {:>14} {:>18}",
         "buffer", "format", "keeps", "layers", "B/token/layer", "page stride B", "B/token (layers)"
     );
     for r in &rows {
+        // A compressed buffer's bytes are per row, one row per R tokens.
+        let per = |b: u64| match r.compress_ratio {
+            1 => thousands(b),
+            ratio => format!("{} per {ratio}", thousands(b)),
+        };
         println!(
-            "{:<9} {:<34} {:<11} {:>6} {:>14} {:>14} {:>18}",
+            "{:<name_w$} {:<format_w$} {:<11} {:>6} {:>14} {:>14} {:>18}",
             r.name,
             r.format,
             attention_text(r.attention),
             r.layers,
-            thousands(r.bytes_per_token),
+            per(r.bytes_per_token),
             thousands(r.page_stride_bytes),
-            thousands(r.bytes_per_token_all_layers)
+            per(r.bytes_per_token_all_layers)
+        );
+    }
+    if rows.iter().any(|r| r.compress_ratio > 1) {
+        println!(
+            "(\"per R\": a compressed buffer stores one row per R tokens; its bytes are per row)"
         );
     }
     if rows.iter().any(|r| r.attention == BufferAttention::State) {
@@ -337,7 +408,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
     }
     let full: Vec<&BufferSummary> = rows
         .iter()
-        .filter(|r| r.attention == BufferAttention::Full)
+        .filter(|r| r.attention == BufferAttention::Full && r.compress_ratio == 1)
         .collect();
     let hybrid = full.len() != rows.len();
     if !full.is_empty() {
@@ -356,7 +427,8 @@ pub fn run(args: &DescribeArgs) -> u8 {
         .iter()
         .filter_map(|r| {
             let w = r.attention.tokens();
-            (w > 0).then(|| format!("{} x {} x {w}", r.layers, r.bytes_per_token))
+            (w > 0 && r.compress_ratio == 1)
+                .then(|| format!("{} x {} x {w}", r.layers, r.bytes_per_token))
         })
         .collect();
     if !windowed.is_empty() {
@@ -371,10 +443,32 @@ pub fn run(args: &DescribeArgs) -> u8 {
         .filter(|r| r.attention == BufferAttention::State)
         .collect();
     if !state.is_empty() {
+        let what = if rows.iter().any(|r| r.compress_ratio > 1) {
+            "compressor state rings kept per request"
+        } else {
+            "linear-attention / Mamba layers"
+        };
         println!(
-            "state: {} = {} B/request, linear-attention / Mamba layers",
+            "state: {} = {} B/request, {what}",
             formula(&state),
             thousands(totals.state_bytes_per_request)
+        );
+    }
+    let compressed: Vec<String> = rows
+        .iter()
+        .filter(|r| r.compress_ratio > 1)
+        .map(|r| {
+            format!(
+                "{} x {} / {}",
+                r.layers, r.bytes_per_token, r.compress_ratio
+            )
+        })
+        .collect();
+    if !compressed.is_empty() {
+        println!(
+            "compressed: {} = {} B/token, rows stored once per R tokens",
+            compressed.join(" + "),
+            exact(totals.compressed_bytes_per_token)
         );
     }
     println!(

@@ -36,10 +36,19 @@ fn totals_is_the_design_contract() {
     assert_eq!(v["full_bytes_per_token"], 12 * 2 * 8 * 64 * 2);
     assert_eq!(v["window_bytes_per_request_max"], 12 * 2_048 * 128);
     assert_eq!(v["state_bytes_per_request"], 0);
+    // No buffer stores a row per R > 1 tokens: 0, written as an integer.
+    assert_eq!(v["compressed_bytes_per_token"], 0);
     assert_eq!(
         v["layers_by_attention"],
-        serde_json::json!({"full": 12, "sliding": 12, "chunked": 0, "linear": 0, "mamba": 0, "no_cache": 0})
+        serde_json::json!({"full": 12, "sliding": 12, "chunked": 0, "linear": 0, "compressed": 0, "mamba": 0, "no_cache": 0})
     );
+    // DESIGN's key order.
+    let at = |k: &str| out.find(&format!("\"{k}\"")).unwrap();
+    assert!(at("model") < at("full_bytes_per_token"));
+    assert!(at("full_bytes_per_token") < at("window_bytes_per_request_max"));
+    assert!(at("window_bytes_per_request_max") < at("state_bytes_per_request"));
+    assert!(at("state_bytes_per_request") < at("compressed_bytes_per_token"));
+    assert!(at("compressed_bytes_per_token") < at("layers_by_attention"));
     // Llama-3.1-8B, one rank of two: 32 x 2 x 4 x 128 x 2 = 65,536.
     let (code, out, _) = describe(&[
         "--model",

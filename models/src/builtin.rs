@@ -89,6 +89,11 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         include_str!("../../configs/gemma-4-e2b-it.json"),
     ),
     (
+        "deepseek-v4-flash",
+        "deepseek-v4-flash-0731.json",
+        include_str!("../../configs/deepseek-v4-flash-0731.json"),
+    ),
+    (
         "mimo-v2-flash",
         "mimo-v2-flash.json",
         include_str!("../../configs/mimo-v2-flash.json"),

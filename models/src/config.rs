@@ -170,6 +170,10 @@ pub struct ModelConfig {
     /// `head_dim`, `short_conv_kernel_size`), read in [`crate::layers`] and `state`.
     #[serde(default)]
     pub linear_attn_config: Option<Value>,
+    /// DeepSeek-V4: one compression ratio per layer (0 sliding window only, 4, 128), read in
+    /// [`crate::dsv4`].
+    #[serde(default)]
+    pub compress_ratios: Option<Vec<u64>>,
     /// The model dtype (`torch_dtype`, or `dtype` in newer files): the engines' default KV dtype.
     #[serde(default)]
     pub torch_dtype: Option<String>,
@@ -206,10 +210,6 @@ pub const UNMODELLED: &[(&str, &str)] = &[
     ),
     ("num_kv_heads", "KV heads under another name (Falcon)"),
     ("n_head_kv", "KV heads under another name (Falcon)"),
-    (
-        "compress_ratios",
-        "per-layer compressed KV (DeepSeek-V4: a compression ratio per layer, beside a sliding window and an indexer)",
-    ),
     (
         "attn_type_list",
         "per-layer lightning (linear) or softmax attention (MiniMax)",

@@ -4,7 +4,8 @@
 //! 1. `layer_types` (one entry per layer): `full_attention`, `sliding_attention` (window
 //!    `sliding_window`), `chunked_attention` (chunk `attention_chunk_size`), `linear_attention`
 //!    (a per-request recurrent state); any other value is refused naming it.
-//! 2. The 2026 families' own fields, in this order: `block_types` / `_block_types`
+//! 2. The 2026 families' own fields, in this order: `compress_ratios` (DeepSeek-V4: 0 a
+//!    sliding-window layer, 4 / 128 compressed; [`crate::dsv4`]), `block_types` / `_block_types`
 //!    (RecurrentGemma: `attention` blocks attend to the last `attention_window_size` tokens,
 //!    `recurrent` blocks hold an RG-LRU state), `linear_attn_config` (Kimi-Linear: 1-based
 //!    `kda_layers` and `full_attn_layers`), `hybrid_layer_pattern` (MiMo-V2: `1` sliding, `0`
@@ -67,6 +68,12 @@ pub enum LayerKind {
     /// RecurrentGemma's recurrent block (RG-LRU): a conv window and an f32 recurrent state per
     /// request.
     RgLru,
+    /// DeepSeek-V4 compressed attention (`compress_ratios[i]` 4 or 128): one compressed row per
+    /// `ratio` tokens beside the sliding window every V4 layer keeps.
+    Compressed {
+        /// Tokens per compressed row.
+        ratio: u64,
+    },
 }
 
 impl LayerKind {
@@ -79,6 +86,7 @@ impl LayerKind {
             LayerKind::Linear | LayerKind::Kda | LayerKind::RgLru => "linear",
             LayerKind::Mamba => "mamba",
             LayerKind::NoCache => "no_cache",
+            LayerKind::Compressed { .. } => "compressed",
         }
     }
 }
@@ -429,6 +437,9 @@ impl Ctx<'_> {
 
     fn kinds_from_patterns(&self, layers: u64) -> Result<Option<Vec<LayerKind>>, ModelError> {
         let c = self.c;
+        if c.compress_ratios.is_some() {
+            return crate::dsv4::kinds(self.name, c).map(Some);
+        }
         if let Some(types) = c.block_types.as_deref() {
             return self.block_types(types, layers).map(Some);
         }
@@ -509,6 +520,7 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
     };
     // With layer_types, a pattern field given explicitly must agree with it.
     let explicit = c.hybrid_override_pattern.is_some()
+        || c.compress_ratios.is_some()
         || c.block_types.is_some()
         || c.linear_attn_config.as_ref().is_some_and(|v| !v.is_null())
         || c.hybrid_layer_pattern.is_some()
@@ -523,7 +535,9 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
     };
     let kinds = cx.kinds_of_layer_types(types, layers)?;
     if let Some(pattern) = from_pattern {
-        let field = if c.block_types.is_some() {
+        let field = if c.compress_ratios.is_some() {
+            "compress_ratios"
+        } else if c.block_types.is_some() {
             "block_types"
         } else if c.linear_attn_config.as_ref().is_some_and(|v| !v.is_null()) {
             "linear_attn_config"

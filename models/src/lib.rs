@@ -29,6 +29,7 @@
 pub mod builtin;
 pub mod config;
 pub mod decilm;
+pub mod dsv4;
 mod error;
 mod kv;
 pub mod layers;
@@ -59,6 +60,9 @@ pub enum Attention {
     Mla,
     /// MLA plus DeepSeek sparse attention's indexer keys (DeepSeek-V3.2).
     MlaDsa,
+    /// DeepSeek-V4: a sliding window on every layer, compressed KV (one row per 4 or 128
+    /// tokens) and the C4 lightning indexer's keys ([`dsv4`]).
+    Dsv4,
 }
 
 /// KV cache element type (`--kv-dtype`).
@@ -91,6 +95,19 @@ pub enum IndexK {
     Bf16,
     /// e2m1 + one ue8m0 scale per 32 (68 B for 128 dims).
     Fp4,
+}
+
+/// DeepSeek-V4 KV record (`--kv-layout`): which SGLang pool class writes the SWA and
+/// compressed KV rows (`deepseek_v4_memory_pool.py`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvLayout {
+    /// `DeepSeekV4SingleKVPool` (the default FlashMLA backend): 448 e4m3 NoPE + 64 bf16 RoPE,
+    /// then 7 ue8m0 scales + 1 pad byte: 584 B per token, pages padded to 576 B.
+    #[default]
+    FlashMla,
+    /// `DeepSeekV4UniformFP8KVPool` (`--dsv4-attn-backend trtllm`): 448 + 64 e4m3, 512 B per
+    /// token, no in-cache scales, no padding.
+    Trtllm,
 }
 
 /// Recurrent-state element type (`--state-dtype`, or the config's `mamba_ssm_dtype`).
@@ -150,6 +167,8 @@ pub struct Options {
     /// Give every token buffer's page the bytes of the largest (vLLM's hybrid allocator) by
     /// raising its tokens per page; `false`: one page size for all (SGLang's pools).
     pub equal_page_bytes: bool,
+    /// DeepSeek-V4's KV record (other models: not read).
+    pub kv_layout: KvLayout,
 }
 
 /// The name the pool crate and the CLI used before the split.
@@ -165,6 +184,7 @@ impl Default for Options {
             tp: None,
             state_dtype: None,
             equal_page_bytes: false,
+            kv_layout: KvLayout::FlashMla,
         }
     }
 }
@@ -197,6 +217,9 @@ pub struct BufferSummary {
     pub page_stride_bytes: u64,
     /// `layers * bytes_per_token`.
     pub bytes_per_token_all_layers: u64,
+    /// Tokens per stored row (1: `bytes_per_token` is per token; R > 1: it is one row's bytes,
+    /// stored once per R tokens).
+    pub compress_ratio: u64,
 }
 
 /// A model's pool: the buffers, and the geometry when it can be written.
@@ -244,11 +267,31 @@ impl Model {
 
     /// The attention family.
     pub fn attention(&self) -> Attention {
+        if self.config.compress_ratios.is_some() {
+            return Attention::Dsv4;
+        }
         match (self.config.kv_lora_rank, self.config.index_head_dim) {
             (Some(_), Some(_)) => Attention::MlaDsa,
             (Some(_), None) => Attention::Mla,
             (None, _) => Attention::Gqa,
         }
+    }
+
+    /// Tokens per page of the engine this crate follows for the model: 256 for DeepSeek-V4
+    /// (`compress_ratios`; SGLang asserts it on CUDA), 64 otherwise (the `--page-size`
+    /// default).
+    pub fn engine_page_size_tokens(&self) -> u64 {
+        if self.config.compress_ratios.is_some() {
+            dsv4::PAGE_TOKENS
+        } else {
+            64
+        }
+    }
+
+    /// Whether the pool holds indexer keys (`--index-k` applies): DeepSeek-V3.2's DSA and
+    /// DeepSeek-V4's C4 indexer.
+    pub fn has_index_k(&self) -> bool {
+        matches!(self.attention(), Attention::MlaDsa | Attention::Dsv4)
     }
 
     /// The attention kind of every layer.
@@ -307,7 +350,9 @@ pub fn summary(
             } else {
                 b.page_size_tokens.unwrap_or(page_size_tokens)
             };
-            let stride = b.layout.page_stride_bytes(page).map_err(err)?;
+            // A page of P tokens holds P / R rows of a compressed buffer.
+            let rows = page / b.compress_ratio.max(1);
+            let stride = b.layout.page_stride_bytes(rows).map_err(err)?;
             Ok(BufferSummary {
                 name: b.name.clone(),
                 format: b.format.clone(),
@@ -319,6 +364,7 @@ pub fn summary(
                     .layers()
                     .checked_mul(per)
                     .ok_or_else(|| GeometryError::new("bytes per token", "overflow"))?,
+                compress_ratio: b.compress_ratio,
             })
         })
         .collect()

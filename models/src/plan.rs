@@ -30,6 +30,9 @@ pub struct BufferPlan {
     pub shard: Option<Shard>,
     /// Tokens per page when not the pool's (`Options::equal_page_bytes`).
     pub page_size_tokens: Option<u64>,
+    /// Tokens per stored row (geometry v3 `compress_ratio`; 1: a row per token). The layout
+    /// describes one row; a page of P tokens holds P / R rows.
+    pub compress_ratio: u64,
 }
 
 impl BufferPlan {
@@ -47,8 +50,8 @@ fn attention_of(kind: LayerKind) -> Attention {
         LayerKind::Linear | LayerKind::Mamba | LayerKind::Kda | LayerKind::RgLru => {
             Attention::State
         }
-        // Never asked: a layer without cache gets no buffer.
-        LayerKind::NoCache => Attention::Full,
+        // Never asked: a layer without cache gets no buffer; V4 layers are planned in dsv4.
+        LayerKind::NoCache | LayerKind::Compressed { .. } => Attention::Full,
     }
 }
 
@@ -75,6 +78,7 @@ fn push(plans: &mut Vec<BufferPlan>, name: &str, attention: Attention, layer: u6
         layout: b.layout,
         shard: b.shard,
         page_size_tokens: None,
+        compress_ratio: 1,
     });
 }
 
@@ -85,6 +89,9 @@ pub(crate) fn plan(
     opts: &Options,
 ) -> Result<Vec<BufferPlan>, ModelError> {
     let c = &model.config;
+    if c.compress_ratios.is_some() {
+        return crate::dsv4::plan(model, kinds, opts);
+    }
     let kv = Kv {
         name: &model.name,
         c,
@@ -227,7 +234,8 @@ pub(crate) fn plan(
             LayerKind::Full => ("full", full.as_ref()),
             LayerKind::Sliding { .. } => ("swa", local.as_ref()),
             LayerKind::Chunked { .. } => ("chunked", local.as_ref()),
-            LayerKind::NoCache => continue,
+            // Compressed layers are DeepSeek-V4's, planned in dsv4 (returned above).
+            LayerKind::NoCache | LayerKind::Compressed { .. } => continue,
             LayerKind::Linear | LayerKind::Mamba | LayerKind::Kda | LayerKind::RgLru => {
                 let built = match kind {
                     LayerKind::Linear => state.as_ref(),
@@ -323,6 +331,7 @@ fn kind_field(c: &crate::ModelConfig, kind: LayerKind, i: usize) -> String {
         LayerKind::RgLru => "block_types",
         LayerKind::Mamba | LayerKind::NoCache => "hybrid_override_pattern",
         LayerKind::Full => "num_hidden_layers",
+        LayerKind::Compressed { .. } => "compress_ratios",
     }
     .to_string()
 }
@@ -409,6 +418,9 @@ pub(crate) fn geometry(
         }
         if let Some(t) = p.page_size_tokens {
             b = b.with_page_size_tokens(t);
+        }
+        if p.compress_ratio != 1 {
+            b = b.with_compress_ratio(p.compress_ratio);
         }
         buffers.push(b);
     }

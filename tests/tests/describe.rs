@@ -157,7 +157,24 @@ fn every_builtin_config_parses_with_its_attention_family() {
         ("gemma-4-e2b-it", Attention::Gqa, 35, [7, 28, 0, 0, 0, 0]),
         ("mimo-v2-flash", Attention::Gqa, 48, [9, 39, 0, 0, 0, 0]),
     ];
-    assert_eq!(BUILTIN.len(), expected.len());
+    // DeepSeek-V4-Flash (models/tests/deepseek_v4.rs): 2 sliding + 41 compressed layers, at
+    // SGLang's 256-token page.
+    let v4 = Model::builtin("deepseek-v4-flash").unwrap().unwrap();
+    assert_eq!(v4.attention(), Attention::Dsv4);
+    let t = v4
+        .totals(&Options {
+            page_size_tokens: v4.engine_page_size_tokens(),
+            ..Options::default()
+        })
+        .unwrap();
+    assert_eq!(
+        (
+            t.layers_by_attention.sliding,
+            t.layers_by_attention.compressed
+        ),
+        (2, 41)
+    );
+    assert_eq!(BUILTIN.len(), expected.len() + 1);
     for (name, attention, layers, [full, sliding, chunked, linear, mamba, no_cache]) in expected {
         let m = Model::builtin(name).unwrap().unwrap();
         assert_eq!(m.attention(), attention, "{name}");
@@ -170,6 +187,7 @@ fn every_builtin_config_parses_with_its_attention_family() {
                 sliding,
                 chunked,
                 linear,
+                compressed: 0,
                 mamba,
                 no_cache
             },
@@ -671,8 +689,6 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         ("swa_num_key_value_heads", "8"),
         ("swa_head_dim", "192"),
         ("num_attention_groups", "8"),
-        // DeepSeek-V4 (new-user check: it was refused as an MLA config without kv_lora_rank).
-        ("compress_ratios", "[0, 0, 4, 128]"),
         // Unknown names with a shape ending.
         ("local_num_key_value_heads", "4"),
         ("swa_kv_heads", "4"),
