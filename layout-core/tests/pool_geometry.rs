@@ -147,7 +147,7 @@ fn fnv_matches_the_published_test_vectors() {
 
 fn case(name: &str, side: &str) -> PoolGeometry {
     let path = format!(
-        "{}/../cli-tests/shared-cases/{name}/{side}.json",
+        "{}/../cli/tests/shared-cases/{name}/{side}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -195,7 +195,7 @@ fn explicit_stride_equal_to_aligned_stride_is_compatible() {
 
 #[test]
 fn every_shared_case_round_trips_through_the_file_format() {
-    let dir = format!("{}/../cli-tests/shared-cases", env!("CARGO_MANIFEST_DIR"));
+    let dir = format!("{}/../cli/tests/shared-cases", env!("CARGO_MANIFEST_DIR"));
     let mut read = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();

@@ -14,7 +14,7 @@ from kvlayout.pd.regions import LayoutError, buffer_layouts
 from kvlayout.pd.verify import pattern, verify
 
 DSV32 = ROOT / "configs/geometry/host-index-k-fp8-formula.json"
-TP_DIR = ROOT / "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level"
+TP_DIR = ROOT / "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level"
 
 # DeepSeek-V3.2 MLA record: 512 fp8 nope + 4 f32 scales + 64 bf16 rope; index-K 128 fp8 + 1 f32.
 KV_TOKEN_BYTES = 512 * 1 + 4 * 4 + 64 * 2  # 656

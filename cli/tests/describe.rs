@@ -182,7 +182,7 @@ fn directory_without_config_and_geometry_file_say_what_was_expected() {
         "{err}"
     );
     let geometry = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("configs/geometry/host-index-k-fp8-formula.json");
+        .join("../configs/geometry/host-index-k-fp8-formula.json");
     let (code, _, err) = describe(&["--model", geometry.to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("geometry file"), "{err}");
@@ -233,7 +233,7 @@ fn dtype_names_are_case_insensitive_like_model_names() {
 #[test]
 fn the_worked_example_in_docs_is_what_describe_prints() {
     let doc = std::fs::read_to_string(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/describe-hybrid.md"),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/describe-hybrid.md"),
     )
     .unwrap();
     for args in [
@@ -278,7 +278,7 @@ fn a_qwen_window_without_use_sliding_window_is_not_used() {
     let dir = temp_dir("qwen-window");
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/configs/qwen3-8b.json"
+        "/../configs/qwen3-8b.json"
     ))
     .unwrap();
     let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();

@@ -143,7 +143,7 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
             let plotted = args
                 .plot
                 .as_ref()
-                .map(|path| kvlayout_replay::plot::plot_svg(&r, path).map(|()| path));
+                .map(|path| super::plot::plot_svg(&r, path).map(|()| path));
             if args.json {
                 println!("{}", json_with_backend(&r, backend, args.device));
             } else {

@@ -12,7 +12,7 @@ fn replay(extra: &[&str]) -> (i32, String) {
 fn replay_layers(layers: &str, extra: &[&str]) -> (i32, String) {
     let host = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/configs/geometry/host-index-k-fp8-formula.json"
+        "/../configs/geometry/host-index-k-fp8-formula.json"
     );
     let mut args = vec![
         "replay",
@@ -173,7 +173,7 @@ fn trace_replay(extra_line: &str, extra: &[&str]) -> (i32, String) {
     let trace = multi_turn_trace(extra_line);
     let host = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/configs/geometry/host-index-k-fp8-formula.json"
+        "/../configs/geometry/host-index-k-fp8-formula.json"
     );
     let mut args = vec![
         "replay".to_string(),
@@ -408,7 +408,7 @@ fn help_names_models_and_directories() {
 fn mooncake_synthetic_trace_runs() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/data/synthetic_trace_head100.jsonl"
+        "/../data/synthetic_trace_head100.jsonl"
     );
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
         .args([
@@ -562,7 +562,7 @@ fn failed_drawing_keeps_the_report_and_the_exit_code() {
         .args(["--no-verify", "--plot", "/dev/full", "--host-geometry"])
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/configs/geometry/host-index-k-fp8-formula.json"
+            "/../configs/geometry/host-index-k-fp8-formula.json"
         ))
         .arg("--trace")
         .arg(multi_turn_trace(""))

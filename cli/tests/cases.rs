@@ -1,5 +1,5 @@
-//! `kvlayout check` on every public bug case in cli-tests/shared-cases (vendored from the
-//! project's shared case set) and the repo's own cases in cli-tests/cases: the exit code and
+//! `kvlayout check` on every public bug case in cli/tests/shared-cases (vendored from the
+//! project's shared case set) and the repo's own cases in cli/tests/cases: the exit code and
 //! the strings `expect.json` names must appear in the combined output, case-insensitively;
 //! `expect.json` may add `args` (e.g. `["--level", "token"]`, passed after the two files) and
 //! `max_lines` (the combined output has at most that many lines).
@@ -89,7 +89,7 @@ fn case_dirs(root: &Path) -> Vec<PathBuf> {
 /// The public bug cases (each a public bug report turned into a geometry pair), vendored so a
 /// fresh clone tests them.
 fn shared_cases() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("cli-tests/shared-cases")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shared-cases")
 }
 
 macro_rules! shared_case {
@@ -141,7 +141,7 @@ fn every_shared_case_passes() {
 /// The repo's own cases, one per rule of the geometry contract.
 #[test]
 fn every_repo_case_passes() {
-    let dirs = case_dirs(&Path::new(env!("CARGO_MANIFEST_DIR")).join("cli-tests/cases"));
+    let dirs = case_dirs(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases"));
     assert!(dirs.len() >= 10, "found {} repo cases", dirs.len());
     for d in dirs {
         run_case(&d);
@@ -269,7 +269,7 @@ fn dash_reads_stdin() {
 /// A model config.json given to `check` says a geometry file was expected and what it saw.
 #[test]
 fn a_model_config_is_named_as_one() {
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/llama-3.1-8b.json");
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/llama-3.1-8b.json");
     let dir = shared_cases().join("14-namespace-label-only-same-geometry");
     let (code, text) = check(&config, &dir.join("b.json"));
     assert_eq!(code, 2, "{text}");

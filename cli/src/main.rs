@@ -1,10 +1,14 @@
-//! The `kvlayout` command line: `formats`, `check`, `describe`, `replay`.
+//! The `kvlayout` command line: `formats`, `check`, `describe`, `replay`. One module per
+//! subcommand; each `run` returns the process exit code.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod cli;
+mod check;
+mod describe;
+mod formats;
+mod replay;
 
 /// KV-cache layouts: list formats, check two geometry files, describe a model's pools, replay a
 /// HiCache workload.
@@ -18,13 +22,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// List the built-in token layouts.
-    Formats(cli::formats::FormatsArgs),
+    Formats(formats::FormatsArgs),
     /// Check whether two geometry files can exchange pages (exit 0 yes, 1 no, 2 bad input).
-    Check(cli::check::CheckArgs),
+    Check(check::CheckArgs),
     /// Print a real model's pool geometry.
-    Describe(cli::describe::DescribeArgs),
+    Describe(describe::DescribeArgs),
     /// Replay a HiCache workload and report corrupted sessions.
-    Replay(cli::replay::ReplayArgs),
+    Replay(replay::ReplayArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,10 +36,10 @@ fn main() -> ExitCode {
     exit_quietly_on_output_errors();
     let cli = Cli::parse();
     let code = match cli.command {
-        Command::Formats(a) => cli::formats::run(&a),
-        Command::Check(a) => cli::check::run(&a),
-        Command::Describe(a) => cli::describe::run(&a),
-        Command::Replay(a) => cli::replay::run(&a),
+        Command::Formats(a) => formats::run(&a),
+        Command::Check(a) => check::run(&a),
+        Command::Describe(a) => describe::run(&a),
+        Command::Replay(a) => replay::run(&a),
     };
     ExitCode::from(code)
 }

@@ -30,18 +30,19 @@ use kvlayout_replay::{HostSource, read_host_geometry};
 
 use super::describe::{IndexKArg, KvDtypeArg, thousands};
 
+mod plot;
 mod trace;
 
 /// `--host-layout` values.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum HostLayoutArg {
-    /// [layer][page][...] per buffer.
+    /// `[layer][page][...]` per buffer.
     LayerFirst,
-    /// [page][layer][...] per buffer.
+    /// `[page][layer][...]` per buffer.
     PageFirst,
-    /// [page][buffer][layer][...]: one contiguous run per page.
+    /// `[page][buffer][layer][...]`: one contiguous run per page.
     PageFirstDirect,
-    /// [page][head][layer][token][dim] (MHA models only).
+    /// `[page][head][layer][token][dim]` (MHA models only).
     PageHead,
 }
 

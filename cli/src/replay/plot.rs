@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::report::{Minute, TraceReport};
+use kvlayout_replay::report::{Minute, TraceReport};
 
 type Series = (&'static str, RGBColor, fn(&Minute) -> u64);
 

@@ -2,13 +2,13 @@
 //! what fuzzing kept) and every past crash (fuzz/regressions/<target>/) through the same entry
 //! points the fuzz targets call. CI runs this; `cargo fuzz run <target>` explores further.
 
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod fuzz_entry;
 
 use std::path::Path;
 
 fn replay(target: &str, entry: fn(&[u8])) -> usize {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut count = 0;
     for dir in [
         root.join("corpus").join(target),
