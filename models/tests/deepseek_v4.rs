@@ -349,7 +349,10 @@ fn kv_layouts_are_shared_case_24s_records() {
                 ..opts()
             })
             .unwrap();
-        for p in plans.iter().filter(|p| p.name.ends_with("kv") || p.name == "swa") {
+        for p in plans
+            .iter()
+            .filter(|p| p.name.ends_with("kv") || p.name == "swa")
+        {
             assert_eq!(p.layout, want, "{layout:?} {}", p.name);
         }
     }
