@@ -373,6 +373,18 @@ fn kimi_linear_kda_state_and_mla_layers() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("listed twice"), "{e}");
+    // A per-layer indexer list (Kimi-K3-style `indexer_types`) would decide which MLA layers
+    // keep indexer keys: not modelled, refused by name rather than given every layer or none.
+    let k3 = config("kimi-linear-48b-a3b.json").replacen(
+        "\"use_cache\"",
+        "\"indexer_types\": [\"full\", \"none\"], \"use_cache\"",
+        1,
+    );
+    let e = Model::parse("k", "t", &k3).unwrap_err().to_string();
+    assert!(
+        e.contains("indexer_types") && e.contains("not modelled"),
+        "{e}"
+    );
 }
 
 #[test]
