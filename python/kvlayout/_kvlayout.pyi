@@ -110,14 +110,15 @@ def describe(
     rank: Optional[int] = None,
     *,
     state_dtype: Optional[Literal["f32", "bf16", "f16"]] = None,
-    page_size_tokens: int = 64,
+    page_size_tokens: Optional[int] = None,
     pages: int = 1024,
     equal_page_bytes: bool = False,
 ) -> Geometry:
     """The device pool geometry of one tensor-parallel rank of ``model`` (a built-in name, a
     config.json path or a Hugging Face model directory), as ``kvlayout describe --json``.
     ``kv_dtype`` default fp8 for DSA models, else bf16; ``index_k`` default fp8 (DSA only; a
-    UserWarning otherwise); ``page_size_tokens`` tokens per page; ``pages`` page count.
+    UserWarning otherwise); ``page_size_tokens`` tokens per page (default the engine's: 256 for
+    DeepSeek-V4 as SGLang allocates it, else 64); ``pages`` page count.
     Raises ModelError (unreadable config, or a field that changes the cache and is not modelled,
     named) or ValueError / TypeError (a bad option, named)."""
 def totals(
@@ -130,7 +131,8 @@ def totals(
     state_dtype: Optional[Literal["f32", "bf16", "f16"]] = None,
 ) -> dict[str, Any]:
     """`kvlayout describe --totals`: model, full_bytes_per_token, window_bytes_per_request_max,
-    state_bytes_per_request, layers_by_attention."""
+    state_bytes_per_request, compressed_bytes_per_token (an int when whole, else a float:
+    DeepSeek-V4-Flash 10570.25), layers_by_attention."""
 def formats() -> list[dict[str, Any]]:
     """The built-in token layouts, as ``kvlayout formats --json`` (fingerprint as an int), each
     with its file form (``arrangement``, ``sections``, alignment) under ``"layout"``."""
