@@ -16,8 +16,10 @@ use crate::buffer::BufferGeometry;
 use crate::error::LayoutError;
 use crate::layout::{Arrangement, PageGeometry};
 
-/// Where pages of a whole pool sit in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Where pages of a whole pool sit in memory; serde reads and writes the geometry-file names
+/// (`layer_first`, `page_first`, `page_first_direct`, `page_head`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum MemoryLayout {
     /// `[layer][page][...]` per buffer.
     LayerFirst,

@@ -53,7 +53,7 @@ mod totals;
 pub use buffer::{Attention, BufferGeometry, Shard, ShardSplit};
 pub use diff::{FieldDiff, Mismatch, arrangement_text, buffer_summary, compare, compare_at};
 pub use dtype::Dtype;
-pub use duplicate_keys::check_unique_keys;
+pub use duplicate_keys::{DuplicateKey, check_unique_keys, find_duplicate_key};
 pub use elem::Element;
 pub use error::LayoutError;
 pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error};
