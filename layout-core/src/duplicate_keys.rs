@@ -17,7 +17,9 @@ use crate::GeometryError;
 
 /// The first key named twice in one object of a JSON text.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: key {key:?} given twice in one object (the second value would silently win) at line {line} column {column}")]
+#[error(
+    "{path}: key {key:?} given twice in one object (the second value would silently win) at line {line} column {column}"
+)]
 pub struct DuplicateKey {
     /// Path of the object holding it: `buffers[0]`, `text_config`; `.` at the top level.
     pub path: String,
@@ -102,7 +104,9 @@ pub fn find_duplicate_key(text: &str) -> Result<(), DuplicateKey> {
     let mut json = serde_json::Deserializer::from_str(text);
     let seed = UniqueKeys { found: &found };
     let mut track = serde_path_to_error::Track::new();
-    let result = seed.deserialize(serde_path_to_error::Deserializer::new(&mut json, &mut track));
+    let result = seed.deserialize(serde_path_to_error::Deserializer::new(
+        &mut json, &mut track,
+    ));
     match (result, found.into_inner()) {
         (Err(e), Some(key)) => Err(DuplicateKey {
             path: track.path().to_string(),

@@ -7,8 +7,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::model::{
-    ArrangementFile, AttentionFile, BufferFile, FileDoc, Schema, SectionFile, ShardFile,
-    SplitFile,
+    ArrangementFile, AttentionFile, BufferFile, FileDoc, Schema, SectionFile, ShardFile, SplitFile,
 };
 use super::{MAX_BUFFERS, MAX_RANK, MAX_SECTIONS, SCHEMA, SCHEMA_V2, SCHEMA_V3};
 use crate::Dtype;
@@ -209,7 +208,9 @@ fn section_from_file(
     needs(schema, Schema::V2, dtype.is_v2(), || {
         format!("{sp}.dtype {}", dtype.name())
     })?;
-    needs(schema, Schema::V2, s.order.is_some(), || format!("{sp}.order"))?;
+    needs(schema, Schema::V2, s.order.is_some(), || {
+        format!("{sp}.order")
+    })?;
     needs(schema, Schema::V3, s.split_groups.is_some(), || {
         format!("{sp}.split_groups")
     })?;
@@ -261,9 +262,8 @@ fn buffer_from_file(
 ) -> Result<BufferGeometry, GeometryError> {
     check_name(format!("buffers[{i}].name"), &b.name)?;
     let path = format!("buffers[{i}] ({})", b.name);
-    let v2 = |present: bool, name: &str| {
-        needs(schema, Schema::V2, present, || format!("{path}.{name}"))
-    };
+    let v2 =
+        |present: bool, name: &str| needs(schema, Schema::V2, present, || format!("{path}.{name}"));
     v2(b.page_size_tokens.is_some(), "page_size_tokens")?;
     v2(b.attention.is_some(), "attention")?;
     v2(b.layer_ids.is_some(), "layer_ids")?;

@@ -585,7 +585,10 @@ impl Names {
         let Some((index, rest)) = rest.split_once(']') else {
             return path.to_string();
         };
-        let Some((name, sections)) = index.parse::<usize>().ok().and_then(|i| self.buffers.get(i))
+        let Some((name, sections)) = index
+            .parse::<usize>()
+            .ok()
+            .and_then(|i| self.buffers.get(i))
         else {
             return path.to_string();
         };
