@@ -224,6 +224,10 @@ pub const UNMODELLED: &[(&str, &str)] = &[
         "a quantized KV cache dtype (ModelOpt, e.g. \"FP8\"); use --kv-dtype",
     ),
     (
+        "indexer_types",
+        "per-layer sparse-attention indexer kinds (Kimi-K3 / GLM-5.3 style: which layers keep indexer keys, pooled or not)",
+    ),
+    (
         "num_attention_groups",
         "KV heads under another name (Step-3.5; transformers maps it to num_key_value_heads)",
     ),

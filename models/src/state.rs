@@ -27,6 +27,12 @@
 //!
 //! `n_groups` must divide by `N` (SGLang's group replication for other splits is not modelled).
 //!
+//! Under `--tp N` the conv window is written in geometry v3's spelling: one section `conv` of
+//! `[conv_dim / N, K - 1]` with `split_groups` = the whole-model channels of q, k, v (x, B, C),
+//! each split by TP on its own, as SGLang slices it since #30997 (`conv_shard_groups`);
+//! Qwen3-Coder-Next: `[2048, 2048, 4096]`, `heads_total` 8,192. Without `--tp` (no shard, where
+//! `split_groups` cannot be written) the three per-head sections above stay.
+//!
 //! Qwen3-Coder-Next (kh 16, vh 32, dk = dv = 128, K 4), one rank: conv 2 x 16 x 128 x 3 +
 //! 32 x 128 x 3 = 24,576 bf16 = 49,152 B; temporal 32 x 128 x 128 f32 = 2,097,152 B.
 
@@ -89,28 +95,76 @@ fn kernel(kv: &Kv<'_>, field: &str, v: Option<u64>) -> Result<u64, ModelError> {
     Ok(k)
 }
 
-/// Three bf16 conv sections whose first axis is the head group, so a rank's part is a head
-/// range (the same bytes as the engines' one `[conv_dim / N, K - 1]` tensor, in the same order).
+/// One conv part: its name, whole-model heads (groups), this rank's heads, and channels per
+/// head.
+type ConvPart = (&'static str, u64, u64, u64);
+
+/// The bf16 conv window of `parts` (channels in the engines' order: q|k|v, x|B|C), `window`
+/// positions, with its shard:
+/// - without `--tp`: three sections whose first axis is the head group, `[heads, channels per
+///   head, window]` (the same bytes in the same order as the engines' one `[conv_dim, K - 1]`
+///   tensor; the v1/v2 spelling, unchanged);
+/// - with `--tp N`: geometry v3's spelling, one section `conv` of `[conv_dim / N, window]`
+///   whose leading axis is the concatenation of the parts, each split by TP on its own
+///   (`split_groups` = the parts' whole-model channels; SGLang #30997 `conv_shard_groups`), the
+///   shard's `heads_total` their sum: a plan then moves each group's slice, never the section
+///   as one block.
 fn conv_layout(
     kv: &Kv<'_>,
     field: &str,
-    parts: [(&'static str, Vec<u64>); 3],
-) -> Result<TokenLayout, ModelError> {
+    parts: [ConvPart; 3],
+    window: u64,
+) -> Result<(TokenLayout, Option<Shard>), ModelError> {
+    let overflow = || ModelError::field(kv.name, field, "overflow: conv channels");
+    let sections = match kv.tp {
+        None => parts
+            .iter()
+            .map(|&(n, _, local, width)| Section::owned(n, Dtype::Bf16, vec![local, width, window]))
+            .collect(),
+        Some(_) => {
+            let mut groups = Vec::with_capacity(3);
+            let mut local_channels = 0u64;
+            for &(_, total, local, width) in &parts {
+                groups.push(total.checked_mul(width).ok_or_else(overflow)?);
+                local_channels = local
+                    .checked_mul(width)
+                    .and_then(|c| c.checked_add(local_channels))
+                    .ok_or_else(overflow)?;
+            }
+            vec![
+                Section::owned("conv", Dtype::Bf16, vec![local_channels, window])
+                    .with_split_groups(groups),
+            ]
+        }
+    };
+    let shard = match kv.tp {
+        None => None,
+        Some(_) => {
+            let mut total = 0u64;
+            let mut local = 0u64;
+            for &(_, t, l, width) in &parts {
+                total = t
+                    .checked_mul(width)
+                    .and_then(|c| c.checked_add(total))
+                    .ok_or_else(overflow)?;
+                local = l
+                    .checked_mul(width)
+                    .and_then(|c| c.checked_add(local))
+                    .ok_or_else(overflow)?;
+            }
+            heads_shard(kv.tp, total, local)
+        }
+    };
     let layout = TokenLayout {
         arrangement: Arrangement::TokenMajor,
-        sections: Cow::Owned(
-            parts
-                .into_iter()
-                .map(|(n, shape)| Section::owned(n, Dtype::Bf16, shape))
-                .collect(),
-        ),
+        sections: Cow::Owned(sections),
         page_align_bytes: None,
         page_stride_bytes: None,
     };
     layout
         .validate()
         .map_err(|e| ModelError::field(kv.name, field, format!("gives an invalid layout: {e}")))?;
-    Ok(layout)
+    Ok((layout, shard))
 }
 
 fn ssm_layout(
@@ -177,21 +231,22 @@ pub(crate) fn gated_delta_net(
     let kh_local = divide_evenly(kv.name, "linear_num_key_heads", kh, tp)?;
     let vh_local = divide_evenly(kv.name, "linear_num_value_heads", vh, tp)?;
     let window = k - 1;
-    let conv = conv_layout(
+    let (conv, conv_shard) = conv_layout(
         kv,
         "linear_num_key_heads",
         [
-            ("q", vec![kh_local, dk, window]),
-            ("k", vec![kh_local, dk, window]),
-            ("v", vec![kh_local, v_width, window]),
+            ("q", kh, kh_local, dk),
+            ("k", kh, kh_local, dk),
+            ("v", kh, kh_local, v_width),
         ],
+        window,
     )?;
     let temporal = ssm_layout(kv, "linear_num_value_heads", dtype, vec![vh_local, dv, dk])?;
     Ok((
         Built {
             format: format!("gdn_conv_bf16_{kh_local}x{dk}+{vh_local}x{dv}_k{k}"),
             layout: conv,
-            shard: heads_shard(kv.tp, kh, kh_local),
+            shard: conv_shard,
         },
         Built {
             format: format!("gdn_state_{}_{vh_local}x{dv}x{dk}", dtype.name()),
@@ -218,21 +273,22 @@ pub(crate) fn mamba2(
     let g_local = divide_evenly(kv.name, "n_groups", g, tp)?;
     let h_local = divide_evenly(kv.name, "mamba_num_heads", h, tp)?;
     let window = k - 1;
-    let conv = conv_layout(
+    let (conv, conv_shard) = conv_layout(
         kv,
         "mamba_num_heads",
         [
-            ("x", vec![g_local, x_width, window]),
-            ("b", vec![g_local, s, window]),
-            ("c", vec![g_local, s, window]),
+            ("x", g, g_local, x_width),
+            ("b", g, g_local, s),
+            ("c", g, g_local, s),
         ],
+        window,
     )?;
     let temporal = ssm_layout(kv, "mamba_num_heads", dtype, vec![h_local, p, s])?;
     Ok((
         Built {
             format: format!("mamba2_conv_bf16_{h_local}x{p}+2x{g_local}x{s}_k{k}"),
             layout: conv,
-            shard: heads_shard(kv.tp, g, g_local),
+            shard: conv_shard,
         },
         Built {
             format: format!("mamba2_state_{}_{h_local}x{p}x{s}", dtype.name()),
@@ -284,21 +340,22 @@ pub(crate) fn kda(
     let tp = kv.tp.unwrap_or(Tp::SINGLE);
     let h_local = divide_evenly(kv.name, &field("num_heads"), h, tp)?;
     let window = k - 1;
-    let conv = conv_layout(
+    let (conv, conv_shard) = conv_layout(
         kv,
         &field("num_heads"),
         [
-            ("q", vec![h_local, d, window]),
-            ("k", vec![h_local, d, window]),
-            ("v", vec![h_local, d, window]),
+            ("q", h, h_local, d),
+            ("k", h, h_local, d),
+            ("v", h, h_local, d),
         ],
+        window,
     )?;
     let temporal = ssm_layout(kv, &field("num_heads"), dtype, vec![h_local, d, d])?;
     Ok((
         Built {
             format: format!("kda_conv_bf16_3x{h_local}x{d}_k{k}"),
             layout: conv,
-            shard: heads_shard(kv.tp, h, h_local),
+            shard: conv_shard,
         },
         Built {
             format: format!("kda_state_{}_{h_local}x{d}x{d}", dtype.name()),

@@ -313,3 +313,47 @@ fn geometry_is_v3_with_compress_ratios() {
     let back = kvlayout_core::file::from_json(&text).unwrap();
     assert!(kvlayout_core::compare(&g, &back).is_ok());
 }
+
+#[test]
+fn kv_layouts_are_shared_case_24s_records() {
+    // ../shared/cases/24-dsv4-pd-flashmla-584-vs-trtllm-512: the prefill side's `swa` buffer
+    // (DeepSeekV4SingleKVPool, 584 B) and the decode side's (DeepSeekV4UniformFP8KVPool, 512
+    // B), their buffers copied here (page size 64 there; the record does not depend on it).
+    let case = |buffer: &str| {
+        let text = format!(
+            r#"{{"schema": "kvlayout.geometry/v2", "name": "case 24", "page_size_tokens": 64,
+                "pages": 1024, "memory_layout": "layer_first", "buffers": [{buffer}]}}"#
+        );
+        kvlayout_core::file::from_json(&text).unwrap().buffers[0]
+            .layout
+            .clone()
+    };
+    let flashmla = case(
+        r#"{"name": "swa", "layers": 43, "arrangement": {"planes": [["nope", "rope"], ["scale", "pad"]]},
+            "sections": [{"name": "nope", "dtype": "f8e4m3", "shape": [448]},
+                         {"name": "rope", "dtype": "bf16", "shape": [64]},
+                         {"name": "scale", "dtype": "ue8m0", "shape": [7], "scales": "nope", "block_elems": 64},
+                         {"name": "pad", "dtype": "u8", "shape": [1]}],
+            "page_align_bytes": 576, "attention": {"sliding_window_tokens": 128}}"#,
+    );
+    let trtllm = case(
+        r#"{"name": "swa", "layers": 43, "arrangement": "token_major",
+            "sections": [{"name": "nope", "dtype": "f8e4m3", "shape": [448]},
+                         {"name": "rope", "dtype": "f8e4m3", "shape": [64]}],
+            "attention": {"sliding_window_tokens": 128}}"#,
+    );
+    for (layout, want) in [(KvLayout::FlashMla, flashmla), (KvLayout::Trtllm, trtllm)] {
+        let plans = v4()
+            .plan(&Options {
+                kv_layout: layout,
+                ..opts()
+            })
+            .unwrap();
+        for p in plans
+            .iter()
+            .filter(|p| p.name.ends_with("kv") || p.name == "swa")
+        {
+            assert_eq!(p.layout, want, "{layout:?} {}", p.name);
+        }
+    }
+}

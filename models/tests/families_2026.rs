@@ -373,4 +373,76 @@ fn kimi_linear_kda_state_and_mla_layers() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("listed twice"), "{e}");
+    // A per-layer indexer list (Kimi-K3-style `indexer_types`) would decide which MLA layers
+    // keep indexer keys: not modelled, refused by name rather than given every layer or none.
+    let k3 = config("kimi-linear-48b-a3b.json").replacen(
+        "\"use_cache\"",
+        "\"indexer_types\": [\"full\", \"none\"], \"use_cache\"",
+        1,
+    );
+    let e = Model::parse("k", "t", &k3).unwrap_err().to_string();
+    assert!(
+        e.contains("indexer_types") && e.contains("not modelled"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tp_conv_states_are_split_group_by_group() {
+    use kvlayout_core::{Level, compare_at};
+    // Qwen3-Coder-Next GDN conv (SGLang configs/mamba_utils.py: conv_dim = 2 x 16 x 128 +
+    // 32 x 128 = 8,192 channels of q | k | v): under --tp the v3 spelling, one section of
+    // [8,192 / N, 3] whose groups q 2,048, k 2,048, v 4,096 split on their own (SGLang #30997).
+    let m = Model::builtin("qwen3-coder-next").unwrap().unwrap();
+    let conv_of = |size: u64, rank: u64| {
+        let g = m
+            .pool(&Options {
+                tp: Some(Tp::new(size, rank).unwrap()),
+                ..Options::default()
+            })
+            .unwrap()
+            .geometry;
+        let mut g = g.clone();
+        g.buffers.retain(|b| b.name() == "conv");
+        g
+    };
+    let (tp2, tp4) = (conv_of(2, 0), conv_of(4, 0));
+    let s = &tp2.buffers[0].layout.sections()[0];
+    assert_eq!(s.shape(), [8_192 / 2, 3]);
+    assert_eq!(s.split_groups(), Some(&[2_048u64, 2_048, 4_096][..]));
+    assert_eq!(tp2.buffers[0].shard.unwrap().heads_total(), Some(8_192));
+    // 4,096 x 3 x 2 B = 24,576 B a slot per layer at TP 2; 12,288 at TP 4.
+    assert_eq!(tp2.buffers[0].layout.bytes_per_token().unwrap(), 24_576);
+    assert_eq!(tp4.buffers[0].layout.bytes_per_token().unwrap(), 12_288);
+    // Shared case 30: a TP 2 rank and a TP 4 rank exchange slots at token level.
+    assert!(compare_at(&tp2, &tp4, Level::Token).is_ok());
+    // Nemotron-Nano-9B-v2 Mamba2 at --tp 8: x 128 x 80 = 10,240, B and C 8 x 128 = 1,024 each;
+    // a rank holds 12,288 / 8 = 1,536 channels.
+    let n = Model::builtin("nemotron-nano-9b-v2").unwrap().unwrap();
+    let g = n
+        .pool(&Options {
+            tp: Some(Tp::new(8, 7).unwrap()),
+            ..Options::default()
+        })
+        .unwrap()
+        .geometry;
+    let conv = g.buffers.iter().find(|b| b.name() == "conv").unwrap();
+    let s = &conv.layout.sections()[0];
+    assert_eq!(s.shape(), [1_536, 3]);
+    assert_eq!(s.split_groups(), Some(&[10_240u64, 1_024, 1_024][..]));
+    // Kimi-Linear KDA at --tp 4: q, k, v of 32 x 128 = 4,096 channels each, 3,072 a rank.
+    let k = model("kimi-linear-48b-a3b.json");
+    let g = k
+        .pool(&Options {
+            tp: Some(Tp::new(4, 2).unwrap()),
+            ..Options::default()
+        })
+        .unwrap()
+        .geometry;
+    let conv = g.buffers.iter().find(|b| b.name() == "conv").unwrap();
+    assert_eq!(conv.layout.sections()[0].shape(), [3_072, 3]);
+    assert_eq!(
+        conv.layout.sections()[0].split_groups(),
+        Some(&[4_096u64, 4_096, 4_096][..])
+    );
 }

@@ -88,8 +88,8 @@ pub enum WritePolicyArg {
 #[derive(clap::Args)]
 pub struct ReplayArgs {
     /// Built-in model (deepseek-v3.2-exp, deepseek-v3, kimi-k2, glm-4.5, llama-3.1-8b,
-    /// llama-3.1-70b, qwen3-8b, qwen3-235b-a22b; case-insensitive), a Hugging Face model
-    /// directory (its config.json is read) or a path to a config.json.
+    /// llama-3.1-70b, qwen3-8b, qwen3-235b-a22b, deepseek-v4-flash; case-insensitive), a
+    /// Hugging Face model directory (its config.json is read) or a path to a config.json.
     #[arg(long, default_value = "deepseek-v3.2-exp")]
     pub model: String,
     /// Index-K dtype (bf16: the seed bug's device pool) [default: fp8, as `describe`].
@@ -115,12 +115,14 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub layers: Option<u64>,
     /// Trace: buffers whose bytes move, comma-separated (e.g. `index_k,kv`) [default: index_k
-    /// when the model has the DSA indexer (the buffer it reads), else all].
+    /// when the model has the DSA indexer (the buffer it reads), c4_index_k for DeepSeek-V4,
+    /// else all].
     #[arg(long, value_delimiter = ',')]
     pub buffers: Option<Vec<String>>,
     /// Device pool pages [default: trace: an H200's KV budget for DeepSeek-V3.2 at TP 8,
-    /// 40.65 GB / the model's bytes per page (for another model the report says the budget is
-    /// DeepSeek-V3.2's: pass this for the model's deployment); synthetic: 128].
+    /// 40.65 GB / the model's bytes per page (DeepSeek-V4: DeepSeek-V4-Flash's, 106.9 GB; for
+    /// another model the report says the budget is DeepSeek-V3.2's: pass this for the model's
+    /// deployment); synthetic: 128].
     #[arg(long)]
     pub device_pages: Option<u64>,
     /// Host pool pages (mirrored host only; a geometry file brings its own) [default: trace:
@@ -390,6 +392,8 @@ pub fn run(args: &ReplayArgs) -> u8 {
     let pool = PoolOptions {
         kv_dtype: args.kv_dtype.map(Into::into),
         index_k,
+        // The engine's page: SGLang's 256 tokens for DeepSeek-V4, else 64.
+        page_size_tokens: model.engine_page_size_tokens(),
         ..PoolOptions::default()
     };
     if args.host_geometry.is_some() && args.host_pages.is_some() {
