@@ -13,6 +13,8 @@ import os
 import pytest
 
 REQUIRED = os.environ.get("KVLAYOUT_ENGINES_REQUIRED") == "1"
+# vLLM picks its CPU platform (0.33; 0.20 takes DeviceConfig(device="cpu")) before any import.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
 @pytest.hookimpl(hookwrapper=True)
