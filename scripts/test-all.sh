@@ -8,7 +8,7 @@
 #      per-transfer checks run (`cargo test --workspace` unifies features and never builds it);
 #   3. loom model-checking of the concurrent page claims;
 #   4. the fingerprint recomputed from its documented byte stream by an independent Python
-#      reference;
+#      reference, and the page checksum's vectors by another (layout-core/tests/checksum_*);
 #   4b. the nvidia-smi phase slicer of `gpu_bench --hold` (kernels/scripts/smi_phases.py) on a
 #      hand-made log;
 #   5. the Python package (pip install ./python into a venv) and its pytest suite, then the
@@ -32,6 +32,9 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p kvla
 
 step "fingerprint: independent Python reference"
 python3 layout-core/tests/fingerprint_reference.py
+
+step "page checksum: independent Python reference"
+python3 layout-core/tests/checksum_reference.py
 
 step "gpu_bench --hold's nvidia-smi phase slicer"
 python3 kernels/scripts/test_smi_phases.py
