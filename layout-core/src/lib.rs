@@ -48,6 +48,8 @@ pub mod formats;
 mod geometry;
 mod layout;
 pub mod level;
+pub mod plan;
+mod regions;
 mod section;
 mod totals;
 
@@ -60,6 +62,7 @@ pub use error::LayoutError;
 pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error};
 pub use layout::{Arrangement, PageGeometry, TokenLayout};
 pub use level::Level;
+pub use regions::{POOL_REGION, Placement, Region};
 pub use section::{ScaleOf, Section};
 pub use totals::Totals;
 
