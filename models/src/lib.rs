@@ -61,11 +61,19 @@ pub enum Attention {
 }
 
 /// KV cache element type (`--kv-dtype`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum KvDtype {
     /// bfloat16.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// fp8 e4m3 (for DSA models: FlashMLA's 656-B sparse row).
+    #[cfg_attr(
+        feature = "clap",
+        value(alias = "fp8_e4m3", alias = "f8e4m3", alias = "float8_e4m3fn")
+    )]
     Fp8,
 }
 
@@ -81,25 +89,48 @@ impl KvDtype {
 }
 
 /// Index-K element type (`--index-k`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum IndexK {
     /// e4m3 + one f32 scale per 128 (132 B for 128 dims).
     #[default]
+    #[cfg_attr(feature = "clap", value(alias = "float8_e4m3fn"))]
     Fp8,
     /// bf16, no scale (256 B for 128 dims): the seed bug's device pool.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// e2m1 + one ue8m0 scale per 32 (68 B for 128 dims).
     Fp4,
 }
 
+impl IndexK {
+    /// Parses `fp8` / `float8_e4m3fn`, `bf16` / `bfloat16`, `fp4`, case-insensitively.
+    pub fn from_name(s: &str) -> Option<IndexK> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp8" | "float8_e4m3fn" => Some(IndexK::Fp8),
+            "bf16" | "bfloat16" => Some(IndexK::Bf16),
+            "fp4" => Some(IndexK::Fp4),
+            _ => None,
+        }
+    }
+}
+
 /// Recurrent-state element type (`--state-dtype`, or the config's `mamba_ssm_dtype`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum StateDtype {
     /// float32 (SGLang's default).
+    #[cfg_attr(feature = "clap", value(alias = "float32", alias = "fp32"))]
     F32,
     /// bfloat16.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// float16.
+    #[cfg_attr(feature = "clap", value(alias = "float16", alias = "fp16"))]
     F16,
 }
 
