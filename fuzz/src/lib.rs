@@ -1,5 +1,5 @@
 //! Fuzz entry points, shared by the cargo-fuzz targets (fuzz/fuzz_targets) and by the corpus
-//! replay test that CI runs (cli-tests/fuzz_corpus.rs includes this file).
+//! replay test that CI runs (cli/tests/fuzz_corpus.rs includes this file).
 //!
 //! Each entry takes arbitrary bytes and must never panic, hang, or allocate in proportion to a
 //! number read from the input; the assertions below are the invariants checked on every input.

@@ -48,8 +48,8 @@ def pool_fingerprint(geometry):
 
 
 PUBLISHED = [  # DeepSeek-V3.2 with a bf16 index-K (the seed bug's device side), and fp8 + fp8
-    ("cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json", "0xc1cdf9932d9f02b1"),
-    ("cli-tests/shared-cases/14-namespace-label-only-same-geometry/a.json", "0xeb019e4f84ee0658"),
+    ("cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json", "0xc1cdf9932d9f02b1"),
+    ("cli/tests/shared-cases/14-namespace-label-only-same-geometry/a.json", "0xeb019e4f84ee0658"),
 ]
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ impl Stream {
 
 fn case(name: &str, side: &str) -> PoolGeometry {
     let path = format!(
-        "{}/../cli-tests/shared-cases/{name}/{side}.json",
+        "{}/../cli/tests/shared-cases/{name}/{side}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     file::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()

@@ -77,6 +77,7 @@ fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
                     shape: Cow::Owned(shape.clone()),
                     scale: None,
                     order: None,
+                    split_groups: None,
                 })
                 .collect();
             for (k, (target, block_pick, ue8m0)) in scales.iter().enumerate() {
@@ -103,6 +104,7 @@ fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
                         block_elems: block,
                     }),
                     order: None,
+                    split_groups: None,
                 });
             }
             let n = sections.len();

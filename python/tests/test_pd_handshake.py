@@ -11,8 +11,8 @@ from kvlayout.pd import handshake
 from kvlayout.pd.handshake import PeerRefused, UncheckedPeerWarning
 
 DSV32 = ROOT / "configs/geometry/host-index-k-fp8-formula.json"
-SEED = ROOT / "cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host"
-TP = ROOT / "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level"
+SEED = ROOT / "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host"
+TP = ROOT / "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level"
 
 
 def geo(path, **edit) -> kvlayout.Geometry:

@@ -17,7 +17,7 @@ import kvlayout
 from kvlayout.pd.verify import buffers, patterns, verify
 
 DSV32 = ROOT / "configs/geometry/host-index-k-fp8-formula.json"
-TP_DIR = ROOT / "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level"
+TP_DIR = ROOT / "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level"
 MEMORY_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
 
 # DeepSeek-V3.2 MLA record: 512 fp8 nope + 4 f32 scales + 64 bf16 rope; index-K 128 fp8 + 1 f32.

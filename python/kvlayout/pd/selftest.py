@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DSV32 = "configs/geometry/host-index-k-fp8-formula.json"  # DeepSeek-V3.2 pool, fp8 index-K
-SEED_A = "cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json"
-SEED_B = "cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/b.json"
-TP1 = "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level/a.json"
-TP2_R0 = "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level/b.json"
+SEED_A = "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json"
+SEED_B = "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/b.json"
+TP1 = "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level/a.json"
+TP2_R0 = "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level/b.json"
 
 
 def _set(path: tuple, value):
