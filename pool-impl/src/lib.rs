@@ -64,6 +64,7 @@ mod claim;
 mod concurrent;
 mod error;
 mod hicache;
+mod layer_map;
 pub mod plan;
 mod pool;
 mod route;
@@ -75,6 +76,7 @@ pub use backend::{Backend, BackendError, CpuBackend, CpuMem, FailingCpuBackend, 
 pub use concurrent::ConcurrentHiCache;
 pub use error::{PairError, PoolError, PoolFact, TransferError};
 pub use hicache::{HiCache, TransferMode};
+pub use layer_map::LayerMap;
 pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
 pub use pool::{DevicePool, HostPool, KvPool, PoolWriter, page_copy_runs};
 pub use transfer::TransferStats;

@@ -347,7 +347,8 @@ def test_head_major_one_entry_shape_is_one_head_per_token():
     assert buffers(g)["kv"].place["section_bytes_per_token"] == [64 * 2]
 
 
-def test_token_plan_refuses_a_state_buffer_by_name():
+def test_a_state_buffer_beside_token_pages_is_refused_by_name():
+    secs = [{"name": "x", "dtype": "f32", "shape": [4]}]
     g = geo(
         {
             "schema": "kvlayout.geometry/v2",
@@ -356,16 +357,35 @@ def test_token_plan_refuses_a_state_buffer_by_name():
             "pages": 4,
             "memory_layout": "layer_first",
             "buffers": [
-                {
-                    "name": "conv",
-                    "layers": 2,
-                    "attention": "state",
-                    "arrangement": "token_major",
-                    "sections": [{"name": "x", "dtype": "f32", "shape": [4]}],
-                }
+                {"name": "kv", "layers": 2, "arrangement": "token_major", "sections": secs},
+                {"name": "conv", "layers": 2, "attention": "state",
+                 "arrangement": "token_major", "sections": secs},
             ],
         }
     )
     with pytest.raises(kvlayout.TransferRefused, match="conv.attention: a state buffer") as e:
         kvlayout.token_plan(g, g, [0], [1])
     assert e.value.kind == "state"
+
+
+def test_split_groups_conv_state_tp2_to_tp4_moves_each_groups_slice():
+    # shared case 30: a GDN conv state, q|k|v channel groups of 2048, 2048, 4096 (bf16 x 3 each),
+    # TP 2 rank 0 (4096 channels a slot) -> TP 4 rank 0 (2048): per group the first quarter of
+    # the model's channels, which TP 2 rank 0 holds at local 0, 1024 and 2048
+    case = ROOT / "cli/tests/shared-cases/30-compatible-gdn-conv-split-groups-tp2-vs-tp4-token-level"
+    a, b = (json.loads((case / f).read_text()) for f in ("a.json", "b.json"))
+    a["pages"] = b["pages"] = 4
+    for buf in b["buffers"]:
+        buf["shard"]["rank"] = 0
+    src, dst = geo(a), geo(b)
+    plan = kvlayout.token_plan(src, dst, [1], [2])
+    ch = 3 * 2  # bytes per channel
+    s_slot, d_slot = 4096 * ch, 2048 * ch
+    layers = a["buffers"][0]["layers"]
+    want = []
+    for layer in range(layers):
+        sb, db = (layer * 4 + 1) * s_slot, (layer * 4 + 2) * d_slot
+        want += [(sb, db, 512 * ch), (sb + 1024 * ch, db + 512 * ch, 512 * ch),
+                 (sb + 2048 * ch, db + 1024 * ch, 1024 * ch)]
+    assert plan.runs["conv"] == want
+    assert _moves_exactly(plan, src, dst, [1], [2], False) == (plan.bytes_total, 0)

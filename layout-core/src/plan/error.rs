@@ -87,21 +87,24 @@ pub enum PlanError {
         /// Destination pages listed.
         dst_pages: usize,
     },
-    /// A token plan's lists hold different token counts for a buffer.
+    /// A token plan's lists hold different token (row) counts for a buffer.
     #[error(
-        "{buffer}: {src_pages} source pages x {src_page_tokens} tokens != {dst_pages} destination pages x {dst_page_tokens} tokens"
+        "{buffer}: {src_pages} source pages x {src_page_rows} {unit} != {dst_pages} destination pages x {dst_page_rows} {unit}",
+        unit = row_unit(*tokens_per_row)
     )]
     TokenCount {
         /// The buffer.
         buffer: String,
         /// Source pages listed.
         src_pages: usize,
-        /// Tokens per source page.
-        src_page_tokens: u64,
+        /// Rows (tokens, when `tokens_per_row` is 1) per source page.
+        src_page_rows: u64,
         /// Destination pages listed.
         dst_pages: usize,
-        /// Tokens per destination page.
-        dst_page_tokens: u64,
+        /// Rows per destination page.
+        dst_page_rows: u64,
+        /// The buffer's `compress_ratio`.
+        tokens_per_row: u64,
     },
     /// A section's bytes per token (`what` = `token`) or per head (`head`) differ.
     #[error(
@@ -141,8 +144,10 @@ pub enum PlanError {
         /// The destination's split.
         dst: String,
     },
-    /// A `state` buffer: one slot per request, no pages to plan.
-    #[error("{buffer}.attention: a state buffer holds one slot per request, no pages to plan")]
+    /// A `state` buffer beside buffers with a token axis.
+    #[error(
+        "{buffer}.attention: a state buffer holds one slot per request, not pages: plan a pool of state buffers alone (its pages are slots)"
+    )]
     State {
         /// The buffer.
         buffer: String,
@@ -155,6 +160,13 @@ pub enum PlanError {
         /// What was computed.
         what: &'static str,
     },
+}
+
+fn row_unit(tokens_per_row: u64) -> String {
+    match tokens_per_row {
+        1 => "tokens".to_string(),
+        r => format!("rows of {r} tokens"),
+    }
 }
 
 impl PlanError {

@@ -17,10 +17,11 @@
 //! index-K `[64 x 128 B][64 x 4 B]`) planned TP 1 -> TP 2 is 61 runs per buffer, not one per
 //! token and section (7,808).
 //!
-//! The unit of the token stream is a row ([`rows_per_page`]: one row per token today); the
-//! head window of a rank ([`head_window`]) and the slices of a section (the private `units` module) are each one
-//! function, where geometry v3's `compress_ratio` rows, replicated heads and `split_groups`
-//! slot in.
+//! Geometry v3: the stream's unit is a row ([`rows_per_page`]: one per token, one per
+//! `compress_ratio` tokens); a rank's heads are [`head_window`] (one head `r / replicas` when
+//! heads are replicated over ranks); a `split_groups` section is moved group by group (each
+//! group's slice, the private `units` module). A pool of `state` buffers alone is planned with
+//! its pages read as request slots; a `state` buffer beside token pages is refused by name.
 
 mod error;
 mod runs;
@@ -30,7 +31,7 @@ use std::ops::Range;
 
 pub use error::{PlanError, PlanSide};
 
-use crate::buffer::{Attention, ShardSplit};
+use crate::buffer::Attention;
 use crate::diff::compare_at;
 use crate::geometry::PoolGeometry;
 use crate::level::Level;
@@ -93,22 +94,18 @@ impl Plan {
     }
 }
 
-/// Rows a page of buffer `b` holds (one per token).
+/// Rows a page of buffer `b` holds: one per token, one per `compress_ratio` tokens (v3), one
+/// slot for a `state` buffer ([`crate::BufferGeometry::rows_per_page`]).
 pub fn rows_per_page(pool: &PoolGeometry, b: usize) -> u64 {
-    pool.buffers[b].effective_page_size_tokens(pool.page_size_tokens)
+    pool.buffers[b].rows_per_page(pool.page_size_tokens)
 }
 
 /// Global heads `[lo, hi)` buffer `b` holds, or `None` when it is not split by heads: rank
-/// `r` of `N` holds `[r * H / N, (r + 1) * H / N)` (a validated geometry has `N` dividing `H`).
+/// `r` of `N` holds `[r * H / N, (r + 1) * H / N)`, or the one head `r / replicas` when heads
+/// are replicated over ranks (v3; [`crate::Shard::heads_held`]).
 pub fn head_window(pool: &PoolGeometry, b: usize) -> Option<Range<u64>> {
-    let shard = pool.buffers[b].shard?;
-    match shard.split {
-        ShardSplit::Heads { heads_total } => {
-            let per_rank = heads_total / shard.tp_size;
-            Some(shard.rank * per_rank..(shard.rank + 1) * per_rank)
-        }
-        ShardSplit::Replicated => None,
-    }
+    let (lo, hi) = pool.buffers[b].shard?.heads_held()?;
+    Some(lo..hi)
 }
 
 /// Whole pages: `src_pages[i]` -> `dst_pages[i]` in every layer of every buffer, for pools
@@ -117,7 +114,8 @@ pub fn head_window(pool: &PoolGeometry, b: usize) -> Option<Range<u64>> {
 /// # Errors
 /// A geometry that breaks a rule ([`PlanError::Geometry`]); pools incompatible at the `pool`
 /// level ([`PlanError::Incompatible`], the diff lines); page lists of different lengths, a
-/// page out of range, a destination page listed twice; a `state` buffer (no pages to plan).
+/// page out of range, a destination page listed twice; a `state` buffer beside buffers with a
+/// token axis (a pool of `state` buffers alone is planned, its pages being request slots).
 pub fn page_plan(
     src: &PoolGeometry,
     dst: &PoolGeometry,
@@ -182,9 +180,10 @@ pub fn token_plan(
             return Err(PlanError::TokenCount {
                 buffer: pair.name,
                 src_pages: src_pages.len(),
-                src_page_tokens: src_rows,
+                src_page_rows: src_rows,
                 dst_pages: dst_pages.len(),
-                dst_page_tokens: dst_rows,
+                dst_page_rows: dst_rows,
+                tokens_per_row: src.buffers[pair.src_index].compress_ratio,
             });
         }
         let planned = stream(src, dst, &pair, src_pages, dst_pages, src_rows, dst_rows)?;
@@ -237,13 +236,16 @@ fn prepare(
             });
         }
     }
+    let all_state = dst.buffers.iter().all(|b| b.attention == Attention::State);
     let mut pairs = Vec::with_capacity(dst.buffers.len());
     for (d, buf) in dst.buffers.iter().enumerate() {
         // Equal buffer sets: `compare_at` refused any difference.
         let Some(s) = src.buffer_index(buf.name()) else {
             unreachable!("compare_at compares the buffer sets")
         };
-        if buf.attention == Attention::State {
+        // A state buffer's "page" is a request slot: only a pool of state buffers alone is
+        // planned (its lists then name slots), never slots beside token pages.
+        if buf.attention == Attention::State && !all_state {
             return Err(PlanError::State {
                 buffer: buf.name().to_string(),
             });

@@ -257,3 +257,102 @@ fn refusals_name_the_list_and_both_values() {
         "{e}"
     );
 }
+
+/// A pool of `buffer` alone, 4 pages of `page_tokens` tokens, `layer_first`.
+fn single(page_tokens: u64, buffer: BufferGeometry) -> PoolGeometry {
+    PoolGeometry {
+        name: "v3".into(),
+        page_size_tokens: page_tokens,
+        pages: 4,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![buffer],
+    }
+}
+
+fn layout_of(section: crate::Section) -> crate::TokenLayout {
+    crate::TokenLayout {
+        arrangement: crate::Arrangement::TokenMajor,
+        sections: vec![section].into(),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    }
+}
+
+#[test]
+fn split_groups_move_each_groups_slice_tp2_to_tp4() {
+    // A GDN-like conv state (v3 split_groups): q|k|v groups of 4, 4 and 8 channels (heads_total
+    // 16), 3 bf16 per channel = 6 B. TP 2 rank 0 holds q[0,2) k[0,2) v[0,4): local channels 0-1,
+    // 2-3, 4-7 (8 x 6 = 48 B a slot); TP 4 rank 1 holds q[1,2) k[1,2) v[2,4): local 0, 1, 2-3
+    // (4 x 6 = 24 B).
+    let conv = |tp: u64, rank: u64| {
+        let section = crate::Section::owned("conv", Dtype::Bf16, vec![16 / tp, 3])
+            .with_split_groups(vec![4, 4, 8]);
+        let buf = BufferGeometry::new("conv", 2, layout_of(section))
+            .with_attention(crate::Attention::State)
+            .with_shard(Shard::heads(tp, rank, 16));
+        single(64, buf)
+    };
+    let plan = token_plan(&conv(2, 0), &conv(4, 1), &[1], &[2]).unwrap();
+    let (s, d) = (48, 24);
+    let mut want = Vec::new();
+    for l in 0..2 {
+        let (sb, db) = ((l * 4 + 1) * s, (l * 4 + 2) * d);
+        want.push(run(sb + 6, db, 6)); // q channel 1
+        want.push(run(sb + 3 * 6, db + 6, 6)); // k channel 1
+        want.push(run(sb + 6 * 6, db + 2 * 6, 2 * 6)); // v channels 2, 3
+    }
+    assert_eq!(plan.buffers[0].runs, want);
+    assert_eq!(plan.bytes_total(), 2 * d);
+}
+
+#[test]
+fn replicated_heads_move_the_one_head_a_rank_holds() {
+    // 2 KV heads over TP 4 (v3): rank r holds head r / 2, a head axis of 1; TP 2 rank 1 holds
+    // head 1. K and V [1, 128] bf16 section_major, 16-token pages.
+    let pool = |tp: u64, rank: u64| {
+        let buf = BufferGeometry::new("kv", 2, mha(1, 128, Dtype::Bf16).unwrap())
+            .with_shard(Shard::heads(tp, rank, 2));
+        single(16, buf)
+    };
+    let page = 16 * 2 * 128 * 2;
+    let plan = token_plan(&pool(2, 1), &pool(4, 3), &[0], &[3]).unwrap();
+    assert_eq!(plan.buffers[0].heads, Some(1..2));
+    assert_eq!(
+        plan.buffers[0].runs,
+        vec![run(0, 3 * page, page), run(4 * page, (4 + 3) * page, page)]
+    );
+    // rank 1 of 4 holds head 0, none of TP 2 rank 1's: the token level refuses the pair
+    let e = token_plan(&pool(2, 1), &pool(4, 1), &[0], &[3]).unwrap_err();
+    assert_eq!(e.kind(), "incompatible");
+    assert!(
+        e.to_string().contains("kv.shard.heads_held: head 1 of 2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn compressed_rows_glue_in_whole_rows() {
+    // compress_ratio 4 (v3): one 128-B row per 4 tokens; 32-token pages hold 8 rows, 64-token
+    // pages 16.
+    let pool = |page_tokens: u64| {
+        let section = crate::Section::owned("row", Dtype::U8, vec![128]);
+        single(
+            page_tokens,
+            BufferGeometry::new("c4", 2, layout_of(section)).with_compress_ratio(4),
+        )
+    };
+    let plan = token_plan(&pool(32), &pool(64), &[3, 1], &[2]).unwrap();
+    let (s, d) = (8 * 128, 16 * 128);
+    let mut want = Vec::new();
+    for l in 0..2 {
+        want.push(run((l * 4 + 3) * s, (l * 4 + 2) * d, s));
+        want.push(run((l * 4 + 1) * s, (l * 4 + 2) * d + s, s));
+    }
+    assert_eq!(plan.buffers[0].runs, want);
+    assert_eq!(
+        token_plan(&pool(32), &pool(64), &[0, 1, 2], &[2])
+            .unwrap_err()
+            .to_string(),
+        "c4: 3 source pages x 8 rows of 4 tokens != 1 destination pages x 16 rows of 4 tokens"
+    );
+}

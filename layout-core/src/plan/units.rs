@@ -10,7 +10,6 @@
 use std::ops::Range;
 
 use super::{Pair, PlanError, PlanSide, head_window, rows_per_page};
-use crate::buffer::ShardSplit;
 use crate::geometry::{MemoryLayout, PoolGeometry, layout_error};
 use crate::layout::Arrangement;
 use crate::regions::Placement;
@@ -64,7 +63,7 @@ impl<'a> SectionSide<'a> {
             error: layout_error(b, buf, e),
         };
         let s = buf.layout.section(section).map_err(geometry)?;
-        let split = matches!(buf.shard.map(|s| s.split), Some(ShardSplit::Heads { .. }));
+        let split = buf.shard.and_then(|s| s.heads_total()).is_some();
         let heads = match split {
             true => s.shape().first().copied().unwrap_or(1),
             false => s.heads(),
@@ -196,7 +195,7 @@ pub(super) fn units(
     for k in 0..sections {
         let s = SectionSide::new(src, pair.src_index, k, PlanSide::Source)?;
         let d = SectionSide::new(dst, pair.dst_index, k, PlanSide::Destination)?;
-        section_units(pair, &s, &d, &sw, &dw, &window, &mut out)?;
+        section_units((src, dst), pair, (&s, &d), (&sw, &dw, &window), &mut out)?;
     }
     out.sort_by_key(|u| u.src.offset_bytes);
     Ok(Units {
@@ -205,19 +204,57 @@ pub(super) fn units(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn section_units(
+/// Slices `(source local head, destination local head, count)` of a section both sides hold:
+/// one for the buffer's head window, or one per group of a `split_groups` section (v3: rank `r`
+/// of `N` holds entries `[r * G / N, (r + 1) * G / N)` of each group `G`, groups one after
+/// another); with no heads split, every head.
+fn slices(
+    src: &PoolGeometry,
+    dst: &PoolGeometry,
     pair: &Pair,
     s: &SectionSide<'_>,
-    d: &SectionSide<'_>,
-    sw: &Option<Range<u64>>,
-    dw: &Option<Range<u64>>,
-    window: &Option<Range<u64>>,
+    windows: (&Range<u64>, &Range<u64>, &Range<u64>),
+) -> Vec<(u64, u64, u64)> {
+    let (w, sw, dw) = windows;
+    let groups = src.buffers[pair.src_index].layout.sections()[s.section].split_groups();
+    let (Some(groups), Some(ss), Some(ds)) = (
+        groups,
+        src.buffers[pair.src_index].shard,
+        dst.buffers[pair.dst_index].shard,
+    ) else {
+        return vec![(w.start - sw.start, w.start - dw.start, w.end - w.start)];
+    };
+    let mut out = Vec::with_capacity(groups.len());
+    let (mut s_before, mut d_before) = (0u64, 0u64);
+    for &g in groups {
+        let (s_per, d_per) = (g / ss.tp_size, g / ds.tp_size);
+        let (s_lo, d_lo) = (ss.rank * s_per, ds.rank * d_per);
+        let (lo, hi) = (s_lo.max(d_lo), (s_lo + s_per).min(d_lo + d_per));
+        if hi > lo {
+            out.push((s_before + lo - s_lo, d_before + lo - d_lo, hi - lo));
+        }
+        (s_before, d_before) = (s_before + s_per, d_before + d_per);
+    }
+    out
+}
+
+/// The source's head window, the destination's, and their overlap.
+type Windows<'a> = (
+    &'a Option<Range<u64>>,
+    &'a Option<Range<u64>>,
+    &'a Option<Range<u64>>,
+);
+
+fn section_units(
+    (src, dst): (&PoolGeometry, &PoolGeometry),
+    pair: &Pair,
+    (s, d): (&SectionSide<'_>, &SectionSide<'_>),
+    (sw, dw, window): Windows<'_>,
     out: &mut Vec<Unit>,
 ) -> Result<(), PlanError> {
-    let (s0, d0, count) = match (window, sw, dw) {
-        (Some(w), Some(sw), Some(dw)) => (w.start - sw.start, w.start - dw.start, w.end - w.start),
-        _ => (0, 0, s.heads),
+    let slices = match (window, sw, dw) {
+        (Some(w), Some(sw), Some(dw)) => slices(src, dst, pair, s, (w, sw, dw)),
+        _ => vec![(0, 0, s.heads)],
     };
     let apart = s.heads_apart || d.heads_apart;
     let whole = window.is_none() && !apart;
@@ -242,18 +279,20 @@ fn section_units(
             return Err(bytes_differ(pair, s, "head", sh, dh));
         }
     }
-    let len = match (whole, apart) {
-        (true, _) => s.bytes,
-        (false, true) => s.bytes / s.heads,
-        (false, false) => count * (s.bytes / s.heads),
-    };
-    let src = s.place(&pair.src, s0, count, apart, PlanSide::Source)?;
-    let dst = d.place(&pair.dst, d0, count, apart, PlanSide::Destination)?;
-    out.extend(src.into_iter().zip(dst).map(|(src, dst)| Unit {
-        src,
-        dst,
-        len_bytes: len,
-    }));
+    for (s0, d0, count) in slices {
+        let len = match (whole, apart) {
+            (true, _) => s.bytes,
+            (false, true) => s.bytes / s.heads,
+            (false, false) => count * (s.bytes / s.heads),
+        };
+        let src_units = s.place(&pair.src, s0, count, apart, PlanSide::Source)?;
+        let dst_units = d.place(&pair.dst, d0, count, apart, PlanSide::Destination)?;
+        out.extend(src_units.into_iter().zip(dst_units).map(|(src, dst)| Unit {
+            src,
+            dst,
+            len_bytes: len,
+        }));
+    }
     Ok(())
 }
 

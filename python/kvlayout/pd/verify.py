@@ -129,13 +129,25 @@ def _tokens(sec: np.ndarray, pages: list[int]) -> np.ndarray:
     return s.reshape(s.shape[0], s.shape[1] * s.shape[2], s.shape[3], s.shape[4])
 
 
-def _window(buf: Buffer, heads: int) -> tuple[int, int]:
+def _held(buf: Buffer, section: dict[str, Any], heads: int) -> np.ndarray:
+    """The whole model's index of each head (channel) this side holds of `section`, in local
+    order: every head when not split; rank `r` of `N` holds `[r * H / N, (r + 1) * H / N)`;
+    with heads replicated over ranks (`heads_total` < N) the one head `r / (N / H)`; with
+    `split_groups`, `[r * G / N, (r + 1) * G / N)` of each group `G`, groups one after another."""
     sh = buf.file.get("shard")
     if sh is None or sh["split"] != "heads":
-        return 0, heads
-    per = sh["heads_total"] // sh["tp_size"]
-    return sh["rank"] * per, (sh["rank"] + 1) * per
-
+        return np.arange(heads)
+    n, r, total = sh["tp_size"], sh["rank"], sh["heads_total"]
+    groups = section.get("split_groups")
+    if groups:
+        parts, base = [], 0
+        for g in groups:
+            parts.append(base + r * (g // n) + np.arange(g // n))
+            base += g
+        return np.concatenate(parts)
+    if total < n:
+        return np.array([r // (n // total)])
+    return r * (total // n) + np.arange(total // n)
 
 def verify(
     src: kvlayout.Geometry,
@@ -156,15 +168,15 @@ def verify(
         s = s_bufs[name]
         got = dst_regions[d.region]
         index = np.arange(got.size, dtype=np.int64)
-        for ssec, didx in zip(sections(s, src_regions[s.region]), sections(d, index)):
+        secs = zip(s.file["sections"], sections(s, src_regions[s.region]), sections(d, index))
+        for sec, ssec, didx in secs:
             a, b = _tokens(ssec, src_pages), _tokens(didx, dst_pages)
-            slo, shi = _window(s, a.shape[2])
-            dlo, dhi = _window(d, b.shape[2])
-            lo, hi = max(slo, dlo), min(shi, dhi)
-            if hi <= lo:
+            s_held, d_held = _held(s, sec, a.shape[2]), _held(d, sec, b.shape[2])
+            common = np.intersect1d(s_held, d_held)
+            if common.size == 0:
                 continue
-            want = a[:, :, lo - slo : hi - slo]
-            where = b[:, :, lo - dlo : hi - dlo]
+            want = a[:, :, np.searchsorted(s_held, common)]
+            where = b[:, :, np.searchsorted(d_held, common)]
             equal_bytes += int(np.count_nonzero(got[where] == want))
             covered[d.region][where.ravel()] = True
         if whole_pages:

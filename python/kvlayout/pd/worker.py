@@ -110,9 +110,9 @@ def decode(cfg: dict) -> dict:
             "stray_bytes": stray,
         }
     # unchecked peer: the engine assumes it mirrors us
-    peer = geometry if verdict.peer_geometry is None else verdict.peer_geometry
+    peer_geometry = geometry if verdict.peer_geometry is None else verdict.peer_geometry
     try:
-        handshake.check_regions(msg, peer)
+        handshake.check_regions(msg, peer_geometry)
     except handshake.PeerRefused as e:
         side.close()
         return {
@@ -125,16 +125,16 @@ def decode(cfg: dict) -> dict:
             "stray_bytes": 0,
         }
     build = kvlayout.token_plan if verdict.level == "token" else kvlayout.page_plan
-    plan = build(peer, geometry, cfg["src_pages"], cfg["dst_pages"])
+    plan = build(peer_geometry, geometry, cfg["src_pages"], cfg["dst_pages"])
     local, remote = _descriptors(plan, msg["regions"], regions)
     if cfg["engine"] == "nixl":
         peer = side.connect(base64.b64decode(msg["agent_metadata"]))
         moved = side.read(peer, local, remote)
     else:
         moved = side.read(msg["segment"], local, remote)
-    src_regions = patterns(peer, msg["seed"])
+    src_regions = patterns(peer_geometry, msg["seed"])
     equal, stray = verify(
-        peer,
+        peer_geometry,
         src_regions,
         geometry,
         regions,
