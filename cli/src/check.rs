@@ -16,7 +16,7 @@ pub struct CheckArgs {
     /// What must agree: `pool` (whole pages move between the pools), `storage` (stored page
     /// objects are interchangeable: adds memory_layout), or `token` (tokens convert per head
     /// across page sizes and tensor-parallel ranks).
-    #[arg(long, default_value = "pool")]
+    #[arg(long, value_enum, default_value = "pool")]
     pub level: Level,
 }
 

@@ -11,92 +11,6 @@ use kvlayout_models::{
     StateDtype, Tp, summary,
 };
 
-/// `--kv-dtype` values (case-insensitive; torch spellings accepted).
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-#[value(rename_all = "lower")]
-pub enum KvDtypeArg {
-    /// bfloat16.
-    #[value(alias = "bfloat16")]
-    Bf16,
-    /// fp8 e4m3 (DSA models: FlashMLA's 656-B sparse row).
-    #[value(alias = "float8_e4m3fn", alias = "f8e4m3")]
-    Fp8,
-}
-
-impl From<KvDtypeArg> for KvDtype {
-    fn from(a: KvDtypeArg) -> KvDtype {
-        match a {
-            KvDtypeArg::Bf16 => KvDtype::Bf16,
-            KvDtypeArg::Fp8 => KvDtype::Fp8,
-        }
-    }
-}
-
-/// `--index-k` values.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum IndexKArg {
-    /// 128 e4m3 + one f32 scale per 128: 132 B/token.
-    #[value(alias = "float8_e4m3fn")]
-    Fp8,
-    /// 128 bf16: 256 B/token.
-    #[value(alias = "bfloat16")]
-    Bf16,
-    /// 128 e2m1 + 4 ue8m0: 68 B/token.
-    Fp4,
-}
-
-impl From<IndexKArg> for IndexK {
-    fn from(a: IndexKArg) -> IndexK {
-        match a {
-            IndexKArg::Fp8 => IndexK::Fp8,
-            IndexKArg::Bf16 => IndexK::Bf16,
-            IndexKArg::Fp4 => IndexK::Fp4,
-        }
-    }
-}
-
-/// `--kv-layout` values (DeepSeek-V4's KV record).
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum KvLayoutArg {
-    /// SGLang DeepSeekV4SingleKVPool (FlashMLA): 584 B/token, pages padded to 576 B.
-    Flashmla,
-    /// SGLang DeepSeekV4UniformFP8KVPool (--dsv4-attn-backend trtllm): 512 B/token.
-    Trtllm,
-}
-
-impl From<KvLayoutArg> for KvLayout {
-    fn from(a: KvLayoutArg) -> KvLayout {
-        match a {
-            KvLayoutArg::Flashmla => KvLayout::FlashMla,
-            KvLayoutArg::Trtllm => KvLayout::Trtllm,
-        }
-    }
-}
-
-/// `--state-dtype` values.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum StateDtypeArg {
-    /// float32 (SGLang's default).
-    #[value(alias = "float32", alias = "fp32")]
-    F32,
-    /// bfloat16 (vLLM's default for a bf16 model).
-    #[value(alias = "bfloat16")]
-    Bf16,
-    /// float16.
-    #[value(alias = "float16", alias = "fp16")]
-    F16,
-}
-
-impl From<StateDtypeArg> for StateDtype {
-    fn from(a: StateDtypeArg) -> StateDtype {
-        match a {
-            StateDtypeArg::F32 => StateDtype::F32,
-            StateDtypeArg::Bf16 => StateDtype::Bf16,
-            StateDtypeArg::F16 => StateDtype::F16,
-        }
-    }
-}
-
 /// Arguments of `kvlayout describe`.
 #[derive(clap::Args)]
 pub struct DescribeArgs {
@@ -108,16 +22,18 @@ pub struct DescribeArgs {
     /// config.json, or a model directory holding one (DIR/config.json).
     #[arg(long)]
     pub model: String,
-    /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
+    /// KV cache dtype (case-insensitive; torch spellings accepted) [default: fp8 for DSA
+    /// models, bf16 otherwise].
     #[arg(long, value_enum, ignore_case = true)]
-    pub kv_dtype: Option<KvDtypeArg>,
-    /// Index-K dtype (DSA models) [default: fp8].
+    pub kv_dtype: Option<KvDtype>,
+    /// Index-K dtype (DSA models only: an error on a model without the indexer) [default: fp8].
     #[arg(long, value_enum, ignore_case = true)]
-    pub index_k: Option<IndexKArg>,
-    /// Linear-attention recurrent-state dtype [default: the config's mamba_ssm_dtype, else f32
-    /// as SGLang].
+    pub index_k: Option<IndexK>,
+    /// Linear-attention / Mamba recurrent-state dtype (models with such layers only: an error
+    /// on a model without recurrent state) [default: the config's mamba_ssm_dtype, else f32 as
+    /// SGLang].
     #[arg(long, value_enum, ignore_case = true)]
-    pub state_dtype: Option<StateDtypeArg>,
+    pub state_dtype: Option<StateDtype>,
     /// Tensor-parallel ranks: describe one rank's pool (KV heads split, replicated when fewer
     /// than ranks; MLA latent and index-K replicated). Without --tp no shard is written: for
     /// the TP-1 side of a `check --level token` against another TP size's rank, pass --tp 1.
@@ -127,14 +43,14 @@ pub struct DescribeArgs {
     #[arg(long, requires = "tp")]
     pub rank: Option<u64>,
     /// DeepSeek-V4's KV record: flashmla (584 B/token) or trtllm (512 B/token)
-    /// [default: flashmla].
+    /// (DeepSeek-V4 only: an error on another model) [default: flashmla].
     #[arg(long, value_enum, ignore_case = true)]
-    pub kv_layout: Option<KvLayoutArg>,
+    pub kv_layout: Option<KvLayout>,
     /// Tokens per page [default: the engine's: 256 for DeepSeek-V4 (SGLang on CUDA), else 64].
     #[arg(long)]
     pub page_size: Option<u64>,
-    /// Device pool pages (for the pool's total bytes).
-    #[arg(long, default_value_t = 1024)]
+    /// Device pool pages (for the pool's total bytes; not with --totals, which has none).
+    #[arg(long, default_value_t = 1024, conflicts_with = "totals")]
     pub pages: u64,
     /// Give every token buffer's page the bytes of the largest by raising its tokens per page,
     /// as vLLM's hybrid KV-cache allocator does (default: one page size, as SGLang).
@@ -174,16 +90,41 @@ fn exact(v: f64) -> String {
     }
 }
 
-/// The `--index-k` choice (fp8 when absent); says on stderr when the model has no DSA indexer
-/// to apply it to.
-pub fn index_k_for(model: &Model, arg: Option<IndexKArg>) -> IndexK {
+/// The `--index-k` choice (fp8 when absent).
+///
+/// # Errors
+/// `--index-k` given for a model without the DeepSeek sparse-attention indexer: the flag does
+/// not apply, and the message names it and the model.
+pub fn index_k_for(model: &Model, arg: Option<IndexK>) -> Result<IndexK, String> {
     if arg.is_some() && !model.has_index_k() {
-        eprintln!(
-            "note: --index-k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
+        return Err(format!(
+            "--index-k does not apply: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
             model.name
-        );
+        ));
     }
-    arg.unwrap_or(IndexKArg::Fp8).into()
+    Ok(arg.unwrap_or_default())
+}
+
+/// Refuses `--state-dtype` for a model without recurrent state (no linear-attention or Mamba
+/// layer). A model whose layers cannot be read passes here: that error comes with the pool.
+///
+/// # Errors
+/// The message names the flag and the model.
+fn check_state_dtype(model: &Model, arg: Option<StateDtype>) -> Result<(), String> {
+    let Some(_) = arg else { return Ok(()) };
+    let Ok(kinds) = model.layer_kinds() else {
+        return Ok(());
+    };
+    if kinds
+        .iter()
+        .any(|k| matches!(k, LayerKind::Linear | LayerKind::Mamba))
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "--state-dtype does not apply: {} has no linear-attention or Mamba layers (no recurrent state)",
+        model.name
+    ))
 }
 
 fn attention_text(a: BufferAttention) -> String {
@@ -282,23 +223,30 @@ pub fn run(args: &DescribeArgs) -> u8 {
         Err(e) => return fail(e),
     };
     if args.kv_layout.is_some() && model.config.compress_ratios.is_none() {
-        eprintln!(
-            "note: --kv-layout ignored: {} is not DeepSeek-V4 (no compress_ratios)",
+        return fail(format!(
+            "--kv-layout does not apply: {} is not DeepSeek-V4 (no compress_ratios)",
             model.name
-        );
+        ));
+    }
+    let index_k = match index_k_for(&model, args.index_k) {
+        Ok(i) => i,
+        Err(e) => return fail(e),
+    };
+    if let Err(e) = check_state_dtype(&model, args.state_dtype) {
+        return fail(e);
     }
     let page_size = args
         .page_size
         .unwrap_or_else(|| model.engine_page_size_tokens());
     let opts = Options {
-        kv_dtype: args.kv_dtype.map(Into::into),
-        index_k: index_k_for(&model, args.index_k),
+        kv_dtype: args.kv_dtype,
+        index_k,
         page_size_tokens: page_size,
         pages: args.pages,
         tp,
-        state_dtype: args.state_dtype.map(Into::into),
+        state_dtype: args.state_dtype,
         equal_page_bytes: args.equal_page_bytes,
-        kv_layout: args.kv_layout.map(Into::into).unwrap_or_default(),
+        kv_layout: args.kv_layout.unwrap_or_default(),
     };
     if args.totals {
         return match model.totals(&opts) {

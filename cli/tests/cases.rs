@@ -126,13 +126,24 @@ shared_case! {
     case_21_mamba_side_states_missing_on_host => "21-mamba-side-states-missing-on-host",
     case_22_hetero_tp_1_to_2_token_level => "22-hetero-tp-1-to-2-token-level",
     case_23_hetero_tp_1_to_2_pool_level => "23-hetero-tp-1-to-2-pool-level",
+    case_24_dsv4_pd_flashmla_584_vs_trtllm_512 => "24-dsv4-pd-flashmla-584-vs-trtllm-512",
+    case_25_mamba_conv_state_ds_vs_sd => "25-mamba-conv-state-ds-vs-sd",
+    case_26_compatible_hetero_block_size_16_vs_128_token_level =>
+        "26-compatible-hetero-block-size-16-vs-128-token-level",
+    case_27_invalid_dsv4_nope_scaled_per_128 => "27-invalid-dsv4-nope-scaled-per-128",
+    case_28_dsv4_c4_indexer_host_per_token_vs_per_row =>
+        "28-dsv4-c4-indexer-host-per-token-vs-per-row",
+    case_29_compatible_replicated_heads_tp2_to_tp4_token_level =>
+        "29-compatible-replicated-heads-tp2-to-tp4-token-level",
+    case_30_compatible_gdn_conv_split_groups_tp2_vs_tp4_token_level =>
+        "30-compatible-gdn-conv-split-groups-tp2-vs-tp4-token-level",
 }
 
 /// Every vendored case (a case added to the directory runs without a code change).
 #[test]
 fn every_shared_case_passes() {
     let dirs = case_dirs(&shared_cases());
-    assert!(dirs.len() >= 24, "found {} shared cases", dirs.len());
+    assert!(dirs.len() >= 31, "found {} shared cases", dirs.len());
     for d in dirs {
         run_case(&d);
     }

@@ -348,3 +348,74 @@ fn tp_1_is_the_token_level_peer_of_a_tp_2_rank() {
     assert!(help.contains("pass --tp 1"), "{help}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Regression: `--state-dtype` on a model without recurrent state was ignored silently; it is
+/// an error naming the flag and the model. On a model with linear-attention (Gated DeltaNet)
+/// or Mamba layers it applies.
+#[test]
+fn state_dtype_applies_to_models_with_recurrent_state_only() {
+    let (code, out, err) = describe(&["--model", "llama-3.1-8b", "--state-dtype", "bf16"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains(
+            "error: --state-dtype does not apply: llama-3.1-8b has no linear-attention or Mamba layers"
+        ),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+    for model in ["qwen3-coder-next", "nemotron-nano-9b-v2"] {
+        let (code, out, err) = describe(&["--model", model, "--state-dtype", "bf16"]);
+        assert_eq!(code, 0, "{model}: {err}");
+        assert!(out.contains("state: "), "{model}: {out}");
+    }
+}
+
+/// Regression: `--index-k` on a model without the DeepSeek indexer was a note ("ignored");
+/// it is an error naming the flag and the model.
+#[test]
+fn index_k_applies_to_dsa_models_only() {
+    let (code, out, err) = describe(&["--model", "llama-3.1-8b", "--index-k", "bf16"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains(
+            "error: --index-k does not apply: llama-3.1-8b has no DeepSeek sparse-attention indexer (no index_head_dim)"
+        ),
+        "{err}"
+    );
+    let (code, out, err) = describe(&["--model", "deepseek-v3.2-exp", "--index-k", "bf16"]);
+    assert_eq!(code, 0, "{err}");
+    // DeepSeek-V3.2 with bf16 index-K: 61 x (656 + 128 x 2) = 55,632 B/token.
+    assert!(
+        out.contains("total: 61 x (656 + 256) = 55,632 B/token"),
+        "{out}"
+    );
+}
+
+/// `--totals` has no pool pages: `--pages` next to it is refused by name.
+#[test]
+fn pages_with_totals_is_refused() {
+    let (code, out, err) = describe(&["--model", "gpt-oss-20b", "--totals", "--pages", "3"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("--totals") && err.contains("--pages"), "{err}");
+    assert!(out.is_empty(), "{out}");
+}
+
+/// The dtype flags take every spelling the models crate reads (its `from_name`), ignoring
+/// case: `fp8_e4m3` was taken in a config but refused on the command line.
+#[test]
+fn dtype_flags_take_the_model_crate_spellings() {
+    let totals = |kv: &str| {
+        let (code, out, err) = describe(&["--model", "llama-3.1-8b", "--kv-dtype", kv, "--totals"]);
+        assert_eq!(code, 0, "--kv-dtype {kv}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["full_bytes_per_token"].as_u64().unwrap()
+    };
+    // Llama-3.1-8B: 32 layers x (K + V) x 8 heads x 128 dims x 1 B (fp8).
+    for kv in ["fp8", "FP8_E4M3", "f8e4m3", "float8_e4m3fn"] {
+        assert_eq!(totals(kv), 32 * 2 * 8 * 128, "--kv-dtype {kv}");
+    }
+    // ... and x 2 B in bf16.
+    for kv in ["bf16", "BFloat16"] {
+        assert_eq!(totals(kv), 32 * 2 * 8 * 128 * 2, "--kv-dtype {kv}");
+    }
+}

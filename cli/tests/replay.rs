@@ -678,3 +678,132 @@ fn zero_host_pages_names_the_flag() {
         "{text}"
     );
 }
+
+/// Regression: a synthetic-workload flag on the (default) trace workload was ignored silently
+/// (`replay --sessions 80` ran the trace). Given at all, even at its default, it is refused.
+#[test]
+fn synthetic_flags_on_the_trace_workload_are_refused() {
+    let (code, text) = trace_replay("", &["--sessions", "80"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "error: --sessions belongs to --workload synthetic (this run's workload is trace)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("requests 12"), "{text}");
+    let (code, text) = trace_replay("", &["--turns", "3", "--concurrency", "16"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("error: --turns and --concurrency belong to --workload synthetic"),
+        "{text}"
+    );
+}
+
+/// Regression: `--write-policy`, `--prefill-tokens-per-s` and `--decode-ms-per-token` were
+/// ignored silently by the synthetic workload.
+#[test]
+fn trace_flags_on_the_synthetic_workload_are_refused() {
+    let (code, text) = replay(&["--write-policy", "write_through"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "error: --write-policy belongs to --workload trace (this run's workload is synthetic)"
+        ),
+        "{text}"
+    );
+    let (code, text) = replay(&[
+        "--decode-ms-per-token",
+        "20",
+        "--prefill-tokens-per-s",
+        "20000",
+        "--plot",
+        "x.svg",
+    ]);
+    assert_eq!(code, 2, "{text}");
+    // Named in the order of the help: --plot, then the HiCache timing flags.
+    assert!(
+        text.contains(
+            "error: --plot, --prefill-tokens-per-s and --decode-ms-per-token belong to --workload trace"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("sessions 8"), "{text}");
+}
+
+/// `--host-layout` takes the geometry file's names (as `describe --json` and Python spell
+/// them); the dashed names the CLI documented before still work. Regression:
+/// `--host-layout layer_first` was refused ("a similar value exists: 'layer-first'").
+#[test]
+fn host_layout_takes_the_file_names_and_the_old_dashed_ones() {
+    for (arg, shown) in [
+        ("layer_first", "layer_first"),
+        ("layer-first", "layer_first"),
+        ("page_first", "page_first"),
+        ("page-first", "page_first"),
+        ("page_first_direct", "page_first_direct"),
+    ] {
+        let (code, text) = trace_replay("", &["--host-layout", arg]);
+        assert_eq!(code, 0, "--host-layout {arg}: {text}");
+        assert!(
+            text.contains(&format!("host pool 96 pages, {shown} (mirror")),
+            "--host-layout {arg}: {text}"
+        );
+    }
+    let (code, text) = trace_replay("", &["--host-layout", "head_first"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("[possible values: layer_first, page_first, page_first_direct, page_head]"),
+        "{text}"
+    );
+}
+
+/// `--write-policy` takes SGLang's (and the report's) `write_through`, and the dashed name the
+/// README documented.
+#[test]
+fn write_policy_takes_both_spellings() {
+    for arg in ["write_through", "write-through"] {
+        let (code, text) = trace_replay("", &["--write-policy", arg]);
+        assert_eq!(code, 0, "--write-policy {arg}: {text}");
+        assert!(
+            text.contains("model of SGLang HiCache: write_through policy"),
+            "--write-policy {arg}: {text}"
+        );
+    }
+}
+
+/// Nothing dropped silently: `--host-layout` next to a host geometry file (which brings its own
+/// memory layout) is refused.
+#[test]
+fn host_layout_with_a_host_geometry_is_refused() {
+    let (code, text) = trace_replay(
+        "",
+        &["--host-geometry", "HOST", "--host-layout", "page_first"],
+    );
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "error: --host-layout: the --host-geometry file brings the host memory layout"
+        ),
+        "{text}"
+    );
+}
+
+/// Regression: `--index-k` on a model without the DeepSeek indexer was a note on stderr and
+/// the run went on; it is an error naming the flag and the model.
+#[test]
+fn index_k_on_a_model_without_the_indexer_is_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--model", "llama-3.1-8b", "--index-k", "bf16"])
+        .output()
+        .expect("run kvlayout");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "error: --index-k does not apply: llama-3.1-8b has no DeepSeek sparse-attention indexer"
+        ),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}

@@ -16,16 +16,28 @@ use crate::buffer::BufferGeometry;
 use crate::error::LayoutError;
 use crate::layout::{Arrangement, PageGeometry};
 
-/// Where pages of a whole pool sit in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Where pages of a whole pool sit in memory; serde reads and writes the geometry-file names
+/// (`layer_first`, `page_first`, `page_first_direct`, `page_head`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking the geometry-file names ([`Self::name`]:
+/// `layer_first`, ...) and, as aliases, the dashed spellings the CLI documented before
+/// (`layer-first`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "clap", value(rename_all = "snake_case"))]
 pub enum MemoryLayout {
     /// `[layer][page][...]` per buffer.
+    #[cfg_attr(feature = "clap", value(alias = "layer-first"))]
     LayerFirst,
     /// `[page][layer][...]` per buffer.
+    #[cfg_attr(feature = "clap", value(alias = "page-first"))]
     PageFirst,
     /// `[page][buffer][layer][...]`: one contiguous run per page.
+    #[cfg_attr(feature = "clap", value(alias = "page-first-direct"))]
     PageFirstDirect,
     /// `[page][head][layer][token][head row]` per buffer (MHA).
+    #[cfg_attr(feature = "clap", value(alias = "page-head"))]
     PageHead,
 }
 

@@ -66,11 +66,19 @@ pub enum Attention {
 }
 
 /// KV cache element type (`--kv-dtype`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum KvDtype {
     /// bfloat16.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// fp8 e4m3 (for DSA models: FlashMLA's 656-B sparse row).
+    #[cfg_attr(
+        feature = "clap",
+        value(alias = "fp8_e4m3", alias = "f8e4m3", alias = "float8_e4m3fn")
+    )]
     Fp8,
 }
 
@@ -86,12 +94,17 @@ impl KvDtype {
 }
 
 /// Index-K element type (`--index-k`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum IndexK {
     /// e4m3 + one f32 scale per 128 (132 B for 128 dims).
     #[default]
+    #[cfg_attr(feature = "clap", value(alias = "float8_e4m3fn"))]
     Fp8,
     /// bf16, no scale (256 B for 128 dims): the seed bug's device pool.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// e2m1 + one ue8m0 scale per 32 (68 B for 128 dims).
     Fp4,
@@ -99,25 +112,47 @@ pub enum IndexK {
 
 /// DeepSeek-V4 KV record (`--kv-layout`): which SGLang pool class writes the SWA and
 /// compressed KV rows (`deepseek_v4_memory_pool.py`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` (`flashmla`, `trtllm`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum KvLayout {
     /// `DeepSeekV4SingleKVPool` (the default FlashMLA backend): 448 e4m3 NoPE + 64 bf16 RoPE,
     /// then 7 ue8m0 scales + 1 pad byte: 584 B per token, pages padded to 576 B.
     #[default]
+    #[cfg_attr(feature = "clap", value(name = "flashmla"))]
     FlashMla,
     /// `DeepSeekV4UniformFP8KVPool` (`--dsv4-attn-backend trtllm`): 448 + 64 e4m3, 512 B per
     /// token, no in-cache scales, no padding.
     Trtllm,
 }
 
+impl IndexK {
+    /// Parses `fp8` / `float8_e4m3fn`, `bf16` / `bfloat16`, `fp4`, case-insensitively.
+    pub fn from_name(s: &str) -> Option<IndexK> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp8" | "float8_e4m3fn" => Some(IndexK::Fp8),
+            "bf16" | "bfloat16" => Some(IndexK::Bf16),
+            "fp4" => Some(IndexK::Fp4),
+            _ => None,
+        }
+    }
+}
+
 /// Recurrent-state element type (`--state-dtype`, or the config's `mamba_ssm_dtype`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum StateDtype {
     /// float32 (SGLang's default).
+    #[cfg_attr(feature = "clap", value(alias = "float32", alias = "fp32"))]
     F32,
     /// bfloat16.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// float16.
+    #[cfg_attr(feature = "clap", value(alias = "float16", alias = "fp16"))]
     F16,
 }
 

@@ -21,41 +21,18 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlayout_core::MemoryLayout;
-use kvlayout_models::{Model, PoolOptions};
+use kvlayout_models::{IndexK, KvDtype, Model, PoolOptions};
+use kvlayout_replay::schedule::WritePolicy;
 use kvlayout_replay::synthetic::{
     self as replay, ReplayInput, ReplayOutcome, ReplayReport, Workload,
 };
 use kvlayout_replay::trace_replay::{self, TraceInput, TraceOutcome};
 use kvlayout_replay::{HostSource, read_host_geometry};
 
-use super::describe::{IndexKArg, KvDtypeArg, thousands};
+use super::describe::thousands;
 
 mod plot;
 mod trace;
-
-/// `--host-layout` values.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum HostLayoutArg {
-    /// `[layer][page][...]` per buffer.
-    LayerFirst,
-    /// `[page][layer][...]` per buffer.
-    PageFirst,
-    /// `[page][buffer][layer][...]`: one contiguous run per page.
-    PageFirstDirect,
-    /// `[page][head][layer][token][dim]` (MHA models only).
-    PageHead,
-}
-
-impl From<HostLayoutArg> for MemoryLayout {
-    fn from(a: HostLayoutArg) -> MemoryLayout {
-        match a {
-            HostLayoutArg::LayerFirst => MemoryLayout::LayerFirst,
-            HostLayoutArg::PageFirst => MemoryLayout::PageFirst,
-            HostLayoutArg::PageFirstDirect => MemoryLayout::PageFirstDirect,
-            HostLayoutArg::PageHead => MemoryLayout::PageHead,
-        }
-    }
-}
 
 /// `--device` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -75,13 +52,14 @@ pub enum WorkloadArg {
     Synthetic,
 }
 
-/// `--write-policy` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum WritePolicyArg {
-    /// Back a page up to the host when it is evicted from the device.
-    WriteBack,
-    /// Back a page up when it is computed.
-    WriteThrough,
+impl WorkloadArg {
+    /// The value's spelling on the command line.
+    fn name(self) -> &'static str {
+        match self {
+            WorkloadArg::Trace => "trace",
+            WorkloadArg::Synthetic => "synthetic",
+        }
+    }
 }
 
 /// Arguments of `kvlayout replay`.
@@ -92,12 +70,14 @@ pub struct ReplayArgs {
     /// Hugging Face model directory (its config.json is read) or a path to a config.json.
     #[arg(long, default_value = "deepseek-v3.2-exp")]
     pub model: String,
-    /// Index-K dtype (bf16: the seed bug's device pool) [default: fp8, as `describe`].
-    #[arg(long, value_enum)]
-    pub index_k: Option<IndexKArg>,
-    /// KV cache dtype [default: fp8 for DSA models, bf16 otherwise].
-    #[arg(long, value_enum)]
-    pub kv_dtype: Option<KvDtypeArg>,
+    /// Index-K dtype (bf16: the seed bug's device pool; DSA models only: an error on a model
+    /// without the indexer) [default: fp8, as `describe`].
+    #[arg(long, value_enum, ignore_case = true)]
+    pub index_k: Option<IndexK>,
+    /// KV cache dtype (case-insensitive; torch spellings accepted) [default: fp8 for DSA
+    /// models, bf16 otherwise].
+    #[arg(long, value_enum, ignore_case = true)]
+    pub kv_dtype: Option<KvDtype>,
     /// Which workload runs.
     #[arg(long, value_enum, default_value = "trace")]
     pub workload: WorkloadArg,
@@ -129,27 +109,31 @@ pub struct ReplayArgs {
     /// 2 x device pages, SGLang's --hicache-ratio 2; synthetic: 512].
     #[arg(long)]
     pub host_pages: Option<u64>,
-    /// Memory layout of the mirrored host pool.
-    #[arg(long, value_enum, default_value = "layer-first")]
-    pub host_layout: HostLayoutArg,
-    /// Trace: when pages are written to the host (SGLang --hicache-write-policy).
-    #[arg(long, value_enum, default_value = "write-back")]
-    pub write_policy: WritePolicyArg,
-    /// Trace: prefill speed of one request, tokens per second (how long its pages stay locked).
-    #[arg(long, default_value_t = 20_000)]
-    pub prefill_tokens_per_s: u64,
-    /// Trace: decode time per output token, milliseconds.
-    #[arg(long, default_value_t = 20)]
-    pub decode_ms_per_token: u64,
-    /// Synthetic: multi-turn sessions (run `--concurrency` at a time).
-    #[arg(long, default_value_t = 80)]
-    pub sessions: u64,
-    /// Synthetic: turns per session.
-    #[arg(long, default_value_t = 3)]
-    pub turns: u64,
-    /// Synthetic: sessions in flight at once (a batch shares the device pool).
-    #[arg(long, default_value_t = 16)]
-    pub concurrency: u64,
+    /// Memory layout of the mirrored host pool (the geometry file's names; the dashed ones,
+    /// `layer-first`, are accepted too; not with --host-geometry, whose file brings its own)
+    /// [default: layer_first].
+    #[arg(long, value_enum)]
+    pub host_layout: Option<MemoryLayout>,
+    /// Trace: when pages are written to the host (SGLang --hicache-write-policy)
+    /// [default: write_back].
+    #[arg(long, value_enum)]
+    pub write_policy: Option<WritePolicy>,
+    /// Trace: prefill speed of one request, tokens per second (how long its pages stay locked)
+    /// [default: 20000].
+    #[arg(long)]
+    pub prefill_tokens_per_s: Option<u64>,
+    /// Trace: decode time per output token, milliseconds [default: 20].
+    #[arg(long)]
+    pub decode_ms_per_token: Option<u64>,
+    /// Synthetic: multi-turn sessions (run `--concurrency` at a time) [default: 80].
+    #[arg(long)]
+    pub sessions: Option<u64>,
+    /// Synthetic: turns per session [default: 3].
+    #[arg(long)]
+    pub turns: Option<u64>,
+    /// Synthetic: sessions in flight at once (a batch shares the device pool) [default: 16].
+    #[arg(long)]
+    pub concurrency: Option<u64>,
     /// Indexer top-k (8 of the model's 64 indexer heads are simulated; the model keeps 2048):
     /// at most the tokens it picks from.
     #[arg(long, default_value_t = 16)]
@@ -350,7 +334,7 @@ fn host_source(args: &ReplayArgs, default_pages: u64) -> Result<HostSource, Stri
         }),
         None => Ok(HostSource::Mirror {
             pages: args.host_pages.unwrap_or(default_pages),
-            memory_layout: args.host_layout.into(),
+            memory_layout: args.host_layout.unwrap_or(MemoryLayout::LayerFirst),
         }),
     }
 }
@@ -366,8 +350,87 @@ fn progress_bar(args: &ReplayArgs, len: u64, template: &str) -> Option<ProgressB
     })
 }
 
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_string(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// Refuses the flags given on the command line that the chosen workload does not read, and
+/// the host flags a `--host-geometry` file overrides: nothing is dropped silently.
+///
+/// # Errors
+/// One line naming every such flag and what it belongs to.
+fn check_applicable(args: &ReplayArgs) -> Result<(), String> {
+    // (flag, given) for the flags only the other workload reads.
+    let (other, flags) = match args.workload {
+        WorkloadArg::Trace => (
+            WorkloadArg::Synthetic,
+            vec![
+                ("--sessions", args.sessions.is_some()),
+                ("--turns", args.turns.is_some()),
+                ("--concurrency", args.concurrency.is_some()),
+            ],
+        ),
+        WorkloadArg::Synthetic => (
+            WorkloadArg::Trace,
+            vec![
+                ("--trace", args.trace.is_some()),
+                ("--plot", args.plot.is_some()),
+                ("--buffers", args.buffers.is_some()),
+                ("--write-policy", args.write_policy.is_some()),
+                (
+                    "--prefill-tokens-per-s",
+                    args.prefill_tokens_per_s.is_some(),
+                ),
+                ("--decode-ms-per-token", args.decode_ms_per_token.is_some()),
+            ],
+        ),
+    };
+    let given: Vec<&str> = flags
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
+    if !given.is_empty() {
+        let verb = if given.len() == 1 {
+            "belongs"
+        } else {
+            "belong"
+        };
+        return Err(format!(
+            "{} {verb} to --workload {} (this run's workload is {})",
+            and_list(&given),
+            other.name(),
+            args.workload.name()
+        ));
+    }
+    if args.host_geometry.is_some() {
+        if args.host_pages.is_some() {
+            return Err("--host-pages: the --host-geometry file brings the host pages".into());
+        }
+        if args.host_layout.is_some() {
+            return Err(
+                "--host-layout: the --host-geometry file brings the host memory layout".into(),
+            );
+        }
+    }
+    if args.require_gpu && args.device != DeviceArg::Cuda {
+        return Err(
+            "--require-gpu needs --device cuda (the device is cpu: nothing to require)".into(),
+        );
+    }
+    Ok(())
+}
+
 /// Runs the subcommand.
 pub fn run(args: &ReplayArgs) -> u8 {
+    if let Err(e) = check_applicable(args) {
+        eprintln!("error: {e}");
+        return 2;
+    }
     let model = match Model::load(&args.model) {
         Ok(m) => m,
         Err(e) => {
@@ -375,12 +438,6 @@ pub fn run(args: &ReplayArgs) -> u8 {
             return 2;
         }
     };
-    if args.require_gpu && args.device != DeviceArg::Cuda {
-        eprintln!(
-            "error: --require-gpu needs --device cuda (the device is cpu: nothing to require)"
-        );
-        return 2;
-    }
     let pools = match Pools::open(args.device, args.require_gpu) {
         Ok(p) => p,
         Err(e) => {
@@ -388,31 +445,28 @@ pub fn run(args: &ReplayArgs) -> u8 {
             return 2;
         }
     };
-    let index_k = super::describe::index_k_for(&model, args.index_k);
+    let index_k = match super::describe::index_k_for(&model, args.index_k) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
     let pool = PoolOptions {
-        kv_dtype: args.kv_dtype.map(Into::into),
+        kv_dtype: args.kv_dtype,
         index_k,
         // The engine's page: SGLang's 256 tokens for DeepSeek-V4, else 64.
         page_size_tokens: model.engine_page_size_tokens(),
         ..PoolOptions::default()
     };
-    if args.host_geometry.is_some() && args.host_pages.is_some() {
-        eprintln!("error: --host-pages: the --host-geometry file brings the host pages");
-        return 2;
-    }
     match args.workload {
-        WorkloadArg::Synthetic
-            if args.trace.is_some() || args.plot.is_some() || args.buffers.is_some() =>
-        {
-            eprintln!("error: --trace, --plot and --buffers belong to --workload trace");
-            2
-        }
         WorkloadArg::Synthetic => run_synthetic(args, model, pool, pools),
         WorkloadArg::Trace => trace::run_trace(args, model, pool, pools),
     }
 }
 
 fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -> u8 {
+    let (sessions, turns) = (args.sessions.unwrap_or(80), args.turns.unwrap_or(3));
     let host = match host_source(args, 512) {
         Ok(h) => h,
         Err(e) => {
@@ -426,19 +480,19 @@ fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pool
         host,
         verify: !args.no_verify,
         workload: Workload {
-            sessions: args.sessions,
+            sessions,
             seed: args.seed,
             layers: args.layers.unwrap_or(4),
-            turns: args.turns,
+            turns,
             top_k: args.top_k,
-            concurrency: args.concurrency,
+            concurrency: args.concurrency.unwrap_or(16),
             device_pages: args.device_pages.unwrap_or(128),
             ..Workload::default()
         },
     };
     let bar = progress_bar(
         args,
-        args.sessions.saturating_mul(args.turns),
+        sessions.saturating_mul(turns),
         "{bar:40} {pos}/{len} session-turns {elapsed}",
     );
     let (backend, backend_text) = (pools.name(), pools.describe());

@@ -1,14 +1,14 @@
 //! `kvlayout replay` on a trace (the default workload): runs [`kvlayout_replay::trace_replay`]
 //! and prints its report.
 
+use kvlayout_core::MemoryLayout;
 use kvlayout_models::{Model, PoolOptions};
 use kvlayout_replay::report::TraceReport;
 use kvlayout_replay::schedule::WritePolicy;
 use kvlayout_replay::trace_replay::{self, TraceHost, TraceInput, TraceOutcome};
 
 use super::{
-    Pools, ReplayArgs, WritePolicyArg, host_source, json_with_backend, print_refusal, progress_bar,
-    thousands,
+    Pools, ReplayArgs, host_source, json_with_backend, print_refusal, progress_bar, thousands,
 };
 
 pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -> u8 {
@@ -22,7 +22,7 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
         },
         None => TraceHost::Mirror {
             pages: args.host_pages,
-            memory_layout: args.host_layout.into(),
+            memory_layout: args.host_layout.unwrap_or(MemoryLayout::LayerFirst),
         },
     };
     let (trace, trace_name, trace_bytes): (Box<dyn std::io::BufRead>, String, u64) = match &args
@@ -81,12 +81,9 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
         top_k: args.top_k,
         indexer_heads: 8,
         seed: args.seed,
-        write_policy: match args.write_policy {
-            WritePolicyArg::WriteBack => WritePolicy::WriteBack,
-            WritePolicyArg::WriteThrough => WritePolicy::WriteThrough,
-        },
-        prefill_tokens_per_s: args.prefill_tokens_per_s,
-        decode_ms_per_token: args.decode_ms_per_token,
+        write_policy: args.write_policy.unwrap_or(WritePolicy::WriteBack),
+        prefill_tokens_per_s: args.prefill_tokens_per_s.unwrap_or(20_000),
+        decode_ms_per_token: args.decode_ms_per_token.unwrap_or(20),
         trace_name,
     };
     let bar = if trace_bytes == 0 {
