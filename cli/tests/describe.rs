@@ -254,6 +254,35 @@ fn the_worked_example_in_docs_is_what_describe_prints() {
 }
 
 #[test]
+fn readmes_deepseek_v4_table_and_totals_are_what_describe_prints() {
+    // README "DeepSeek-V4": the buffer table and --totals of deepseek-v4-flash, with the
+    // figures derived by hand beside them (models/tests/deepseek_v4.rs asserts each one).
+    let doc =
+        std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    for args in [
+        &["--model", "deepseek-v4-flash"][..],
+        &["--model", "deepseek-v4-flash", "--totals"][..],
+    ] {
+        let prompt = format!("$ kvlayout describe {}\n", args.join(" "));
+        let start = doc
+            .find(&prompt)
+            .unwrap_or_else(|| panic!("README lacks {prompt}"))
+            + prompt.len();
+        let rest = &doc[start..];
+        let end = rest.find("\n$ ").or_else(|| rest.find("\n```")).unwrap();
+        let (code, out, err) = describe(args);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out.trim_end(), rest[..end].trim_end(), "{prompt}");
+    }
+    let (_, out, _) = describe(&["--model", "deepseek-v4-flash", "--totals"]);
+    assert!(
+        out.contains("\"compressed_bytes_per_token\": 10570.25"),
+        "{out}"
+    );
+}
+
+#[test]
 fn bad_tp_and_rank_exit_2() {
     let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--tp", "0"]);
     assert_eq!(code, 2);
