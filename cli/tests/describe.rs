@@ -448,3 +448,43 @@ fn dtype_flags_take_the_model_crate_spellings() {
         assert_eq!(totals(kv), 32 * 2 * 8 * 128 * 2, "--kv-dtype {kv}");
     }
 }
+
+#[test]
+fn check_refuses_the_seeds_host_on_v4_geometry() {
+    // The device: describe --index-k bf16 (C4 index-K 128 x 2 = 256 B a row, 64 rows = 16,384 B
+    // a page); the host: configs/geometry/host-v4-c4-index-k-fp8-formula.json (the fp8 formula,
+    // 128 + 128 // 128 x 4 = 132 B a row, 8,448 B a page).
+    let dir = temp_dir("v4-seed");
+    let (code, out, err) = describe(&[
+        "--model",
+        "deepseek-v4-flash",
+        "--index-k",
+        "bf16",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let device = dir.join("device.json");
+    std::fs::write(&device, out).unwrap();
+    let host = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../configs/geometry/host-v4-c4-index-k-fp8-formula.json");
+    let check = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["check", device.to_str().unwrap(), host.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&check.stdout);
+    assert_eq!(check.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("c4_index_k.bytes_per_token: 256 B per 4 tokens, 132 B per 4 tokens"),
+        "{text}"
+    );
+    assert!(
+        text.contains("c4_index_k.page_stride_bytes: 16384, 8448"),
+        "{text}"
+    );
+    // Only the C4 index-K differs: the other six buffers are the device's.
+    assert!(
+        text.lines().skip(1).all(|l| l.starts_with("c4_index_k.")),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
