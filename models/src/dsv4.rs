@@ -166,6 +166,13 @@ pub(crate) fn plan(
             ),
         ));
     }
+    if opts.equal_page_bytes {
+        return Err(ModelError::field(
+            name,
+            "--equal-page-bytes",
+            "vLLM's hybrid allocator; SGLang's DeepSeek-V4 pool gives each buffer its own rows per 256-token page (not modelled for vLLM)",
+        ));
+    }
     if opts.kv_dtype == Some(KvDtype::Bf16) {
         return Err(ModelError::field(
             name,

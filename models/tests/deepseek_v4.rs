@@ -215,6 +215,15 @@ fn page_size_and_kv_dtype_sglang_does_not_allocate_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("--kv-dtype") && e.contains("bf16"), "{e}");
+    // vLLM's equal-page-bytes allocator is not SGLang's V4 pool: refused, not ignored.
+    let e = v4()
+        .plan(&Options {
+            equal_page_bytes: true,
+            ..opts()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--equal-page-bytes"), "{e}");
     // A ratio SGLang does not allocate.
     let text = std::fs::read_to_string(format!(
         "{}/../configs/deepseek-v4-flash-0731.json",
