@@ -137,7 +137,7 @@ pub(crate) fn plan(
         .transpose()?;
     let rglru = kinds
         .contains(&LayerKind::RgLru)
-        .then(|| crate::state::rg_lru(&kv))
+        .then(|| crate::state::rg_lru(&kv, opts.state_dtype))
         .transpose()?;
     if mla {
         let latent = kv.mla(kv_dtype, dsa)?;

@@ -370,13 +370,26 @@ pub(crate) fn kda(
 /// (`RecurrentGemmaRecurrentBlock._setup_cache`): the causal conv keeps `conv1d_width - 1`
 /// past positions of the `lru_width` channels in the model dtype (bf16 here), `[lru_width,
 /// conv1d_width - 1]`, and the RG-LRU keeps `[lru_width]` in f32 ("recurrent_states always
-/// computed in full precision"; `--state-dtype` does not apply). No engine shards it: `--tp`
-/// is refused.
+/// computed in full precision"; `--state-dtype` other than f32 is refused). No engine shards
+/// it: `--tp` is refused.
 ///
 /// RecurrentGemma-2B (lru_width 2,560, conv1d_width 4): conv 2,560 x 3 x 2 = 15,360 B;
 /// RG-LRU 2,560 x 4 = 10,240 B.
-pub(crate) fn rg_lru(kv: &Kv<'_>) -> Result<(Built, Built), ModelError> {
+pub(crate) fn rg_lru(
+    kv: &Kv<'_>,
+    state_dtype: Option<StateDtype>,
+) -> Result<(Built, Built), ModelError> {
     let c = kv.c;
+    if let Some(d) = state_dtype.filter(|&d| d != StateDtype::F32) {
+        return Err(ModelError::field(
+            kv.name,
+            "--state-dtype",
+            format!(
+                "{}: RecurrentGemma's RG-LRU state is always f32 (transformers: \"recurrent_states always computed in full precision\")",
+                d.name()
+            ),
+        ));
+    }
     if let Some(tp) = kv.tp {
         return Err(ModelError::field(
             kv.name,

@@ -88,6 +88,15 @@ fn recurrent_gemma_attends_in_one_layer_of_three_over_a_window() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("block_types") && e.contains("--tp 2"), "{e}");
+    // The RG-LRU state is f32 in transformers: --state-dtype bf16 is refused, not ignored.
+    let e = m
+        .totals(&Options {
+            state_dtype: Some(StateDtype::Bf16),
+            ..Options::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--state-dtype") && e.contains("bf16"), "{e}");
     // An unknown block type is named.
     let bad = config("recurrentgemma-2b.json").replace("\"attention\"]", "\"mlp\"]");
     let e = Model::parse("rg", "rg", &bad)
