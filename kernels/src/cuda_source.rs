@@ -25,6 +25,11 @@ pub const THREADS_PER_BLOCK: u32 = 256;
 /// `COPY_UNROLL * vector bytes`).
 pub const COPY_UNROLL: u64 = 4;
 
+/// Vectors of 16 bytes each thread of the uniform run kernel (`copy_runs_uniform`, the
+/// token-granular path) loads before it stores: 128 bytes in flight per thread, 128 KiB per SM
+/// at its 4 blocks of 256 threads.
+pub(crate) const FLAT_UNROLL: u64 = 8;
+
 /// Tokens each warp of the quantizer loads before it converts (a half-warp per token; bytes in
 /// flight per warp = `QUANT_TOKENS_PER_WARP * 256`).
 pub const QUANT_TOKENS_PER_WARP: u64 = 8;
@@ -55,6 +60,7 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 
 #define COPY_UNROLL 4
+#define FLAT_UNROLL 8
 #define QUANT_TPW 8
 #define INV448_BITS 0x3b124925u
 #define AMAX_FLOOR_BITS 0x38d1b717u
@@ -359,6 +365,45 @@ extern "C" __global__ void __launch_bounds__(256) copy_runs(
             warp_copy<unsigned int>(s, d, r.len, lane);
         } else {
             warp_copy<unsigned char>(s, d, r.len, lane);
+        }
+    }
+}
+
+// Runs of one length, `vpr` 16-byte vectors each (every offset and both bases 16-byte
+// aligned; checked on the host), flattened: thread t of the grid copies vectors t, t + G,
+// t + 2G, ... of the list's n * vpr vectors (G threads in the grid), FLAT_UNROLL loads in
+// flight before its stores, so a warp reads 512 contiguous bytes of one run (or of two
+// neighbouring runs) and every lane is busy whatever the run length. The token-granular path
+// (a token of one layer per run: 2,048 B for Llama-3.1-8B's K or V in bf16, 1,152 B for an MLA
+// latent). The lists are checked before the launch (on the host, or by validate_runs on the
+// stream); this kernel only reads the error record.
+extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
+    const Run* __restrict__ runs, u64 n, u64 vpr, const unsigned char* src, unsigned char* dst,
+    unsigned long long* err)
+{
+    if (*((volatile const u64*)err) != 0) return;
+    const u32 v_per_run = (u32)vpr;
+    const u32 total = (u32)(n * vpr);
+    const u32 stride = gridDim.x * blockDim.x;
+    for (u32 first = blockIdx.x * blockDim.x + threadIdx.x; first < total;
+         first += stride * FLAT_UNROLL) {
+        uint4 buf[FLAT_UNROLL];
+        uint4* to[FLAT_UNROLL];
+#pragma unroll
+        for (int k = 0; k < FLAT_UNROLL; ++k) {
+            const u32 g = first + (u32)k * stride;
+            if (g < total) {
+                const u32 r = g / v_per_run;
+                const u32 v = g - r * v_per_run;
+                const u64 so = runs[r].src;
+                const u64 dof = runs[r].dst;
+                buf[k] = reinterpret_cast<const uint4*>(src + so)[v];
+                to[k] = reinterpret_cast<uint4*>(dst + dof) + v;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < FLAT_UNROLL; ++k) {
+            if (first + (u32)k * stride < total) *to[k] = buf[k];
         }
     }
 }

@@ -1316,3 +1316,164 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
     gpu.set_model_carveout_sms(0).unwrap();
     assert_eq!(gpu.model_carveout_sms(), None);
 }
+
+/// A pool of page size 1: Llama-3.1-8B-like (`llama`: K and V buffers of 8 x 128 bf16, 2,048
+/// B per token and layer each, `layers` layers) or DeepSeek-V3 MLA (one buffer of 576 bf16,
+/// 1,152 B), `tokens` slots.
+fn page1_pool(llama: bool, memory_layout: MemoryLayout, tokens: u64, layers: u64) -> PoolGeometry {
+    let buffers = if llama {
+        ["k", "v"]
+            .map(|name| {
+                let layout =
+                    formats::single(name, kvlayout_core::Dtype::Bf16, vec![8, 128]).unwrap();
+                BufferGeometry::new(name, layers, layout)
+            })
+            .to_vec()
+    } else {
+        vec![BufferGeometry::new("kv", layers, formats::MLA_BF16)]
+    };
+    PoolGeometry {
+        name: format!("page size 1 {memory_layout}"),
+        page_size_tokens: 1,
+        pages: tokens,
+        memory_layout,
+        buffers,
+    }
+}
+
+/// Token runs between random slots: per layer of `layers` (one list each, a load's), or one
+/// list of all layers laid token by token, each buffer's layers in turn (a backup's, as the
+/// pool shim lays it).
+fn page1_runs(
+    rng: &mut SplitMix64,
+    src: &PoolGeometry,
+    dst: &PoolGeometry,
+    tokens: usize,
+    per_layer: bool,
+) -> Vec<Vec<ByteRun>> {
+    let (s_slots, d_slots) = (
+        rng.distinct_below(src.pages, tokens),
+        rng.distinct_below(dst.pages, tokens),
+    );
+    let layers = src.buffers[0].layers;
+    let run = |b: usize, layer: u64, s: u64, d: u64| {
+        ByteRun::new(
+            src.page_offset_bytes(b, layer, s).unwrap(),
+            dst.page_offset_bytes(b, layer, d).unwrap(),
+            src.stored_page_bytes(b).unwrap(),
+        )
+    };
+    let buffers = src.buffers.len();
+    if per_layer {
+        (0..layers)
+            .map(|layer| {
+                let mut runs = Vec::new();
+                for (&s, &d) in s_slots.iter().zip(&d_slots) {
+                    for b in 0..buffers {
+                        runs.push(run(b, layer, s, d));
+                    }
+                }
+                runs
+            })
+            .collect()
+    } else {
+        let mut runs = Vec::new();
+        for (&s, &d) in s_slots.iter().zip(&d_slots) {
+            for b in 0..buffers {
+                for layer in 0..layers {
+                    runs.push(run(b, layer, s, d));
+                }
+            }
+        }
+        vec![runs]
+    }
+}
+
+/// Page size 1 (token-granular runs of one length: 2,048 B for Llama's K or V, 1,152 B for an
+/// MLA latent) through the chooser, without and with a carve-out, against the pool crate's
+/// CPU backend bit for bit: loads layer by layer go to the token kernel (`copy_runs_uniform`)
+/// on `SM_BUDGET` SMs or on the carve-out, a backup of all layers to the token kernel without
+/// a carve-out (18,300 runs: two slots of the run ring) and gathered on the carve-out with
+/// one (a token's layers lie together on a `page_first` host). A list with one run past the
+/// end is refused with both sides unchanged.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn page_size_1_token_runs_match_the_pool_cpu_backend() {
+    let gpu = gpu();
+    let mut rng = SplitMix64::new(2501);
+    for carveout in [None, Some(2u32)] {
+        if let Some(k) = carveout {
+            gpu.set_model_carveout_sms(k).unwrap();
+        }
+        for (llama, layers) in [(true, 4u64), (false, 61)] {
+            let host = page1_pool(llama, MemoryLayout::PageFirst, 700, layers);
+            let device = page1_pool(llama, MemoryLayout::LayerFirst, 500, layers);
+            for h2d in [true, false] {
+                let (sp, dp) = if h2d {
+                    (&host, &device)
+                } else {
+                    (&device, &host)
+                };
+                let src_bytes = rng.bytes(sp.total_bytes().unwrap() as usize);
+                let poison = rng.bytes(dp.total_bytes().unwrap() as usize);
+                let src = Buf::new(&gpu, h2d, &src_bytes);
+                let mut dst = Buf::new(&gpu, !h2d, &poison);
+                let order = if h2d {
+                    RunOrder::SrcAscending
+                } else {
+                    RunOrder::DstAscending
+                };
+                let lists = page1_runs(&mut rng, sp, dp, 300, h2d);
+                let mut expect = poison.clone();
+                for runs in &lists {
+                    let path = gpu
+                        .transfer_runs(src.bytes(), dst.bytes_mut(), runs, order)
+                        .unwrap();
+                    let n = runs.len() as u64;
+                    // 300 tokens x 2 buffers per layer (Llama), 300 x 61 layers (MLA backup).
+                    assert_eq!(
+                        n,
+                        if h2d {
+                            300 * sp.buffers.len() as u64
+                        } else {
+                            300 * sp.buffers.len() as u64 * layers
+                        }
+                    );
+                    let expected_path = match (carveout, h2d) {
+                        (None, _) => TransferPath::SmKernel {
+                            max_sms: SM_BUDGET,
+                            runs: n,
+                        },
+                        (Some(k), true) => TransferPath::SmKernel {
+                            max_sms: k,
+                            runs: n,
+                        },
+                        (Some(k), false) => TransferPath::GatheredBackup {
+                            max_sms: k,
+                            runs: n,
+                        },
+                    };
+                    assert_eq!(path, expected_path, "llama={llama} h2d={h2d}");
+                    expect = cpu_reference(&src_bytes, &expect, runs);
+                }
+                assert!(
+                    dst.read(&gpu) == expect,
+                    "page size 1, llama={llama}, h2d={h2d}, carve-out {carveout:?}"
+                );
+                // One run past the destination's end: refused, nothing moved.
+                let dst_len = dp.total_bytes().unwrap();
+                let mut bad = lists[0].clone();
+                bad[7] = ByteRun::new(0, dst_len - 16, 2048.min(bad[7].len_bytes));
+                let before = dst.read(&gpu);
+                let err = gpu
+                    .transfer_runs(src.bytes(), dst.bytes_mut(), &bad, order)
+                    .unwrap_err();
+                assert!(
+                    matches!(err, KernelError::RunOutOfRange { position: 7, .. }),
+                    "{err:?}"
+                );
+                assert!(dst.read(&gpu) == before, "a refused list moved bytes");
+            }
+        }
+    }
+}

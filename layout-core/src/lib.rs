@@ -48,18 +48,21 @@ pub mod formats;
 mod geometry;
 mod layout;
 pub mod level;
+pub mod plan;
+mod regions;
 mod section;
 mod totals;
 
 pub use buffer::{Attention, BufferGeometry, Shard, ShardSplit};
 pub use diff::{FieldDiff, Mismatch, arrangement_text, buffer_summary, compare, compare_at};
 pub use dtype::Dtype;
-pub use duplicate_keys::check_unique_keys;
+pub use duplicate_keys::{DuplicateKey, check_unique_keys, find_duplicate_key};
 pub use elem::Element;
 pub use error::LayoutError;
 pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error};
 pub use layout::{Arrangement, PageGeometry, TokenLayout};
 pub use level::Level;
+pub use regions::{POOL_REGION, Placement, Region};
 pub use section::{ScaleOf, Section};
 pub use totals::Totals;
 

@@ -108,6 +108,20 @@ pub enum TransferError {
         /// Largest layer count.
         layers: u64,
     },
+    /// A model layer id no buffer serves (the buffers give `layer_ids`).
+    #[error(
+        "layer {layer}: no buffer serves model layer {layer} (the buffers' layer_ids cover {served} layers, {first}..={last})"
+    )]
+    ModelLayer {
+        /// Requested model layer id.
+        layer: u64,
+        /// Model layers served by some buffer.
+        served: u64,
+        /// Smallest served.
+        first: u64,
+        /// Largest served.
+        last: u64,
+    },
     /// A page index past the end of one side.
     #[error("pairs[{pair}]: {side} page {page} out of range ({side} pool has {pages} pages)")]
     PageOutOfRange {

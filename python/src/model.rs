@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kvlayout_models::{Attention, IndexK, KvDtype, Model, Options, StateDtype, Tp};
+use kvlayout_models::{IndexK, KvDtype, KvLayout, Model, Options, StateDtype, Tp};
 use pyo3::exceptions::{PyTypeError, PyUserWarning};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBool, PyInt};
@@ -22,7 +22,7 @@ fn load(
     tp: Option<&Bound<'_, PyAny>>,
     rank: Option<&Bound<'_, PyAny>>,
     state_dtype: Option<&str>,
-    page_size_tokens: u64,
+    page_size_tokens: Option<u64>,
     pages: u64,
     equal_page_bytes: bool,
 ) -> PyResult<(Model, Options)> {
@@ -91,7 +91,7 @@ fn load(
         ));
     }
     let m = Model::load(name).map_err(|e| errors::model_error(py, e.to_string()))?;
-    if index_k.is_some() && m.attention() != Attention::MlaDsa {
+    if index_k.is_some() && !m.has_index_k() {
         let msg = format!(
             "index_k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
             m.name
@@ -104,6 +104,8 @@ fn load(
             1,
         )?;
     }
+    // The engine's page when not given: SGLang's 256 tokens for DeepSeek-V4, else 64.
+    let page_size_tokens = page_size_tokens.unwrap_or_else(|| m.engine_page_size_tokens());
     let opts = Options {
         kv_dtype,
         index_k: index_k_choice,
@@ -112,6 +114,8 @@ fn load(
         tp,
         state_dtype,
         equal_page_bytes,
+        // DeepSeek-V4's KV record: SGLang's default FlashMLA pool (584 B/token).
+        kv_layout: KvLayout::FlashMla,
     };
     Ok((m, opts))
 }
@@ -165,12 +169,13 @@ pub(crate) fn count_arg(py: Python<'_>, field: &str, v: &Bound<'_, PyAny>) -> Py
 /// fp8; a `UserWarning` on a model without an indexer); `tp`, `rank`: tensor-parallel size and
 /// this rank (default one rank, with no `shard`: pass `tp=1` for the TP-1 side of a
 /// token-level `compare` against another TP size's rank); `state_dtype`: recurrent-state dtype ("f32" | "bf16" | "f16");
-/// `page_size_tokens`, `pages`: the pool's page size and page count; `equal_page_bytes`: give
+/// `page_size_tokens`, `pages`: the pool's page size (default the engine's: 256 for
+/// DeepSeek-V4 as SGLang allocates it, 64 otherwise) and page count; `equal_page_bytes`: give
 /// every token buffer's page the bytes of the largest (vLLM's hybrid allocator).
 /// Raises `ModelError` (unreadable config, a field that changes the cache and is not modelled,
 /// named) or `ValueError` (a bad option, named).
 #[pyfunction]
-#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = None, pages = None, equal_page_bytes = false), text_signature = "(model, kv_dtype=None, index_k=None, tp=None, rank=None, *, state_dtype=None, page_size_tokens=64, pages=1024, equal_page_bytes=False)")]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = None, pages = None, equal_page_bytes = false), text_signature = "(model, kv_dtype=None, index_k=None, tp=None, rank=None, *, state_dtype=None, page_size_tokens=None, pages=1024, equal_page_bytes=False)")]
 #[allow(clippy::too_many_arguments)]
 pub fn describe(
     py: Python<'_>,
@@ -184,10 +189,9 @@ pub fn describe(
     pages: Option<&Bound<'_, PyAny>>,
     equal_page_bytes: bool,
 ) -> PyResult<Geometry> {
-    let page_size_tokens = match page_size_tokens {
-        Some(p) => count_arg(py, "page_size_tokens", p)?,
-        None => 64,
-    };
+    let page_size_tokens = page_size_tokens
+        .map(|p| count_arg(py, "page_size_tokens", p))
+        .transpose()?;
     let pages = match pages {
         Some(p) => count_arg(py, "pages", p)?,
         None => 1024,
@@ -213,7 +217,9 @@ pub fn describe(
 /// The per-rank totals of a model, as `kvlayout describe --totals`: a dict with `model`,
 /// `full_bytes_per_token` (full-attention buffers, bytes per token x layers),
 /// `window_bytes_per_request_max` (sliding / chunked buffers, x window, no page rounding),
-/// `state_bytes_per_request` (recurrent state, slot bytes x layers) and `layers_by_attention`.
+/// `state_bytes_per_request` (recurrent state, slot bytes x layers),
+/// `compressed_bytes_per_token` (buffers storing one row per R > 1 tokens: row bytes x layers /
+/// R, an int when whole, else a float: DeepSeek-V4-Flash 10570.25) and `layers_by_attention`.
 /// Options as `describe`.
 #[pyfunction]
 #[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None))]
@@ -234,7 +240,7 @@ pub fn totals<'py>(
         tp,
         rank,
         state_dtype,
-        64,
+        None,
         1024,
         false,
     )?;

@@ -711,3 +711,99 @@ fn gpu_clones_share_waits_and_separate_backends_do_not() {
     assert!(a.shares_waits_with(&a.clone()));
     assert!(!a.shares_waits_with(&b));
 }
+
+/// A pool of page size 1 (SGLang's default for FlashAttention-3 and FlashInfer): K and V
+/// buffers of 8 heads x 128 bf16 (2 x 8 x 128 x 2 = 2 x 2,048 B per token and layer), 4
+/// layers, `pages` one-token pages, `layer_first` (the device pool).
+fn page1() -> PoolGeometry {
+    let kv = |name: &'static str| {
+        let layout = formats::single(name, kvlayout_core::Dtype::Bf16, vec![8, 128]).unwrap();
+        kvlayout_core::BufferGeometry::new(name, 4, layout)
+    };
+    PoolGeometry {
+        name: "page size 1".into(),
+        page_size_tokens: 1,
+        pages: 500,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![kv("k"), kv("v")],
+    }
+}
+
+/// 300 pairs of distinct random device (of 500) and host (of 800) pages.
+fn page1_pairs() -> Vec<PagePair> {
+    let mut device: Vec<u64> = (0..500).collect();
+    let mut host: Vec<u64> = (0..800).collect();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = |n: usize| {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) % n as u64) as usize
+    };
+    for i in (1..device.len()).rev() {
+        device.swap(i, next(i + 1));
+    }
+    for i in (1..host.len()).rev() {
+        host.swap(i, next(i + 1));
+    }
+    (0..300)
+        .map(|i| PagePair::new(device[i], host[i]))
+        .collect()
+}
+
+/// Page size 1 through the pools: a load layer by layer and a backup of all layers (2,048 B
+/// token runs: the token kernel, or gathered on a carve-out) on `backend`; both pools after
+/// each step.
+fn page1_transfers<B: Backend>(backend: B) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let device = DevicePool::new_in(backend, page1()).unwrap();
+    let host = HostPool::mirror_of(&device, 800, MemoryLayout::PageFirst).unwrap();
+    let mut cache = HiCache::pair(device, host).unwrap();
+    fill_random(cache.host_writer(), 25);
+    poison(cache.device_writer());
+    let pairs = page1_pairs();
+    let mut steps = Vec::new();
+    for layer in 0..4 {
+        assert_eq!(cache.load_layer(layer, &pairs).unwrap().pairs, 300);
+        steps.push(snapshots(&cache));
+    }
+    // Back up every layer to other host pages (the pairs' host pages shifted by one page).
+    fill_random(cache.device_writer(), 26);
+    poison(cache.host_writer());
+    let back: Vec<PagePair> = pairs
+        .iter()
+        .map(|p| PagePair::new(p.device_page, (p.host_page + 1) % 800))
+        .collect();
+    assert_eq!(cache.backup(&back).unwrap().pairs, 300);
+    steps.push(snapshots(&cache));
+    steps
+}
+
+#[test]
+fn cpu_page_size_1_loads_and_backups_move_every_token() {
+    let steps = page1_transfers(CpuBackend);
+    // After the last layer's load, device page d of layer l holds host page h's bytes for each
+    // pair (host page_first: page h, layer l of buffer k at (h x 4 + l) x 2,048).
+    let (device, host) = &steps[3];
+    let p = page1_pairs()[0];
+    let g = page1();
+    for (b, l) in [(0usize, 0u64), (1, 3)] {
+        let d = g.page_offset_bytes(b, l, p.device_page).unwrap() as usize;
+        let buffer_base = b * 800 * 4 * 2048;
+        let h = buffer_base + ((p.host_page * 4 + l) * 2048) as usize;
+        assert_eq!(device[d..d + 2048], host[h..h + 2048]);
+        assert!(device[d..d + 2048].iter().all(|&v| v != POISON));
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored on the device machine"]
+fn gpu_page_size_1_loads_and_backups_match_the_cpu_backend() {
+    let Some(cuda) = gpu("gpu_page_size_1_loads_and_backups_match_the_cpu_backend") else {
+        return;
+    };
+    let want = page1_transfers(CpuBackend);
+    assert!(page1_transfers(cuda.clone()) == want, "no carve-out");
+    cuda.gpu().set_model_carveout_sms(2).unwrap();
+    assert!(page1_transfers(cuda.clone()) == want, "carve-out of 2 SMs");
+    cuda.gpu().set_model_carveout_sms(0).unwrap();
+}

@@ -27,6 +27,7 @@ mod quantizer;
 mod run_ring;
 mod runs;
 mod staging;
+mod token_runs;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -110,6 +111,7 @@ struct Kernels {
     dequantize: CudaFunction,
     validate_runs: CudaFunction,
     copy_runs: CudaFunction,
+    copy_runs_uniform: CudaFunction,
 }
 
 /// One kernel argument: a parameter struct passed by value, or a 64-bit word (an address or a
@@ -340,6 +342,7 @@ impl Gpu {
             dequantize: f("dequantize_index_k")?,
             validate_runs: f("validate_runs")?,
             copy_runs: f("copy_runs")?,
+            copy_runs_uniform: f("copy_runs_uniform")?,
             _module: module,
         })
     }
@@ -353,6 +356,7 @@ impl Gpu {
             ("dequantize_index_k".to_string(), &k.dequantize),
             ("validate_runs".to_string(), &k.validate_runs),
             ("copy_runs".to_string(), &k.copy_runs),
+            ("copy_runs_uniform".to_string(), &k.copy_runs_uniform),
         ];
         for (w, f32_, f64_) in &k.copy {
             fs.push((format!("copy_items_v{w}_u32"), f32_));

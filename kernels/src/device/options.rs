@@ -347,7 +347,10 @@ impl TransferPath {
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
-    ///   [`SM_BUDGET`] SMs without one.
+    ///   [`SM_BUDGET`] SMs without one; with a carve-out, a backup of at least
+    ///   [`CARVEOUT_MIN_RUNS`] token runs is gathered on it too (a token's layers lie
+    ///   together in a `page_first` host pool: one host stretch per token and buffer), and
+    ///   keeps the kernel when gathering does not pay ([`crate::Gpu::enqueue_transfer_runs`]).
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,
@@ -357,7 +360,7 @@ impl TransferPath {
         let long = TransferPath::mean_is_long(runs);
         let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
-            Some(k) if long && many && direction == TransferDirection::Backup => {
+            Some(k) if many && direction == TransferDirection::Backup => {
                 TransferPath::GatheredBackup {
                     max_sms: k,
                     runs: count,

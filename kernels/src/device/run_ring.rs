@@ -71,7 +71,6 @@ impl Gpu {
         shape: LaunchShape,
         list_from_host: bool,
     ) -> Result<(), KernelError> {
-        let k = self.kernels()?;
         let mut guard = self
             .run_ring
             .lock()
@@ -101,15 +100,7 @@ impl Gpu {
         for part in runs.chunks(RUN_RING_SLOT_RUNS) {
             // SAFETY: forwarded to the caller.
             let queued = unsafe {
-                self.enqueue_one_slot(
-                    stream,
-                    ring,
-                    &k.copy_runs,
-                    (src, dst),
-                    part,
-                    shape,
-                    list_from_host,
-                )
+                self.enqueue_one_slot(stream, ring, (src, dst), part, shape, list_from_host)
             };
             if let Err(e) = queued {
                 // Something may be queued that reads a slot whose event was not recorded:
@@ -137,7 +128,6 @@ impl Gpu {
         &self,
         stream: &CudaStream,
         ring: &mut RunRing,
-        copy_runs: &cudarc::driver::CudaFunction,
         (src, dst): (&dyn GpuBytes, &mut dyn GpuBytes),
         part: &[ByteRun],
         shape: LaunchShape,
@@ -178,9 +168,7 @@ impl Gpu {
         // SAFETY: the list holds the part's runs (the host half, written above, or the device
         // half, copied in stream order before the launch); every run lies inside both buffers
         // (caller).
-        unsafe {
-            self.launch_checked_run_list(stream, copy_runs, (list, part.len()), src, dst, shape)?
-        };
+        unsafe { self.launch_run_list(stream, list, part, src, dst, shape)? };
         ring.done[slot]
             .record(stream)
             .map_err(driver_err("cuEventRecord"))?;

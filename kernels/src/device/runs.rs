@@ -60,7 +60,12 @@ impl Gpu {
         }
         let (src_len, dst_len) = (src.len_bytes(), dst.len_bytes());
         let k = self.kernels()?;
-        let self_check = n <= SELF_CHECK_MAX_ITEMS;
+        let uniform = super::token_runs::uniform_vectors(
+            &runs.host,
+            (src.device_address(), dst.device_address()),
+        );
+        // The uniform kernel does not check its list: a validation launch always goes first.
+        let self_check = n <= SELF_CHECK_MAX_ITEMS && uniform.is_none();
         if !self_check {
             let args = [
                 Arg::Word(runs.address()),
@@ -80,6 +85,20 @@ impl Gpu {
             };
         }
         self.note(PendingCheck::Runs(runs.host.clone(), src_len, dst_len))?;
+        if let Some(vectors_per_run) = uniform {
+            // SAFETY: the list holds n uniform runs (checked just above), each checked against
+            // both lengths by the validation launch before it on the stream.
+            return unsafe {
+                self.launch_uniform(
+                    &self.stream,
+                    &k.copy_runs_uniform,
+                    (runs.address(), n, vectors_per_run),
+                    src,
+                    dst,
+                    shape,
+                )
+            };
+        }
         let args = [
             Arg::Word(runs.address()),
             Arg::Word(n),
@@ -315,9 +334,17 @@ impl Gpu {
             if let Some(path) = gathered {
                 return Ok(path);
             }
-            // Not gathered (module docs of `gathered`): the copy engines.
-            path = TransferPath::CopyEngines {
-                runs: merged.len() as u64,
+            // Not gathered (module docs of `gathered`): the copy engines for page runs, the
+            // run-list kernel on the carve-out for token runs.
+            path = if TransferPath::mean_is_long(&merged) {
+                TransferPath::CopyEngines {
+                    runs: merged.len() as u64,
+                }
+            } else {
+                TransferPath::SmKernel {
+                    max_sms,
+                    runs: merged.len() as u64,
+                }
             };
         }
         match path {
@@ -339,7 +366,10 @@ impl Gpu {
                         src,
                         dst,
                         &merged,
-                        LaunchShape::sm_budget(max_sms),
+                        LaunchShape {
+                            blocks_per_sm: super::token_runs::TOKEN_BLOCKS_PER_SM,
+                            ..LaunchShape::sm_budget(max_sms)
+                        },
                         false,
                     )?
                 }

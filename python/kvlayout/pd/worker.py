@@ -20,13 +20,7 @@ import numpy as np
 import kvlayout
 
 from . import checksums, handshake
-from .plan import page_plan, token_plan
-from .regions import buffer_layouts
-from .verify import pattern, verify
-
-
-def _layouts(geometry: kvlayout.Geometry):
-    return buffer_layouts(json.loads(geometry.to_json()), geometry.buffers)
+from .verify import patterns, verify
 
 
 def _side(cfg: dict):
@@ -46,15 +40,14 @@ def _emit(obj: dict) -> None:
 
 def prefill(cfg: dict) -> None:
     geometry = kvlayout.Geometry.from_json(cfg["geometry"])
-    layouts = _layouts(geometry)
-    regions = {name: pattern(lay, cfg["seed"], i) for i, (name, lay) in enumerate(layouts.items())}
+    regions = patterns(geometry, cfg["seed"])
     side = _side(cfg)
     side.register(regions)
     addrs = {name: [a.ctypes.data, a.nbytes] for name, a in regions.items()}
     published = geometry if cfg.get("publish_geometry", True) else None
     # The pages offered are final now: their checksums travel in the same message (the NIXL
     # notification, the Mooncake metadata entry) that says they are ready.
-    sums = checksums.page_checksums(geometry, layouts, regions, cfg["src_pages"])
+    sums = checksums.page_checksums(geometry, regions, cfg["src_pages"])
     if cfg["engine"] == "nixl":
         msg = handshake.make_message(
             side.name,
@@ -77,10 +70,15 @@ def prefill(cfg: dict) -> None:
     os._exit(0)
 
 
-def _descriptors(plan, src_regions: dict, dst_regions: dict) -> tuple[np.ndarray, np.ndarray]:
+def _descriptors(
+    plan: kvlayout.Plan, src_regions: dict, dst_regions: dict
+) -> tuple[np.ndarray, np.ndarray]:
+    """NIXL/Mooncake descriptor rows `(address, length_bytes, 0)`: the plan's runs at the two
+    sides' region addresses (the peer's as published, ours as allocated)."""
     local, remote = [], []
     for name, runs in plan.runs.items():
-        sbase, dbase = src_regions[name][0], dst_regions[name].ctypes.data
+        src_region, dst_region = plan.regions[name]
+        sbase, dbase = src_regions[src_region][0], dst_regions[dst_region].ctypes.data
         for s_off, d_off, n in runs:
             local.append((dbase + d_off, n, 0))
             remote.append((sbase + s_off, n, 0))
@@ -91,8 +89,7 @@ def _descriptors(plan, src_regions: dict, dst_regions: dict) -> tuple[np.ndarray
 
 def decode(cfg: dict) -> dict:
     geometry = kvlayout.Geometry.from_json(cfg["geometry"])
-    layouts = _layouts(geometry)
-    regions = {name: np.zeros(lay.region_bytes, dtype=np.uint8) for name, lay in layouts.items()}
+    regions = {r["name"]: np.zeros(r["len_bytes"], dtype=np.uint8) for r in geometry.regions()}
     side = _side(cfg)
     side.register(regions)
     result = {"case": cfg["case"], "engine": cfg["engine"]}
@@ -117,12 +114,10 @@ def decode(cfg: dict) -> dict:
             "level": e.level,
             "stray_bytes": stray,
         }
-    if verdict.peer_geometry is None:  # unchecked peer: the engine assumes it mirrors us
-        peer_layouts = layouts
-    else:
-        peer_layouts = _layouts(verdict.peer_geometry)
+    # unchecked peer: the engine assumes it mirrors us
+    peer_geometry = geometry if verdict.peer_geometry is None else verdict.peer_geometry
     try:
-        handshake.check_regions(msg, peer_layouts)
+        handshake.check_regions(msg, peer_geometry)
     except handshake.PeerRefused as e:
         side.close()
         return {
@@ -134,8 +129,8 @@ def decode(cfg: dict) -> dict:
             "level": e.level,
             "stray_bytes": 0,
         }
-    build = token_plan if verdict.level == "token" else page_plan
-    plan = build(peer_layouts, layouts, cfg["src_pages"], cfg["dst_pages"])
+    build = kvlayout.token_plan if verdict.level == "token" else kvlayout.page_plan
+    plan = build(peer_geometry, geometry, cfg["src_pages"], cfg["dst_pages"])
     local, remote = _descriptors(plan, msg["regions"], regions)
     if cfg["engine"] == "nixl":
         peer = side.connect(base64.b64decode(msg["agent_metadata"]))
@@ -144,13 +139,13 @@ def decode(cfg: dict) -> dict:
         moved = side.read(msg["segment"], local, remote)
     fault = cfg.get("fault")
     if fault:
-        _inject(fault, layouts, regions, cfg["dst_pages"])
+        checksums.inject(fault, geometry, regions, cfg["dst_pages"])
     # The receiver verifies the pages it wrote against the sender's checksums before any is
     # used (pages moved whole only: a token-level plan cuts pages).
     checked, bad = 0, []  # type: int, list[str]
     if plan.level == "pool" and "checksums" in msg:
         checked, bad = checksums.mismatches(
-            geometry, layouts, regions, msg["checksums"], cfg["src_pages"], cfg["dst_pages"]
+            geometry, regions, msg["checksums"], cfg["src_pages"], cfg["dst_pages"]
         )
     if bad:
         side.close()
@@ -165,13 +160,11 @@ def decode(cfg: dict) -> dict:
             "checksum_mismatches": len(bad),
             "stray_bytes": 0,
         }
-    src_regions = {
-        n: pattern(lay, msg["seed"], i) for i, (n, lay) in enumerate(peer_layouts.items())
-    }
+    src_regions = patterns(peer_geometry, msg["seed"])
     equal, stray = verify(
-        peer_layouts,
+        peer_geometry,
         src_regions,
-        layouts,
+        geometry,
         regions,
         cfg["src_pages"],
         cfg["dst_pages"],
@@ -193,23 +186,6 @@ def decode(cfg: dict) -> dict:
         "checksum_mismatches": 0,
         "head_ranges": {k: list(v) for k, v in plan.head_ranges.items()},
     }
-
-
-def _inject(fault: str, layouts: dict, regions: dict, dst_pages: list[int]) -> None:
-    """A content-only fault on the first buffer's layer 0 after the transfer:
-    `stale-destination` puts back what the first destination page held before (zeros: its
-    bytes never arrived, a reused slot); `corrupted-in-flight` inverts one byte in the middle of
-    the last destination page (a wire or DMA error the engine did not report)."""
-    name, lay = next(iter(layouts.items()))
-    payload = lay.page_size_tokens * lay.bytes_per_token
-    if fault == "stale-destination":
-        start = lay.page_offset_bytes(0, dst_pages[0])
-        regions[name][start:start + payload] = 0
-    elif fault == "corrupted-in-flight":
-        at = lay.page_offset_bytes(0, dst_pages[-1]) + payload // 2
-        regions[name][at] ^= 0xFF
-    else:
-        raise ValueError(f"fault {fault!r}: expected stale-destination or corrupted-in-flight")
 
 
 def main(cfg: dict) -> None:

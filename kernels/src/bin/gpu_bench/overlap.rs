@@ -33,7 +33,9 @@ use kvlayout_kernels::{
 use crate::explore;
 use crate::paths::{self, Mode, Path};
 use crate::report::{self, Row, Stat, print_row, stat};
-use crate::workload::{Call, Shape, dsa_pool, page_shape, subset_shape, token_shape};
+use crate::workload::{
+    Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, subset_shape, token_shape,
+};
 
 const GEMM_N: usize = 8192;
 const WINDOWS: usize = 5;
@@ -65,8 +67,8 @@ extern "C" __global__ void sglang_warp_copy(const Run* runs, u64 n, const unsign
     }
 }
 "#;
-/// SGLang's Python defaults on NVIDIA (`block_quota=2`, `num_warps_per_block=32`).
-const PEER_BLOCKS: u32 = 2;
+/// SGLang's Python default on NVIDIA is `block_quota=2` (`Path::Peer(2)`) with
+/// `num_warps_per_block=32`.
 const PEER_WARPS_PER_BLOCK: u32 = 32;
 
 struct Ctx<'a> {
@@ -204,11 +206,11 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                 }
                 Ok(())
             }
-            Path::Peer => {
+            Path::Peer(blocks) => {
                 let n = call.peer_item_count;
                 let grid = n
                     .div_ceil(u64::from(PEER_WARPS_PER_BLOCK))
-                    .min(u64::from(PEER_BLOCKS))
+                    .min(u64::from(blocks))
                     .max(1) as u32;
                 let cfg = LaunchConfig {
                     grid_dim: (grid, 1, 1),
@@ -243,6 +245,11 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
             }
             Path::RunKernel(sms) => {
                 let shape = sms.map_or(LaunchShape::default(), LaunchShape::sm_budget);
+                // The token kernel keeps 4 blocks per SM resident (its launch bounds).
+                let shape = LaunchShape {
+                    blocks_per_sm: 4,
+                    ..shape
+                };
                 gpu.enqueue_copy_runs(src, dst, &call.dev_runs, shape)
             }
             Path::Items(sms) => {
@@ -541,8 +548,24 @@ fn hold_phases(
         Some(Path::Memcpy),
         None,
     ];
+    // Page size 1: the SGLang-style peer at its default launch and at block_quota 8 too.
+    let page1 = [
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        Some(Path::Peer(2)),
+        Some(Path::Peer(8)),
+        Some(Path::Auto),
+        Some(Path::Memcpy),
+        None,
+    ];
     for shape in shapes {
-        for path in order {
+        let phases: &[Option<Path>] = if shape.name.starts_with("page size 1") {
+            &page1
+        } else {
+            &order
+        };
+        for &path in phases {
             hold(cx, shape, path, seconds, gemm_ms)?;
         }
     }
@@ -734,7 +757,24 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     println!("device: {name}, {} SMs, {}", gpu.sm_count(), gpu.arch());
     let host_pool = dsa_pool(MemoryLayout::PageFirst);
     let dev_pool = dsa_pool(MemoryLayout::LayerFirst);
-    let total = host_pool.total_bytes()? as usize;
+    // `--page-size-1`: only the page-size-1 workloads (Llama-3.1-8B and DeepSeek-V3 MLA),
+    // in buffers large enough for the larger of their pools.
+    let page1 = std::env::args().any(|a| a == "--page-size-1");
+    let page1_pools = [true, false].map(|llama| {
+        (
+            page1_pool(llama, MemoryLayout::PageFirst),
+            page1_pool(llama, MemoryLayout::LayerFirst),
+        )
+    });
+    let total = if page1 {
+        let mut most = 0;
+        for (h, d) in &page1_pools {
+            most = most.max(h.total_bytes()?).max(d.total_bytes()?);
+        }
+        most as usize
+    } else {
+        host_pool.total_bytes()? as usize
+    };
     let fill = |bytes: &mut [u8]| {
         std::thread::scope(|s| {
             for (c, chunk) in bytes.chunks_mut(1 << 30).enumerate() {
@@ -838,6 +878,20 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     );
 
     let mut shapes = Vec::new();
+    if page1 {
+        for (h, d) in &page1_pools {
+            println!(
+                "page-size-1 pools: {} ({:.2} GB) and {} ({:.2} GB)",
+                h.name,
+                h.total_bytes()? as f64 / 1e9,
+                d.name,
+                d.total_bytes()? as f64 / 1e9
+            );
+            for h2d in [true, false] {
+                shapes.push(page1_shape(&gpu, &mut rng, h, d, h2d)?);
+            }
+        }
+    }
     let all_shapes = [
         (1024u64, 61u64, true, true, 1usize, false),
         (1024, 61, false, false, 1, false),
@@ -871,7 +925,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         } else if small {
             (5..9).contains(&i)
         } else {
-            true
+            !page1
         }
     });
     for (_, (pages, layers, h2d, lbl, burst, consecutive)) in picked {
@@ -917,7 +971,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             subsets.append(&mut shapes);
             shapes = subsets;
         }
-    } else if !sweep && !small {
+    } else if !sweep && !small && !page1 {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
 

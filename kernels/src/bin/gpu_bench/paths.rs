@@ -12,8 +12,9 @@ pub enum Path {
     Memcpy,
     /// One `cuMemcpyAsync` per run.
     MemcpyPerRun,
-    /// The SGLang-style warp copy at its default launch.
-    Peer,
+    /// The SGLang-style warp copy on this many blocks of 32 warps (`block_quota`; 2 is its
+    /// default launch, 8 the ROCm PR's tuning).
+    Peer(u32),
     /// `cuMemcpyBatchAsync` of the runs: in host-address order (else as given), hinted to
     /// overlap with compute (else default flags), split over this many streams, at most this
     /// many runs per call, runs with constant pitches as 2D copies (else all batched).
@@ -53,7 +54,7 @@ impl Path {
         match self {
             Path::Memcpy => "pinned contiguous memcpy (ceiling)".into(),
             Path::MemcpyPerRun => "one cuMemcpyAsync per run".into(),
-            Path::Peer => "SGLang-style warp copy, 2 x 32 warps".into(),
+            Path::Peer(blocks) => format!("SGLang-style warp copy, {blocks} x 32 warps"),
             Path::Batch(false, false, 1, 16384, false) => {
                 "cuMemcpyBatchAsync, runs as given, default flags".into()
             }
@@ -194,8 +195,14 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
         paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384, false)]);
         paths.extend(variants);
         paths.extend([Path::Batch(true, true, 8, 2048, false), Path::Auto]);
+    } else if shape.token_granular && shape.name.starts_with("page size 1") {
+        // Page size 1: the peer at its default launch and at block_quota 8, the token kernel
+        // on a few SM budgets, the chooser.
+        paths.extend([Path::Peer(2), Path::Peer(8)]);
+        paths.extend([Some(2), Some(4), Some(8), Some(16), None].map(Path::RunKernel));
+        paths.push(Path::Auto);
     } else if shape.token_granular {
-        paths.extend([Path::Peer, Path::Batch(true, true, 1, 2048, false)]);
+        paths.extend([Path::Peer(2), Path::Batch(true, true, 1, 2048, false)]);
         paths.extend([Some(4), Some(8), None].map(Path::RunKernel));
         paths.extend([Path::Items(None), Path::Auto]);
     } else if huge {
@@ -205,12 +212,12 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
         paths.extend(&variants[..2]);
         paths.push(Path::Auto);
     } else if big {
-        paths.extend([Path::Peer, BATCH_DEFAULT]);
+        paths.extend([Path::Peer(2), BATCH_DEFAULT]);
         paths.extend(variants);
         paths.extend([Path::RunKernel(Some(4)), Path::RunKernel(None)]);
         paths.extend([Path::Items(None), Path::Staged, Path::Auto]);
     } else {
-        paths.extend([Path::Peer, BATCH_DEFAULT, Path::RunKernel(None)]);
+        paths.extend([Path::Peer(2), BATCH_DEFAULT, Path::RunKernel(None)]);
         paths.extend([Path::Items(None), Path::Staged, Path::Auto]);
         paths.push(Path::MemcpyPerRun);
     }

@@ -291,3 +291,105 @@ pub fn subset_shape(gpu: &Gpu, shape: &Shape, long: bool) -> Result<Shape, Kerne
         token_granular: false,
     })
 }
+
+/// Tokens of each page-size-1 pool (`--page-size-1`): twice the tokens moved.
+pub const PAGE1_POOL_TOKENS: u64 = 32 * 1024;
+/// Tokens a page-size-1 transfer moves, into random slots on both sides.
+pub const PAGE1_TOKENS: u64 = 16 * 1024;
+
+/// A pool of page size 1 (SGLang's default for FlashAttention-3 and FlashInfer): Llama-3.1-8B
+/// (`llama`: 32 layers, K and V buffers of 8 heads x 128 bf16 = 2,048 B per token and layer
+/// each) or DeepSeek-V3 MLA (61 layers, 512 + 64 bf16 = 1,152 B), in `memory_layout`.
+pub fn page1_pool(llama: bool, memory_layout: MemoryLayout) -> PoolGeometry {
+    let buffers = if llama {
+        let kv = |name: &'static str| {
+            let layout =
+                kvlayout_core::formats::single(name, kvlayout_core::Dtype::Bf16, vec![8, 128])
+                    .expect("8 x 128 bf16 is a valid layout");
+            BufferGeometry::new(name, 32, layout)
+        };
+        vec![kv("k"), kv("v")]
+    } else {
+        vec![BufferGeometry::new("kv", 61, formats::MLA_BF16)]
+    };
+    PoolGeometry {
+        name: format!(
+            "{} page size 1 {memory_layout}",
+            if llama {
+                "Llama-3.1-8B"
+            } else {
+                "DeepSeek-V3 MLA"
+            }
+        ),
+        page_size_tokens: 1,
+        pages: PAGE1_POOL_TOKENS,
+        memory_layout,
+        buffers,
+    }
+}
+
+/// A token-granular transfer at page size 1 of [`PAGE1_TOKENS`] random host slots into random
+/// device slots (`h2d`, a load: one call per layer, each token's buffers in turn) or back (a
+/// backup: one call for all layers, laid token by token, each buffer's layers in order, as the
+/// pool shim lays a page pair's runs). One run (and one SGLang item) per token, layer and
+/// buffer.
+pub fn page1_shape(
+    gpu: &Gpu,
+    rng: &mut SplitMix64,
+    host: &PoolGeometry,
+    device: &PoolGeometry,
+    h2d: bool,
+) -> Result<Shape, KernelError> {
+    let host_slots = rng.distinct_below(host.pages, PAGE1_TOKENS as usize);
+    let dev_slots = rng.distinct_below(device.pages, PAGE1_TOKENS as usize);
+    let layers = host.buffers[0].layers;
+    let buffers = host.buffers.len();
+    let run = |b: usize, layer: u64, hs: u64, ds: u64| -> Result<ByteRun, KernelError> {
+        let (h, d) = (
+            host.page_offset_bytes(b, layer, hs)?,
+            device.page_offset_bytes(b, layer, ds)?,
+        );
+        let len = host.stored_page_bytes(b)?;
+        Ok(if h2d {
+            ByteRun::new(h, d, len)
+        } else {
+            ByteRun::new(d, h, len)
+        })
+    };
+    let mut calls = Vec::new();
+    if h2d {
+        for layer in 0..layers {
+            let mut runs = Vec::new();
+            for (&hs, &ds) in host_slots.iter().zip(&dev_slots) {
+                for b in 0..buffers {
+                    runs.push(run(b, layer, hs, ds)?);
+                }
+            }
+            let peer = runs.clone();
+            calls.push(call(gpu, runs, peer, Vec::new(), true)?);
+        }
+    } else {
+        let mut runs = Vec::new();
+        for (&hs, &ds) in host_slots.iter().zip(&dev_slots) {
+            for b in 0..buffers {
+                for layer in 0..layers {
+                    runs.push(run(b, layer, hs, ds)?);
+                }
+            }
+        }
+        let peer = runs.clone();
+        calls.push(call(gpu, runs, peer, Vec::new(), false)?);
+    }
+    Ok(Shape {
+        name: format!(
+            "page size 1, {}: {} {PAGE1_TOKENS} tokens x {layers} layers{}",
+            host.name.split(" page size").next().unwrap_or(""),
+            if h2d { "load H2D" } else { "backup D2H" },
+            if h2d { ", layer by layer" } else { "" }
+        ),
+        h2d,
+        calls,
+        burst: 1,
+        token_granular: true,
+    })
+}
