@@ -439,6 +439,24 @@ pub struct HostPool<B: Backend = CpuBackend> {
     mirrored: bool,
 }
 
+/// The geometry of a host mirror of a device pool of geometry `device` (what
+/// [`HostPool::mirror_of`] allocates): only `pages`, `memory_layout` and `name` changed, so
+/// every compared field is the device's. For callers that need the mirror's geometry without
+/// allocating it (the replay compares and fingerprints the full-depth pools, while it allocates
+/// a prefix of their layers).
+pub fn mirror_geometry(
+    device: &PoolGeometry,
+    host_pages: u64,
+    memory_layout: MemoryLayout,
+) -> PoolGeometry {
+    PoolGeometry {
+        name: format!("host mirror of {}", device.name),
+        pages: host_pages,
+        memory_layout,
+        ..device.clone()
+    }
+}
+
 impl<B: Backend> HostPool<B> {
     /// The host mirror of `device`: the device pool's geometry with only `pages`,
     /// `memory_layout` and `name` changed — no formula of its own, so dtype, sections, page size,
@@ -451,10 +469,7 @@ impl<B: Backend> HostPool<B> {
         host_pages: u64,
         memory_layout: MemoryLayout,
     ) -> Result<Self, PoolError> {
-        let mut geometry = device.geometry().clone();
-        geometry.pages = host_pages;
-        geometry.memory_layout = memory_layout;
-        geometry.name = format!("host mirror of {}", device.geometry().name);
+        let geometry = mirror_geometry(device.geometry(), host_pages, memory_layout);
         let mut pool = HostPool::from_geometry_in(device.backend().clone(), geometry)?;
         pool.mirrored = true;
         Ok(pool)

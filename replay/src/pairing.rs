@@ -5,7 +5,7 @@
 use kvlayout_core::{Attention, MemoryLayout, PoolGeometry, compare, file};
 use kvlayout_models::{Model, ModelPool, PoolOptions};
 use kvlayout_pool::backend::Backend;
-use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode};
+use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode, mirror_geometry};
 
 use crate::error::{ReplayError, workload_err};
 
@@ -161,12 +161,10 @@ pub(crate) fn pair_pools<B: Backend>(
         HostSource::Mirror {
             pages,
             memory_layout,
-        } => {
-            let mut g = full_device.clone();
-            g.pages = *pages;
-            g.memory_layout = *memory_layout;
-            (g, "mirror of the device pool".to_string())
-        }
+        } => (
+            mirror_geometry(&full_device, *pages, *memory_layout),
+            "mirror of the device pool".to_string(),
+        ),
         HostSource::Foreign { geometry, source } => (geometry.clone(), source.clone()),
     };
     let mismatch: Vec<String> = match compare(&full_device, &full_host) {
