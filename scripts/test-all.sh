@@ -13,8 +13,10 @@
 #      hand-made log;
 #   5. the Python package (pip install ./python into a venv) and its pytest suite, then the
 #      prefill/decode handshake self-tests over real NIXL and Mooncake wheels;
-#   6. the adapters on the engines' own code: SGLang 0.5.23, vLLM 0.33.0 and 0.20.0 on the CPU
-#      (scripts/engines-ci.sh; about 2.5 GB of downloads on a fresh machine).
+#   6. the wheel (pip wheel ./python, abi3) installed alone in a fresh venv outside the
+#      repository: the prefill/decode self-test there (scripts/wheel-ci.sh);
+#   7. the adapters on the engines' own code: SGLang 0.5.23, vLLM 0.33.0 and 0.20.0 on the CPU
+#      (scripts/engines-ci.sh; download sizes in README).
 # GPU tests are not run here (CI has no GPU; they print why they skip): scripts/gpu-check.sh
 # runs them all with the GPU required.
 set -euo pipefail
@@ -44,6 +46,9 @@ scripts/python-tests.sh
 
 step "prefill/decode handshake over NIXL and Mooncake"
 scripts/pd-ci.sh
+
+step "the wheel, installed outside the repository"
+scripts/wheel-ci.sh
 
 step "adapters on the engines' own code (SGLang, vLLM; CPU)"
 scripts/engines-ci.sh

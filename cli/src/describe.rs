@@ -246,7 +246,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
         tp,
         state_dtype: args.state_dtype,
         equal_page_bytes: args.equal_page_bytes,
-        kv_layout: args.kv_layout.map(Into::into).unwrap_or_default(),
+        kv_layout: args.kv_layout.unwrap_or_default(),
     };
     if args.totals {
         return match model.totals(&opts) {

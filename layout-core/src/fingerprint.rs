@@ -2,7 +2,7 @@
 //! `token` per buffer, one per compare level ([`crate::Level`]).
 //!
 //! Algorithm (reproducible in any language; `layout-core/tests/fingerprint_reference.py` does
-//! it in 40 lines of Python): FNV-1a 64 (offset basis `0xcbf29ce484222325`, prime
+//! the pool and token streams of v1, v2 and v3 files in Python's standard library): FNV-1a 64 (offset basis `0xcbf29ce484222325`, prime
 //! `0x100000001b3`) over a canonical byte stream. `u64(x)`: `x` as 8 bytes little-endian;
 //! `str(s)`: `u64(byte length)` then the UTF-8 bytes; `FNV(...)`: a fresh hash from the offset
 //! basis over the items in order. Codes: dtype [`crate::Dtype::code`] (f32 1, f16 2, bf16 3,
@@ -36,9 +36,10 @@
 //!   u64(core(L)), u64(attention code), u64(W or C, else 0), layer ids as in v2, shard as in
 //!   v2, orders as in v2, then per section: u64(0) without split groups | u64(1) u64(group
 //!   count) u64(each group's entries))`. Such a buffer was invalid before v3, so no v1/v2
-//!   value changes. Example (`layout-core/tests/fingerprint_reference.py` recomputes it):
-//!   DeepSeek-V4's C4 indexer K, 21 layers of section-major 128 e4m3 + 1 f32 per 128, R 4,
-//!   page 64 tokens = 16 rows, stride 16 x 132 = 2,112 B.
+//!   value changes. Example (`layout-core/tests/fingerprint_reference.py` and
+//!   `tests/fingerprint_stream.rs` recompute it): DeepSeek-V4's C4 indexer K alone (shared
+//!   case 28 A), 21 layers of section-major 128 e4m3 + 1 f32 per 128, R 4, page 64 tokens =
+//!   16 rows, stride 16 x 132 = 2,112 B: pool fingerprint `0x4f8f39636bf81db6`.
 //! - [`PoolGeometry::fingerprint`] (`pool`; pairs, storage keys, handshakes):
 //!   `FNV(str("kvlayout.pool/v1"), u64(page_size_tokens, or 0 when every buffer is `state`:
 //!   slots have no token axis, so the pool's page size is no part of them), u64(buffer count),

@@ -60,6 +60,7 @@ const _: () = assert!(
 );
 
 pub mod backend;
+pub mod checksum;
 mod claim;
 mod concurrent;
 mod error;
@@ -72,7 +73,11 @@ pub mod shim;
 mod transfer;
 mod typed;
 
-pub use backend::{Backend, BackendError, CpuBackend, CpuMem, FailingCpuBackend, Memory};
+pub use backend::{
+    Backend, BackendError, ContentFault, ContentFaultBackend, CpuBackend, CpuMem,
+    FailingCpuBackend, Memory,
+};
+pub use checksum::{ChecksumMode, PageMismatch};
 pub use concurrent::ConcurrentHiCache;
 pub use error::{PairError, PoolError, PoolFact, TransferError};
 pub use hicache::{HiCache, TransferMode};

@@ -52,6 +52,16 @@ pub enum WorkloadArg {
     Synthetic,
 }
 
+impl WorkloadArg {
+    /// The value's spelling on the command line.
+    fn name(self) -> &'static str {
+        match self {
+            WorkloadArg::Trace => "trace",
+            WorkloadArg::Synthetic => "synthetic",
+        }
+    }
+}
+
 /// Arguments of `kvlayout replay`.
 #[derive(clap::Args)]
 pub struct ReplayArgs {
@@ -355,21 +365,19 @@ fn and_list(items: &[&str]) -> String {
 /// # Errors
 /// One line naming every such flag and what it belongs to.
 fn check_applicable(args: &ReplayArgs) -> Result<(), String> {
-    let (other, given): (&str, Vec<&str>) = match args.workload {
+    // (flag, given) for the flags only the other workload reads.
+    let (other, flags) = match args.workload {
         WorkloadArg::Trace => (
-            "synthetic",
-            [
+            WorkloadArg::Synthetic,
+            vec![
                 ("--sessions", args.sessions.is_some()),
                 ("--turns", args.turns.is_some()),
                 ("--concurrency", args.concurrency.is_some()),
-            ]
-            .into_iter()
-            .filter_map(|(flag, given)| given.then_some(flag))
-            .collect(),
+            ],
         ),
         WorkloadArg::Synthetic => (
-            "trace",
-            [
+            WorkloadArg::Trace,
+            vec![
                 ("--trace", args.trace.is_some()),
                 ("--plot", args.plot.is_some()),
                 ("--buffers", args.buffers.is_some()),
@@ -379,25 +387,24 @@ fn check_applicable(args: &ReplayArgs) -> Result<(), String> {
                     args.prefill_tokens_per_s.is_some(),
                 ),
                 ("--decode-ms-per-token", args.decode_ms_per_token.is_some()),
-            ]
-            .into_iter()
-            .filter_map(|(flag, given)| given.then_some(flag))
-            .collect(),
+            ],
         ),
     };
+    let given: Vec<&str> = flags
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect();
     if !given.is_empty() {
         let verb = if given.len() == 1 {
             "belongs"
         } else {
             "belong"
         };
-        let current = match args.workload {
-            WorkloadArg::Trace => "trace",
-            WorkloadArg::Synthetic => "synthetic",
-        };
         return Err(format!(
-            "{} {verb} to --workload {other} (this run's workload is {current})",
-            and_list(&given)
+            "{} {verb} to --workload {} (this run's workload is {})",
+            and_list(&given),
+            other.name(),
+            args.workload.name()
         ));
     }
     if args.host_geometry.is_some() {

@@ -591,6 +591,82 @@ def _check_page_first_row(op_name: str, bound: dict) -> None:
                 f"0..{int(row) // item - 1 if item else 0})", "layer")
 
 
+# SGLang's JIT HiCache kernels (``sglang/kernels/ops/kvcache/hicache.py``), imported by the host
+# pool modules as ``jit_transfer_hicache_*``: name -> (cache tensor pairs (dst, src), pointer-table
+# stride parameters (src, dst)).
+JIT_OPS: dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, str]]] = {
+    "jit_transfer_hicache_one_layer": ((("k_cache_dst", "k_cache_src"),
+                                        ("v_cache_dst", "v_cache_src")), ("", "")),
+    "jit_transfer_hicache_one_layer_mla": ((("cache_dst", "cache_src"),), ("", "")),
+    "jit_transfer_hicache_all_layer": ((), ("kv_cache_src_stride_bytes",
+                                            "kv_cache_dst_stride_bytes")),
+    "jit_transfer_hicache_all_layer_mla": ((), ("cache_src_stride_bytes",
+                                                "cache_dst_stride_bytes")),
+}
+_JIT_ORDER = {
+    "jit_transfer_hicache_one_layer": ("k_cache_dst", "v_cache_dst", "indices_dst", "k_cache_src",
+                                       "v_cache_src", "indices_src"),
+    "jit_transfer_hicache_one_layer_mla": ("cache_dst", "indices_dst", "cache_src", "indices_src"),
+    "jit_transfer_hicache_all_layer": ("k_ptr_dst", "v_ptr_dst", "indices_dst", "k_ptr_src",
+                                       "v_ptr_src", "indices_src"),
+    "jit_transfer_hicache_all_layer_mla": ("ptr_dst", "indices_dst", "ptr_src", "indices_src"),
+}
+
+
+def _token_bytes(t: Any) -> int:
+    """Bytes of one token slot's content: the tensor's elements past dim 0."""
+    f = tensor_facts(t)
+    n = f.itemsize_bytes
+    for d in f.shape[1:]:
+        n *= d
+    return n
+
+
+def _jit_checked(op_name: str, op: Callable) -> Callable:
+    """A JIT HiCache op that refuses (``TransferRefused``, ``kind == "item_size"``) a call whose
+    token rows differ between source and destination (one-layer ops: each cache tensor's bytes
+    per token slot, ``element_dim x element_size`` when given), or whose ``element_size`` does
+    not fit the pointer tables' row strides (all-layer ops)."""
+    pairs, (src_stride, dst_stride) = JIT_OPS[op_name]
+    order = _JIT_ORDER[op_name]
+
+    @functools.wraps(op)
+    def wrapper(*args, **kwargs):
+        bound = dict(zip(order, args))
+        bound.update(kwargs)
+        for dst_name, src_name in pairs:
+            dst, src = bound.get(dst_name), bound.get(src_name)
+            if dst is None or src is None:
+                raise TransferRefused(f"{op_name}: cannot check the call: no argument "
+                                      f"{dst_name if dst is None else src_name}", "unchecked")
+            dim = bound.get("element_dim")
+            d_bytes, s_bytes = _token_bytes(dst), _token_bytes(src)
+            if dim is not None:
+                d_bytes = int(dim) * tensor_facts(dst).itemsize_bytes
+                s_bytes = int(dim) * tensor_facts(src).itemsize_bytes
+            if d_bytes != s_bytes or tensor_facts(dst).itemsize_bytes != tensor_facts(src).itemsize_bytes:
+                raise TransferRefused(
+                    f"{op_name}: {dst_name} rows of {d_bytes} B, {src_name} rows of {s_bytes} B "
+                    f"({tensor_facts(dst).describe()} vs {tensor_facts(src).describe()})",
+                    "item_size")
+        if src_stride:
+            element = bound.get("element_size")
+            strides = (bound.get(src_stride), bound.get(dst_stride))
+            if element is None and strides[0] is not None and strides[0] != strides[1]:
+                raise TransferRefused(f"{op_name}: no element_size and {src_stride} "
+                                      f"{strides[0]} B != {dst_stride} {strides[1]} B", "item_size")
+            if element is not None:
+                for name, stride in zip((src_stride, dst_stride), strides):
+                    if stride is not None and int(element) > int(stride):
+                        raise TransferRefused(
+                            f"{op_name}: element_size {int(element)} B exceeds {name} "
+                            f"{int(stride)} B: each row would spill into the next", "item_size")
+        return op(*args, **kwargs)
+
+    wrapper.__kvlayout_unchecked__ = op  # type: ignore[attr-defined]
+    return wrapper
+
+
 def guard_transfer_ops(*namespaces: Any) -> list[str]:
     """Wraps every SGLang transfer op found in each namespace (a module that imported them, such
     as ``sglang.srt.mem_cache.memory_pool_host`` or, in newer releases, each of
@@ -610,9 +686,13 @@ def guard_transfer_ops(*namespaces: Any) -> list[str]:
     ``(layer_id + 1) x item_size <= src_layout_dim``), else ``TransferRefused``. The device side of
     a ``*_lf_pf`` backup is a pointer table too: only :func:`check_item_sizes` compares its row
     stride with ``item_size`` (the seed bug's bf16 device rows against the host's fp8 item).
-    Transfer ops found in a namespace and not checked here (``transfer_kv_all_layer_lf_ph``,
-    SGLang's JIT ``jit_transfer_hicache_*``, any newer ``transfer_kv_*``) are named in one
-    ``UserWarning``, never passed over in silence."""
+    SGLang's JIT HiCache ops (``jit_transfer_hicache_one_layer[_mla]``,
+    ``jit_transfer_hicache_all_layer[_mla]``, :data:`JIT_OPS`) are wrapped too: source and
+    destination token rows must hold the same bytes, ``element_size`` must fit both pointer-table
+    strides. Transfer ops found in a namespace and not checked here
+    (``transfer_kv_all_layer_lf_ph``, the staged write-back ``jit_transfer_hicache_*_staged_*``,
+    the ``*_direct`` ops, any newer ``transfer_kv_*``) are named in one ``UserWarning``, never
+    passed over in silence."""
     wrapped = []
     unchecked = []
     for namespace in namespaces:
@@ -625,10 +705,16 @@ def guard_transfer_ops(*namespaces: Any) -> list[str]:
                 continue
             ns[op_name] = _checked(op_name, op)
             wrapped.append(f"{label}.{op_name}")
+        for op_name in JIT_OPS:
+            op = ns.get(op_name)
+            if op is None or hasattr(op, "__kvlayout_unchecked__"):
+                continue
+            ns[op_name] = _jit_checked(op_name, op)
+            wrapped.append(f"{label}.{op_name}")
         unchecked += [
             f"{label}.{n}" for n, v in ns.items()
             if (n.startswith("transfer_kv") or n.startswith("jit_transfer")) and callable(v)
-            and n not in TRANSFER_OPS and n not in POINTER_TABLE_OPS]
+            and n not in TRANSFER_OPS and n not in POINTER_TABLE_OPS and n not in JIT_OPS]
     if unchecked:
         warnings.warn(f"kvlayout: transfer ops not checked by guard_transfer_ops: "
                       f"{', '.join(sorted(unchecked))}", UserWarning, stacklevel=2)

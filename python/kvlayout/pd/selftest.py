@@ -148,11 +148,18 @@ CASES = [
 ]
 
 
+# The case files shipped in the wheel (package data), at their repository paths; a test keeps
+# them byte-equal to the repository's (python/tests/test_package_data.py).
+PACKAGED_CASES = Path(__file__).resolve().parent / "cases"
+
+
 def find_repo(start: Path | None = None) -> Path | None:
     for base in [start] if start else [Path.cwd(), Path(__file__).resolve()]:
         for d in [base, *base.parents]:
             if (d / DSV32).is_file():
                 return d
+    if start is None and (PACKAGED_CASES / DSV32).is_file():
+        return PACKAGED_CASES  # an installed wheel, outside the repository
     return None
 
 
