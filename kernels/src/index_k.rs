@@ -40,21 +40,11 @@ pub const HEAD_DIM_ELEMS: u64 = 128;
 pub const VALUE_BYTES: u64 = 128;
 /// Bytes of one key's scale (one f32).
 pub const SCALE_BYTES: u64 = 4;
-/// Largest finite e4m3 (`fn`) magnitude.
-pub const E4M3_MAX: f32 = 448.0;
-/// `1/448` rounded to f32: bits `0x3b12_4925` (the CUDA source uses the same bits).
-pub const INV_E4M3_MAX: f32 = f32::from_bits(0x3b12_4925);
-/// The floor DeepSeek's `act_quant` puts under `amax`: `1e-4` as f32, bits `0x38d1_b717`.
-pub const AMAX_FLOOR: f32 = f32::from_bits(0x38d1_b717);
-
-/// How the per-key scale is stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScaleFormat {
-    /// `amax / 448` as computed (`amax * f32(1/448)`).
-    F32,
-    /// Rounded up to a power of two (DeepSeek-V3.2 `scale_fmt: ue8m0`), still stored as f32.
-    Ue8m0,
-}
+/// The scale arithmetic (`act_quant`'s constants, [`ScaleFormat`], [`scale_for_amax`],
+/// [`round_scale_ue8m0`]) is the core's one computation ([`kvlayout_core::quant`]).
+pub use kvlayout_core::quant::{
+    AMAX_FLOOR, E4M3_MAX, INV_E4M3_MAX, ScaleFormat, round_scale_ue8m0, scale_for_amax,
+};
 
 /// Where the pages of an index-K cache sit: page `p` at `base_bytes + p * page_stride_bytes`,
 /// `page_size_tokens` tokens each, `[P x 128][P x 4]` inside the page.
@@ -235,23 +225,6 @@ impl IndexKPages {
         spec.validate()?;
         Ok(spec)
     }
-}
-
-/// The scale of one key whose largest magnitude is `amax` (step 1 and 2 of the module docs).
-pub fn scale_for_amax(amax: f32, format: ScaleFormat) -> f32 {
-    let s = amax.max(AMAX_FLOOR) * INV_E4M3_MAX;
-    match format {
-        ScaleFormat::F32 => s,
-        ScaleFormat::Ue8m0 => round_scale_ue8m0(s),
-    }
-}
-
-/// `2^ceil(log2(x))` for a positive normal `x`, by exponent arithmetic (DeepSeek-V3.2
-/// `fast_log2_ceil` + `fast_pow2`).
-pub fn round_scale_ue8m0(x: f32) -> f32 {
-    let bits = x.to_bits();
-    let exp = ((bits >> 23) & 0xFF) as i32 - 127 + i32::from(bits & 0x7F_FFFF != 0);
-    f32::from_bits(((exp + 127) as u32) << 23)
 }
 
 /// Quantizes one key: 128 e4m3 bytes and the scale.
