@@ -375,14 +375,16 @@ def _layer_view_buffers(base: str, what: str, layers: list[str], spec: Any, tens
         extra["shard"] = shard
     axes = ("page", "head", "page_token", "dim")
     runs = _layer_runs(base, layers, tensors, placement)
-    if len(runs) == 1 and len(layers) > 1:
+    in_order = [placement.of[n][1] for n in layers] == list(range(len(layers)))
+    if len(runs) == 1 and len(layers) > 1 and in_order:
         t, first = runs[0]
         stride = int(t.layer_stride)
         view = _View(f.dtype, (len(layers), *f.shape), (stride, *f.strides_bytes), f.itemsize_bytes)
         return [TensorBuffer(base, view, axes=("layer", *axes), sections=sections,
                              arrangement=arrangement, extra=extra)]
     if KV_CACHE_LAYOUTS[layout][0] == "page_first" and len(layers) > 1:
-        raise KvLayoutError(f"{what}: the group's layers sit in {len(runs)} KVCacheTensors under "
+        raise KvLayoutError(f"{what}: the group's layers are not one KVCacheTensor's layers "
+                            f"0..{len(layers) - 1} in order ({len(runs)} KVCacheTensors) under "
                             f"the block-outermost layout {layout}: not modelled")
     return [TensorBuffer(base, tensors, axes=axes, sections=sections, arrangement=arrangement,
                          extra=extra)]
@@ -401,13 +403,15 @@ def _layer_runs(base: str, layers: list[str], tensors: list,
         if not runs or runs[-1][0] is not kt:
             runs.append((kt, i))
             first_ptr, first_i = _address(t), i
-        elif _address(t) is not None and first_ptr is not None:
-            expect = first_ptr + (i - first_i) * int(kt.layer_stride)
-            if _address(t) != expect:
-                raise TensorMismatch(f"{base}.layer_stride_bytes",
-                                     f"KVCacheTensor layer_stride {int(kt.layer_stride)} B puts "
-                                     f"layer {n} at {expect - first_ptr} B, its view starts at "
-                                     f"{_address(t) - first_ptr} B")
+        else:
+            addr = _address(t)
+            if addr is not None and first_ptr is not None:
+                expect = first_ptr + (i - first_i) * int(kt.layer_stride)
+                if addr != expect:
+                    raise TensorMismatch(f"{base}.layer_stride_bytes",
+                                         f"KVCacheTensor layer_stride {int(kt.layer_stride)} B "
+                                         f"puts layer {n} at {expect - first_ptr} B, its view "
+                                         f"starts at {addr - first_ptr} B")
     return runs
 
 
