@@ -15,6 +15,16 @@ Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in 
   any layer whose name holds ``indexer``; spec ``MLAAttentionSpec(num_kv_heads=1, head_size=132,
   dtype=uint8)``) ``[num_blocks, block_size, 132]`` ``uint8`` (128 e4m3 keys + one f32 scale per
   128), or ``bfloat16`` ``[num_blocks, block_size, 128]`` where the indexer keeps bf16 keys.
+- vLLM >= 0.30 (tested on 0.33.0): ``kv_caches[layer]`` is one ``[B, H, N, C]`` view per layer
+  (``vllm/v1/worker/utils.py`` ``allocate_kv_cache`` -> ``create_kv_cache_views``) in the physical
+  order of a ``KVCacheLayout`` (``vllm/v1/kv_cache_layout.py``: LBNHC, LBHNC, BLNHC, BLHNC read;
+  LHBNC, BHLNC refused by name), C the per-(token, head) content (attention: K then V,
+  ``head_size + head_size_v``), placed by ``KVCacheConfig.kv_cache_tensors`` (``KVCacheTensor``:
+  ``size``, ``layers``, ``layer_stride``, ``block_stride``, ``offset``, in bytes); the layout name
+  comes from ``geometry(..., kv_cache_layout=)`` or ``KVCacheConfig.kv_cache_layout``. A Mamba
+  layer is one raw ``int8`` ``[B, 1, 1, bytes]`` tensor, split by the ``MambaSpec`` as
+  ``bind_kv_cache`` splits it. Hybrid groups overlay one allocation: :func:`allocated_bytes`
+  counts it once (``Geometry.total_bytes`` counts each group's buffers).
 - ``kv_cache_config``: ``KVCacheConfig`` (``vllm/v1/kv_cache_interface.py``) with
   ``num_blocks`` and ``kv_cache_groups``, each a ``KVCacheGroupSpec`` with ``layer_names`` and
   ``kv_cache_spec``; or a ``{layer_name: KVCacheSpec}`` mapping (``get_kv_cache_spec()``), grouped
