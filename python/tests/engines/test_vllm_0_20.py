@@ -133,10 +133,16 @@ def test_qwen3_next_attention_and_mamba(tmp_path):
 
 
 def test_dense_flash_attention_hnd(tmp_path, monkeypatch):
+    from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
     monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "HND")
-    vc = config(tmp_path, hybrid_manager=False)
-    cfg, kv = allocate(vc, {attn(0): full(), attn(1): full()},
-                       {"FullAttentionSpec": FlashAttentionBackend}, 163840)
+    get_kv_cache_layout.cache_clear()  # vLLM caches the layout for the process (functools.lru_cache)
+    try:
+        vc = config(tmp_path, hybrid_manager=False)
+        cfg, kv = allocate(vc, {attn(0): full(), attn(1): full()},
+                           {"FullAttentionSpec": FlashAttentionBackend}, 163840)
+    finally:
+        get_kv_cache_layout.cache_clear()
     t = kv[attn(0)]
     # (2, blocks, 16 tokens, 2 heads, 64) with heads outside the tokens: head stride 16 x 64.
     assert t.stride(3) == 16 * 64 and t.stride(2) == 64
