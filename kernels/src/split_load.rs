@@ -31,12 +31,12 @@ use crate::copy_runs::ByteRun;
 /// full SM's worth, the GEMM next to the load was slowed +1.4% to +7.9% (16 measurements);
 /// with 4, -1.1% to +3.0% (12) at the same rate; with 2 the load fell to 0.78 of memcpy
 /// (BENCHMARKS.md, "Session 5").
-pub const SPLIT_KERNEL_BLOCKS_PER_SM: u32 = 4;
+pub(crate) const SPLIT_KERNEL_BLOCKS_PER_SM: u32 = 4;
 
 /// Runs of at most this many bytes always go to the kernel: the copy engines move an 8,448-byte
 /// fp8 index-K page run at 0.25-0.29 of memcpy, a 41,984-byte MLA run at 0.96-0.98 (alone); a
 /// bf16 index-K page run is 64 x 256 = 16,384 bytes, short too (not measured in the split).
-pub const SPLIT_SHORT_RUN_BYTES: u64 = 16 * 1024;
+pub(crate) const SPLIT_SHORT_RUN_BYTES: u64 = 16 * 1024;
 
 /// Thousandths of a load's bytes the kernel takes on a carve-out of `sms` SMs: 450 on 2 SMs
 /// (the measured best, module docs), in proportion to the SMs below that, at most 600 above

@@ -43,14 +43,14 @@ use crate::error::KernelError;
 use crate::gather_plan::{GatherChunk, gather_chunks, host_stretches};
 
 /// Staging slots (chunks in flight).
-pub const GATHER_SLOTS: usize = 4;
+pub(crate) const GATHER_SLOTS: usize = 4;
 /// Bytes of one staging slot: 4 x 64 MiB = 256 MiB of device memory, allocated at the first
 /// gathered backup and kept by the `Gpu` (the configuration measured).
-pub const GATHER_SLOT_BYTES: u64 = 64 << 20;
+pub(crate) const GATHER_SLOT_BYTES: u64 = 64 << 20;
 /// Bytes of a gathered backup's first chunk; each next chunk holds twice as many, up to a
 /// slot ([`crate::gather_plan::gather_chunks`]): the copies out start after 8 MiB of gather
 /// instead of 64 MiB.
-pub const GATHER_FIRST_CHUNK_BYTES: u64 = 8 << 20;
+pub(crate) const GATHER_FIRST_CHUNK_BYTES: u64 = 8 << 20;
 /// Stretches per `cuMemcpyBatchAsync` call of the copies out.
 const STRETCHES_PER_CALL: usize = 2048;
 

@@ -2,7 +2,6 @@
 //! chooser picked.
 
 use crate::copy_runs::ByteRun;
-use crate::copy_spec::{CopySpec, SideSpec};
 
 /// How many multiprocessors a launch may use, to leave the rest to the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -10,10 +9,9 @@ pub struct LaunchShape {
     /// Most multiprocessors to use (`None`: all). The grid is `max_sms * blocks_per_sm` blocks
     /// of 256 threads at most; the work is strided over it.
     pub max_sms: Option<u32>,
-    /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM).
+    /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM; the token kernel
+    /// keeps 4 resident).
     pub blocks_per_sm: u32,
-    /// Order in which a copy walks (layer, item) pairs.
-    pub order: CopyOrder,
 }
 
 impl Default for LaunchShape {
@@ -21,55 +19,22 @@ impl Default for LaunchShape {
         LaunchShape {
             max_sms: None,
             blocks_per_sm: 8,
-            order: CopyOrder::Auto,
         }
     }
 }
 
 impl LaunchShape {
-    /// At most `sms` multiprocessors, 8 blocks each, automatic order.
+    /// At most `sms` multiprocessors, 8 blocks each.
     pub const fn sm_budget(sms: u32) -> LaunchShape {
         LaunchShape {
             max_sms: Some(sms),
             blocks_per_sm: 8,
-            order: CopyOrder::Auto,
         }
-    }
-}
-
-/// The order a copy walks its (layer, item) pairs in; every order moves the same bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CopyOrder {
-    /// [`CopyOrder::PageThenLayer`] when either side is page-major (its layer stride is
-    /// smaller than its page stride: `page_first`, `page_first_direct`), else
-    /// [`CopyOrder::LayerThenItem`].
-    Auto,
-    /// All items of layer 0, then of layer 1, ... (suits two `layer_first` sides).
-    LayerThenItem,
-    /// Items in chunks of one page's worth of list positions (`items_per_page`), each chunk
-    /// layer by layer: the bytes of one page of a page-major side are visited in address order.
-    PageThenLayer,
-}
-
-/// List positions per chunk of the copy's work order (see the copy kernel).
-pub(crate) fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
-    let page_major = |s: &SideSpec| s.layer_stride_bytes < s.page_stride_bytes;
-    let order = match order {
-        CopyOrder::Auto if page_major(&spec.src) || page_major(&spec.dst) => {
-            CopyOrder::PageThenLayer
-        }
-        CopyOrder::Auto => CopyOrder::LayerThenItem,
-        o => o,
-    };
-    match order {
-        CopyOrder::PageThenLayer if n.is_multiple_of(spec.items_per_page) => spec.items_per_page,
-        CopyOrder::PageThenLayer => 1,
-        _ => n,
     }
 }
 
 /// Run lists at least this long are sorted on several threads ([`RunOrder::sorted_and_merged`]).
-pub const PARALLEL_SORT_MIN_RUNS: usize = 32 * 1024;
+pub(crate) const PARALLEL_SORT_MIN_RUNS: usize = 32 * 1024;
 
 /// The order a run list is executed in. Every order moves the same bytes (destination ranges
 /// must not overlap); walking the host side in address order keeps PCIe writes and reads
@@ -157,7 +122,7 @@ fn sort_runs_by<K: Fn(&ByteRun) -> u64 + Sync>(runs: &mut [ByteRun], key: K) {
 }
 
 /// Fewest runs per ascending block, on average, for [`sort_ascending_blocks`] to try.
-pub const MIN_MEAN_BLOCK_RUNS: usize = 8;
+pub(crate) const MIN_MEAN_BLOCK_RUNS: usize = 8;
 
 /// `runs` in ascending `key` order when they are a sequence of contiguous blocks (in each
 /// block every run starts, by `key`, where the one before it ends) that do not interleave:
@@ -212,12 +177,12 @@ pub struct KernelReport {
 /// (token-granular lists) to the SM kernel under [`SM_BUDGET`]. A copy engine pays a fixed cost
 /// per run; at 656-byte token runs it moves a small fraction of memcpy, at a 8,448-byte index-K
 /// page most of it (BENCHMARKS.md, "Transfers next to the model").
-pub const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
+pub(crate) const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
 
 /// Multiprocessors the SM copy kernel may take when it runs next to the model (token-granular
 /// runs): enough warps in flight to keep PCIe busy, few enough SMs that a GEMM on the others is
 /// barely slowed (BENCHMARKS.md, "Transfers next to the model").
-pub const SM_BUDGET: u32 = 8;
+pub(crate) const SM_BUDGET: u32 = 8;
 
 /// Fewest lines a pitched group needs to go as one 2D copy; shorter groups are batched with the
 /// single runs. Among random pages of one layer about half of the neighbouring runs pair up by
@@ -225,10 +190,10 @@ pub const SM_BUDGET: u32 = 8;
 /// 1,024 random DeepSeek-V3.2 pages from 0.89 to 0.23 of memcpy on the H200, while groups of
 /// 61 layers (a backup) and of 1,024 consecutive pages moved as fast as the batch or faster, at
 /// a seventh of its host time (BENCHMARKS.md, "Transfers next to the model").
-pub const MIN_PITCHED_LINES: u64 = 8;
+pub(crate) const MIN_PITCHED_LINES: u64 = 8;
 
 /// Most streams a copy-engine transfer is split over ([`crate::Gpu::enqueue_copy_runs_dma`]).
-pub const MAX_COPY_ENGINE_LANES: usize = 8;
+pub(crate) const MAX_COPY_ENGINE_LANES: usize = 8;
 
 /// How a run list goes to the copy engines ([`crate::Gpu::enqueue_copy_runs_dma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -312,7 +277,7 @@ pub enum TransferPath {
 /// model's SM carve-out ([`crate::Gpu::set_model_carveout_sms`]). Below it the copy engines
 /// stay: a load of 1 or 8 pages of one layer (2 or 16 runs) moved 0.93-1.0 of memcpy on them
 /// next to the GEMM, while a kernel launch with its list copy costs about as much as the copy.
-pub const CARVEOUT_MIN_RUNS: u64 = 64;
+pub(crate) const CARVEOUT_MIN_RUNS: u64 = 64;
 
 /// Which way a transfer goes, for the chooser.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -347,10 +312,9 @@ impl TransferPath {
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
-    ///   [`SM_BUDGET`] SMs without one; with a carve-out, a backup of at least
-    ///   [`CARVEOUT_MIN_RUNS`] token runs is gathered on it too (a token's layers lie
-    ///   together in a `page_first` host pool: one host stretch per token and buffer), and
-    ///   keeps the kernel when gathering does not pay ([`crate::Gpu::enqueue_transfer_runs`]).
+    ///   [`SM_BUDGET`] SMs without one, both ways (at page size 1 the kernel's stores to the
+    ///   host on the 2 carved-out SMs slowed the GEMM 1.3-2.7%, where gathering token runs
+    ///   first cost the host 25-55 ms of planning per backup, BENCHMARKS.md).
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,
@@ -360,7 +324,7 @@ impl TransferPath {
         let long = TransferPath::mean_is_long(runs);
         let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
-            Some(k) if many && direction == TransferDirection::Backup => {
+            Some(k) if long && many && direction == TransferDirection::Backup => {
                 TransferPath::GatheredBackup {
                     max_sms: k,
                     runs: count,

@@ -84,7 +84,7 @@ impl Gpu {
                 )?
             };
         }
-        self.note(PendingCheck::Runs(runs.host.clone(), src_len, dst_len))?;
+        self.note(PendingCheck(runs.host.clone(), src_len, dst_len))?;
         if let Some(vectors_per_run) = uniform {
             // SAFETY: the list holds n uniform runs (checked just above), each checked against
             // both lengths by the validation launch before it on the stream.

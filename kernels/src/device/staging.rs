@@ -30,13 +30,13 @@ use crate::staging::{
 
 /// Staging bytes per chunk (16 MiB: a 61-layer DSA page load of 1,024 pages is 51 MB per layer,
 /// four chunks).
-pub const STAGING_CHUNK_BYTES: u64 = 16 << 20;
+pub(crate) const STAGING_CHUNK_BYTES: u64 = 16 << 20;
 /// Slots in the ring (chunks in flight).
-pub const STAGING_SLOTS: usize = 8;
+pub(crate) const STAGING_SLOTS: usize = 8;
 /// Most pieces per chunk.
-pub const STAGING_MAX_PIECES: usize = 4096;
+pub(crate) const STAGING_MAX_PIECES: usize = 4096;
 /// The device half's runs are cut to at most this many bytes, a warp each.
-pub const STAGING_WARP_RUN_BYTES: u64 = 4096;
+pub(crate) const STAGING_WARP_RUN_BYTES: u64 = 4096;
 
 /// Most device runs of one chunk: every piece, plus one per warp-run of the chunk's bytes.
 const MAX_DEVICE_RUNS: u64 =
