@@ -15,7 +15,7 @@
 //! | 45% | 0.960 / 0.890, +2.8% | 0.955 / 0.898, +2.8% |
 //! | 60% | 0.938 / 0.877, +2.5% | 0.946 / 0.888, +0.8% |
 //!
-//! Through the chooser (45%, [`SPLIT_KERNEL_BLOCKS_PER_SM`], the kernel reading its run list
+//! Through the chooser (45%, `SPLIT_KERNEL_BLOCKS_PER_SM`, the kernel reading its run list
 //! from pinned host memory): 0.945-0.957 alone and 0.907-0.911 next to the GEMM, GEMM -1.1% to
 //! +3.0%, against 0.67-0.78 on the copy engines alone next to it. (GEMM figures against the
 //! loop's own GEMMs outside the window; against a control loop with no transfer, session 6 read
@@ -46,7 +46,7 @@ pub fn kernel_share_permille(sms: u32) -> u64 {
 }
 
 /// `runs` (a load's merged runs, in the order they are to be walked) split into the kernel's
-/// list and the copy engines' list: every run of at most [`SPLIT_SHORT_RUN_BYTES`], then
+/// list and the copy engines' list: every run of at most `SPLIT_SHORT_RUN_BYTES`, then
 /// longer runs in list order until the kernel holds `kernel_permille` thousandths of the
 /// bytes, go to the kernel; the other runs to the copy engines. Both lists keep list order;
 /// together they hold every run of `runs` once. `kernel_permille` above 1000 counts as 1000.

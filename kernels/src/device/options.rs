@@ -55,7 +55,7 @@ impl RunOrder {
     /// into one run (same bytes moved, fewer runs: the tokens of one page, the layers of one
     /// page when both sides are page-major).
     ///
-    /// Lists of at least [`PARALLEL_SORT_MIN_RUNS`] runs are sorted on rayon's threads (a
+    /// Lists of at least `PARALLEL_SORT_MIN_RUNS` runs are sorted on rayon's threads (a
     /// 1,024-page, 61-layer backup is 124,928 runs: 4.5 ms on one thread of the build machine,
     /// most of the host's planning of a gathered backup). Runs with equal keys may come in any
     /// order among themselves (on either sort), which moves the same bytes unless their
@@ -110,7 +110,7 @@ impl RunOrder {
     }
 }
 
-/// `runs` sorted by `key`: on rayon's threads from [`PARALLEL_SORT_MIN_RUNS`] runs (unstable),
+/// `runs` sorted by `key`: on rayon's threads from `PARALLEL_SORT_MIN_RUNS` runs (unstable),
 /// else on this one (stable).
 fn sort_runs_by<K: Fn(&ByteRun) -> u64 + Sync>(runs: &mut [ByteRun], key: K) {
     use rayon::slice::ParallelSliceMut;
@@ -128,7 +128,7 @@ pub(crate) const MIN_MEAN_BLOCK_RUNS: usize = 8;
 /// block every run starts, by `key`, where the one before it ends) that do not interleave:
 /// the blocks put in order of their first key, when each then ends at or before the next
 /// one's first key. `None` (the caller sorts) when the blocks interleave or are shorter than
-/// [`MIN_MEAN_BLOCK_RUNS`] runs on average.
+/// `MIN_MEAN_BLOCK_RUNS` runs on average.
 pub fn sort_ascending_blocks(runs: &[ByteRun], key: fn(&ByteRun) -> u64) -> Option<Vec<ByteRun>> {
     if !runs.is_empty() && runs.len() < MIN_MEAN_BLOCK_RUNS {
         // Fewer runs than one block's mean: never accepted; decided without allocating
@@ -174,7 +174,7 @@ pub struct KernelReport {
 }
 
 /// Runs (after merging) at least this long on average go to the copy engines; shorter ones
-/// (token-granular lists) to the SM kernel under [`SM_BUDGET`]. A copy engine pays a fixed cost
+/// (token-granular lists) to the SM kernel under `SM_BUDGET`. A copy engine pays a fixed cost
 /// per run; at 656-byte token runs it moves a small fraction of memcpy, at a 8,448-byte index-K
 /// page most of it (BENCHMARKS.md, "Transfers next to the model").
 pub(crate) const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
@@ -202,11 +202,11 @@ pub struct CopyEngineOptions {
     pub order: RunOrder,
     /// Flag given to the driver.
     pub hint: CopyEngineHint,
-    /// Streams the runs are split over (1 to [`MAX_COPY_ENGINE_LANES`]).
+    /// Streams the runs are split over (1 to `MAX_COPY_ENGINE_LANES`).
     pub lanes: usize,
     /// Most runs per `cuMemcpyBatchAsync` call.
     pub runs_per_call: usize,
-    /// Consecutive runs with constant pitches, at least [`MIN_PITCHED_LINES`] of them, go as
+    /// Consecutive runs with constant pitches, at least `MIN_PITCHED_LINES` of them, go as
     /// one 2D copy each ([`crate::pitched::group_pitched`], `cuMemcpy2DAsync`); the rest are
     /// batched.
     pub pitched: bool,
@@ -291,7 +291,7 @@ pub enum TransferDirection {
 }
 
 impl TransferPath {
-    /// True when the mean length of `runs` is at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]
+    /// True when the mean length of `runs` is at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES`
     /// (page runs; an empty list counts as short).
     pub fn mean_is_long(runs: &[ByteRun]) -> bool {
         let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
@@ -305,14 +305,14 @@ impl TransferPath {
 
     /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
     /// SMs free (`Some(0)` counts as `None`):
-    /// - mean run length at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`] (page runs): the copy
-    ///   engines; with a carve-out and at least [`CARVEOUT_MIN_RUNS`] runs, a load is split
+    /// - mean run length at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` (page runs): the copy
+    ///   engines; with a carve-out and at least `CARVEOUT_MIN_RUNS` runs, a load is split
     ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
-    ///   [`SM_BUDGET`] SMs without one, both ways (at page size 1 the kernel's stores to the
+    ///   `SM_BUDGET` SMs without one, both ways (at page size 1 the kernel's stores to the
     ///   host on the 2 carved-out SMs slowed the GEMM 1.3-2.7%, where gathering token runs
     ///   first cost the host 25-55 ms of planning per backup, BENCHMARKS.md).
     pub fn choose(

@@ -1,5 +1,5 @@
-//! Run lists for the SM path without a stream synchronisation: a ring of [`RUN_RING_SLOTS`]
-//! slots of [`RUN_RING_SLOT_RUNS`] runs, each a pinned host half and a device half. A list (the
+//! Run lists for the SM path without a stream synchronisation: a ring of `RUN_RING_SLOTS`
+//! slots of `RUN_RING_SLOT_RUNS` runs, each a pinned host half and a device half. A list (the
 //! host has checked every run against both buffers) is written into the next slot's host
 //! half, then either copied to its device half with one `cuMemcpyAsync` on the stream the
 //! kernel runs on, or (a split load's kernel part) read by the kernel from the host half in
@@ -120,7 +120,7 @@ impl Gpu {
     }
 
     /// One launch of [`Gpu::enqueue_checked_runs_from_ring`]: `part` (at most
-    /// [`RUN_RING_SLOT_RUNS`] runs) through the next slot.
+    /// `RUN_RING_SLOT_RUNS` runs) through the next slot.
     ///
     /// # Safety
     /// As [`Gpu::enqueue_checked_runs_from_ring`].

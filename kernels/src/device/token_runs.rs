@@ -1,7 +1,7 @@
 //! The token-granular kernel: run lists whose runs all have one length (a token of one layer
 //! per run, as HiCache moves a pool of page size 1: 2,048 B for Llama-3.1-8B's K or V in bf16,
 //! 1,152 B for a DeepSeek-V3 MLA latent in bf16) go to `copy_runs_uniform`, which spreads the
-//! 16-byte vectors of several runs over each warp, [`LOADS_PER_LANE`] loads in flight per lane
+//! 16-byte vectors of several runs over each warp, `LOADS_PER_LANE` loads in flight per lane
 //! before any store (one descriptor per run), instead of `copy_runs`' warp per run with 4 loads
 //! per lane. Any other list (runs of several lengths, unaligned, or longer than 4 KiB) keeps
 //! `copy_runs`.
