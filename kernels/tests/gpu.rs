@@ -1097,11 +1097,7 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
                             max_sms: SM_BUDGET,
                             runs: n,
                         },
-                        (Some(k), true) => TransferPath::SmKernel {
-                            max_sms: k,
-                            runs: n,
-                        },
-                        (Some(k), false) => TransferPath::GatheredBackup {
+                        (Some(k), _) => TransferPath::SmKernel {
                             max_sms: k,
                             runs: n,
                         },
