@@ -15,15 +15,45 @@
 #                                         gpu_bench --overlap, --page-size-1 adds gpu_bench
 #                                         --overlap --page-size-1 --sm-carveout 2. Exits non-zero
 #                                         on the first failure.
+#   scripts/gpu-check.sh bench ARGS...    run the staged gpu_bench with ARGS (e.g. --overlap
+#                                         --page-size-1 --sm-carveout 2 --hold 3), its output
+#                                         headed by the commit line below.
 #   scripts/gpu-check.sh                  CI: with a GPU, build and run; without one, compile
 #                                         the GPU test and benchmark targets (dev profile, so
 #                                         they cannot rot), print why the run is skipped, exit 0.
+#
+# Every log it writes begins with the commit its binaries were built from
+# (`gpu-check: commit <git describe --always --dirty>`, recorded in .dev/COMMIT at build time,
+# since the device machine has no .git), the GPU and its driver: a figure quoted from a log
+# names the code it measured. Write a log with `... 2>&1 | tee $OUT/NAME.txt`.
 #
 # On a device machine without Rust, carry .dev and run `.dev/gpu-check.sh run` from the
 # repository root.
 set -euo pipefail
 
 stage=.dev
+
+# `git describe --always --dirty` of the checkout, or "unknown" outside a git checkout.
+describe_checkout() {
+    git describe --always --dirty 2>/dev/null || echo unknown
+}
+
+# The header every log starts with: the commit of the binaries that run (staged ones: the
+# commit recorded when they were built; else the checkout's), then the GPU.
+log_header() {
+    local commit
+    if [ -f "$stage/COMMIT" ]; then
+        commit=$(cat "$stage/COMMIT")
+    else
+        commit=$(describe_checkout)
+    fi
+    echo "gpu-check: commit $commit"
+    echo "gpu-check: started $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null \
+            | sed 's/^/gpu-check: gpu /' || true
+    fi
+}
 
 has_gpu() {
     # A driver library and a device node: what cudarc needs to open GPU 0.
@@ -32,6 +62,8 @@ has_gpu() {
 
 build() {
     mkdir -p "$stage"
+    describe_checkout >"$stage/COMMIT"
+    echo "gpu-check: building commit $(cat "$stage/COMMIT")"
     local json
     json=$(mktemp)
     cargo build --release -p kvlayout-gpu-bench --bin gpu_bench
@@ -66,6 +98,7 @@ run() {
             *) echo "gpu-check.sh run: unknown option $a" >&2; exit 2 ;;
         esac
     done
+    log_header
     export KVLAYOUT_REQUIRE_GPU=1
     # cuBLAS for gpu_bench --overlap: the CUDA toolkit's, or the pip wheel's.
     for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
@@ -89,14 +122,22 @@ run() {
     echo "== gpu-check: all passed"
 }
 
+bench() {
+    log_header
+    echo "gpu-check: gpu_bench $*"
+    "$stage/gpu_bench" "$@"
+}
+
 case "${1:-}" in
     build) build ;;
     run) shift; run "$@" ;;
+    bench) shift; bench "$@" ;;
     "")
         if has_gpu; then
             build
             run
         else
+            log_header
             cargo build -p kvlayout-gpu-bench --bin gpu_bench
             cargo test --no-run -p kvlayout-kernels --test gpu
             cargo test --no-run -p kvlayout-tests --test cuda_pools
@@ -104,5 +145,5 @@ case "${1:-}" in
             echo "gpu-check: GPU run skipped: no CUDA driver (libcuda) or no /dev/nvidia0 on this machine; the GPU tests and gpu_bench compiled"
         fi
         ;;
-    *) echo "usage: $0 [build | run [--overlap] [--page-size-1]]" >&2; exit 2 ;;
+    *) echo "usage: $0 [build | run [--overlap] [--page-size-1] | bench ARGS...]" >&2; exit 2 ;;
 esac

@@ -8,11 +8,15 @@
 #      per-transfer checks run (`cargo test --workspace` unifies features and never builds it);
 #   3. loom model-checking of the concurrent page claims;
 #   4. the fingerprint recomputed from its documented byte stream by an independent Python
-#      reference;
+#      reference, and the page checksum's vectors by another (layout-core/tests/checksum_*);
 #   4b. the nvidia-smi phase slicer of `gpu_bench --hold` (kernels/scripts/smi_phases.py) on a
 #      hand-made log;
 #   5. the Python package (pip install ./python into a venv) and its pytest suite, then the
-#      prefill/decode handshake self-tests over real NIXL and Mooncake wheels.
+#      prefill/decode handshake self-tests over real NIXL and Mooncake wheels;
+#   6. the wheel (pip wheel ./python, abi3) installed alone in a fresh venv outside the
+#      repository: the prefill/decode self-test there (scripts/wheel-ci.sh);
+#   7. the adapters on the engines' own code: SGLang 0.5.23, vLLM 0.33.0 and 0.20.0 on the CPU
+#      (scripts/engines-ci.sh; download sizes in README).
 # GPU tests are not run here (CI has no GPU; they print why they skip): scripts/gpu-check.sh
 # runs them all with the GPU required.
 set -euo pipefail
@@ -31,6 +35,9 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p kvla
 step "fingerprint: independent Python reference"
 python3 layout-core/tests/fingerprint_reference.py
 
+step "page checksum: independent Python reference"
+python3 layout-core/tests/checksum_reference.py
+
 step "gpu_bench --hold's nvidia-smi phase slicer"
 python3 kernels/scripts/test_smi_phases.py
 
@@ -39,5 +46,11 @@ scripts/python-tests.sh
 
 step "prefill/decode handshake over NIXL and Mooncake"
 scripts/pd-ci.sh
+
+step "the wheel, installed outside the repository"
+scripts/wheel-ci.sh
+
+step "adapters on the engines' own code (SGLang, vLLM; CPU)"
+scripts/engines-ci.sh
 
 printf '\nall tests passed\n'

@@ -37,6 +37,8 @@ pub use kvlayout_derive::KvLayout;
 
 /// The layout model crate, for paths the derive generates.
 pub use kvlayout_core as core;
-/// Device and host pools, HiCache transfers, the shim.
+/// Hugging Face `config.json` to pool geometry (feature `models`).
+#[cfg(feature = "models")]
 pub use kvlayout_models as models;
+/// Device and host pools, HiCache transfers, the shim.
 pub use kvlayout_pool as pool;

@@ -1,5 +1,5 @@
 //! Fuzz entry points, shared by the cargo-fuzz targets (fuzz/fuzz_targets) and by the corpus
-//! replay test that CI runs (cli-tests/fuzz_corpus.rs includes this file).
+//! replay test that CI runs (cli/tests/fuzz_corpus.rs includes this file).
 //!
 //! Each entry takes arbitrary bytes and must never panic, hang, or allocate in proportion to a
 //! number read from the input; the assertions below are the invariants checked on every input.
@@ -17,7 +17,7 @@ pub fn geometry_file(data: &[u8]) {
     valid_geometry_invariants(&g);
 }
 
-/// Splits the input at its first NUL byte into two geometry files (v1 or v2) and runs the
+/// Splits the input at its first NUL byte into two geometry files (v1, v2 or v3) and runs the
 /// whole `kvlayout check` comparison both ways at every level.
 pub fn check_pair(data: &[u8]) {
     let Some(cut) = data.iter().position(|&b| b == 0) else {
@@ -90,6 +90,7 @@ fn valid_geometry_invariants(g: &PoolGeometry) {
     let _ = g
         .fingerprint()
         .expect("validated geometry has a fingerprint");
+    v3_invariants(g);
     for (b, buf) in g.buffers.iter().enumerate() {
         let stored = g.stored_page_bytes(b).expect("stride");
         for (layer, page) in [(0, 0), (buf.layers - 1, g.pages - 1)] {
@@ -104,6 +105,65 @@ fn valid_geometry_invariants(g: &PoolGeometry) {
                 }
             }
         }
+    }
+}
+
+/// Geometry v3 on a validated geometry: a page of P tokens holds P / R whole rows and its
+/// payload is rows x row bytes; a heads split holds heads inside `0..heads_total` (one, the
+/// same for every replica, when heads are replicated over ranks); split groups divide by
+/// tp_size and sum to heads_total; compressed buffers add row bytes x layers / R per token.
+fn v3_invariants(g: &PoolGeometry) {
+    let mut compressed = 0f64;
+    for (b, buf) in g.buffers.iter().enumerate() {
+        let page = g.page_geometry(b).expect("page");
+        let r = buf.compress_ratio;
+        assert!(r >= 1, "compress_ratio at least 1");
+        assert_eq!(
+            page.rows_per_page * r,
+            page.page_size_tokens,
+            "whole rows per page"
+        );
+        let row = buf.layout.bytes_per_token().expect("row bytes");
+        assert_eq!(
+            page.page_payload_bytes,
+            page.rows_per_page * row,
+            "rows x row bytes"
+        );
+        if r > 1 {
+            compressed += (row * buf.layers) as f64 / r as f64;
+        }
+        if let Some(s) = buf.shard
+            && let Some(total) = s.heads_total()
+        {
+            let (lo, hi) = s.heads_held().expect("a heads split holds heads");
+            assert!(lo < hi && hi <= total, "heads held inside 0..heads_total");
+            if s.replicated_heads() {
+                assert_eq!(hi - lo, 1, "one head per replicated rank");
+                assert_eq!(s.tp_size % total, 0, "tp_size a multiple of heads_total");
+            }
+            for sec in buf.layout.sections() {
+                assert_eq!(sec.shape()[0], hi - lo, "head axis = heads held");
+                if let Some(groups) = sec.split_groups() {
+                    assert_eq!(
+                        groups.iter().sum::<u64>(),
+                        total,
+                        "groups sum to heads_total"
+                    );
+                    assert!(
+                        groups.iter().all(|x| x % s.tp_size == 0),
+                        "groups split evenly"
+                    );
+                }
+            }
+        }
+    }
+    if let Ok(t) = g.totals() {
+        let tolerance = compressed.abs() * 1e-12;
+        assert!(
+            (t.compressed_bytes_per_token - compressed).abs() <= tolerance,
+            "compressed bytes per token: {} vs {compressed}",
+            t.compressed_bytes_per_token
+        );
     }
 }
 
@@ -132,6 +192,14 @@ pub fn model_config(data: &[u8]) {
             };
             let g = &pool.geometry;
             assert_eq!(g.validate(), Ok(()), "a model pool is a valid geometry");
+            v3_invariants(g);
+            // One row per R > 1 tokens has no whole bytes per token: refused naming the ratio.
+            if let Some(b) = g.buffers.iter().position(|b| b.compress_ratio != 1) {
+                let e = g.bytes_per_token_all_layers().unwrap_err();
+                assert!(e.field.ends_with(".compress_ratio"), "{e}");
+                assert!(e.field.contains(g.buffers[b].name()), "{e}");
+                continue;
+            }
             let mut sum = 0u64;
             for b in &g.buffers {
                 let per = b.layout.bytes_per_token().expect("valid layout");

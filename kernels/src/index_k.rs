@@ -216,9 +216,10 @@ impl IndexKPages {
             pool.stored_page_bytes(buffer)?
         };
         let spec = IndexKPages {
-            // The buffer's own page size (a v2 buffer may override the pool's): the scales sit
-            // after this many value rows.
-            page_size_tokens: pool.buffer_page_size_tokens(buffer)?,
+            // The buffer's own page size (a v2 buffer may override the pool's) in rows (a v3
+            // buffer stores one row per compress_ratio tokens): the scales sit after this many
+            // value rows.
+            page_size_tokens: pool.buffer_page_rows(buffer)?,
             pages: pool.pages,
             page_stride_bytes,
             base_bytes,

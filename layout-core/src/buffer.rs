@@ -85,9 +85,14 @@ impl fmt::Display for Attention {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ShardSplit {
     /// KV heads split across ranks: every section's first shape entry holds this rank's
-    /// `heads_total / tp_size` heads, `[rank * H / N, (rank + 1) * H / N)`.
+    /// `heads_total / tp_size` heads, `[rank * H / N, (rank + 1) * H / N)`. With fewer heads
+    /// than ranks (`H < N`, `N` a multiple of `H`: Qwen3.5's 2 KV heads at TP 4) each head is
+    /// replicated on `N / H` ranks and rank `r` holds the one head `r / (N / H)` (vLLM's
+    /// `QKVParallelLinear`, `tp_rank // num_kv_head_replicas`; SGLang the same): the head axis
+    /// is then 1.
     Heads {
-        /// Heads of the whole (unsharded) buffer, H.
+        /// Heads of the whole (unsharded) buffer, H: the model's KV head count (never heads
+        /// x replicas); with `split_groups`, the sum of the groups.
         heads_total: u64,
     },
     /// Every rank holds the whole buffer (an MLA latent).
@@ -132,6 +137,54 @@ impl Shard {
         }
     }
 
+    /// Ranks holding the same heads: `tp_size / heads_total` when a heads split has fewer
+    /// heads than ranks, else 1 (also for a replicated buffer, whose every rank holds all).
+    pub const fn replicas(self) -> u64 {
+        match self.split {
+            ShardSplit::Heads { heads_total } if heads_total > 0 && heads_total < self.tp_size => {
+                self.tp_size / heads_total
+            }
+            _ => 1,
+        }
+    }
+
+    /// Whether heads are split with fewer heads than ranks (each head on
+    /// [`Shard::replicas`] ranks).
+    pub const fn replicated_heads(self) -> bool {
+        self.replicas() > 1
+    }
+
+    /// Heads `[first, first + count)` of `heads_total` this rank holds, for a heads split:
+    /// `[r * H / N, (r + 1) * H / N)`, or the one head `r / replicas` when heads are
+    /// replicated. `None` for a replicated buffer or a `tp_size` of 0.
+    pub const fn heads_held(self) -> Option<(u64, u64)> {
+        match self.split {
+            ShardSplit::Heads { heads_total } => {
+                if self.tp_size == 0 {
+                    return None;
+                }
+                let replicas = self.replicas();
+                if replicas > 1 {
+                    let first = self.rank / replicas;
+                    Some((first, first + 1))
+                } else {
+                    let local = heads_total / self.tp_size;
+                    Some((self.rank * local, (self.rank + 1) * local))
+                }
+            }
+            ShardSplit::Replicated => None,
+        }
+    }
+
+    /// Heads on this rank: 1 when heads are replicated, else `heads_total / tp_size`; `None`
+    /// for a replicated buffer.
+    pub const fn local_heads(self) -> Option<u64> {
+        match self.heads_held() {
+            Some((lo, hi)) => Some(hi - lo),
+            None => None,
+        }
+    }
+
     /// Stable split code hashed by the fingerprints: 1 heads, 2 replicated.
     pub const fn split_code(self) -> u8 {
         match self.split {
@@ -145,6 +198,12 @@ impl fmt::Display for Shard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "tp_size {} rank {} ", self.tp_size, self.rank)?;
         match self.split {
+            ShardSplit::Heads { heads_total } if self.replicated_heads() => write!(
+                f,
+                "split heads of {heads_total}, head {} on {} replicas",
+                self.rank / self.replicas(),
+                self.replicas()
+            ),
             ShardSplit::Heads { heads_total } => write!(f, "split heads of {heads_total}"),
             ShardSplit::Replicated => f.write_str("replicated"),
         }
@@ -172,6 +231,12 @@ pub struct BufferGeometry {
     pub layer_ids: Option<Vec<u32>>,
     /// v2: the tensor-parallel shard this pool holds.
     pub shard: Option<Shard>,
+    /// v3: the buffer stores one row per `compress_ratio` tokens (R, at least 1; 1 is every
+    /// token, the v1/v2 meaning). Its sections describe one row; a page of `P` tokens holds
+    /// `P / R` rows (R must divide P) and its payload is `(P / R) x row bytes`. DeepSeek-V4's
+    /// C4 / C128 compressed KV and C4 indexer (SGLang `deepseek_v4_memory_pool.py`: "page =
+    /// page_size // ratio rows").
+    pub compress_ratio: u64,
 }
 
 impl BufferGeometry {
@@ -185,6 +250,7 @@ impl BufferGeometry {
             attention: Attention::Full,
             layer_ids: None,
             shard: None,
+            compress_ratio: 1,
         }
     }
 
@@ -210,6 +276,23 @@ impl BufferGeometry {
     pub fn with_shard(mut self, shard: Shard) -> Self {
         self.shard = Some(shard);
         self
+    }
+
+    /// Storing one row per `compress_ratio` tokens (v3).
+    pub fn with_compress_ratio(mut self, compress_ratio: u64) -> Self {
+        self.compress_ratio = compress_ratio;
+        self
+    }
+
+    /// Rows in a page of this buffer in a pool of `pool_page_size_tokens`: the effective page
+    /// size divided by `compress_ratio` (the page size itself when R is 1; 1 for a `state`
+    /// slot). 0 when R is 0, which validation refuses.
+    pub const fn rows_per_page(&self, pool_page_size_tokens: u64) -> u64 {
+        let tokens = self.effective_page_size_tokens(pool_page_size_tokens);
+        match tokens.checked_div(self.compress_ratio) {
+            Some(rows) => rows,
+            None => 0,
+        }
     }
 
     /// The name as `&str`.
@@ -258,6 +341,37 @@ impl BufferGeometry {
         page || attention || self.layer_ids.is_some() || self.shard.is_some() || order
     }
 
+    /// Whether any v3 field differs from the v1/v2 meaning: a `compress_ratio` other than 1, a
+    /// section with `split_groups`, or heads replicated over ranks (`heads_total < tp_size`,
+    /// invalid before v3). Such a buffer is hashed with the v3 buffer stream (see
+    /// [`crate::fingerprint`]).
+    pub const fn has_v3_fields(&self) -> bool {
+        if self.compress_ratio != 1 {
+            return true;
+        }
+        if let Some(s) = self.shard
+            && s.replicated_heads()
+        {
+            return true;
+        }
+        let sections = self.layout.sections();
+        let mut i = 0;
+        while i < sections.len() {
+            if sections[i].split_groups.is_some() {
+                return true;
+            }
+            i += 1;
+        }
+        false
+    }
+
+    /// Whether writing this buffer needs `kvlayout.geometry/v3`: a v3 field is used
+    /// ([`BufferGeometry::has_v3_fields`]). A `compress_ratio` of 1 is the default and is not
+    /// written.
+    pub fn needs_v3_file(&self) -> bool {
+        self.has_v3_fields()
+    }
+
     /// Whether writing this buffer needs `kvlayout.geometry/v2`: a v2 field is set (even to a
     /// value equal to the default) or a section uses a v2 dtype.
     pub fn needs_v2_file(&self) -> bool {
@@ -293,6 +407,29 @@ impl BufferGeometry {
                     format!("{path}.page_size_tokens"),
                     format!("a state buffer has no token axis (a page is one slot), got {p}"),
                 ));
+            }
+        }
+        self.check_compress_ratio(&path)?;
+        if !matches!(
+            self.shard,
+            Some(Shard {
+                split: ShardSplit::Heads { .. },
+                ..
+            })
+        ) {
+            for (k, s) in self.layout.sections().iter().enumerate() {
+                if let Some(groups) = s.split_groups() {
+                    return Err(GeometryError::new(
+                        format!("{path}.sections[{k}] ({}).split_groups", s.name()),
+                        format!(
+                            "split_groups {groups:?} need a shard with split \"heads\" (the buffer's shard is {})",
+                            match self.shard {
+                                Some(sh) => sh.to_string(),
+                                None => "absent".to_string(),
+                            }
+                        ),
+                    ));
+                }
             }
         }
         match self.attention {
@@ -345,26 +482,52 @@ impl BufferGeometry {
                 ));
             }
             if let ShardSplit::Heads { heads_total } = shard.split {
-                if heads_total == 0 || heads_total % shard.tp_size != 0 {
+                let n = shard.tp_size;
+                if heads_total == 0 {
+                    return Err(GeometryError::new(
+                        format!("{f}.heads_total"),
+                        format!("must be at least 1, got 0 (tp_size {n})"),
+                    ));
+                }
+                if heads_total >= n && heads_total % n != 0 {
                     return Err(GeometryError::new(
                         format!("{f}.heads_total"),
                         format!(
-                            "heads_total {heads_total} must be at least 1 and divisible by tp_size {}",
-                            shard.tp_size
+                            "heads_total {heads_total} must be divisible by tp_size {n} \
+                             (or smaller than it, with tp_size a multiple: replicated heads)"
                         ),
                     ));
                 }
-                let local = heads_total / shard.tp_size;
+                if heads_total < n && n % heads_total != 0 {
+                    return Err(GeometryError::new(
+                        format!("{f}.heads_total"),
+                        format!(
+                            "heads_total {heads_total} is below tp_size {n}, which is not a multiple of it: \
+                             each head must sit on the same number of ranks"
+                        ),
+                    ));
+                }
+                let local = shard.local_heads().unwrap_or(0);
+                let rule = if shard.replicated_heads() {
+                    format!(
+                        "heads_total {heads_total} < tp_size {n}: {} replicas per head, one head per rank",
+                        shard.replicas()
+                    )
+                } else {
+                    format!("heads_total {heads_total} / tp_size {n} = {local}")
+                };
                 for (k, s) in self.layout.sections().iter().enumerate() {
                     let first = s.shape().first().copied().unwrap_or(0);
                     if first != local {
                         return Err(GeometryError::new(
                             format!("{path}.sections[{k}] ({}).shape", s.name()),
                             format!(
-                                "split heads: the first entry is this rank's heads, heads_total {heads_total} / tp_size {} = {local}, got {first}",
-                                shard.tp_size
+                                "split heads: the first entry is this rank's heads, {rule}, got {first}"
                             ),
                         ));
+                    }
+                    if let Some(groups) = s.split_groups() {
+                        check_split_groups(&path, k, s.name(), groups, heads_total, n)?;
                     }
                     // A rank's heads are a byte range only when one head fills whole bytes:
                     // 3 e2m1 per head is 12 bits, and a copy planned in bytes would floor it.
@@ -393,4 +556,85 @@ impl BufferGeometry {
         }
         Ok(())
     }
+}
+
+impl BufferGeometry {
+    /// `compress_ratio` at least 1, dividing the effective page size, and 1 on a `state`
+    /// buffer (a slot has no token axis).
+    fn check_compress_ratio(&self, path: &str) -> Result<(), GeometryError> {
+        let r = self.compress_ratio;
+        let field = format!("{path}.compress_ratio");
+        if r == 0 {
+            return Err(GeometryError::new(field, "must be at least 1, got 0"));
+        }
+        if r == 1 {
+            return Ok(());
+        }
+        if self.attention == Attention::State {
+            return Err(GeometryError::new(
+                field,
+                format!(
+                    "a state buffer has no token axis (a page is one slot), got compress_ratio {r}"
+                ),
+            ));
+        }
+        // The pool's page size is checked by the pool; here only a buffer's own one is known.
+        if let Some(p) = self.page_size_tokens
+            && p % r != 0
+        {
+            return Err(GeometryError::new(
+                field,
+                format!(
+                    "compress_ratio {r} does not divide page_size_tokens {p}: a page holds whole rows"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `split_groups` of section `k`: every group at least 1 and divisible by `tp_size`, summing
+/// to `heads_total` (the section's whole-model leading axis).
+fn check_split_groups(
+    path: &str,
+    k: usize,
+    name: &str,
+    groups: &[u64],
+    heads_total: u64,
+    tp_size: u64,
+) -> Result<(), GeometryError> {
+    let field = format!("{path}.sections[{k}] ({name}).split_groups");
+    if groups.is_empty() {
+        return Err(GeometryError::new(
+            field,
+            "must hold at least one group, got []",
+        ));
+    }
+    let mut sum = 0u64;
+    for (g, &size) in groups.iter().enumerate() {
+        if size == 0 || size % tp_size != 0 {
+            return Err(GeometryError::new(
+                format!("{field}[{g}]"),
+                format!(
+                    "group {g} of {size} entries must be at least 1 and divisible by tp_size {tp_size}"
+                ),
+            ));
+        }
+        sum = sum.checked_add(size).ok_or_else(|| {
+            GeometryError::new(
+                field.clone(),
+                "overflow: the groups' sum does not fit in 64 bits",
+            )
+        })?;
+    }
+    if sum != heads_total {
+        return Err(GeometryError::new(
+            field,
+            format!(
+                "groups {groups:?} sum to {sum}, the shard's heads_total is {heads_total} \
+                 (with split_groups, heads_total is the whole-model leading axis)"
+            ),
+        ));
+    }
+    Ok(())
 }

@@ -90,6 +90,13 @@ pub fn arrangement_text(layout: &TokenLayout) -> String {
     }
 }
 
+fn groups_text(groups: Option<&[u64]>) -> String {
+    match groups {
+        None => "none".to_string(),
+        Some(g) => dims_text(g),
+    }
+}
+
 fn dims_text(dims: &[u64]) -> String {
     let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
     format!("[{}]", dims.join(", "))
@@ -123,19 +130,34 @@ fn num<T: fmt::Display, E: fmt::Display>(r: Result<T, E>) -> String {
 /// `present (2048 B/token, 32768 B/page of 16 tokens)`, or per slot for a `state` buffer.
 pub fn buffer_summary(pool: &PoolGeometry, b: &BufferGeometry) -> String {
     let page = b.effective_page_size_tokens(pool.page_size_tokens);
-    let per = num(b.layout.bytes_per_token());
+    let rows = b.rows_per_page(pool.page_size_tokens);
+    let per = row_text(b);
     match b.attention {
-        Attention::State => format!("present (state, {per} B/slot, {} layers)", b.layers),
+        Attention::State => format!(
+            "present (state, {} B/slot, {} layers)",
+            num(b.layout.bytes_per_token()),
+            b.layers
+        ),
         Attention::Full => format!(
-            "present ({per} B/token, {} B/page of {page} tokens, {} layers)",
-            num(b.layout.page_stride_bytes(page)),
+            "present ({per}, {} B/page of {page} tokens, {} layers)",
+            num(b.layout.page_stride_bytes(rows)),
             b.layers
         ),
         windowed => format!(
-            "present ({windowed}, {per} B/token, {} B/page of {page} tokens, {} layers)",
-            num(b.layout.page_stride_bytes(page)),
+            "present ({windowed}, {per}, {} B/page of {page} tokens, {} layers)",
+            num(b.layout.page_stride_bytes(rows)),
             b.layers
         ),
+    }
+}
+
+/// A buffer's row: `132 B/token`, or `584 B per 4 tokens` when it stores one row per R
+/// tokens (v3 `compress_ratio`).
+fn row_text(b: &BufferGeometry) -> String {
+    let per = num(b.layout.bytes_per_token());
+    match b.compress_ratio {
+        1 => format!("{per} B/token"),
+        r => format!("{per} B per {r} tokens"),
     }
 }
 
@@ -262,6 +284,12 @@ fn compare_buffer(
         ba.attention.to_string(),
         bb.attention.to_string(),
     );
+    // Compared at every level: rows of R tokens glue only with rows of R tokens.
+    out.push(
+        format!("{n}.compress_ratio"),
+        ba.compress_ratio.to_string(),
+        bb.compress_ratio.to_string(),
+    );
     let page_bound = |l: &TokenLayout| {
         matches!(
             l.arrangement,
@@ -290,6 +318,7 @@ fn compare_buffer(
             None => "whole".into(),
         };
         out.push(format!("{n}.shard.split"), split(ba), split(bb));
+        held_heads(n, ba, bb, &mut out);
     } else {
         out.push(format!("{n}.shard"), shard_text(ba), shard_text(bb));
     }
@@ -303,26 +332,78 @@ fn compare_buffer(
         });
     }
     compare_sections(n, la, lb, per_head, &mut out);
+    let (ra, rb) = (
+        ba.rows_per_page(a.page_size_tokens),
+        bb.rows_per_page(b.page_size_tokens),
+    );
     if level != Level::Token {
         out.push(
             format!("{n}.page_stride_bytes"),
-            num(la.page_stride_bytes(pa)),
-            num(lb.page_stride_bytes(pb)),
+            num(la.page_stride_bytes(ra)),
+            num(lb.page_stride_bytes(rb)),
         );
     }
     if !out.0.is_empty() {
-        out.push(
-            format!("{n}.bytes_per_token"),
-            num(la.bytes_per_token()),
-            num(lb.bytes_per_token()),
-        );
+        // A row per token on both sides: bare numbers (the v1/v2 lines); else each side's row
+        // bytes and R (`132 B per 4 tokens, 132 B per token`).
+        let compressed = ba.compress_ratio != 1 || bb.compress_ratio != 1;
+        let per = |x: &BufferGeometry| {
+            if compressed {
+                match x.compress_ratio {
+                    1 => format!("{} B per token", num(x.layout.bytes_per_token())),
+                    _ => row_text(x),
+                }
+            } else {
+                num(x.layout.bytes_per_token())
+            }
+        };
+        out.push(format!("{n}.bytes_per_token"), per(ba), per(bb));
         out.push(
             format!("{n}.bytes_per_page"),
-            num(la.page_payload_bytes(pa)),
-            num(lb.page_payload_bytes(pb)),
+            num(la.page_payload_bytes(ra)),
+            num(lb.page_payload_bytes(rb)),
         );
     }
     out.0
+}
+
+/// Token level, a heads split on both sides with heads replicated over ranks on at least one
+/// (`heads_total < tp_size`): the heads each side holds must overlap, or the pair shares no
+/// byte of this buffer (SGLang #23746 mapped rank -> head as `r % nkv`, not `r / replicas`).
+/// Plain splits on both sides are left to the plan, as before: a transfer engine pulls each
+/// head from whichever rank holds it.
+fn held_heads(n: &str, ba: &BufferGeometry, bb: &BufferGeometry, out: &mut Lines) {
+    let (Some(sa), Some(sb)) = (ba.shard, bb.shard) else {
+        return;
+    };
+    if !(sa.replicated_heads() || sb.replicated_heads()) {
+        return;
+    }
+    let (Some((la, ha)), Some((lb, hb))) = (sa.heads_held(), sb.heads_held()) else {
+        return;
+    };
+    if la.max(lb) < ha.min(hb) {
+        return;
+    }
+    let text = |s: crate::Shard, lo: u64, hi: u64| {
+        let heads = if hi - lo == 1 {
+            format!("head {lo}")
+        } else {
+            format!("heads [{lo}, {hi})")
+        };
+        format!(
+            "{heads} of {} (tp_size {} rank {}, {} replicas)",
+            s.heads_total().unwrap_or(0),
+            s.tp_size,
+            s.rank,
+            s.replicas()
+        )
+    };
+    out.0.push(FieldDiff {
+        field: format!("{n}.shard.heads_held"),
+        a: text(sa, la, ha),
+        b: text(sb, lb, hb),
+    });
 }
 
 /// The shape compared: whole, or without the head axis (`per_head`).
@@ -343,6 +424,7 @@ fn equal_by_position(sa: &[Section], sb: &[Section], per_head: bool) -> bool {
                 && shape_of(x, per_head) == shape_of(y, per_head)
                 && x.scale == y.scale
                 && x.order() == y.order()
+                && x.split_groups() == y.split_groups()
         })
 }
 
@@ -424,6 +506,11 @@ fn compare_sections(n: &str, la: &TokenLayout, lb: &TokenLayout, per_head: bool,
             format!("{path}.order"),
             x.order().unwrap_or("linear").into(),
             y.order().unwrap_or("linear").into(),
+        );
+        out.push(
+            format!("{path}.split_groups"),
+            groups_text(x.split_groups()),
+            groups_text(y.split_groups()),
         );
     }
     if out.0.len() == before {

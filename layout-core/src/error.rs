@@ -62,6 +62,11 @@ pub enum LayoutError {
     StrideNotAligned { stride_bytes: u64, align_bytes: u64 },
     /// A page of zero tokens.
     ZeroPageSize,
+    /// A `compress_ratio` of 0, or one that does not divide the page's tokens.
+    RatioDoesNotDivide {
+        compress_ratio: u64,
+        page_size_tokens: u64,
+    },
     /// A section index past the end of the layout.
     SectionIndex { section: usize, sections: usize },
     /// A token index past the end of the page.
@@ -109,6 +114,9 @@ impl LayoutError {
                 "page_stride_bytes is not a multiple of page_align_bytes"
             }
             LayoutError::ZeroPageSize => "page_size_tokens must be at least 1",
+            LayoutError::RatioDoesNotDivide { .. } => {
+                "compress_ratio must be at least 1 and divide the page's tokens (a page holds whole rows)"
+            }
             LayoutError::SectionIndex { .. } => "section index out of range",
             LayoutError::TokenIndex { .. } => "token index out of range for the page",
             LayoutError::RunIndex { .. } => "head index out of range for the section",
@@ -183,6 +191,13 @@ impl fmt::Display for LayoutError {
                 token,
                 page_size_tokens,
             } => write!(f, " (token {token}, page of {page_size_tokens} tokens)"),
+            LayoutError::RatioDoesNotDivide {
+                compress_ratio,
+                page_size_tokens,
+            } => write!(
+                f,
+                " (compress_ratio {compress_ratio}, page_size_tokens {page_size_tokens})"
+            ),
             LayoutError::RunIndex { section, run, runs } => {
                 write!(f, " (section {section}: head {run} of {runs})")
             }

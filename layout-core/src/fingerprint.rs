@@ -2,7 +2,7 @@
 //! `token` per buffer, one per compare level ([`crate::Level`]).
 //!
 //! Algorithm (reproducible in any language; `layout-core/tests/fingerprint_reference.py` does
-//! it in 40 lines of Python): FNV-1a 64 (offset basis `0xcbf29ce484222325`, prime
+//! the pool and token streams of v1, v2 and v3 files in Python's standard library): FNV-1a 64 (offset basis `0xcbf29ce484222325`, prime
 //! `0x100000001b3`) over a canonical byte stream. `u64(x)`: `x` as 8 bytes little-endian;
 //! `str(s)`: `u64(byte length)` then the UTF-8 bytes; `FNV(...)`: a fresh hash from the offset
 //! basis over the items in order. Codes: dtype [`crate::Dtype::code`] (f32 1, f16 2, bf16 3,
@@ -29,6 +29,17 @@
 //!   u64(rank) u64(split code) u64(heads_total, 0 when replicated), then per section: u64(0) when
 //!   linear | u64(1) str(order))`. A file's `"order": "linear"` is linear (read as absent), so
 //!   a buffer whose only v2 field it is hashes as v1 content.
+//! - `h_b` for a buffer with a v3 field (`compress_ratio` other than 1, a section with
+//!   `split_groups`, or heads replicated over ranks: `heads_total < tp_size`):
+//!   `FNV(str("kvlayout.buffer/v3"), str(name), u64(layers), u64(effective page size in
+//!   tokens), u64(compress_ratio R), u64(page stride bytes at page size / R rows),
+//!   u64(core(L)), u64(attention code), u64(W or C, else 0), layer ids as in v2, shard as in
+//!   v2, orders as in v2, then per section: u64(0) without split groups | u64(1) u64(group
+//!   count) u64(each group's entries))`. Such a buffer was invalid before v3, so no v1/v2
+//!   value changes. Example (`layout-core/tests/fingerprint_reference.py` and
+//!   `tests/fingerprint_stream.rs` recompute it): DeepSeek-V4's C4 indexer K alone (shared
+//!   case 28 A), 21 layers of section-major 128 e4m3 + 1 f32 per 128, R 4, page 64 tokens =
+//!   16 rows, stride 16 x 132 = 2,112 B: pool fingerprint `0x4f8f39636bf81db6`.
 //! - [`PoolGeometry::fingerprint`] (`pool`; pairs, storage keys, handshakes):
 //!   `FNV(str("kvlayout.pool/v1"), u64(page_size_tokens, or 0 when every buffer is `state`:
 //!   slots have no token axis, so the pool's page size is no part of them), u64(buffer count),
@@ -44,11 +55,17 @@
 //!   and planes, else 0), u64(heads_total for a heads split, else 0), u64(section count),
 //!   per section: u64(dtype code), u64(rank of the per-head shape), u64(each of its dimensions)
 //!   — the shape without its first entry on a heads split —, the scale items as in core(L),
-//!   then the orders as in the v2 buffer hash)`.
+//!   then the orders as in the v2 buffer hash)`. A buffer with a v3 field (as above) is hashed
+//!   with `str("kvlayout.token/v3")` in place of `str("kvlayout.token/v1")`, the same items,
+//!   then `u64(compress_ratio)`, `u64(1) u64(the head held)` when heads are replicated over
+//!   ranks (rank / (tp_size / heads_total)) else `u64(0)`, then the split groups as in the v3
+//!   buffer hash.
 //!
 //! Equal fingerprints at a level imply compatible at that level. The converse holds except for
 //! `layer_ids`, which the check compares only when both sides give them and the fingerprints
-//! hash whenever present (a page of other layers must never be read under a storage key).
+//! hash whenever present (a page of other layers must never be read under a storage key), and
+//! at `token` level for a plain heads split against replicated heads (TP 2 rank 1 and TP 4 rank
+//! 2 of 2 KV heads both hold head 1: compatible, yet only the replicated side hashes its head).
 
 use crate::buffer::{Attention, BufferGeometry};
 use crate::error::{LayoutError, tri};
@@ -218,11 +235,40 @@ pub const fn buffer_hash_v2(
     h = fnv_u64(h, layout_core_hash(&b.layout));
     h = fnv_attention(h, b.attention);
     h = fnv_layer_ids(h, b.layer_ids());
-    h = match b.shard {
+    h = fnv_shard(h, b.shard);
+    Ok(fnv_orders(h, b.layout.sections()))
+}
+
+/// Feeds each section's split groups: `0` when absent, else `1`, the group count and each
+/// group's whole-model entries.
+const fn fnv_split_groups(mut h: u64, sections: &[Section]) -> u64 {
+    let mut i = 0;
+    while i < sections.len() {
+        h = match sections[i].split_groups() {
+            None => fnv_u64(h, 0),
+            Some(groups) => {
+                h = fnv_u64(fnv_u64(h, 1), groups.len() as u64);
+                let mut g = 0;
+                while g < groups.len() {
+                    h = fnv_u64(h, groups[g]);
+                    g += 1;
+                }
+                h
+            }
+        };
+        i += 1;
+    }
+    h
+}
+
+/// Feeds a shard: `0` when absent, else `1`, tp_size, rank, split code, heads_total (0 when
+/// replicated).
+const fn fnv_shard(h: u64, shard: Option<crate::Shard>) -> u64 {
+    match shard {
         None => fnv_u64(h, 0),
         Some(s) => {
-            h = fnv_u64(fnv_u64(fnv_u64(h, 1), s.tp_size), s.rank);
-            h = fnv_u64(h, s.split_code() as u64);
+            let h = fnv_u64(fnv_u64(fnv_u64(h, 1), s.tp_size), s.rank);
+            let h = fnv_u64(h, s.split_code() as u64);
             fnv_u64(
                 h,
                 match s.heads_total() {
@@ -231,8 +277,29 @@ pub const fn buffer_hash_v2(
                 },
             )
         }
-    };
-    Ok(fnv_orders(h, b.layout.sections()))
+    }
+}
+
+/// Hash of a buffer with v3 fields (see the module docs): every v2 item, the compress ratio,
+/// the page stride at `page size / R` rows, and the sections' split groups.
+pub const fn buffer_hash_v3(
+    b: &BufferGeometry,
+    pool_page_size_tokens: u64,
+) -> Result<u64, LayoutError> {
+    let page = b.effective_page_size_tokens(pool_page_size_tokens);
+    let pg = tri!(b.layout.page_geometry_compressed(page, b.compress_ratio));
+    let mut h = fnv_str(FNV_OFFSET, "kvlayout.buffer/v3");
+    h = fnv_str(h, b.name());
+    h = fnv_u64(h, b.layers);
+    h = fnv_u64(h, page);
+    h = fnv_u64(h, b.compress_ratio);
+    h = fnv_u64(h, pg.page_stride_bytes);
+    h = fnv_u64(h, layout_core_hash(&b.layout));
+    h = fnv_attention(h, b.attention);
+    h = fnv_layer_ids(h, b.layer_ids());
+    h = fnv_shard(h, b.shard);
+    h = fnv_orders(h, b.layout.sections());
+    Ok(fnv_split_groups(h, b.layout.sections()))
 }
 
 /// Combines a page size and the buffer hashes (in any order) into a pool fingerprint.
@@ -246,7 +313,15 @@ pub const fn pool_hash(page_size_tokens: u64, buffers: u64, buffer_hash_sum: u64
 /// The `token`-level fingerprint of buffer `b` (see the module docs).
 pub const fn token_hash(b: &BufferGeometry, pool_page_size_tokens: u64) -> u64 {
     let layout = &b.layout;
-    let mut h = fnv_str(FNV_OFFSET, "kvlayout.token/v1");
+    let v3 = b.has_v3_fields();
+    let mut h = fnv_str(
+        FNV_OFFSET,
+        if v3 {
+            "kvlayout.token/v3"
+        } else {
+            "kvlayout.token/v1"
+        },
+    );
     h = fnv_str(h, b.name());
     h = fnv_u64(h, b.layers);
     h = fnv_attention(h, b.attention);
@@ -301,7 +376,20 @@ pub const fn token_hash(b: &BufferGeometry, pool_page_size_tokens: u64) -> u64 {
         }
         i += 1;
     }
-    fnv_orders(h, sections)
+    h = fnv_orders(h, sections);
+    if !v3 {
+        return h;
+    }
+    h = fnv_u64(h, b.compress_ratio);
+    // Replicated heads: the one head this rank holds (the level compares it).
+    h = match b.shard {
+        Some(s) if s.replicated_heads() => match s.heads_held() {
+            Some((first, _)) => fnv_u64(fnv_u64(h, 1), first),
+            None => fnv_u64(h, 0),
+        },
+        _ => fnv_u64(h, 0),
+    };
+    fnv_split_groups(h, sections)
 }
 
 impl PoolGeometry {
@@ -313,7 +401,9 @@ impl PoolGeometry {
         let mut i = 0;
         while i < buffers.len() {
             let b = &buffers[i];
-            let h = if b.has_v2_fields(self.page_size_tokens) {
+            let h = if b.has_v3_fields() {
+                tri!(buffer_hash_v3(b, self.page_size_tokens))
+            } else if b.has_v2_fields(self.page_size_tokens) {
                 tri!(buffer_hash_v2(b, self.page_size_tokens))
             } else {
                 tri!(buffer_hash(

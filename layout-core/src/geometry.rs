@@ -16,16 +16,28 @@ use crate::buffer::BufferGeometry;
 use crate::error::LayoutError;
 use crate::layout::{Arrangement, PageGeometry};
 
-/// Where pages of a whole pool sit in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Where pages of a whole pool sit in memory; serde reads and writes the geometry-file names
+/// (`layer_first`, `page_first`, `page_first_direct`, `page_head`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking the geometry-file names ([`Self::name`]:
+/// `layer_first`, ...) and, as aliases, the dashed spellings the CLI documented before
+/// (`layer-first`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "clap", value(rename_all = "snake_case"))]
 pub enum MemoryLayout {
     /// `[layer][page][...]` per buffer.
+    #[cfg_attr(feature = "clap", value(alias = "layer-first"))]
     LayerFirst,
     /// `[page][layer][...]` per buffer.
+    #[cfg_attr(feature = "clap", value(alias = "page-first"))]
     PageFirst,
     /// `[page][buffer][layer][...]`: one contiguous run per page.
+    #[cfg_attr(feature = "clap", value(alias = "page-first-direct"))]
     PageFirstDirect,
     /// `[page][head][layer][token][head row]` per buffer (MHA).
+    #[cfg_attr(feature = "clap", value(alias = "page-head"))]
     PageHead,
 }
 
@@ -168,6 +180,7 @@ pub fn layout_error(index: usize, buffer: &BufferGeometry, e: LayoutError) -> Ge
         }
         LayoutError::NoSections => format!("{b}.sections"),
         LayoutError::ZeroPageSize => "page_size_tokens".to_string(),
+        LayoutError::RatioDoesNotDivide { .. } => format!("{b}.compress_ratio"),
         LayoutError::Overflow { .. }
         | LayoutError::SectionIndex { .. }
         | LayoutError::TokenIndex { .. }
@@ -219,7 +232,10 @@ impl PoolGeometry {
             }
             b.check_v2(i)?;
             b.layout
-                .page_geometry(b.effective_page_size_tokens(self.page_size_tokens))
+                .page_geometry_compressed(
+                    b.effective_page_size_tokens(self.page_size_tokens),
+                    b.compress_ratio,
+                )
                 .map_err(|e| layout_error(i, b, e))?;
             if self.memory_layout == MemoryLayout::PageHead {
                 self.page_head_heads(i)?;
@@ -245,12 +261,19 @@ impl PoolGeometry {
     }
 
     /// Sizes of a page of buffer `b` (at its effective page size: its own, the pool's, or one
-    /// slot for a `state` buffer).
+    /// slot for a `state` buffer; `page_size_tokens / compress_ratio` rows).
     pub fn page_geometry(&self, b: usize) -> Result<PageGeometry, GeometryError> {
         let buf = self.buffer(b)?;
         buf.layout
-            .page_geometry(self.buffer_page_size_tokens(b)?)
+            .page_geometry_compressed(self.buffer_page_size_tokens(b)?, buf.compress_ratio)
             .map_err(|e| layout_error(b, buf, e))
+    }
+
+    /// Rows in a page of buffer `b`: [`BufferGeometry::rows_per_page`] (its tokens per page
+    /// when `compress_ratio` is 1). In-page indices of the layout arithmetic
+    /// ([`crate::TokenLayout::offset_bytes`]) count these rows.
+    pub fn buffer_page_rows(&self, b: usize) -> Result<u64, GeometryError> {
+        Ok(self.page_geometry(b)?.rows_per_page)
     }
 
     /// Tokens per page of buffer `b`: [`BufferGeometry::effective_page_size_tokens`].
@@ -280,9 +303,23 @@ impl PoolGeometry {
 
     /// Bytes per token of one layer, all buffers that have that layer (buffers hold layers
     /// `0..layers`).
+    ///
+    /// # Errors
+    /// A buffer storing one row per several tokens (`compress_ratio` > 1) has no whole bytes
+    /// per token: refused naming it ([`PoolGeometry::totals`] gives its share exactly); an
+    /// invalid layout; overflow.
     pub fn bytes_per_token_all_layers(&self) -> Result<u64, GeometryError> {
         let mut total = 0u64;
         for (i, b) in self.buffers.iter().enumerate() {
+            if b.compress_ratio != 1 {
+                return Err(GeometryError::new(
+                    format!("{}.compress_ratio", buffer_path(i, b)),
+                    format!(
+                        "one row per {} tokens has no whole bytes per token (totals() gives compressed_bytes_per_token)",
+                        b.compress_ratio
+                    ),
+                ));
+            }
             let per = b
                 .layout
                 .bytes_per_token()
@@ -470,7 +507,7 @@ impl PoolGeometry {
         let buf = self.buffer(b)?;
         let layout = &buf.layout;
         let heads = self.page_head_heads(b)?;
-        let t_count = self.buffer_page_size_tokens(b)?;
+        let t_count = self.buffer_page_rows(b)?;
         let chunk = self.stored_page_bytes(b)? / heads; // T * head row, all sections
         let head_row = chunk / t_count.max(1);
         let err = |e| layout_error(b, buf, e);

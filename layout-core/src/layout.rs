@@ -82,9 +82,14 @@ pub struct TokenLayout {
 pub struct PageGeometry {
     /// Tokens per page.
     pub page_size_tokens: u64,
-    /// Bytes of one token's entry (all sections).
+    /// Tokens per row R (v3 `compress_ratio`; 1: a row per token).
+    pub compress_ratio: u64,
+    /// Rows per page: `page_size_tokens / compress_ratio`.
+    pub rows_per_page: u64,
+    /// Bytes of one row (all sections): one token's entry when `compress_ratio` is 1, one
+    /// row of `compress_ratio` tokens otherwise.
     pub bytes_per_token: u64,
-    /// `page_size_tokens * bytes_per_token`.
+    /// `rows_per_page * bytes_per_token` (row bytes).
     pub page_payload_bytes: u64,
     /// Distance between consecutive pages: payload plus alignment padding.
     pub page_stride_bytes: u64,
@@ -321,14 +326,42 @@ impl TokenLayout {
         }
     }
 
-    /// All sizes of a page of `page_size_tokens` tokens, after validating the layout.
+    /// All sizes of a page of `page_size_tokens` tokens, a row per token, after validating
+    /// the layout.
     pub const fn page_geometry(&self, page_size_tokens: u64) -> Result<PageGeometry, LayoutError> {
+        self.page_geometry_compressed(page_size_tokens, 1)
+    }
+
+    /// All sizes of a page of `page_size_tokens` tokens stored one row per `compress_ratio`
+    /// tokens (v3): the layout's sections describe one row, and the page holds
+    /// `page_size_tokens / compress_ratio` rows.
+    ///
+    /// # Errors
+    /// The layout's own rule broken; [`LayoutError::ZeroPageSize`] when the ratio is 0;
+    /// [`LayoutError::RatioDoesNotDivide`] when it does not divide the page size; overflow.
+    pub const fn page_geometry_compressed(
+        &self,
+        page_size_tokens: u64,
+        compress_ratio: u64,
+    ) -> Result<PageGeometry, LayoutError> {
         tri!(self.validate());
+        if page_size_tokens == 0 {
+            return Err(LayoutError::ZeroPageSize);
+        }
+        if compress_ratio == 0 || !page_size_tokens.is_multiple_of(compress_ratio) {
+            return Err(LayoutError::RatioDoesNotDivide {
+                compress_ratio,
+                page_size_tokens,
+            });
+        }
+        let rows_per_page = page_size_tokens / compress_ratio;
         let bytes_per_token = tri!(self.bytes_per_token());
-        let page_payload_bytes = tri!(self.page_payload_bytes(page_size_tokens));
-        let page_stride_bytes = tri!(self.page_stride_bytes(page_size_tokens));
+        let page_payload_bytes = tri!(self.page_payload_bytes(rows_per_page));
+        let page_stride_bytes = tri!(self.page_stride_bytes(rows_per_page));
         Ok(PageGeometry {
             page_size_tokens,
+            compress_ratio,
+            rows_per_page,
             bytes_per_token,
             page_payload_bytes,
             page_stride_bytes,

@@ -20,7 +20,11 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A compare level (`kvlayout check --level`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking [`Self::name`] (`pool`, `storage`,
+/// `token`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Level {
     /// Whole pages are exchanged between the pools.
     #[default]

@@ -6,8 +6,8 @@
 //! tensor-parallel [`Shard`]), [`PoolGeometry`] (buffers, page size, memory layout, byte
 //! offsets), the compatibility check [`compare_at`] at a [`Level`] (`pool`, `storage`,
 //! `token`) with a field-by-field [`Mismatch`], stable const [`fingerprint`]s, parametric
-//! [`formats`] builders, and the geometry file module [`mod@file`]
-//! (`kvlayout.geometry/v1` and `/v2`).
+//! [`formats`] builders, the geometry file module [`mod@file`]
+//! (`kvlayout.geometry/v1` and `/v2`), and the page content [`checksum`] bound to the layout.
 //!
 //! Every size carries its unit in its name (`_bytes`, `_elems`, `_bits`, `_tokens`, `_pages`),
 //! every computation is checked (an overflow is [`LayoutError::Overflow`], never a wrap), and
@@ -36,6 +36,7 @@
 
 mod align;
 mod buffer;
+pub mod checksum;
 mod diff;
 mod dtype;
 mod duplicate_keys;
@@ -47,18 +48,21 @@ pub mod formats;
 mod geometry;
 mod layout;
 pub mod level;
+pub mod plan;
+mod regions;
 mod section;
 mod totals;
 
 pub use buffer::{Attention, BufferGeometry, Shard, ShardSplit};
 pub use diff::{FieldDiff, Mismatch, arrangement_text, buffer_summary, compare, compare_at};
 pub use dtype::Dtype;
-pub use duplicate_keys::check_unique_keys;
+pub use duplicate_keys::{DuplicateKey, check_unique_keys, find_duplicate_key};
 pub use elem::Element;
 pub use error::LayoutError;
 pub use geometry::{GeometryError, MemoryLayout, PoolGeometry, Segment, buffer_path, layout_error};
 pub use layout::{Arrangement, PageGeometry, TokenLayout};
 pub use level::Level;
+pub use regions::{POOL_REGION, Placement, Region};
 pub use section::{ScaleOf, Section};
 pub use totals::Totals;
 

@@ -29,6 +29,12 @@ pub struct Section {
     /// `kvlayout.geometry/v2`: a named non-linear order of this section's elements across the
     /// page (a swizzle of scale rows, say); `None` is linear. Compared as a name.
     pub order: Option<Cow<'static, str>>,
+    /// `kvlayout.geometry/v3`: over the whole model, the leading axis is the concatenation of
+    /// groups of `G1, G2, ...` entries (a gated-delta-net conv state: q, k, v channels; Mamba2:
+    /// x, B, C), and tensor parallelism splits each group on its own: a rank of `N` holds
+    /// `G1/N, G2/N, ...` entries, in group order. Only under a heads split, whose
+    /// `heads_total` is then the sum of the groups. `None`: the axis is split as one block.
+    pub split_groups: Option<Cow<'static, [u64]>>,
 }
 
 /// A `Cow` slice as a plain slice, in `const` context.
@@ -58,6 +64,7 @@ impl Section {
             shape: Cow::Borrowed(shape),
             scale: None,
             order: None,
+            split_groups: None,
         }
     }
 
@@ -78,6 +85,7 @@ impl Section {
                 block_elems,
             }),
             order: None,
+            split_groups: None,
         }
     }
 
@@ -89,6 +97,7 @@ impl Section {
             shape: Cow::Owned(shape),
             scale: None,
             order: None,
+            split_groups: None,
         }
     }
 
@@ -107,6 +116,21 @@ impl Section {
     pub fn with_order(mut self, order: impl Into<String>) -> Section {
         self.order = Some(Cow::Owned(order.into()));
         self
+    }
+
+    /// This section with its leading axis made of tensor-parallel groups of `groups` entries
+    /// each over the whole model (`kvlayout.geometry/v3` `split_groups`).
+    pub fn with_split_groups(mut self, groups: Vec<u64>) -> Section {
+        self.split_groups = Some(Cow::Owned(groups));
+        self
+    }
+
+    /// The split groups (whole-model entries of each group), `None` when absent.
+    pub const fn split_groups(&self) -> Option<&[u64]> {
+        match &self.split_groups {
+            Some(g) => Some(cow_slice(g)),
+            None => None,
+        }
     }
 
     /// The order's name, `None` when linear: absent, or `"linear"` set on the public field

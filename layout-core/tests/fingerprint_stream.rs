@@ -36,7 +36,7 @@ impl Stream {
 
 fn case(name: &str, side: &str) -> PoolGeometry {
     let path = format!(
-        "{}/../cli-tests/shared-cases/{name}/{side}.json",
+        "{}/../cli/tests/shared-cases/{name}/{side}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     file::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap()
@@ -226,4 +226,167 @@ fn a_heads_split_in_the_pool_and_token_streams() {
         .all(&[0, 0])
         .hash();
     assert_eq!(g.token_fingerprints()[1], ("fa", token_fa));
+}
+
+/// DeepSeek-V4 C4 indexer K (case 28 A): one 132-B row per 4 tokens, a v3 buffer stream.
+/// 64-token pages hold 16 rows: stride 16 x 132 = 2,112 B.
+#[test]
+fn a_compressed_buffer_uses_the_v3_stream() {
+    let core = Stream::default()
+        .s("kvlayout.layout/v1")
+        .u(SECTION_MAJOR)
+        .u(2)
+        .all(&[F8E4M3, 1, 128, 0])
+        .all(&[F32, 1, 1, 1, 0, 128])
+        .hash();
+    let h = Stream::default()
+        .s("kvlayout.buffer/v3")
+        .s("index_k")
+        .u(21)
+        .u(64) // effective page size in tokens
+        .u(4) // compress ratio
+        .u(16 * 132) // stride at 64 / 4 rows
+        .u(core)
+        .all(&[1, 0]) // full, W 0
+        .u(0) // no layer_ids
+        .u(0) // no shard
+        .all(&[0, 0]) // orders: linear
+        .all(&[0, 0]) // no split groups
+        .hash();
+    let pool = Stream::default()
+        .s("kvlayout.pool/v1")
+        .u(64)
+        .u(1)
+        .u(h)
+        .hash();
+    let g = case("28-dsv4-c4-indexer-host-per-token-vs-per-row", "a");
+    assert_eq!(g.fingerprint(), Ok(pool));
+    // fingerprint_reference.py publishes the same value.
+    assert_eq!(pool, 0x4f8f_3963_6bf8_1db6);
+    // The host side (R 1, a v1 file) keeps the v1 stream and its own value.
+    let host = case("28-dsv4-c4-indexer-host-per-token-vs-per-row", "b");
+    let h1 = Stream::default()
+        .s("kvlayout.buffer/v1")
+        .s("index_k")
+        .u(21)
+        .u(64 * 132)
+        .u(core)
+        .hash();
+    let pool1 = Stream::default()
+        .s("kvlayout.pool/v1")
+        .u(64)
+        .u(1)
+        .u(h1)
+        .hash();
+    assert_eq!(host.fingerprint(), Ok(pool1));
+}
+
+/// Case 29 B: Qwen3.5 full attention at TP 4 rank 2, heads_total 2 (replicas 2, head 1): the
+/// v3 pool stream, and the v3 token stream hashing the head held.
+#[test]
+fn replicated_heads_use_the_v3_streams_and_the_token_stream_hashes_the_head() {
+    let core = Stream::default()
+        .s("kvlayout.layout/v1")
+        .u(SECTION_MAJOR)
+        .u(2)
+        .all(&[BF16, 2, 1, 256, 0])
+        .all(&[BF16, 2, 1, 256, 0])
+        .hash();
+    let h = Stream::default()
+        .s("kvlayout.buffer/v3")
+        .s("full_attn")
+        .u(10)
+        .u(64)
+        .u(1) // compress ratio
+        .u(64 * 1024) // 64 x (512 + 512)
+        .u(core)
+        .all(&[1, 0])
+        .u(0)
+        .all(&[1, 4, 2, 1, 2]) // shard: tp_size 4, rank 2, heads, heads_total 2
+        .all(&[0, 0])
+        .all(&[0, 0])
+        .hash();
+    let pool = Stream::default()
+        .s("kvlayout.pool/v1")
+        .u(64)
+        .u(1)
+        .u(h)
+        .hash();
+    let g = case("29-compatible-replicated-heads-tp2-to-tp4-token-level", "b");
+    assert_eq!(g.fingerprint(), Ok(pool));
+    let token = Stream::default()
+        .s("kvlayout.token/v3")
+        .s("full_attn")
+        .u(10)
+        .all(&[1, 0])
+        .u(0)
+        .u(SECTION_MAJOR)
+        .u(64) // section_major is page-bound
+        .u(2) // heads_total
+        .u(2)
+        .all(&[BF16, 1, 256, 0]) // per-head shape
+        .all(&[BF16, 1, 256, 0])
+        .all(&[0, 0]) // orders
+        .u(1) // compress ratio
+        .all(&[1, 1]) // replicated: head 2 / 2 = 1
+        .all(&[0, 0]) // no split groups
+        .hash();
+    assert_eq!(g.token_fingerprints(), vec![("full_attn", token)]);
+}
+
+/// Case 30: GDN conv state, split groups [2048, 2048, 4096], TP 2 and TP 4: one token
+/// fingerprint (per-entry shape [3]), two pool fingerprints.
+#[test]
+fn split_groups_are_hashed_in_the_v3_streams() {
+    let token = Stream::default()
+        .s("kvlayout.token/v3")
+        .s("conv")
+        .u(30)
+        .all(&[4, 0]) // state
+        .u(0)
+        .u(TOKEN_MAJOR)
+        .u(0) // not page-bound
+        .u(8192) // heads_total: the groups' sum
+        .u(1)
+        .all(&[BF16, 1, 3, 0])
+        .u(0) // order
+        .u(1) // compress ratio
+        .u(0) // not replicated
+        .all(&[1, 3, 2048, 2048, 4096])
+        .hash();
+    for (side, tp, channels) in [("a", 2u64, 4096u64), ("b", 4, 2048)] {
+        let g = case(
+            "30-compatible-gdn-conv-split-groups-tp2-vs-tp4-token-level",
+            side,
+        );
+        assert_eq!(g.token_fingerprints(), vec![("conv", token)], "{side}");
+        let core = Stream::default()
+            .s("kvlayout.layout/v1")
+            .u(TOKEN_MAJOR)
+            .u(1)
+            .all(&[BF16, 2, channels, 3, 0])
+            .hash();
+        let h = Stream::default()
+            .s("kvlayout.buffer/v3")
+            .s("conv")
+            .u(30)
+            .u(1) // a state slot is one "token"
+            .u(1)
+            .u(channels * 3 * 2) // one slot
+            .u(core)
+            .all(&[4, 0])
+            .u(0)
+            .all(&[1, tp, 0, 1, 8192])
+            .u(0)
+            .all(&[1, 3, 2048, 2048, 4096])
+            .hash();
+        // State slots only: the pool's page size is hashed as 0.
+        let pool = Stream::default()
+            .s("kvlayout.pool/v1")
+            .u(0)
+            .u(1)
+            .u(h)
+            .hash();
+        assert_eq!(g.fingerprint(), Ok(pool), "{side}");
+    }
 }

@@ -9,7 +9,7 @@ use kvlayout_core::{
 
 fn case(name: &str, side: &str) -> PoolGeometry {
     let path = format!(
-        "{}/../cli-tests/shared-cases/{name}/{side}.json",
+        "{}/../cli/tests/shared-cases/{name}/{side}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
@@ -18,7 +18,7 @@ fn case(name: &str, side: &str) -> PoolGeometry {
 
 fn case_text(name: &str, side: &str) -> String {
     let path = format!(
-        "{}/../cli-tests/shared-cases/{name}/{side}.json",
+        "{}/../cli/tests/shared-cases/{name}/{side}.json",
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))

@@ -1,7 +1,7 @@
 //! Property tests over generated geometries drawn from the whole model: every dtype,
 //! arrangement, plane grouping, scale relation, page stride / alignment, buffer set, layer
-//! count and memory layout, and the v2 fields (own page size, attention, layer ids, shard,
-//! section order). At each compare level, every single change of a field the level compares is
+//! count and memory layout, the v2 fields (own page size, attention, layer ids, shard,
+//! section order) and the v3 ones (compress ratio, heads replicated over ranks, split groups). At each compare level, every single change of a field the level compares is
 //! detected (a line naming it) and changes that level's fingerprint; changes of fields it does
 //! not compare are neither.
 //!
@@ -77,6 +77,7 @@ fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
                     shape: Cow::Owned(shape.clone()),
                     scale: None,
                     order: None,
+                    split_groups: None,
                 })
                 .collect();
             for (k, (target, block_pick, ue8m0)) in scales.iter().enumerate() {
@@ -103,6 +104,7 @@ fn token_layout(heads: Option<u64>) -> impl Strategy<Value = LayoutSpec> {
                         block_elems: block,
                     }),
                     order: None,
+                    split_groups: None,
                 });
             }
             let n = sections.len();
@@ -148,6 +150,33 @@ struct V2Spec {
     tp_size: u64,
     rank: prop::sample::Index,
     order: Option<(prop::sample::Index, u8)>,
+    v3: V3Spec,
+}
+
+/// The v3 fields of one buffer: a compress ratio (a divisor of its page, picked), heads
+/// replicated over ranks (a heads split with fewer heads than ranks), split groups on one
+/// section of a heads split.
+#[derive(Clone, Debug)]
+struct V3Spec {
+    compress: Option<prop::sample::Index>,
+    replicate: bool,
+    groups: Option<(prop::sample::Index, prop::sample::Index)>,
+}
+
+fn v3_spec() -> impl Strategy<Value = V3Spec> {
+    (
+        prop_oneof![2 => Just(None), 1 => any::<prop::sample::Index>().prop_map(Some)],
+        prop_oneof![Just(false), Just(true)],
+        prop_oneof![
+            2 => Just(None),
+            1 => (any::<prop::sample::Index>(), any::<prop::sample::Index>()).prop_map(Some)
+        ],
+    )
+        .prop_map(|(compress, replicate, groups)| V3Spec {
+            compress,
+            replicate,
+            groups,
+        })
 }
 
 fn v2_spec() -> impl Strategy<Value = V2Spec> {
@@ -160,9 +189,20 @@ fn v2_spec() -> impl Strategy<Value = V2Spec> {
         1u64..=4,
         any::<prop::sample::Index>(),
         prop_oneof![2 => Just(None), 1 => (any::<prop::sample::Index>(), 0u8..3).prop_map(Some)],
+        v3_spec(),
     )
         .prop_map(
-            |(attention, window_tokens, own_page, layer_ids_from, shard, tp_size, rank, order)| {
+            |(
+                attention,
+                window_tokens,
+                own_page,
+                layer_ids_from,
+                shard,
+                tp_size,
+                rank,
+                order,
+                v3,
+            )| {
                 V2Spec {
                     attention,
                     window_tokens,
@@ -172,6 +212,7 @@ fn v2_spec() -> impl Strategy<Value = V2Spec> {
                     tp_size,
                     rank,
                     order,
+                    v3,
                 }
             },
         )
@@ -199,17 +240,54 @@ fn apply_v2(b: &mut BufferGeometry, v: &V2Spec, page: u64, heads: Option<u64>) {
     let rank = v.rank.index(v.tp_size as usize) as u64;
     b.shard = match (v.shard, heads) {
         (0, _) => None,
+        // v3: one head per rank, each on tp_size / heads_total ranks (the sections' head axis
+        // is 1); heads_total a proper divisor of tp_size.
+        (2, Some(1)) if v.v3.replicate && v.tp_size > 1 => {
+            // At least 2 heads where tp_size allows (so a rank can move to another head).
+            let total = (2..v.tp_size)
+                .rev()
+                .find(|d| v.tp_size.is_multiple_of(*d))
+                .unwrap_or(1);
+            Some(Shard::heads(v.tp_size, rank, total))
+        }
         (2, Some(h)) => Some(Shard::heads(v.tp_size, rank, h * v.tp_size)),
         _ => Some(Shard::replicated(v.tp_size, rank)),
     };
+    // v3 split groups on one section of a plain heads split: the whole-model axis h * N cut
+    // into two groups of a * N and (h - a) * N entries, or one group.
+    if let (Some((at, cut)), Some(s)) = (&v.v3.groups, b.shard)
+        && let Some(total) = s.heads_total()
+        && !s.replicated_heads()
+    {
+        let h = total / s.tp_size;
+        let groups = match h {
+            1 => vec![total],
+            _ => {
+                let a = 1 + cut.index(h as usize - 1) as u64;
+                vec![a * s.tp_size, (h - a) * s.tp_size]
+            }
+        };
+        let mut sections = b.layout.sections().to_vec();
+        let i = at.index(sections.len());
+        sections[i] = sections[i].clone().with_split_groups(groups);
+        b.layout.sections = Cow::Owned(sections);
+    }
     if let Some((at, name)) = &v.order {
         let mut sections = b.layout.sections().to_vec();
         let i = at.index(sections.len());
         sections[i] = sections[i].clone().with_order(format!("swizzle_{name}"));
         b.layout.sections = Cow::Owned(sections);
     }
-    // The explicit stride was drawn for 4-token pages.
-    if b.effective_page_size_tokens(page) != 4 {
+    // v3: one row per R tokens, R a divisor of the buffer's page.
+    if let Some(pick) = &v.v3.compress
+        && b.attention != Attention::State
+    {
+        let t = b.effective_page_size_tokens(page);
+        let divisors: Vec<u64> = (1..=t).filter(|d| t.is_multiple_of(*d)).collect();
+        b.compress_ratio = divisors[pick.index(divisors.len())];
+    }
+    // The explicit stride was drawn for 4-row pages.
+    if b.rows_per_page(page) != 4 {
         b.layout.page_stride_bytes = None;
     }
 }
@@ -217,7 +295,7 @@ fn apply_v2(b: &mut BufferGeometry, v: &V2Spec, page: u64, heads: Option<u64>) {
 fn pool() -> impl Strategy<Value = PoolGeometry> {
     (
         any::<bool>(),
-        1u64..=3,
+        prop_oneof![Just(1u64), 1u64..=3],
         prop_oneof![Just(4u64), 1u64..=8],
         1u64..=4,
         0usize..4,
@@ -298,7 +376,7 @@ fn uncompared_copy(g: &PoolGeometry, pick: usize) -> PoolGeometry {
 }
 
 /// Number of single-change kinds [`mutate`] knows.
-const MUTATIONS: usize = 14;
+const MUTATIONS: usize = 17;
 
 /// Which mutations each level compares (the rest of `0..MUTATIONS` it does not, except 0 and
 /// 11 at token level, which depend on the arrangement and are left out there).
@@ -306,7 +384,7 @@ fn compared_at(level: Level, which: usize) -> bool {
     match level {
         Level::Pool => which != 12,
         Level::Storage => true,
-        Level::Token => matches!(which, 1 | 2 | 3 | 4 | 5 | 7 | 8 | 10 | 13),
+        Level::Token => matches!(which, 1 | 2 | 3 | 4 | 5 | 7 | 8 | 10 | 13 | 14 | 15 | 16),
     }
 }
 
@@ -326,6 +404,7 @@ fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> Option<(PoolGeometry, 
     let bi = pick % c.buffers.len();
     let bname = c.buffers[bi].name.to_string();
     let page = g.buffer_page_size_tokens(bi).unwrap();
+    let rows = g.buffer_page_rows(bi).unwrap();
     let b = &mut c.buffers[bi];
     let field = match which % MUTATIONS {
         // A pool of state buffers only has no token axis: its page size is not compared
@@ -369,8 +448,9 @@ fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> Option<(PoolGeometry, 
             format!("{bname}.sections[{si}].dtype")
         }
         5 => {
-            // Under a heads split every section leads with this rank's heads.
-            let local = b.shard.and_then(|s| s.heads_total().map(|h| h / s.tp_size));
+            // Under a heads split every section leads with this rank's heads (1 when heads
+            // are replicated over ranks).
+            let local = b.shard.and_then(|s| s.local_heads());
             let l = &mut b.layout;
             let mut sections = l.sections().to_vec();
             let shape = match local {
@@ -388,8 +468,8 @@ fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> Option<(PoolGeometry, 
         }
         6 => {
             let l = &mut b.layout;
-            let payload = l.page_payload_bytes(page).unwrap();
-            let old = l.page_stride_bytes(page).unwrap();
+            let payload = l.page_payload_bytes(rows).unwrap();
+            let old = l.page_stride_bytes(rows).unwrap();
             l.page_align_bytes = None;
             l.page_stride_bytes = Some(old.max(payload) + 8);
             format!("{bname}.page_stride_bytes")
@@ -421,6 +501,15 @@ fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> Option<(PoolGeometry, 
                 None => Shard::replicated(2, 1),
                 Some(s) => match s.split {
                     ShardSplit::Replicated => Shard::replicated(s.tp_size + 1, s.rank),
+                    // Another replica of the same head: the token level sees the same head.
+                    ShardSplit::Heads { .. } if s.replicated_heads() => {
+                        let r = s.replicas();
+                        let first = s.rank / r * r;
+                        Shard {
+                            rank: first + (s.rank - first + 1) % r,
+                            ..s
+                        }
+                    }
                     ShardSplit::Heads { .. } if s.tp_size > 1 => Shard {
                         rank: (s.rank + 1) % s.tp_size,
                         ..s
@@ -455,11 +544,58 @@ fn mutate(g: &PoolGeometry, which: usize, pick: usize) -> Option<(PoolGeometry, 
             };
             "memory_layout".to_string()
         }
-        _ => {
+        13 => {
             // heads_total doubled with tp_size: this rank's heads and shapes are unchanged.
             let s = b.shard?;
             let heads_total = s.heads_total()?;
             b.shard = Some(Shard::heads(s.tp_size * 2, s.rank, heads_total * 2));
+            format!("{bname}.shard")
+        }
+        14 => {
+            // v3: another compress ratio dividing the page.
+            if b.attention == Attention::State {
+                return None;
+            }
+            let divisors: Vec<u64> = (1..=page)
+                .filter(|d| page.is_multiple_of(*d) && *d != b.compress_ratio)
+                .collect();
+            if divisors.is_empty() {
+                return None;
+            }
+            b.compress_ratio = divisors[pick % divisors.len()];
+            b.layout.page_stride_bytes = None;
+            format!("{bname}.compress_ratio")
+        }
+        15 => {
+            // v3: split groups added (one group of heads_total) or regrouped.
+            let s = b.shard?;
+            let total = s.heads_total()?;
+            if s.replicated_heads() {
+                return None;
+            }
+            let mut sections = b.layout.sections().to_vec();
+            let si = pick % sections.len();
+            let groups = match sections[si].split_groups() {
+                None => vec![total],
+                Some([one]) if *one > s.tp_size => vec![s.tp_size, one - s.tp_size],
+                Some([_]) => return None,
+                Some(g) => vec![g.iter().sum()],
+            };
+            sections[si] = sections[si].clone().with_split_groups(groups);
+            b.layout.sections = Cow::Owned(sections);
+            format!("{bname}.sections[{si}].split_groups")
+        }
+        _ => {
+            // v3: a replicated rank moved to another head's replicas.
+            let s = b.shard?;
+            let total = s.heads_total()?;
+            if !s.replicated_heads() || total < 2 {
+                return None;
+            }
+            b.shard = Some(Shard {
+                rank: (s.rank + s.replicas()) % s.tp_size,
+                ..s
+            });
             format!("{bname}.shard")
         }
     };
@@ -571,7 +707,8 @@ proptest! {
     fn page_offsets_tile_the_payload(g in pool()) {
         for (bi, b) in g.buffers.iter().enumerate() {
             let l = &b.layout;
-            let t = g.buffer_page_size_tokens(bi).unwrap();
+            // In-page indices count rows (tokens when the compress ratio is 1).
+            let t = g.buffer_page_rows(bi).unwrap();
             let mut iv = Vec::new();
             for s in 0..l.sections().len() {
                 let run = l.run_bytes(s).unwrap();
@@ -604,4 +741,44 @@ proptest! {
         assert_tiles(iv, g.total_bytes().unwrap(), g.memory_layout.name());
         prop_assert_eq!(names.len(), g.buffers.len());
     }
+}
+
+/// The generator draws every v3 field (else the properties above would pass without testing
+/// them): over 2,000 valid pools, some buffer has each of a compress ratio above 1, heads
+/// replicated over ranks, and split groups; and mutations 14 (ratio), 15 (groups) and 16
+/// (replicated head) apply to some of them.
+#[test]
+fn the_generator_draws_every_v3_field() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let strategy = pool();
+    let (mut ratio, mut replicated, mut groups) = (0, 0, 0);
+    let mut applied = [0usize; 3];
+    for i in 0..2_000 {
+        let g = strategy.new_tree(&mut runner).unwrap().current();
+        for b in &g.buffers {
+            ratio += usize::from(b.compress_ratio > 1);
+            replicated += usize::from(b.shard.is_some_and(|s| s.replicated_heads()));
+            groups += usize::from(
+                b.layout
+                    .sections()
+                    .iter()
+                    .any(|s| s.split_groups().is_some()),
+            );
+        }
+        for (k, which) in [14, 15, 16].into_iter().enumerate() {
+            if let Some((c, _)) = mutate(&g, which, i) {
+                applied[k] += usize::from(c.validate().is_ok());
+            }
+        }
+    }
+    eprintln!(
+        "v3 buffers drawn: ratio {ratio}, replicated {replicated}, groups {groups}; mutations applied {applied:?}"
+    );
+    assert!(
+        ratio > 0 && replicated > 0 && groups > 0,
+        "{ratio} {replicated} {groups}"
+    );
+    assert!(applied.iter().all(|&n| n > 0), "{applied:?}");
 }

@@ -73,6 +73,31 @@ pub const BUILTIN: &[(&str, &str, &str)] = &[
         "llama-4-scout.json",
         include_str!("../../configs/llama-4-scout.json"),
     ),
+    (
+        "recurrentgemma-2b",
+        "recurrentgemma-2b.json",
+        include_str!("../../configs/recurrentgemma-2b.json"),
+    ),
+    (
+        "kimi-linear-48b-a3b",
+        "kimi-linear-48b-a3b.json",
+        include_str!("../../configs/kimi-linear-48b-a3b.json"),
+    ),
+    (
+        "gemma-4-e2b-it",
+        "gemma-4-e2b-it.json",
+        include_str!("../../configs/gemma-4-e2b-it.json"),
+    ),
+    (
+        "deepseek-v4-flash",
+        "deepseek-v4-flash-0731.json",
+        include_str!("../../configs/deepseek-v4-flash-0731.json"),
+    ),
+    (
+        "mimo-v2-flash",
+        "mimo-v2-flash.json",
+        include_str!("../../configs/mimo-v2-flash.json"),
+    ),
 ];
 
 /// The built-in names, comma-separated (for help texts and errors).

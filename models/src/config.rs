@@ -122,6 +122,58 @@ pub struct ModelConfig {
     /// SGLang's recurrent-state dtype field (`float32`, `bfloat16`, `float16`).
     #[serde(default)]
     pub mamba_ssm_dtype: Option<String>,
+    /// vLLM's recurrent (SSM) state cache dtype (`mamba_ssm_cache_dtype`, NemotronH configs and
+    /// `--mamba-ssm-cache-dtype`); read like `mamba_ssm_dtype` (both given must agree).
+    #[serde(default)]
+    pub mamba_ssm_cache_dtype: Option<String>,
+    /// RecurrentGemma: the repeating block pattern (`recurrent`, `attention`); transformers
+    /// writes it `_block_types` and reads layer `i` as `block_types[i % len]`.
+    #[serde(default, alias = "_block_types")]
+    pub block_types: Option<Vec<String>>,
+    /// RecurrentGemma: the local-attention window of the attention blocks, in tokens.
+    #[serde(default)]
+    pub attention_window_size: Option<u64>,
+    /// RecurrentGemma: width of the RG-LRU recurrent state.
+    #[serde(default)]
+    pub lru_width: Option<u64>,
+    /// RecurrentGemma: the recurrent block's causal-conv width.
+    #[serde(default)]
+    pub conv1d_width: Option<u64>,
+    /// DeciLM / Nemotron-NAS: one object per layer (`attention.n_heads_in_group`,
+    /// `attention.no_op`, `attention.replace_with_linear`, ...), read in [`crate::layers`].
+    #[serde(default)]
+    pub block_configs: Option<Value>,
+    /// Gemma 3n / 4: the last `num_kv_shared_layers` layers reuse the KV of an earlier layer of
+    /// their kind and own no cache.
+    #[serde(default)]
+    pub num_kv_shared_layers: Option<u64>,
+    /// MiMo-V2: one entry per layer, `1` sliding-window attention, `0` full attention.
+    #[serde(default)]
+    pub hybrid_layer_pattern: Option<Vec<u64>>,
+    /// MiMo-V2: KV heads of the sliding-window layers.
+    #[serde(default)]
+    pub swa_num_key_value_heads: Option<u64>,
+    /// MiMo-V2: query heads of the sliding-window layers.
+    #[serde(default)]
+    pub swa_num_attention_heads: Option<u64>,
+    /// MiMo-V2: K head dim of the sliding-window layers.
+    #[serde(default)]
+    pub swa_head_dim: Option<u64>,
+    /// MiMo-V2: V head dim of the sliding-window layers.
+    #[serde(default)]
+    pub swa_v_head_dim: Option<u64>,
+    /// V head dim: under MLA it sizes the rebuilt V (not cached); outside MLA only MiMo-V2's
+    /// full-attention V width is read from it (K `head_dim`, V `v_head_dim`).
+    #[serde(default)]
+    pub v_head_dim: Option<u64>,
+    /// Kimi linear attention (`kda_layers`, `full_attn_layers`, 1-based; `num_heads`,
+    /// `head_dim`, `short_conv_kernel_size`), read in [`crate::layers`] and `state`.
+    #[serde(default)]
+    pub linear_attn_config: Option<Value>,
+    /// DeepSeek-V4: one compression ratio per layer (0 sliding window only, 4, 128), read in
+    /// [`crate::dsv4`].
+    #[serde(default)]
+    pub compress_ratios: Option<Vec<u64>>,
     /// The model dtype (`torch_dtype`, or `dtype` in newer files): the engines' default KV dtype.
     #[serde(default)]
     pub torch_dtype: Option<String>,
@@ -133,10 +185,6 @@ pub struct ModelConfig {
 /// Fields that change the KV cache but are not modelled, with what they change. Present with a
 /// value other than `null`, `false`, `0`, `""` or `[]`, they refuse the config.
 pub const UNMODELLED: &[(&str, &str)] = &[
-    (
-        "num_kv_shared_layers",
-        "the last layers reuse earlier layers' KV (Gemma 3n/4 KV sharing)",
-    ),
     ("layers_block_type", "per-layer Mamba / attention blocks"),
     (
         "attn_layer_period",
@@ -144,10 +192,6 @@ pub const UNMODELLED: &[(&str, &str)] = &[
     ),
     ("attn_layer_offset", "attention layer offset (Jamba)"),
     ("mamba_d_state", "Mamba state per request"),
-    (
-        "linear_attn_config",
-        "Kimi linear-attention state per request",
-    ),
     (
         "cross_attention_layers",
         "cross-attention layers keep encoder KV per request",
@@ -167,10 +211,6 @@ pub const UNMODELLED: &[(&str, &str)] = &[
     ("num_kv_heads", "KV heads under another name (Falcon)"),
     ("n_head_kv", "KV heads under another name (Falcon)"),
     (
-        "compress_ratios",
-        "per-layer compressed KV (DeepSeek-V4: a compression ratio per layer, beside a sliding window and an indexer)",
-    ),
-    (
         "attn_type_list",
         "per-layer lightning (linear) or softmax attention (MiniMax)",
     ),
@@ -184,20 +224,8 @@ pub const UNMODELLED: &[(&str, &str)] = &[
         "a quantized KV cache dtype (ModelOpt, e.g. \"FP8\"); use --kv-dtype",
     ),
     (
-        "hybrid_layer_pattern",
-        "per-layer full or sliding-window attention (MiMo-V2: 1 = sliding)",
-    ),
-    (
-        "swa_num_key_value_heads",
-        "KV heads of the sliding-window layers (MiMo-V2)",
-    ),
-    (
-        "swa_head_dim",
-        "head dim of the sliding-window layers (MiMo-V2)",
-    ),
-    (
-        "swa_v_head_dim",
-        "V head dim of the sliding-window layers (MiMo-V2)",
+        "indexer_types",
+        "per-layer sparse-attention indexer kinds (Kimi-K3 / GLM-5.3 style: which layers keep indexer keys, pooled or not)",
     ),
     (
         "num_attention_groups",
@@ -233,6 +261,10 @@ pub const MODELLED_SHAPE_FIELDS: &[&str] = &[
     "mamba_head_dim",
     "sliding_window_pattern",
     "hybrid_override_pattern",
+    "hybrid_layer_pattern",
+    "swa_num_key_value_heads",
+    "swa_head_dim",
+    "swa_v_head_dim",
 ];
 
 fn is_live(v: &Value) -> bool {
@@ -292,9 +324,12 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
         hidden.checked_div(heads)
     });
     let mla = fields.get("kv_lora_rank").is_some_and(is_live);
+    // MiMo-V2's `swa_*` heads and dims are read only beside its `hybrid_layer_pattern`.
+    let mimo_pattern = fields.get("hybrid_layer_pattern").is_some_and(is_live);
     for (field, v) in fields {
         let shape_field = SHAPE_FIELD_ENDINGS.iter().any(|e| field.ends_with(e));
-        let harmless = MODELLED_SHAPE_FIELDS.contains(&field.as_str())
+        let mimo_only = field.starts_with("swa_") && !mimo_pattern;
+        let harmless = (MODELLED_SHAPE_FIELDS.contains(&field.as_str()) && !mimo_only)
             || (field.ends_with("_head_dim") && head_dim.is_some() && v.as_u64() == head_dim)
             || (mla && field == "qk_head_dim");
         if shape_field && !harmless && is_live(v) {
@@ -307,8 +342,11 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
     }
     // V heads narrower or wider than K: the V plane is not `head_dim` wide. Under MLA
     // (`kv_lora_rank`) V is rebuilt from the cached latent.
+    // MiMo-V2 (`hybrid_layer_pattern`) caches V at `v_head_dim` (SGLang's SWAKVPool
+    // `v_head_dim`, `swa_v_head_dim`): read, not refused.
+    let mimo = fields.get("hybrid_layer_pattern").is_some_and(is_live);
     let v_dim = fields.get("v_head_dim").filter(|v| is_live(v));
-    if let Some(v) = v_dim.filter(|v| !mla && v.as_u64() != head_dim) {
+    if let Some(v) = v_dim.filter(|v| !mla && !mimo && v.as_u64() != head_dim) {
         return Err(refuse(
             "v_head_dim".to_string(),
             v,
@@ -370,6 +408,12 @@ pub fn parse(name: &str, text: &str) -> Result<ModelConfig, ModelError> {
         config.torch_dtype = obj
             .get("torch_dtype")
             .or_else(|| obj.get("dtype"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+    }
+    if config.mamba_ssm_cache_dtype.is_none() {
+        config.mamba_ssm_cache_dtype = obj
+            .get("mamba_ssm_cache_dtype")
             .and_then(Value::as_str)
             .map(str::to_string);
     }

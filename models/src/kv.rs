@@ -16,7 +16,9 @@
 //! - DSA (`index_head_dim`): plus buffer `index_k`, `index_k_fp8` 132 B, `index_k_bf16` 256 B
 //!   or `index_k_fp4` 68 B for `index_head_dim` 128, values then scales.
 
-use kvlayout_core::{Dtype, LayoutError, TokenLayout, formats};
+use std::borrow::Cow;
+
+use kvlayout_core::{Arrangement, Dtype, LayoutError, Section, TokenLayout, formats};
 
 use crate::shard::{Shard, Tp, divide_evenly, split_heads};
 use crate::{IndexK, KvDtype, ModelConfig, ModelError};
@@ -87,12 +89,15 @@ impl Kv<'_> {
         Ok(hidden / heads)
     }
 
-    /// K and V of a GQA layer; `global` picks Gemma 4's global-layer head shape.
+    /// K and V of a GQA layer; `global` picks Gemma 4's global-layer head shape (and MiMo-V2's
+    /// full-attention V width), `!global` MiMo-V2's `swa_*` heads and dims when given.
     pub fn gqa(&self, kv: KvDtype, global: bool) -> Result<Built, ModelError> {
         let c = self.c;
-        let q_heads = self.positive("num_attention_heads", Some(c.num_attention_heads))?;
+        let mimo_local = !global && c.hybrid_layer_pattern.is_some();
         let k_eq_v = global && c.attention_k_eq_v == Some(true);
-        let (heads_field, heads) = if k_eq_v && c.num_global_key_value_heads.is_some() {
+        let (heads_field, heads) = if mimo_local && c.swa_num_key_value_heads.is_some() {
+            ("swa_num_key_value_heads", c.swa_num_key_value_heads)
+        } else if k_eq_v && c.num_global_key_value_heads.is_some() {
             ("num_global_key_value_heads", c.num_global_key_value_heads)
         } else {
             (
@@ -100,28 +105,69 @@ impl Kv<'_> {
                 Some(c.num_key_value_heads.unwrap_or(c.num_attention_heads)),
             )
         };
+        let (q_field, q_heads) = match c.swa_num_attention_heads {
+            Some(q) if mimo_local => ("swa_num_attention_heads", q),
+            _ => ("num_attention_heads", c.num_attention_heads),
+        };
         let heads = self.positive(heads_field, heads)?;
-        if q_heads % heads != 0 {
-            return Err(self.err(
-                heads_field,
-                format!(
-                    "{heads} does not divide num_attention_heads {q_heads} (each KV head serves a whole group of query heads)"
-                ),
-            ));
-        }
-        let dim = match c.global_head_dim {
-            Some(d) if global => self.positive("global_head_dim", Some(d))?,
+        let dim = match (c.global_head_dim, c.swa_head_dim) {
+            (Some(d), _) if global => self.positive("global_head_dim", Some(d))?,
+            (_, Some(d)) if mimo_local => self.positive("swa_head_dim", Some(d))?,
             _ => self.head_dim()?,
         };
         // The field that gave `dim`, with its value, for an error.
-        let dim_field = match (c.global_head_dim, c.head_dim, c.hidden_size) {
-            (Some(d), _, _) if global => ("global_head_dim", d),
-            (_, None, Some(hidden)) => ("hidden_size", hidden),
+        let dim_field = match (c.global_head_dim, c.swa_head_dim, c.head_dim, c.hidden_size) {
+            (Some(d), _, _, _) if global => ("global_head_dim", d),
+            (_, Some(d), _, _) if mimo_local => ("swa_head_dim", d),
+            (_, _, None, Some(hidden)) => ("hidden_size", hidden),
             _ => ("head_dim", dim),
         };
+        // MiMo-V2 caches V narrower than K (SGLang SWAKVPool `v_head_dim`, `swa_v_head_dim`).
+        let v_dim = if c.hybrid_layer_pattern.is_some() {
+            let (f, v) = if mimo_local {
+                ("swa_v_head_dim", c.swa_v_head_dim)
+            } else {
+                ("v_head_dim", c.v_head_dim)
+            };
+            match v {
+                Some(v) => self.positive(f, Some(v))?,
+                None => dim,
+            }
+        } else {
+            dim
+        };
+        self.kv_heads(
+            kv,
+            (heads_field, heads),
+            (q_field, q_heads),
+            (dim, dim_field),
+            v_dim,
+        )
+    }
+
+    /// K `[heads, dim]` and V `[heads, v_dim]` of `heads` KV heads (named `heads_field` in
+    /// errors) serving `q_heads` query heads, split over the TP ranks; `dim_field` is the config
+    /// field (and its value) that gave `dim`, for errors.
+    pub fn kv_heads(
+        &self,
+        kv: KvDtype,
+        (heads_field, heads): (&str, u64),
+        (q_field, q_heads): (&str, u64),
+        (dim, dim_field): (u64, (&str, u64)),
+        v_dim: u64,
+    ) -> Result<Built, ModelError> {
+        let q_heads = self.positive(q_field, Some(q_heads))?;
+        if !q_heads.is_multiple_of(heads) {
+            return Err(self.err(
+                heads_field,
+                format!(
+                    "{heads} does not divide {q_field} {q_heads} (each KV head serves a whole group of query heads)"
+                ),
+            ));
+        }
         let (local, shard) = match self.tp {
             Some(tp) => {
-                divide_evenly(self.name, "num_attention_heads", q_heads, tp)?;
+                divide_evenly(self.name, q_field, q_heads, tp)?;
                 let shard = split_heads(self.name, heads_field, heads, tp)?;
                 let Shard::Heads { local, .. } = shard else {
                     unreachable!("split_heads returns Heads")
@@ -134,9 +180,26 @@ impl Kv<'_> {
             KvDtype::Bf16 => (Dtype::Bf16, "bf16"),
             KvDtype::Fp8 => (Dtype::F8E4M3, "fp8"),
         };
-        let format = format!("mha_{tag}_{local}x{dim}");
-        let layout = formats::mha(local, dim, dtype)
-            .map_err(|e| self.layout_err(&[(heads_field, heads), dim_field], e))?;
+        let (format, built) = if v_dim == dim {
+            (
+                format!("mha_{tag}_{local}x{dim}"),
+                formats::mha(local, dim, dtype),
+            )
+        } else {
+            // K plane then V plane, as `formats::mha`, V of its own width.
+            let layout = TokenLayout {
+                arrangement: Arrangement::SectionMajor,
+                sections: Cow::Owned(vec![
+                    Section::owned("k", dtype, vec![local, dim]),
+                    Section::owned("v", dtype, vec![local, v_dim]),
+                ]),
+                page_align_bytes: None,
+                page_stride_bytes: None,
+            };
+            let checked = layout.validate().map(|()| layout);
+            (format!("mha_{tag}_{local}x{dim}_v{v_dim}"), checked)
+        };
+        let layout = built.map_err(|e| self.layout_err(&[(heads_field, heads), dim_field], e))?;
         Ok(Built {
             format,
             layout,

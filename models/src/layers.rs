@@ -4,16 +4,23 @@
 //! 1. `layer_types` (one entry per layer): `full_attention`, `sliding_attention` (window
 //!    `sliding_window`), `chunked_attention` (chunk `attention_chunk_size`), `linear_attention`
 //!    (a per-request recurrent state); any other value is refused naming it.
-//! 2. `hybrid_override_pattern` (Nemotron-H, vLLM `nemotron_h.py`): one character per layer,
+//! 2. The 2026 families' own fields, in this order: `compress_ratios` (DeepSeek-V4: 0 a
+//!    sliding-window layer, 4 / 128 compressed; [`crate::dsv4`]), `block_types` / `_block_types`
+//!    (RecurrentGemma: `attention` blocks attend to the last `attention_window_size` tokens,
+//!    `recurrent` blocks hold an RG-LRU state), `linear_attn_config` (Kimi-Linear: 1-based
+//!    `kda_layers` and `full_attn_layers`), `hybrid_layer_pattern` (MiMo-V2: `1` sliding, `0`
+//!    full), `block_configs` (DeciLM / Nemotron-NAS: `no_op` or `replace_with_linear`
+//!    attention has no cache; see [`crate::decilm`]).
+//! 3. `hybrid_override_pattern` (Nemotron-H, vLLM `nemotron_h.py`): one character per layer,
 //!    `M` a Mamba2 mixer (state per request), `*` attention, `-` MLP and `E` MoE (no cache);
 //!    any other character is refused naming it.
-//! 3. `full_attention_interval` (Qwen3-Next, SGLang `configs/qwen3_next.py`
+//! 4. `full_attention_interval` (Qwen3-Next, SGLang `configs/qwen3_next.py`
 //!    `layers_block_type`): layer `i` is full iff `(i + 1) % interval == 0`, else linear.
-//! 4. `attention_chunk_size` (Llama 4, transformers `Llama4TextConfig`, vLLM `llama4.py`):
+//! 5. `attention_chunk_size` (Llama 4, transformers `Llama4TextConfig`, vLLM `llama4.py`):
 //!    `no_rope_layers[i] == 1` is a RoPE layer with chunked local attention, `0` a NoPE layer
 //!    attending globally; an empty or absent list is `(i + 1) % no_rope_layer_interval != 0`
 //!    (interval 4 by default: layers 3, 7, 11, ... are global).
-//! 5. `sliding_window`, when in use: `use_sliding_window` says so; absent, it is `false` for
+//! 6. `sliding_window`, when in use: `use_sliding_window` says so; absent, it is `false` for
 //!    a `qwen*` model type or a config with `max_window_layers` (transformers `Qwen2Config`,
 //!    `Qwen3Config` default it to `False`: the window field is carried, not used) and `true`
 //!    otherwise. With `use_sliding_window: true` (or `max_window_layers`), layers
@@ -23,7 +30,7 @@
 //!    it Gemma 2 alternates (`p` = 2) and Gemma 3 uses the transformers default `p` = 6, a
 //!    Cohere 2 / EXAONE 4 config is refused (its default pattern is not modelled); any other
 //!    model windows every layer (Mistral-7B-v0.1).
-//! 6. Otherwise every layer is full attention.
+//! 7. Otherwise every layer is full attention.
 //!
 //! When both `layer_types` and a pattern field are given they must agree (the first layer where
 //! they differ is named).
@@ -52,8 +59,21 @@ pub enum LayerKind {
     Linear,
     /// A Mamba2 mixer (Nemotron-H `M`): a fixed-size state per request.
     Mamba,
-    /// No cache at all (Nemotron-H `-` MLP and `E` MoE layers).
+    /// No cache at all (Nemotron-H `-` MLP and `E` MoE layers; DeciLM `no_op` and
+    /// `replace_with_linear` attention).
     NoCache,
+    /// Kimi Delta Attention (Kimi-Linear `linear_attn_config.kda_layers`): a fixed-size conv and
+    /// recurrent state per request.
+    Kda,
+    /// RecurrentGemma's recurrent block (RG-LRU): a conv window and an f32 recurrent state per
+    /// request.
+    RgLru,
+    /// DeepSeek-V4 compressed attention (`compress_ratios[i]` 4 or 128): one compressed row per
+    /// `ratio` tokens beside the sliding window every V4 layer keeps.
+    Compressed {
+        /// Tokens per compressed row.
+        ratio: u64,
+    },
 }
 
 impl LayerKind {
@@ -63,9 +83,10 @@ impl LayerKind {
             LayerKind::Full => "full",
             LayerKind::Sliding { .. } => "sliding",
             LayerKind::Chunked { .. } => "chunked",
-            LayerKind::Linear => "linear",
+            LayerKind::Linear | LayerKind::Kda | LayerKind::RgLru => "linear",
             LayerKind::Mamba => "mamba",
             LayerKind::NoCache => "no_cache",
+            LayerKind::Compressed { .. } => "compressed",
         }
     }
 }
@@ -304,8 +325,133 @@ impl Ctx<'_> {
             .collect()
     }
 
+    /// RecurrentGemma (transformers `RecurrentGemmaConfig.block_types`): layer `i` runs
+    /// `block_types[i % len]`: `attention` (local attention over the last
+    /// `attention_window_size` tokens) or `recurrent` (RG-LRU state).
+    fn block_types(&self, types: &[String], layers: u64) -> Result<Vec<LayerKind>, ModelError> {
+        if types.is_empty() {
+            return Err(self.err("block_types", "empty: one entry per block of the pattern"));
+        }
+        (0..layers)
+            .map(|i| {
+                let j = (i % types.len() as u64) as usize;
+                match types[j].as_str() {
+                    "attention" => Ok(LayerKind::Sliding {
+                        window_tokens: self.positive(
+                            "attention_window_size",
+                            self.c.attention_window_size,
+                            "RecurrentGemma's attention blocks attend to a local window",
+                        )?,
+                    }),
+                    "recurrent" => Ok(LayerKind::RgLru),
+                    other => Err(self.err(
+                        format!("block_types[{j}]"),
+                        format!(
+                            "\"{other}\" is not a block kvlayout models (attention, recurrent)"
+                        ),
+                    )),
+                }
+            })
+            .collect()
+    }
+
+    /// Kimi-Linear (`linear_attn_config`, vLLM `kimi_linear.py`): `kda_layers` and
+    /// `full_attn_layers` list the layers 1-based (Kimi-Linear-48B: 27 layers, full 4, 8, ...,
+    /// 24, 27); every layer is in exactly one list.
+    fn kimi_linear(
+        &self,
+        cfg: &serde_json::Value,
+        layers: u64,
+    ) -> Result<Vec<LayerKind>, ModelError> {
+        let mut kinds: Vec<Option<LayerKind>> = vec![None; layers as usize];
+        for (list, kind) in [
+            ("kda_layers", LayerKind::Kda),
+            ("full_attn_layers", LayerKind::Full),
+        ] {
+            let field = format!("linear_attn_config.{list}");
+            let Some(ids) = cfg.get(list).and_then(serde_json::Value::as_array) else {
+                return Err(self.err(field, "missing: a list of 1-based layer numbers"));
+            };
+            for (k, id) in ids.iter().enumerate() {
+                let n = id
+                    .as_u64()
+                    .filter(|n| (1..=layers).contains(n))
+                    .ok_or_else(|| {
+                        self.err(
+                            format!("{field}[{k}]"),
+                            format!("{id}: expected a layer number 1..={layers} (1-based)"),
+                        )
+                    })?;
+                let slot = &mut kinds[(n - 1) as usize];
+                if slot.is_some() {
+                    return Err(self.err(
+                        format!("{field}[{k}]"),
+                        format!("layer {n} is listed twice in kda_layers / full_attn_layers"),
+                    ));
+                }
+                *slot = Some(kind);
+            }
+        }
+        kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, k)| {
+                k.ok_or_else(|| {
+                    self.err(
+                        "linear_attn_config",
+                        format!(
+                            "layer {} (1-based) is in neither kda_layers nor full_attn_layers",
+                            i + 1
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// MiMo-V2 (`hybrid_layer_pattern`, SGLang `mimo_v2_flash.py`): `1` a sliding-window layer
+    /// (`sliding_window`), `0` full attention.
+    fn mimo(&self, pattern: &[u64], layers: u64) -> Result<Vec<LayerKind>, ModelError> {
+        if pattern.len() as u64 != layers {
+            return Err(self.err(
+                "hybrid_layer_pattern",
+                format!(
+                    "{} entries, but num_hidden_layers is {layers} (one entry per layer)",
+                    pattern.len()
+                ),
+            ));
+        }
+        pattern
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| match p {
+                0 => Ok(LayerKind::Full),
+                1 => self.window(&format!("hybrid_layer_pattern[{i}] is 1 (sliding)")),
+                v => Err(self.err(
+                    format!("hybrid_layer_pattern[{i}]"),
+                    format!("{v}: expected 1 (sliding window) or 0 (full attention)"),
+                )),
+            })
+            .collect()
+    }
+
     fn kinds_from_patterns(&self, layers: u64) -> Result<Option<Vec<LayerKind>>, ModelError> {
         let c = self.c;
+        if c.compress_ratios.is_some() {
+            return crate::dsv4::kinds(self.name, c).map(Some);
+        }
+        if let Some(types) = c.block_types.as_deref() {
+            return self.block_types(types, layers).map(Some);
+        }
+        if let Some(cfg) = c.linear_attn_config.as_ref().filter(|v| !v.is_null()) {
+            return self.kimi_linear(cfg, layers).map(Some);
+        }
+        if let Some(p) = c.hybrid_layer_pattern.as_deref() {
+            return self.mimo(p, layers).map(Some);
+        }
+        if c.block_configs.as_ref().is_some_and(|v| !v.is_null()) {
+            return crate::decilm::kinds(self.name, c, layers).map(Some);
+        }
         if let Some(p) = c.hybrid_override_pattern.as_deref() {
             return self.nemotron_h(p, layers).map(Some);
         }
@@ -374,6 +520,11 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
     };
     // With layer_types, a pattern field given explicitly must agree with it.
     let explicit = c.hybrid_override_pattern.is_some()
+        || c.compress_ratios.is_some()
+        || c.block_types.is_some()
+        || c.linear_attn_config.as_ref().is_some_and(|v| !v.is_null())
+        || c.hybrid_layer_pattern.is_some()
+        || c.block_configs.as_ref().is_some_and(|v| !v.is_null())
         || c.full_attention_interval.is_some()
         || c.attention_chunk_size.is_some()
         || (c.sliding_window_pattern.is_some() && c.sliding_window.is_some());
@@ -384,7 +535,17 @@ pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelE
     };
     let kinds = cx.kinds_of_layer_types(types, layers)?;
     if let Some(pattern) = from_pattern {
-        let field = if c.hybrid_override_pattern.is_some() {
+        let field = if c.compress_ratios.is_some() {
+            "compress_ratios"
+        } else if c.block_types.is_some() {
+            "block_types"
+        } else if c.linear_attn_config.as_ref().is_some_and(|v| !v.is_null()) {
+            "linear_attn_config"
+        } else if c.hybrid_layer_pattern.is_some() {
+            "hybrid_layer_pattern"
+        } else if c.block_configs.as_ref().is_some_and(|v| !v.is_null()) {
+            "block_configs"
+        } else if c.hybrid_override_pattern.is_some() {
             "hybrid_override_pattern"
         } else if c.full_attention_interval.is_some() {
             "full_attention_interval"

@@ -28,6 +28,8 @@
 
 pub mod builtin;
 pub mod config;
+pub mod decilm;
+pub mod dsv4;
 mod error;
 mod kv;
 pub mod layers;
@@ -58,14 +60,25 @@ pub enum Attention {
     Mla,
     /// MLA plus DeepSeek sparse attention's indexer keys (DeepSeek-V3.2).
     MlaDsa,
+    /// DeepSeek-V4: a sliding window on every layer, compressed KV (one row per 4 or 128
+    /// tokens) and the C4 lightning indexer's keys ([`dsv4`]).
+    Dsv4,
 }
 
 /// KV cache element type (`--kv-dtype`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum KvDtype {
     /// bfloat16.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// fp8 e4m3 (for DSA models: FlashMLA's 656-B sparse row).
+    #[cfg_attr(
+        feature = "clap",
+        value(alias = "fp8_e4m3", alias = "f8e4m3", alias = "float8_e4m3fn")
+    )]
     Fp8,
 }
 
@@ -81,25 +94,65 @@ impl KvDtype {
 }
 
 /// Index-K element type (`--index-k`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum IndexK {
     /// e4m3 + one f32 scale per 128 (132 B for 128 dims).
     #[default]
+    #[cfg_attr(feature = "clap", value(alias = "float8_e4m3fn"))]
     Fp8,
     /// bf16, no scale (256 B for 128 dims): the seed bug's device pool.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// e2m1 + one ue8m0 scale per 32 (68 B for 128 dims).
     Fp4,
 }
 
+/// DeepSeek-V4 KV record (`--kv-layout`): which SGLang pool class writes the SWA and
+/// compressed KV rows (`deepseek_v4_memory_pool.py`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` (`flashmla`, `trtllm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum KvLayout {
+    /// `DeepSeekV4SingleKVPool` (the default FlashMLA backend): 448 e4m3 NoPE + 64 bf16 RoPE,
+    /// then 7 ue8m0 scales + 1 pad byte: 584 B per token, pages padded to 576 B.
+    #[default]
+    #[cfg_attr(feature = "clap", value(name = "flashmla"))]
+    FlashMla,
+    /// `DeepSeekV4UniformFP8KVPool` (`--dsv4-attn-backend trtllm`): 448 + 64 e4m3, 512 B per
+    /// token, no in-cache scales, no padding.
+    Trtllm,
+}
+
+impl IndexK {
+    /// Parses `fp8` / `float8_e4m3fn`, `bf16` / `bfloat16`, `fp4`, case-insensitively.
+    pub fn from_name(s: &str) -> Option<IndexK> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp8" | "float8_e4m3fn" => Some(IndexK::Fp8),
+            "bf16" | "bfloat16" => Some(IndexK::Bf16),
+            "fp4" => Some(IndexK::Fp4),
+            _ => None,
+        }
+    }
+}
+
 /// Recurrent-state element type (`--state-dtype`, or the config's `mamba_ssm_dtype`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking every spelling [`Self::from_name`] takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum StateDtype {
     /// float32 (SGLang's default).
+    #[cfg_attr(feature = "clap", value(alias = "float32", alias = "fp32"))]
     F32,
     /// bfloat16.
+    #[cfg_attr(feature = "clap", value(alias = "bfloat16"))]
     Bf16,
     /// float16.
+    #[cfg_attr(feature = "clap", value(alias = "float16", alias = "fp16"))]
     F16,
 }
 
@@ -149,6 +202,8 @@ pub struct Options {
     /// Give every token buffer's page the bytes of the largest (vLLM's hybrid allocator) by
     /// raising its tokens per page; `false`: one page size for all (SGLang's pools).
     pub equal_page_bytes: bool,
+    /// DeepSeek-V4's KV record (other models: not read).
+    pub kv_layout: KvLayout,
 }
 
 /// The name the pool crate and the CLI used before the split.
@@ -164,6 +219,7 @@ impl Default for Options {
             tp: None,
             state_dtype: None,
             equal_page_bytes: false,
+            kv_layout: KvLayout::FlashMla,
         }
     }
 }
@@ -196,6 +252,9 @@ pub struct BufferSummary {
     pub page_stride_bytes: u64,
     /// `layers * bytes_per_token`.
     pub bytes_per_token_all_layers: u64,
+    /// Tokens per stored row (1: `bytes_per_token` is per token; R > 1: it is one row's bytes,
+    /// stored once per R tokens).
+    pub compress_ratio: u64,
 }
 
 /// A model's pool: the buffers, and the geometry when it can be written.
@@ -243,11 +302,31 @@ impl Model {
 
     /// The attention family.
     pub fn attention(&self) -> Attention {
+        if self.config.compress_ratios.is_some() {
+            return Attention::Dsv4;
+        }
         match (self.config.kv_lora_rank, self.config.index_head_dim) {
             (Some(_), Some(_)) => Attention::MlaDsa,
             (Some(_), None) => Attention::Mla,
             (None, _) => Attention::Gqa,
         }
+    }
+
+    /// Tokens per page of the engine this crate follows for the model: 256 for DeepSeek-V4
+    /// (`compress_ratios`; SGLang asserts it on CUDA), 64 otherwise (the `--page-size`
+    /// default).
+    pub fn engine_page_size_tokens(&self) -> u64 {
+        if self.config.compress_ratios.is_some() {
+            dsv4::PAGE_TOKENS
+        } else {
+            64
+        }
+    }
+
+    /// Whether the pool holds indexer keys (`--index-k` applies): DeepSeek-V3.2's DSA and
+    /// DeepSeek-V4's C4 indexer.
+    pub fn has_index_k(&self) -> bool {
+        matches!(self.attention(), Attention::MlaDsa | Attention::Dsv4)
     }
 
     /// The attention kind of every layer.
@@ -266,7 +345,13 @@ impl Model {
         let buffers = self.plan(opts)?;
         let formats: Vec<String> = buffers.iter().map(|b| b.format.clone()).collect();
         let title = format!("device: {} ({})", self.name, formats.join(" + "));
-        let geometry = plan::geometry(&self.name, title, &buffers, opts)?;
+        let geometry = plan::geometry(
+            &self.name,
+            self.config.num_hidden_layers,
+            title,
+            &buffers,
+            opts,
+        )?;
         Ok(ModelPool {
             geometry,
             formats,
@@ -300,7 +385,9 @@ pub fn summary(
             } else {
                 b.page_size_tokens.unwrap_or(page_size_tokens)
             };
-            let stride = b.layout.page_stride_bytes(page).map_err(err)?;
+            // A page of P tokens holds P / R rows of a compressed buffer.
+            let rows = page / b.compress_ratio.max(1);
+            let stride = b.layout.page_stride_bytes(rows).map_err(err)?;
             Ok(BufferSummary {
                 name: b.name.clone(),
                 format: b.format.clone(),
@@ -312,6 +399,7 @@ pub fn summary(
                     .layers()
                     .checked_mul(per)
                     .ok_or_else(|| GeometryError::new("bytes per token", "overflow"))?,
+                compress_ratio: b.compress_ratio,
             })
         })
         .collect()

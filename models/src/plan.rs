@@ -30,6 +30,9 @@ pub struct BufferPlan {
     pub shard: Option<Shard>,
     /// Tokens per page when not the pool's (`Options::equal_page_bytes`).
     pub page_size_tokens: Option<u64>,
+    /// Tokens per stored row (geometry v3 `compress_ratio`; 1: a row per token). The layout
+    /// describes one row; a page of P tokens holds P / R rows.
+    pub compress_ratio: u64,
 }
 
 impl BufferPlan {
@@ -44,9 +47,11 @@ fn attention_of(kind: LayerKind) -> Attention {
         LayerKind::Full => Attention::Full,
         LayerKind::Sliding { window_tokens } => Attention::SlidingWindow { window_tokens },
         LayerKind::Chunked { chunk_tokens } => Attention::Chunked { chunk_tokens },
-        LayerKind::Linear | LayerKind::Mamba => Attention::State,
-        // Never asked: a layer without cache gets no buffer.
-        LayerKind::NoCache => Attention::Full,
+        LayerKind::Linear | LayerKind::Mamba | LayerKind::Kda | LayerKind::RgLru => {
+            Attention::State
+        }
+        // Never asked: a layer without cache gets no buffer; V4 layers are planned in dsv4.
+        LayerKind::NoCache | LayerKind::Compressed { .. } => Attention::Full,
     }
 }
 
@@ -73,6 +78,7 @@ fn push(plans: &mut Vec<BufferPlan>, name: &str, attention: Attention, layer: u6
         layout: b.layout,
         shard: b.shard,
         page_size_tokens: None,
+        compress_ratio: 1,
     });
 }
 
@@ -83,6 +89,9 @@ pub(crate) fn plan(
     opts: &Options,
 ) -> Result<Vec<BufferPlan>, ModelError> {
     let c = &model.config;
+    if c.compress_ratios.is_some() {
+        return crate::dsv4::plan(model, kinds, opts);
+    }
     let kv = Kv {
         name: &model.name,
         c,
@@ -104,7 +113,12 @@ pub(crate) fn plan(
         check_model_dtype(model)?;
     }
     let hybrid = kinds.iter().any(|k| *k != LayerKind::Full);
-    if mla && let Some(i) = kinds.iter().position(|k| *k != LayerKind::Full) {
+    // MLA layers beside Kimi Delta Attention (Kimi-Linear) are modelled; any other kind is not.
+    if mla
+        && let Some(i) = kinds
+            .iter()
+            .position(|k| !matches!(k, LayerKind::Full | LayerKind::Kda))
+    {
         return Err(ModelError::field(
             &model.name,
             kind_field(c, kinds[i], i),
@@ -114,7 +128,17 @@ pub(crate) fn plan(
             ),
         ));
     }
+    let owner = kv_owners(model, kinds)?;
     let mut plans = Vec::new();
+    // Layouts are built once per kind (every layer of a kind has the same shape).
+    let kda = kinds
+        .contains(&LayerKind::Kda)
+        .then(|| crate::state::kda(&kv, opts.state_dtype))
+        .transpose()?;
+    let rglru = kinds
+        .contains(&LayerKind::RgLru)
+        .then(|| crate::state::rg_lru(&kv))
+        .transpose()?;
     if mla {
         let latent = kv.mla(kv_dtype, dsa)?;
         let index = if dsa {
@@ -122,30 +146,34 @@ pub(crate) fn plan(
         } else {
             None
         };
-        let all: Vec<u64> = (0..c.num_hidden_layers).collect();
-        plans.push(BufferPlan {
-            name: "kv".into(),
-            format: latent.format,
-            attention: Attention::Full,
-            layer_ids: all.clone(),
-            layout: latent.layout,
-            shard: latent.shard,
-            page_size_tokens: None,
-        });
-        if let Some(ix) = index {
-            plans.push(BufferPlan {
-                name: "index_k".into(),
-                format: ix.format,
-                attention: Attention::Full,
-                layer_ids: all,
-                layout: ix.layout,
-                shard: ix.shard,
-                page_size_tokens: None,
-            });
+        let full_name = if hybrid { "full" } else { "kv" };
+        for (i, &kind) in kinds.iter().enumerate() {
+            let layer = i as u64;
+            if kind == LayerKind::Kda {
+                let (conv, temporal) = kda.as_ref().expect("built above for KDA layers");
+                push(&mut plans, "conv", Attention::State, layer, clone(conv));
+                push(
+                    &mut plans,
+                    "temporal",
+                    Attention::State,
+                    layer,
+                    clone(temporal),
+                );
+                continue;
+            }
+            push(
+                &mut plans,
+                full_name,
+                Attention::Full,
+                layer,
+                clone(&latent),
+            );
+            if let Some(ix) = &index {
+                push(&mut plans, "index_k", Attention::Full, layer, clone(ix));
+            }
         }
         return Ok(plans);
     }
-    // Layouts are built once per kind (every layer of a kind has the same shape).
     let full = kinds
         .contains(&LayerKind::Full)
         .then(|| kv.gqa(kv_dtype, true))
@@ -163,20 +191,57 @@ pub(crate) fn plan(
         .contains(&LayerKind::Mamba)
         .then(|| mamba2(&kv, opts.state_dtype))
         .transpose()?;
+    // DeciLM / Nemotron-NAS: KV heads per layer (`block_configs`).
+    let decilm = match c.block_configs.as_ref().filter(|v| !v.is_null()) {
+        Some(_) => Some(crate::decilm::kv_heads(
+            &model.name,
+            c,
+            c.num_hidden_layers,
+        )?),
+        None => None,
+    };
+    let dim_field = || -> Result<(&'static str, u64), ModelError> {
+        Ok(match (c.head_dim, c.hidden_size) {
+            (None, Some(hidden)) => ("hidden_size", hidden),
+            _ => ("head_dim", kv.head_dim()?),
+        })
+    };
     for (i, &kind) in kinds.iter().enumerate() {
         let layer = i as u64;
+        // Gemma 3n / 4 KV sharing: a shared layer reads an earlier layer's cache.
+        if owner[i] != i {
+            continue;
+        }
         let attention = attention_of(kind);
+        let per_layer;
         let (name, built) = match kind {
+            LayerKind::Full if decilm.is_some() => {
+                let heads = decilm
+                    .as_ref()
+                    .and_then(|h| h[i])
+                    .expect("an attention layer");
+                let field = format!("block_configs[{i}].attention.n_heads_in_group");
+                per_layer = kv.kv_heads(
+                    kv_dtype,
+                    (&field, heads),
+                    ("num_attention_heads", c.num_attention_heads),
+                    (kv.head_dim()?, dim_field()?),
+                    kv.head_dim()?,
+                )?;
+                (if hybrid { "full" } else { "kv" }, Some(&per_layer))
+            }
             LayerKind::Full if !hybrid => ("kv", full.as_ref()),
             LayerKind::Full => ("full", full.as_ref()),
             LayerKind::Sliding { .. } => ("swa", local.as_ref()),
             LayerKind::Chunked { .. } => ("chunked", local.as_ref()),
-            LayerKind::NoCache => continue,
-            LayerKind::Linear | LayerKind::Mamba => {
-                let built = if kind == LayerKind::Linear {
-                    state.as_ref()
-                } else {
-                    mamba.as_ref()
+            // Compressed layers are DeepSeek-V4's, planned in dsv4 (returned above).
+            LayerKind::NoCache | LayerKind::Compressed { .. } => continue,
+            LayerKind::Linear | LayerKind::Mamba | LayerKind::Kda | LayerKind::RgLru => {
+                let built = match kind {
+                    LayerKind::Linear => state.as_ref(),
+                    LayerKind::Mamba => mamba.as_ref(),
+                    LayerKind::Kda => kda.as_ref(),
+                    _ => rglru.as_ref(),
                 };
                 let (conv, temporal) = built.expect("built above for state layers");
                 push(&mut plans, "conv", attention, layer, clone(conv));
@@ -191,6 +256,52 @@ pub(crate) fn plan(
         equal_page_bytes(&model.name, &mut plans, opts.page_size_tokens)?;
     }
     Ok(plans)
+}
+
+/// The layer whose cache each layer reads: itself, or under Gemma 3n / 4 KV sharing
+/// (`num_kv_shared_layers` S of L layers; vLLM `gemma3n.py` / `gemma4.py`,
+/// `first_kv_shared_layer_idx = L - S`) the last layer before `L - S` of the same kind. Shared
+/// layers own no buffer. Gemma-4-E2B: 35 layers, S 20: layers 15..35 own nothing, layers 0..15
+/// (12 sliding, 3 full) own the cache.
+fn kv_owners(model: &Model, kinds: &[LayerKind]) -> Result<Vec<usize>, ModelError> {
+    let layers = kinds.len();
+    let shared = match model.config.num_kv_shared_layers {
+        None | Some(0) => return Ok((0..layers).collect()),
+        Some(s) => s,
+    };
+    let first = match (layers as u64).checked_sub(shared) {
+        Some(f) if f > 0 => f as usize,
+        _ => {
+            return Err(ModelError::field(
+                &model.name,
+                "num_kv_shared_layers",
+                format!(
+                    "{shared} is not below num_hidden_layers {layers} (some layer must own the cache)"
+                ),
+            ));
+        }
+    };
+    (0..layers)
+        .map(|i| {
+            if i < first {
+                return Ok(i);
+            }
+            (0..first)
+                .rev()
+                .find(|&j| kinds[j] == kinds[i])
+                .ok_or_else(|| {
+                    ModelError::field(
+                        &model.name,
+                        "num_kv_shared_layers",
+                        format!(
+                            "layer {i} ({} attention) shares the cache of an earlier {} layer, but layers 0..{first} have none",
+                            kinds[i].key(),
+                            kinds[i].key()
+                        ),
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Without `--kv-dtype` the engines cache in the model dtype; only bf16 is that default here.
@@ -216,8 +327,11 @@ fn kind_field(c: &crate::ModelConfig, kind: LayerKind, i: usize) -> String {
         LayerKind::Sliding { .. } => "sliding_window",
         LayerKind::Chunked { .. } => "attention_chunk_size",
         LayerKind::Linear => "full_attention_interval",
+        LayerKind::Kda => "linear_attn_config",
+        LayerKind::RgLru => "block_types",
         LayerKind::Mamba | LayerKind::NoCache => "hybrid_override_pattern",
         LayerKind::Full => "num_hidden_layers",
+        LayerKind::Compressed { .. } => "compress_ratios",
     }
     .to_string()
 }
@@ -275,11 +389,17 @@ fn clone(b: &Built) -> Built {
 /// its `attention`, `layer_ids` and `shard` (`kvlayout.geometry/v2`).
 pub(crate) fn geometry(
     name: &str,
+    model_layers: u64,
     title: String,
     plans: &[BufferPlan],
     opts: &Options,
 ) -> Result<PoolGeometry, ModelError> {
-    let hybrid = plans.iter().any(|p| p.attention != Attention::Full);
+    // Layer ids are written for a hybrid, and for any pool where a buffer does not serve every
+    // layer (DeciLM no-op layers, Gemma KV sharing, per-layer head counts).
+    let hybrid = plans.iter().any(|p| p.attention != Attention::Full)
+        || plans
+            .iter()
+            .any(|p| p.layer_ids.iter().copied().ne(0..model_layers));
     let mut buffers = Vec::with_capacity(plans.len());
     for p in plans {
         let mut b = BufferGeometry::new(p.name.clone(), p.layers(), p.layout.clone())
@@ -298,6 +418,9 @@ pub(crate) fn geometry(
         }
         if let Some(t) = p.page_size_tokens {
             b = b.with_page_size_tokens(t);
+        }
+        if p.compress_ratio != 1 {
+            b = b.with_compress_ratio(p.compress_ratio);
         }
         buffers.push(b);
     }

@@ -103,19 +103,14 @@ pub fn split_heads(name: &str, field: &str, total: u64, tp: Tp) -> Result<Shard,
 }
 
 impl Shard {
-    /// The geometry v2 `shard`. Heads replicated over ranks (`heads_total < tp size`) are
-    /// written as the engine holds them: `heads_total` counts every rank's copy
-    /// (`heads_total x replicas` = tp size, one head per rank; vLLM's QKVParallelLinear
-    /// likewise sizes its KV output as `num_kv_heads x num_kv_head_replicas`), and rank `r`'s
-    /// head is model head `r / replicas`.
+    /// The geometry `shard`. Heads replicated over ranks (`heads_total < tp size`) are written
+    /// as geometry v3 has them: `heads_total` is the model's KV head count, and the core
+    /// derives the replicas (`tp size / heads_total`) and rank `r`'s head (`r / replicas`).
     pub const fn geometry(self) -> kvlayout_core::Shard {
         match self {
             Shard::Heads {
-                tp,
-                heads_total,
-                replicas,
-                ..
-            } => kvlayout_core::Shard::heads(tp.size, tp.rank, heads_total * replicas),
+                tp, heads_total, ..
+            } => kvlayout_core::Shard::heads(tp.size, tp.rank, heads_total),
             Shard::Replicated { tp } => kvlayout_core::Shard::replicated(tp.size, tp.rank),
         }
     }

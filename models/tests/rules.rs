@@ -214,8 +214,11 @@ fn heads_split_or_replicate_like_the_engines() {
             replicas: 4
         }
     );
-    // Written as the engine holds it: 2 x 4 = 8 head copies, one per rank.
-    assert_eq!(s.geometry(), kvlayout_core::Shard::heads(8, 5, 8));
+    // Geometry v3: heads_total stays the model's 2 KV heads (never 2 x 4 replicas); the core
+    // derives replicas 8 / 2 = 4 and rank 5's head 5 / 4 = 1.
+    let g = s.geometry();
+    assert_eq!(g, kvlayout_core::Shard::heads(8, 5, 2));
+    assert_eq!((g.replicas(), g.heads_held()), (4, Some((1, 2))));
     for (heads, size) in [(6, 4), (3, 4), (4, 6)] {
         let e = split_heads("t", "h", heads, tp(size, 0)).unwrap_err();
         assert!(matches!(e, ModelError::Field { .. }), "{e}");

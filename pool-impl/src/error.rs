@@ -5,7 +5,8 @@
 use kvlayout_core::{GeometryError, LayoutError, MemoryLayout, Mismatch};
 
 use crate::backend::BackendError;
-use crate::plan::PagePair;
+use crate::checksum::{PageMismatch, refused_pairs};
+use crate::plan::{PagePair, Transferred};
 
 /// An error building or accessing a pool.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -106,6 +107,20 @@ pub enum TransferError {
         layer: u64,
         /// Largest layer count.
         layers: u64,
+    },
+    /// A model layer id no buffer serves (the buffers give `layer_ids`).
+    #[error(
+        "layer {layer}: no buffer serves model layer {layer} (the buffers' layer_ids cover {served} layers, {first}..={last})"
+    )]
+    ModelLayer {
+        /// Requested model layer id.
+        layer: u64,
+        /// Model layers served by some buffer.
+        served: u64,
+        /// Smallest served.
+        first: u64,
+        /// Largest served.
+        last: u64,
     },
     /// A page index past the end of one side.
     #[error("pairs[{pair}]: {side} page {page} out of range ({side} pool has {pages} pages)")]
@@ -208,6 +223,24 @@ pub enum TransferError {
         /// The range and the region.
         #[source]
         source: BackendError,
+    },
+    /// A load's pages do not match the checksums recorded at their backup
+    /// ([`crate::ChecksumMode`]): the copy ran (`transferred`), but these pages must not be
+    /// used: the caller treats them as a miss and recomputes them. Every other page of the load
+    /// verified (or was not sampled).
+    #[error(
+        "checksum mismatch on {} page payload(s) in {} pair(s), refused (treat them as a miss); first: {}",
+        mismatches.len(),
+        refused_pairs(mismatches).len(),
+        mismatches.first().map_or_else(String::new, ToString::to_string)
+    )]
+    ChecksumMismatch {
+        /// What the load moved.
+        transferred: Transferred,
+        /// Page payloads verified (one per buffer, layer and page), the mismatches included.
+        checksummed_pages: u64,
+        /// Every mismatching page, in (pair, buffer, layer) order.
+        mismatches: Vec<PageMismatch>,
     },
     /// A concurrent transfer holds a page this one needs (a destination page is being read or
     /// written, or a source page is being written, by another transfer). Nothing moved.

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory, check_runs};
+use crate::checksum::{ChecksumMode, ChecksumTable};
 pub use crate::error::PairError;
 use crate::error::{PoolError, TransferError};
 use crate::plan::{CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
@@ -79,6 +80,9 @@ pub struct HiCache<B: Backend = CpuBackend> {
     routes: Option<Routes>,
     /// Runs of the transfer in progress, reused (no allocation per transfer once warm).
     scratch: Vec<CopyRun>,
+    /// Page checksums recorded at backup and verified at load ([`HiCache::set_checksum_mode`]);
+    /// `None` when off.
+    checksums: Option<ChecksumTable>,
 }
 
 impl<B: Backend> HiCache<B> {
@@ -102,6 +106,7 @@ impl<B: Backend> HiCache<B> {
             stats: TransferStats::default(),
             routes: Some(routes),
             scratch: Vec::new(),
+            checksums: None,
         })
     }
 
@@ -118,12 +123,91 @@ impl<B: Backend> HiCache<B> {
             stats: TransferStats::default(),
             routes: None,
             scratch: Vec::new(),
+            checksums: None,
         }
     }
 
     /// The transfer mode.
     pub fn mode(&self) -> TransferMode {
         self.mode
+    }
+
+    /// Sets which pages are checksummed ([`crate::checksum`]): `Off` (the default), `Sampled(N)`
+    /// (host pages whose index is a multiple of N) or `All`. A backup then records each covered
+    /// page's checksum (of the device page, under the device geometry: its buffers' token
+    /// fingerprints and model layer ids) in a host-side table of one entry per buffer, layer and
+    /// host page; a load verifies each covered device page it wrote against the entry of its
+    /// host page after the copy and before it returns, and refuses mismatching pages with
+    /// [`TransferError::ChecksumMismatch`] (the copy ran: the caller treats those pages as a miss
+    /// and recomputes them), counted in [`TransferStats::checksum_mismatches`]. A host page
+    /// never backed up with a checksum is not verified. Setting a mode clears the table (pages
+    /// backed up before are not verified). Enqueued transfers ([`HiCache::enqueue`]) are waited
+    /// for before their pages are checksummed. Costs one read of every covered page payload per
+    /// backup and load (benchmark: BENCHMARKS.md, "Page checksum").
+    ///
+    /// # Errors
+    /// [`TransferError::Geometry`] when the table's size (layers x host pages per buffer)
+    /// overflows, or a buffer's checksum key cannot be computed.
+    pub fn set_checksum_mode(&mut self, mode: ChecksumMode) -> Result<(), TransferError> {
+        self.in_flight.settle();
+        self.checksums =
+            ChecksumTable::new(mode, self.device.geometry(), self.host.geometry().pages)?;
+        Ok(())
+    }
+
+    /// The checksum mode ([`HiCache::set_checksum_mode`]).
+    pub fn checksum_mode(&self) -> ChecksumMode {
+        self.checksums
+            .as_ref()
+            .map_or(ChecksumMode::Off, ChecksumTable::mode)
+    }
+
+    /// After a transfer: a backup that copied records its pages' checksums; a load that copied
+    /// verifies them (see [`HiCache::set_checksum_mode`]).
+    fn checksum_after(
+        &mut self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+        result: Result<Transferred, TransferError>,
+    ) -> Result<Transferred, TransferError> {
+        let Some(table) = self.checksums.as_mut() else {
+            return result;
+        };
+        let copied = match &result {
+            Ok(t) => t.pairs > 0,
+            // A backup torn part way: its host pages hold old and new bytes; recording the
+            // device pages' checksums makes a later load of them mismatch, never pass.
+            Err(TransferError::Interrupted { .. }) => direction == Direction::Backup,
+            Err(_) => false,
+        };
+        if !copied {
+            return result;
+        }
+        self.in_flight.settle();
+        match direction {
+            Direction::Backup => {
+                let sums = table.backup_checksums(&self.device, layers, pairs)?;
+                table.record(&sums);
+                result
+            }
+            Direction::Load => {
+                let transferred = result?;
+                let (checksummed_pages, mismatches) =
+                    table.verify_load(&self.device, layers, pairs)?;
+                self.stats
+                    .record_checksums(checksummed_pages, mismatches.len() as u64);
+                if mismatches.is_empty() {
+                    Ok(transferred)
+                } else {
+                    Err(TransferError::ChecksumMismatch {
+                        transferred,
+                        checksummed_pages,
+                        mismatches,
+                    })
+                }
+            }
+        }
     }
 
     /// The device pool (read only: a paired pool cannot be replaced or resized). Waits for
@@ -307,6 +391,7 @@ impl<B: Backend> HiCache<B> {
             true => self.transfer_routed(direction, layers, pairs, CopyMode::Wait),
             false => self.transfer_legacy(direction, layers, pairs),
         };
+        let result = self.checksum_after(direction, layers, pairs, result);
         self.stats.record(direction, layers, &result);
         result
     }
@@ -335,6 +420,7 @@ impl<B: Backend> HiCache<B> {
             .take_failure()
             .map_err(TransferError::Backend)?;
         let result = self.transfer_routed(direction, layers, pairs, CopyMode::Enqueue);
+        let result = self.checksum_after(direction, layers, pairs, result);
         self.stats.record(direction, layers, &result);
         result
     }

@@ -60,10 +60,12 @@ const _: () = assert!(
 );
 
 pub mod backend;
+pub mod checksum;
 mod claim;
 mod concurrent;
 mod error;
 mod hicache;
+mod layer_map;
 pub mod plan;
 mod pool;
 mod route;
@@ -71,10 +73,15 @@ pub mod shim;
 mod transfer;
 mod typed;
 
-pub use backend::{Backend, BackendError, CpuBackend, CpuMem, FailingCpuBackend, Memory};
+pub use backend::{
+    Backend, BackendError, ContentFault, ContentFaultBackend, CpuBackend, CpuMem,
+    FailingCpuBackend, Memory,
+};
+pub use checksum::{ChecksumMode, PageMismatch};
 pub use concurrent::ConcurrentHiCache;
 pub use error::{PairError, PoolError, PoolFact, TransferError};
 pub use hicache::{HiCache, TransferMode};
+pub use layer_map::LayerMap;
 pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
 pub use pool::{DevicePool, HostPool, KvPool, PoolWriter, page_copy_runs};
 pub use transfer::TransferStats;

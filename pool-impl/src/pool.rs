@@ -136,7 +136,7 @@ pub trait KvPool {
         let geom = self.geometry();
         let buf = geom.buffer(buffer)?;
         let layout = &buf.layout;
-        let t = geom.buffer_page_size_tokens(buffer)?;
+        let t = geom.buffer_page_rows(buffer)?;
         let err = |e| PoolError::Geometry(layout_error(buffer, buf, e));
         let mut out = Vec::with_capacity(layout.sections().len());
         for s in 0..layout.sections().len() {
@@ -171,7 +171,7 @@ pub trait KvPool {
     ) -> Result<(), PoolError> {
         let buf = self.geometry().buffer(buffer)?.clone();
         let layout = &buf.layout;
-        let t = self.geometry().buffer_page_size_tokens(buffer)?;
+        let t = self.geometry().buffer_page_rows(buffer)?;
         let err = |e| PoolError::Geometry(layout_error(buffer, &buf, e));
         if sections.len() != layout.sections().len() {
             return Err(PoolError::TokenShape {

@@ -15,8 +15,9 @@
 use kvlayout_core::{GeometryError, PoolGeometry};
 
 use crate::backend::{BackendError, check_range};
+use crate::layer_map::LayerMap;
 use crate::plan::{CopyRun, Direction, Layers, PagePair};
-use crate::shim::{self, TransferError};
+use crate::shim::TransferError;
 
 /// `base + page * page_step + layer * layer_step`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,11 +115,9 @@ pub(crate) struct PoolFacts {
 pub(crate) struct Routes {
     pub device: PoolFacts,
     pub host: PoolFacts,
-    /// Largest layer count of any buffer.
-    pub deepest_layers: u64,
-    /// `{buffer}.layer_ids` of the first buffer giving model layer ids (either side): one-layer
-    /// transfers are refused on such pools (see [`Routes::check_layer`]).
-    layer_ids_field: Option<String>,
+    /// Which layer of each buffer a one-layer transfer names (model layer ids where the
+    /// buffers give `layer_ids`).
+    pub layers: LayerMap,
     buffers: Vec<BufferRoute>,
 }
 
@@ -212,37 +211,19 @@ impl Routes {
                 host_end_bytes: host_end,
             });
         }
-        let layer_ids_field = dg
-            .buffers
-            .iter()
-            .chain(&hg.buffers)
-            .find(|b| b.layer_ids.is_some())
-            .map(|b| format!("{}.layer_ids", b.name()));
         Ok(Routes {
             device,
             host,
-            layer_ids_field,
-            deepest_layers: dg.buffers.iter().map(|b| b.layers).max().unwrap_or(0),
+            layers: LayerMap::new(dg, hg),
             buffers,
         })
     }
 
-    /// The layer asked for exists in some buffer. A one-layer transfer names a buffer-local
-    /// layer index (layer `l` of every buffer with more than `l` layers); where a buffer gives
-    /// `layer_ids` (v2: the model layers it serves) a layer means a model layer, which the
-    /// routes do not map yet, so one-layer transfers are refused naming the field (all-layer
-    /// transfers are served).
+    /// The layer asked for exists in some buffer: a buffer-local index, or a model layer id
+    /// where the buffers give `layer_ids` ([`LayerMap`]).
     #[inline]
     pub fn check_layer(&self, layers: Layers) -> Result<(), TransferError> {
-        if let (Layers::One(_), Some(field)) = (layers, &self.layer_ids_field) {
-            return Err(TransferError::Unsupported {
-                field: field.clone(),
-                reason: "a one-layer transfer on buffers with model layer ids is not \
-                         supported yet (its layer would be a buffer-local index); transfer \
-                         all layers",
-            });
-        }
-        shim::check_layer(layers, self.deepest_layers)
+        self.layers.check(layers)
     }
 
     /// Runs one pair contributes for `layers` (every buffer holding the layer, each of its
@@ -251,12 +232,10 @@ impl Routes {
     pub fn runs_per_pair(&self, layers: Layers) -> u64 {
         self.buffers
             .iter()
-            .map(|b| {
-                let n = match layers {
-                    Layers::All => b.layers,
-                    Layers::One(l) => u64::from(l < b.layers),
-                };
-                n * b.pieces.len() as u64
+            .enumerate()
+            .map(|(i, b)| {
+                let (first, end) = self.layers.range(i, layers);
+                (end - first) * b.pieces.len() as u64
             })
             .sum()
     }
@@ -273,12 +252,12 @@ impl Routes {
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<(), TransferError> {
-        for b in &self.buffers {
-            let last = match layers {
-                Layers::All => b.layers - 1,
-                Layers::One(l) if l < b.layers => l,
-                Layers::One(_) => continue,
-            };
+        for (bi, b) in self.buffers.iter().enumerate() {
+            let (first, end) = self.layers.range(bi, layers);
+            if first == end {
+                continue;
+            }
+            let last = end - 1;
             for (i, p) in pairs.iter().enumerate() {
                 let d = b.device.checked_at(last, p.device_page);
                 let h = b.host.checked_at(last, p.host_page);
@@ -348,12 +327,8 @@ impl Routes {
         out: &mut Vec<CopyRun>,
     ) {
         debug_assert!(pair.device_page < self.device.pages && pair.host_page < self.host.pages);
-        for b in &self.buffers {
-            let (first, end) = match layers {
-                Layers::All => (0, b.layers),
-                Layers::One(l) if l < b.layers => (l, l + 1),
-                Layers::One(_) => continue,
-            };
+        for (bi, b) in self.buffers.iter().enumerate() {
+            let (first, end) = self.layers.range(bi, layers);
             for l in first..end {
                 let d = b.device.at(l, pair.device_page);
                 let h = b.host.at(l, pair.host_page);
@@ -452,7 +427,7 @@ mod tests {
             PagePair::new(2, 3),
             PagePair::new(2, 5),
         ];
-        let deepest = r.deepest_layers;
+        let deepest = r.layers.deepest_layers();
         let mut all_layers = vec![Layers::All];
         all_layers.extend((0..deepest).map(Layers::One));
         for direction in [Direction::Backup, Direction::Load] {

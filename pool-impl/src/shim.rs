@@ -38,6 +38,7 @@ use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, compare};
 pub use crate::error::{PoolFact, TransferError};
 
 use crate::backend::check_range;
+use crate::layer_map::LayerMap;
 use crate::plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan};
 
 /// Whether the per-transfer identity and byte-range checks are compiled in: true unless the
@@ -175,6 +176,74 @@ pub fn check_pair_pages(
     pair_pages_error(direction, device_pages, host_pages, pairs, check_duplicates)
 }
 
+/// Pools up to this many pages get a [`DestinationBitmap`] (8 MiB at most); larger ones use
+/// [`check_pair_pages`]'s own duplicate search (sorting lists longer than 32 pairs).
+pub const BITMAP_MAX_PAGES: u64 = 1 << 26;
+
+/// One bit per page of the larger pool, all clear between calls: finds a destination page named
+/// twice in O(n) for lists of any length, without sorting or allocating per call (a checker
+/// that keeps one, such as the Python `TransferGuard`, checks warm lists allocation-free).
+#[derive(Clone, Debug, Default)]
+pub struct DestinationBitmap {
+    words: Vec<u64>,
+}
+
+impl DestinationBitmap {
+    /// An all-clear bitmap for pools of at most `pages` pages; empty (the sorting search is
+    /// used) past [`BITMAP_MAX_PAGES`].
+    pub fn new(pages: u64) -> DestinationBitmap {
+        let words = match pages <= BITMAP_MAX_PAGES {
+            true => vec![0; pages.div_ceil(64) as usize],
+            false => Vec::new(),
+        };
+        DestinationBitmap { words }
+    }
+
+    /// [`check_pair_pages`] with duplicates found through the bitmap; a duplicate found re-runs
+    /// [`check_pair_pages`]'s own search, which names it. Leaves the bitmap all clear.
+    ///
+    /// # Errors
+    /// As [`check_pair_pages`].
+    pub fn check_pair_pages(
+        &mut self,
+        direction: Direction,
+        device_pages: u64,
+        host_pages: u64,
+        pairs: &[PagePair],
+    ) -> Result<(), TransferError> {
+        check_pair_pages(direction, device_pages, host_pages, pairs, false)?;
+        let dst_pages = device_pages.max(host_pages);
+        if (self.words.len() as u64) * 64 < dst_pages || self.has_duplicate(direction, pairs) {
+            return check_pair_pages(direction, device_pages, host_pages, pairs, true);
+        }
+        Ok(())
+    }
+
+    /// Whether a destination page appears twice (every page already range-checked, so it
+    /// fits the bitmap). Leaves the bitmap all clear.
+    fn has_duplicate(&mut self, direction: Direction, pairs: &[PagePair]) -> bool {
+        let dst = |p: &PagePair| match direction {
+            Direction::Backup => p.host_page,
+            Direction::Load => p.device_page,
+        } as usize;
+        let mut found = false;
+        let mut marked = 0;
+        for p in pairs {
+            let (w, bit) = (dst(p) / 64, 1u64 << (dst(p) % 64));
+            if self.words[w] & bit != 0 {
+                found = true;
+                break;
+            }
+            self.words[w] |= bit;
+            marked += 1;
+        }
+        for p in &pairs[..marked] {
+            self.words[dst(p) / 64] = 0;
+        }
+        found
+    }
+}
+
 /// The first problem of a list that failed [`check_pair_pages`], named.
 #[cold]
 #[inline(never)]
@@ -254,7 +323,13 @@ pub fn check_layer(layers: Layers, deepest_layers: u64) -> Result<(), TransferEr
     }
 }
 
-/// Page indices in range on both sides, no destination page twice, the layer present.
+/// Page indices in range on both sides, no destination page twice, the layer present (a
+/// model layer id where the buffers give `layer_ids`: [`LayerMap`]).
+///
+/// # Errors
+/// The first problem found, named ([`TransferError::Layer`], [`TransferError::ModelLayer`],
+/// [`TransferError::TooManyPairs`], [`TransferError::PageOutOfRange`],
+/// [`TransferError::DuplicateDestination`]).
 pub fn check_pages(
     direction: Direction,
     device: &PoolGeometry,
@@ -262,8 +337,7 @@ pub fn check_pages(
     layers: Layers,
     pairs: &[PagePair],
 ) -> Result<(), TransferError> {
-    let deepest = device.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
-    check_layer(layers, deepest)?;
+    LayerMap::new(device, host).check(layers)?;
     check_pair_pages(direction, device.pages, host.pages, pairs, true)
 }
 
@@ -303,6 +377,7 @@ pub fn check_ranges(
     Ok(())
 }
 
+/// Buffer-local layer indices: the legacy kernel's reading of a one-layer transfer.
 fn layer_list(layers: Layers, buffer_layers: u64) -> Vec<u64> {
     match layers {
         Layers::All => (0..buffer_layers).collect(),
@@ -397,6 +472,7 @@ fn plan_buffers(
     legacy: bool,
 ) -> Result<TransferPlan, TransferError> {
     let mut buffers = Vec::with_capacity(device.buffers.len());
+    let map = LayerMap::new(device, host);
     for (bi, db) in device.buffers.iter().enumerate() {
         let hi = match host.buffer_index(db.name()) {
             Some(hi) => hi,
@@ -404,10 +480,15 @@ fn plan_buffers(
             None => return Err(field(db.name().to_string(), "present", "missing")),
         };
         let item_bytes = host.stored_page_bytes(hi)?;
-        let layer_ids: Vec<u64> = layer_list(layers, db.layers)
-            .into_iter()
-            .filter(|&l| !legacy || l < host.buffers[hi].layers)
-            .collect();
+        let layer_ids: Vec<u64> = if legacy {
+            layer_list(layers, db.layers)
+                .into_iter()
+                .filter(|&l| l < host.buffers[hi].layers)
+                .collect()
+        } else {
+            let (first, end) = map.range(bi, layers);
+            (first..end).collect()
+        };
         // Reserve at most 64 Ki runs up front: the list's length is the caller's.
         let mut runs = Vec::with_capacity(layer_ids.len().saturating_mul(pairs.len()).min(1 << 16));
         for &l in &layer_ids {
@@ -460,6 +541,36 @@ pub fn checked_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bitmap_names_the_same_duplicate_as_the_search_and_stays_clear() {
+        let mut seen = DestinationBitmap::new(200);
+        // 100 pairs (past the pairwise scan): destination 7 at pairs 3 and 90
+        let mut pairs: Vec<PagePair> = (0..100).map(|i| PagePair::new(i + 100, i)).collect();
+        pairs[90] = PagePair::new(190, 3);
+        let got = seen.check_pair_pages(Direction::Backup, 200, 200, &pairs);
+        assert_eq!(
+            got,
+            check_pair_pages(Direction::Backup, 200, 200, &pairs, true)
+        );
+        assert_eq!(
+            got.unwrap_err().to_string(),
+            "pairs[90]: host page 3 is already the destination of pairs[3]"
+        );
+        assert!(seen.words.iter().all(|&w| w == 0));
+        pairs[90] = PagePair::new(190, 150);
+        assert_eq!(
+            seen.check_pair_pages(Direction::Backup, 200, 200, &pairs),
+            Ok(())
+        );
+        // an out-of-range page is named before any duplicate search
+        pairs[5] = PagePair::new(5, 200);
+        assert!(matches!(
+            seen.check_pair_pages(Direction::Backup, 200, 200, &pairs),
+            Err(TransferError::PageOutOfRange { pair: 5, .. })
+        ));
+        assert!(seen.words.iter().all(|&w| w == 0));
+    }
 
     #[test]
     fn a_run_past_either_region_is_refused_naming_the_range() {

@@ -31,18 +31,31 @@ pub struct TransferStats {
     /// Transfers the backend failed part way ([`TransferError::Interrupted`]); their bytes
     /// are not counted above.
     pub interrupted: u64,
+    /// Page payloads verified against their backup's checksum at load (one per buffer, layer
+    /// and page; [`crate::ChecksumMode`]), mismatches included.
+    pub checksummed_pages: u64,
+    /// Page payloads whose loaded bytes did not match their backup's checksum
+    /// ([`TransferError::ChecksumMismatch`]; their loads count as moved above).
+    pub checksum_mismatches: u64,
 }
 
 impl TransferStats {
-    /// Counts one transfer's outcome: a call that moved data (an empty list is not counted),
-    /// a refusal, or an interruption. Byte counters saturate.
+    /// Counts one transfer's outcome: a call that moved data (an empty list is not counted; a
+    /// load refused by its checksums moved its data), a refusal, or an interruption. Byte
+    /// counters saturate. The checksum counters are kept by the cache that verifies
+    /// ([`TransferStats::record_checksums`]).
     pub fn record(
         &mut self,
         direction: Direction,
         layers: Layers,
         result: &Result<Transferred, TransferError>,
     ) {
-        match result {
+        let moved = match result {
+            Ok(t) => Ok(t),
+            Err(TransferError::ChecksumMismatch { transferred, .. }) => Ok(transferred),
+            Err(e) => Err(e),
+        };
+        match moved {
             Ok(t) if t.pairs == 0 => {}
             Ok(t) => {
                 let pages = match layers {
@@ -72,6 +85,12 @@ impl TransferStats {
         }
     }
 
+    /// Counts the page payloads a load verified and those that mismatched.
+    pub fn record_checksums(&mut self, checksummed_pages: u64, mismatches: u64) {
+        self.checksummed_pages = self.checksummed_pages.saturating_add(checksummed_pages);
+        self.checksum_mismatches = self.checksum_mismatches.saturating_add(mismatches);
+    }
+
     /// Adds another handle's counters, each saturating at `u64::MAX` (the fields are public: a
     /// caller's values never make this panic or wrap).
     pub fn add(&mut self, other: TransferStats) {
@@ -84,6 +103,8 @@ impl TransferStats {
         sum(&mut self.loaded_bytes, other.loaded_bytes);
         sum(&mut self.refused, other.refused);
         sum(&mut self.interrupted, other.interrupted);
+        sum(&mut self.checksummed_pages, other.checksummed_pages);
+        sum(&mut self.checksum_mismatches, other.checksum_mismatches);
     }
 }
 
@@ -302,6 +323,8 @@ mod tests {
                 loaded_bytes: 40,
                 refused: 1,
                 interrupted: 1,
+                checksummed_pages: 0,
+                checksum_mismatches: 0,
             }
         );
     }

@@ -2,11 +2,14 @@ from ._kvlayout import (
     CHECKS_COMPILED as CHECKS_COMPILED,
     SCHEMA as SCHEMA,
     Geometry as Geometry,
+    Plan as Plan,
     TransferGuard as TransferGuard,
     check as check,
     compare as compare,
     describe as describe,
     formats as formats,
+    page_plan as page_plan,
+    token_plan as token_plan,
     totals as totals,
 )
 from .errors import (

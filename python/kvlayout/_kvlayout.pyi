@@ -60,6 +60,15 @@ class Geometry:
     @property
     def total_bytes(self) -> int:
         """Bytes of the whole pool in its memory layout (every buffer, layer and page)."""
+    def regions(self) -> list[dict[str, Any]]:
+        """The contiguous regions of the pool, in buffer order: one per buffer (its name), or
+        one named ``pool`` under ``page_first_direct``. Each: ``name``, ``pool_offset_bytes``,
+        ``len_bytes``, ``buffers`` (one dict per buffer held: ``name``, ``layers``, ``pages``,
+        ``page_size_tokens``, ``offset_bytes``, ``page_step_bytes``, ``layer_step_bytes``,
+        ``head_step_bytes``, ``heads``, ``run_bytes``, ``section_bytes_per_token``): head ``h``
+        of page ``p`` of layer ``l`` starts at ``offset_bytes + p * page_step_bytes + l *
+        layer_step_bytes + h * head_step_bytes`` and is ``run_bytes`` long (``heads`` is 1
+        except under ``page_head``)."""
     def mirror(self, pages: int, memory_layout: Optional[str] = None,
                name: Optional[str] = None) -> Geometry:
         """A mirror pool's geometry: every compared field from self; pages, layout, name new."""
@@ -92,6 +101,41 @@ class TransferGuard:
     def layer_indices(self, layer: int) -> dict[str, int]:
         """{buffer name: layer index} of the buffers that hold `layer` (a model layer id when
         the buffers carry `layer_ids`); TransferRefused (kind layer) when none does."""
+
+class Plan:
+    """A transfer plan between two pools (``page_plan`` / ``token_plan``), merged into maximal
+    runs."""
+
+    @property
+    def level(self) -> Literal["pool", "token"]: ...
+    @property
+    def runs(self) -> dict[str, list[tuple[int, int, int]]]:
+        """``{buffer: [(src_offset_bytes, dst_offset_bytes, length_bytes), ...]}``, offsets inside
+        the buffer's region on each side (``regions``)."""
+    @property
+    def regions(self) -> dict[str, tuple[str, str]]:
+        """``{buffer: (source region name, destination region name)}``."""
+    @property
+    def head_ranges(self) -> dict[str, tuple[int, int]]:
+        """``{buffer: (lo, hi)}``: the global heads moved, for buffers split by heads on both
+        sides."""
+    @property
+    def bytes_total(self) -> int: ...
+    @property
+    def run_count(self) -> int: ...
+
+def page_plan(src: Geometry, dst: Geometry, src_pages: _PageIndices,
+              dst_pages: _PageIndices) -> Plan:
+    """Whole pages ``src_pages[i]`` -> ``dst_pages[i]`` in every layer, for pools compatible at
+    the ``pool`` level (any memory layouts). Raises Incompatible (the ``pool``-level diff lines),
+    TransferRefused (kind: page_out_of_range, duplicate_destination, length, negative_page,
+    state)."""
+def token_plan(src: Geometry, dst: Geometry, src_pages: _PageIndices,
+               dst_pages: _PageIndices) -> Plan:
+    """Token runs with head slices, for pools compatible at the ``token`` level (page sizes,
+    head splits and memory layouts may differ): the source pages are one token stream cut into
+    the destination's pages. Raises as ``page_plan`` at the ``token`` level, and TransferRefused
+    (kind ``length``: different token counts; ``heads``: a section's bytes per head differ)."""
 
 def compare(a: Geometry, b: Geometry, level: _Level = "pool") -> list[str]:
     """The diff lines of ``kvlayout check --level LEVEL A B`` (``field: A value, B value``, one

@@ -213,6 +213,18 @@ impl Geometry {
         geometry_result(py, self.inner.total_bytes())
     }
 
+    /// The contiguous regions the pool occupies, in buffer order: one per buffer (named after
+    /// it), or one named `pool` for the whole pool under `page_first_direct`. Each is a dict:
+    /// `name`, `pool_offset_bytes` (where it starts when the regions lie one after another),
+    /// `len_bytes`, and `buffers`, one dict per buffer it holds: `name`, `layers`, `pages`,
+    /// `page_size_tokens`, and its placement: head `h` of page `p` of layer `l` starts at
+    /// `offset_bytes + p * page_step_bytes + l * layer_step_bytes + h * head_step_bytes` and
+    /// is `run_bytes` long (`heads` is 1 except under `page_head`); plus
+    /// `section_bytes_per_token` (one entry per section).
+    fn regions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
+        crate::plan::regions(py, &self.inner)
+    }
+
     /// The geometry of a pool that mirrors this one (a HiCache host pool made from the device
     /// pool, as `HostPool::mirror_of` does in Rust): every compared field taken from `self`,
     /// only `pages`, `memory_layout` (default: the same) and `name` differ. Raises

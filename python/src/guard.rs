@@ -8,12 +8,11 @@
 //! `try_lock`; a call that finds it held (another thread inside a check, or a reentrant call
 //! from an `__index__`/`__dlpack__`) allocates its own for that call.
 
-use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use kvlayout_core::Level;
-use kvlayout_pool::shim::{check_layer, check_pair_pages};
-use kvlayout_pool::{Direction, Layers, PagePair, TransferError};
+use kvlayout_pool::shim::DestinationBitmap;
+use kvlayout_pool::{Direction, LayerMap, Layers, PagePair, TransferError};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
@@ -33,10 +32,9 @@ pub struct TransferGuard {
     host: Py<Geometry>,
     device_pages: u64,
     host_pages: u64,
-    deepest_layers: u64,
-    /// The model layer ids the buffers serve, when any buffer gives `layer_ids` (hybrid
-    /// models): `layer` is then a model layer id. `None`: `layer` is a plain index.
-    model_layers: Option<BTreeSet<u64>>,
+    /// Which layer of each buffer `layer` names: the pool crate's mapping, the one its
+    /// transfers use (a model layer id when any buffer gives `layer_ids`, else an index).
+    layers: LayerMap,
     /// Kept between calls so a warm, uncontended check allocates nothing.
     scratch: Mutex<Scratch>,
 }
@@ -47,23 +45,9 @@ struct Scratch {
     /// Pairs of the transfer being checked (16 B per page, bounded by the destination pool's
     /// page count).
     pairs: Vec<PagePair>,
-    /// One bit per page of the larger pool: destinations seen in the list being checked (all
-    /// clear between calls). Finds a duplicate destination in O(n); the shim then names it.
-    /// Empty: the shim's own duplicate search is used.
-    seen: Vec<u64>,
-}
-
-/// Pools up to this many pages get the duplicate bitmap (8 MiB at most); larger ones use the
-/// shim's own duplicate search (sorting lists longer than 32 pairs).
-const BITMAP_MAX_PAGES: u64 = 1 << 26;
-
-/// An all-clear duplicate bitmap for a pool of `pages` pages, or empty past `BITMAP_MAX_PAGES`.
-fn bitmap(pages: u64) -> Vec<u64> {
-    if pages <= BITMAP_MAX_PAGES {
-        vec![0; pages.div_ceil(64) as usize]
-    } else {
-        Vec::new()
-    }
+    /// Destinations seen in the list being checked (the shim's bitmap, all clear between
+    /// calls).
+    seen: DestinationBitmap,
 }
 
 /// Reads `layer`: `None`, or an int (not a bool; numpy integers too) that fits an `i64`.
@@ -98,7 +82,7 @@ fn layer_arg(py: Python<'_>, layer: Option<&Bound<'_, PyAny>>) -> PyResult<Optio
 
 fn kind(e: &TransferError) -> &'static str {
     match e {
-        TransferError::Layer { .. } => "layer",
+        TransferError::Layer { .. } | TransferError::ModelLayer { .. } => "layer",
         TransferError::PageOutOfRange { .. } => "page_out_of_range",
         TransferError::DuplicateDestination { .. } => "duplicate_destination",
         TransferError::TooManyPairs { .. } => "too_many_pairs",
@@ -155,30 +139,6 @@ fn negative(py: Python<'_>, i: usize, s: i64, d: i64) -> PyErr {
     )
 }
 
-/// Whether a destination page appears twice (pages already range-checked: every page fits
-/// `seen`). Leaves `seen` all clear.
-fn has_duplicate_destination(direction: Direction, pairs: &[PagePair], seen: &mut [u64]) -> bool {
-    let dst = |p: &PagePair| match direction {
-        Direction::Backup => p.host_page,
-        Direction::Load => p.device_page,
-    } as usize;
-    let mut found = false;
-    let mut marked = 0;
-    for p in pairs {
-        let (w, bit) = (dst(p) / 64, 1u64 << (dst(p) % 64));
-        if seen[w] & bit != 0 {
-            found = true;
-            break;
-        }
-        seen[w] |= bit;
-        marked += 1;
-    }
-    for p in &pairs[..marked] {
-        seen[dst(p) / 64] = 0;
-    }
-    found
-}
-
 fn read_pair(
     py: Python<'_>,
     direction: Direction,
@@ -216,30 +176,13 @@ impl TransferGuard {
             let head = header(lines.len(), &d.inner, &h.inner, Level::Pool);
             return Err(errors::incompatible(py, lines, head));
         }
-        let deepest_layers = d.inner.buffers.iter().map(|b| b.layers).max().unwrap_or(0);
-        let model_layers = d
-            .inner
-            .buffers
-            .iter()
-            .any(|b| b.layer_ids().is_some())
-            .then(|| {
-                d.inner
-                    .buffers
-                    .iter()
-                    .flat_map(|b| match b.layer_ids() {
-                        Some(ids) => ids.iter().map(|&i| u64::from(i)).collect::<Vec<_>>(),
-                        None => (0..b.layers).collect(),
-                    })
-                    .collect::<BTreeSet<u64>>()
-            });
         Ok(TransferGuard {
             device_pages: d.inner.pages,
             host_pages: h.inner.pages,
-            deepest_layers,
-            model_layers,
+            layers: LayerMap::new(&d.inner, &h.inner),
             scratch: Mutex::new(Scratch {
                 pairs: Vec::new(),
-                seen: bitmap(d.inner.pages.max(h.inner.pages)),
+                seen: DestinationBitmap::new(d.inner.pages.max(h.inner.pages)),
             }),
             device,
             host,
@@ -309,22 +252,7 @@ impl TransferGuard {
                 errors::transfer_refused(py, format!("layer {l} is negative"), "layer")
             })?),
         };
-        match (&self.model_layers, layers) {
-            (Some(served), Layers::One(l)) if !served.contains(&l) => {
-                return Err(errors::transfer_refused(
-                    py,
-                    format!(
-                        "layer {l}: no buffer serves model layer {l} (the buffers' layer_ids cover {} layers, {}..={})",
-                        served.len(),
-                        served.first().copied().unwrap_or(0),
-                        served.last().copied().unwrap_or(0)
-                    ),
-                    "layer",
-                ));
-            }
-            (Some(_), _) => {}
-            (None, _) => check_layer(layers, self.deepest_layers).map_err(|e| refused(py, e))?,
-        }
+        self.layers.check(layers).map_err(|e| refused(py, e))?;
         let (device_pages, host_pages) = (self.device_pages, self.host_pages);
         // Uncontended: the guard's own scratch. Held (another thread, or a reentrant call from
         // Python code run while reading a list): this call's own.
@@ -368,15 +296,9 @@ impl TransferGuard {
                     ));
                 }
                 fill(py, direction, src, dst, scratch)?;
-                // The shim's range checks (both sides), then duplicates through the bitmap; a
-                // duplicate found re-runs the shim's own duplicate check, which names it.
-                check_pair_pages(direction, device_pages, host_pages, scratch, false)
-                    .map_err(|e| refused(py, e))?;
-                if seen.is_empty() || has_duplicate_destination(direction, scratch, seen) {
-                    check_pair_pages(direction, device_pages, host_pages, scratch, true)
-                        .map_err(|e| refused(py, e))?;
-                }
-                Ok(())
+                // The shim's checks: ranges on both sides, then duplicates through its bitmap.
+                seen.check_pair_pages(direction, device_pages, host_pages, scratch)
+                    .map_err(|e| refused(py, e))
             })
         })
     }
@@ -396,16 +318,9 @@ impl TransferGuard {
         };
         let out = pyo3::types::PyDict::new(py);
         if let Ok(l) = u64::try_from(l) {
-            for b in &self.device.get().inner.buffers {
-                let index = match b.layer_ids() {
-                    Some(ids) => ids
-                        .iter()
-                        .position(|&id| u64::from(id) == l)
-                        .map(|i| i as u64),
-                    None => (l < b.layers).then_some(l),
-                };
-                if let Some(i) = index {
-                    out.set_item(&b.name, i)?;
+            for (i, b) in self.device.get().inner.buffers.iter().enumerate() {
+                if let Some(index) = self.layers.index(i, l) {
+                    out.set_item(&b.name, index)?;
                 }
             }
         }
@@ -425,7 +340,7 @@ impl TransferGuard {
             self.device.get().fingerprint,
             self.device_pages,
             self.host_pages,
-            self.deepest_layers
+            self.layers.deepest_layers()
         )
     }
 }

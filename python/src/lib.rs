@@ -14,12 +14,16 @@ mod geometry;
 mod guard;
 mod model;
 mod pages;
+mod plan;
 
 /// The extension module.
 #[pymodule]
 fn _kvlayout(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<geometry::Geometry>()?;
     m.add_class::<guard::TransferGuard>()?;
+    m.add_class::<plan::Plan>()?;
+    m.add_function(wrap_pyfunction!(plan::page_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(plan::token_plan, m)?)?;
     m.add_function(wrap_pyfunction!(geometry::compare, m)?)?;
     m.add_function(wrap_pyfunction!(geometry::check, m)?)?;
     m.add_function(wrap_pyfunction!(model::describe, m)?)?;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kvlayout_models::{Attention, IndexK, KvDtype, Model, Options, StateDtype, Tp};
+use kvlayout_models::{IndexK, KvDtype, KvLayout, Model, Options, StateDtype, Tp};
 use pyo3::exceptions::{PyTypeError, PyUserWarning};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBool, PyInt};
@@ -91,7 +91,7 @@ fn load(
         ));
     }
     let m = Model::load(name).map_err(|e| errors::model_error(py, e.to_string()))?;
-    if index_k.is_some() && m.attention() != Attention::MlaDsa {
+    if index_k.is_some() && !m.has_index_k() {
         let msg = format!(
             "index_k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
             m.name
@@ -112,6 +112,8 @@ fn load(
         tp,
         state_dtype,
         equal_page_bytes,
+        // DeepSeek-V4's KV record: SGLang's default FlashMLA pool (584 B/token).
+        kv_layout: KvLayout::FlashMla,
     };
     Ok((m, opts))
 }

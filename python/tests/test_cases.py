@@ -1,4 +1,4 @@
-"""The shared geometry cases (cli-tests/shared-cases/NN-*/{a,b,expect}.json: public bug reports
+"""The shared geometry cases (cli/tests/shared-cases/NN-*/{a,b,expect}.json: public bug reports
 turned into geometry pairs) through the Python API: the exit code `kvlayout check` must give maps
 to None (0), Incompatible (1) or InvalidGeometry (2), and the strings it must mention appear in
 what the Python error carries."""
@@ -12,7 +12,7 @@ import pytest
 import kvlayout
 from conftest import ROOT
 
-CASES = sorted(p for p in (ROOT / "cli-tests" / "shared-cases").iterdir() if p.is_dir())
+CASES = sorted(p for p in (ROOT / "cli" / "tests" / "shared-cases").iterdir() if p.is_dir())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -37,7 +37,7 @@ def test_shared_case(case):
 
 
 def test_levels_differ_where_the_design_says():
-    case = ROOT / "cli-tests" / "shared-cases" / "19-storage-cross-layer-vs-per-layer"
+    case = ROOT / "cli" / "tests" / "shared-cases" / "19-storage-cross-layer-vs-per-layer"
     a = kvlayout.Geometry.from_file(case / "a.json")
     b = kvlayout.Geometry.from_file(case / "b.json")
     assert kvlayout.compare(a, b, level="pool") == []

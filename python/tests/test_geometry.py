@@ -14,7 +14,7 @@ import kvlayout
 from conftest import ROOT, load_json, reference_fingerprint
 
 SEED_HOST = ROOT / "configs" / "geometry" / "host-index-k-fp8-formula.json"
-CASES = ROOT / "cli-tests" / "shared-cases"
+CASES = ROOT / "cli" / "tests" / "shared-cases"
 
 # The seed: device index-K bf16, 128 x 2 = 256 B/token, a 64-token page 64 x 256 = 16384 B;
 # host sized by the fp8 formula, 128 x 1 + 128/128 x 4 = 132 B/token, 64 x 132 = 8448 B/page.

@@ -11,8 +11,8 @@ from kvlayout.pd import handshake
 from kvlayout.pd.handshake import PeerRefused, UncheckedPeerWarning
 
 DSV32 = ROOT / "configs/geometry/host-index-k-fp8-formula.json"
-SEED = ROOT / "cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host"
-TP = ROOT / "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level"
+SEED = ROOT / "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host"
+TP = ROOT / "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level"
 
 
 def geo(path, **edit) -> kvlayout.Geometry:
@@ -94,21 +94,27 @@ def test_unreadable_messages_are_refused_by_name():
 
 
 def test_published_regions_must_hold_the_geometry():
-    from kvlayout.pd.regions import buffer_layouts
-
     g = json.loads(DSV32.read_text())
     g["pages"] = 2
-    layouts = buffer_layouts(g)
+    geometry = kvlayout.Geometry.from_json(json.dumps(g))
     kv_bytes = 61 * 2 * 64 * (512 + 4 * 4 + 64 * 2)  # layers x pages x page bytes
     ik_bytes = 61 * 2 * 64 * (128 + 4)
     ok = {"regions": {"kv": [4096, kv_bytes], "index_k": [8192, ik_bytes]}}
-    handshake.check_regions(ok, layouts)
+    handshake.check_regions(ok, geometry)
     short = {"regions": {"kv": [4096, kv_bytes - 1]}}
     with pytest.raises(PeerRefused) as e:
-        handshake.check_regions(short, layouts)
+        handshake.check_regions(short, geometry)
     assert e.value.lines == [
         f"regions.kv: {kv_bytes - 1} bytes published, geometry lays out {kv_bytes} bytes",
         f"regions.index_k: missing, geometry lays out {ik_bytes} bytes",
+    ]
+    # page_first_direct: one region for the whole pool
+    g["memory_layout"] = "page_first_direct"
+    direct = kvlayout.Geometry.from_json(json.dumps(g))
+    with pytest.raises(PeerRefused) as e:
+        handshake.check_regions(ok, direct)
+    assert e.value.lines == [
+        f"regions.pool: missing, geometry lays out {kv_bytes + ik_bytes} bytes"
     ]
 
 
@@ -130,8 +136,14 @@ def test_deeply_nested_message_is_refused():
         handshake.parse_message(b"[" * 100000 + b"]" * 100000)
 
 
-class _Lay:
-    region_bytes = 64
+def _one_region_of_64_bytes() -> kvlayout.Geometry:
+    """One buffer `kv`: 1 layer x 1 page of 32 tokens x 1 u8 x 2 = 64 bytes."""
+    return kvlayout.Geometry.from_json(json.dumps({
+        "schema": "kvlayout.geometry/v1", "name": "t", "page_size_tokens": 32, "pages": 1,
+        "memory_layout": "layer_first",
+        "buffers": [{"name": "kv", "layers": 1, "arrangement": "token_major",
+                     "sections": [{"name": "x", "dtype": "u8", "shape": [2]}]}],
+    }))
 
 
 @pytest.mark.parametrize("regions,field", [
@@ -143,14 +155,14 @@ class _Lay:
 ])
 def test_malformed_regions_are_refused_by_name(regions, field):
     with pytest.raises(PeerRefused) as e:
-        handshake.check_regions({"regions": regions}, {"kv": _Lay()})
+        handshake.check_regions({"regions": regions}, _one_region_of_64_bytes())
     assert e.value.lines[0].startswith(field + ":")
 
 
 def test_regions_short_and_whole():
-    handshake.check_regions({"regions": {"kv": [4096, 64]}}, {"kv": _Lay()})
+    handshake.check_regions({"regions": {"kv": [4096, 64]}}, _one_region_of_64_bytes())
     with pytest.raises(PeerRefused, match="63 bytes published, geometry lays out 64"):
-        handshake.check_regions({"regions": {"kv": [4096, 63]}}, {"kv": _Lay()})
+        handshake.check_regions({"regions": {"kv": [4096, 63]}}, _one_region_of_64_bytes())
 
 
 # Regressions (hostile review, session 8): a peer geometry with a UTF-8 BOM (which the core

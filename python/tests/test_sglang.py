@@ -300,7 +300,7 @@ def test_page_head_load_is_wrapped_and_unchecked_ops_are_named():
                                     layer_id, item_size, src_layout_dim, page_size, head_num):
         calls.append(layer_id)
 
-    def jit_transfer_hicache_all_layer(*args):
+    def jit_transfer_hicache_all_layer_staged_lf_pf(*args):  # staged write-back: not checked
         pass
 
     def transfer_kv_all_layer(*args):  # a pointer-table op: check_item_sizes covers it
@@ -308,13 +308,14 @@ def test_page_head_load_is_wrapped_and_unchecked_ops_are_named():
 
     ns = {"__name__": "pool_host.mha", "transfer_kv_per_layer_ph_lf": transfer_kv_per_layer_ph_lf,
           "transfer_kv_all_layer_lf_ph": lambda *a: None,
-          "jit_transfer_hicache_all_layer": jit_transfer_hicache_all_layer,
+          "jit_transfer_hicache_all_layer_staged_lf_pf": jit_transfer_hicache_all_layer_staged_lf_pf,
           "transfer_kv_all_layer": transfer_kv_all_layer}
     with pytest.warns(UserWarning) as w:
         assert sglang.guard_transfer_ops(ns) == ["pool_host.mha.transfer_kv_per_layer_ph_lf"]
     assert str(w[0].message) == (
         "kvlayout: transfer ops not checked by guard_transfer_ops: "
-        "pool_host.mha.jit_transfer_hicache_all_layer, pool_host.mha.transfer_kv_all_layer_lf_ph")
+        "pool_host.mha.jit_transfer_hicache_all_layer_staged_lf_pf, "
+        "pool_host.mha.transfer_kv_all_layer_lf_ph")
     with pytest.raises(kvlayout.TransferRefused, match="item_size 2048 B, but dst_k rows are 4096 B"):
         ns["transfer_kv_per_layer_ph_lf"](None, device.k_buffer[0], None, device.v_buffer[0],
                                           None, None, 0, 2048, 4096, 64, 8)

@@ -11,8 +11,8 @@
 //!   ([`trace_replay::CONVERSATION_TRACE`], Apache-2.0, see `data/SOURCE.md`).
 //! - [`synthetic`]: the multi-turn synthetic workload (`--workload synthetic`).
 //! - [`codec`]: f32 values to a token layout's bytes and back (fp8 index-K with DeepSeek's
-//!   quantizer from `kvlayout-kernels`); [`report`] and [`plot`]: what a trace replay prints
-//!   and draws.
+//!   quantizer from `kvlayout-kernels`); [`report`]: what a trace replay prints (the CLI draws
+//!   it with `--plot`).
 //!
 //! Exit codes of the CLI: 0 ran clean, 1 pairing refused, 2 bad input ([`ReplayError`]),
 //! 3 requests (or sessions) corrupted.
@@ -62,7 +62,6 @@ pub mod codec;
 mod error;
 pub mod indexer;
 pub mod pairing;
-pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod schedule;

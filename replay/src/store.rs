@@ -56,6 +56,11 @@ pub struct PoolStore<B: Backend> {
     params: IndexerParams,
     layers: u64,
     page_size: u64,
+    /// `[buffer]` rows in a page (its tokens per page; P / R for a buffer storing one row per
+    /// R tokens, geometry v3; 1 for a state slot).
+    rows: Vec<u64>,
+    /// `[buffer]` tokens per row (R; the page's tokens for a state slot, which keeps one row).
+    tokens_per_row: Vec<u64>,
     /// `[buffer][layer][template]` canonical page bytes.
     templates: Vec<Vec<Vec<Vec<u8>>>>,
     index_k: Option<usize>,
@@ -144,13 +149,18 @@ impl<B: Backend> PoolStore<B> {
         scratch_geometry.pages = TEMPLATES;
         scratch_geometry.memory_layout = kvlayout_core::MemoryLayout::LayerFirst;
         let mut scratch = DevicePool::new(scratch_geometry)?;
+        let rows = (0..geometry.buffers.len())
+            .map(|b| geometry.buffer_page_rows(b))
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(PoolError::from)?;
+        let tokens_per_row: Vec<u64> = rows.iter().map(|&r| page_size / r.max(1)).collect();
         let mut templates = Vec::new();
         for (b, buf) in geometry.buffers.iter().enumerate() {
             let mut per_layer = Vec::new();
             for l in 0..buf.layers {
                 let mut pages = Vec::new();
                 for p in 0..TEMPLATES {
-                    for t in 0..page_size {
+                    for t in 0..rows[b] {
                         let bytes = codec::encode_token(&buf.layout, |s, e| {
                             value(params.seed, p, l, b, s, t, e)
                         })?;
@@ -201,6 +211,8 @@ impl<B: Backend> PoolStore<B> {
             params,
             layers,
             page_size,
+            rows,
+            tokens_per_row,
             templates,
             index_k,
             kv,
@@ -343,7 +355,7 @@ impl<B: Backend> PoolStore<B> {
         }
     }
 
-    /// Whether token `t` of device page `dev` in buffer `b`, layer `l`, equals its template's.
+    /// Whether row `t` of device page `dev` in buffer `b`, layer `l`, equals its template's.
     fn row_matches(
         &mut self,
         b: usize,
@@ -358,7 +370,7 @@ impl<B: Backend> PoolStore<B> {
             let run = layout.run_bytes(s).map_err(CodecError::from)? as usize;
             for r in 0..layout.runs(s).map_err(CodecError::from)? {
                 let off = layout
-                    .offset_bytes(s, t, r, self.page_size)
+                    .offset_bytes(s, t, r, self.rows[b])
                     .map_err(CodecError::from)?;
                 self.scratch.resize(run, 0);
                 self.cache
@@ -452,8 +464,10 @@ impl<B: Backend> PoolStore<B> {
         for pos in selected {
             let (pi, t) = ((pos / self.page_size) as usize, pos % self.page_size);
             for &b in &buffers {
+                // The row holding token t: t / R in a compressed buffer, the slot's one row.
+                let row = (t / self.tokens_per_row[b].max(1)).min(self.rows[b] - 1);
                 if l < self.cache.device().geometry().buffers[b].layers
-                    && !self.row_matches(b, l, pages[pi].1, templates[pi], t)?
+                    && !self.row_matches(b, l, pages[pi].1, templates[pi], row)?
                 {
                     return Ok(true);
                 }

@@ -94,14 +94,16 @@ pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Req
         return Err(line_err(line, "line", "not a JSON object".into()));
     };
     // serde_json keeps the last of a repeated key: refuse it, naming the key and its column.
-    kvlayout_core::check_unique_keys(text).map_err(|e| {
-        // At the top level the field is the key itself (the problem names it in quotes).
-        let key = e.problem.split('"').nth(1).unwrap_or("line");
-        let field = if e.field == "json" { key } else { &e.field };
+    kvlayout_core::find_duplicate_key(text).map_err(|d| {
+        // At the top level the field is the key itself (a nested object is its path).
+        let field = if d.path == "." { &d.key } else { &d.path };
         line_err(
             line,
             field,
-            e.problem.replace(" at line 1 column ", " at column "),
+            format!(
+                "key {:?} given twice in one object (the second value would silently win) at column {}",
+                d.key, d.column
+            ),
         )
     })?;
     for key in obj.keys() {
@@ -327,6 +329,18 @@ mod tests {
             ),
             "trace line 7: timestamp: key \"timestamp\" given twice in one object (the second value \
              would silently win) at column 28"
+        );
+    }
+
+    /// A key holding a quote, given twice, was reported under the text before its quote
+    /// (`a\`): the message was split at quotes. The key is now taken from the walk itself.
+    /// Column 18: `{"a\"b": 1, "a\"b"` is 18 characters.
+    #[test]
+    fn a_key_with_a_quote_named_twice_is_named_whole() {
+        assert_eq!(
+            err(r#"{"a\"b": 1, "a\"b": 2}"#),
+            "trace line 7: a\"b: key \"a\\\"b\" given twice in one object (the second value \
+             would silently win) at column 18"
         );
     }
 

@@ -24,6 +24,24 @@
 //! The page schedule gives every buffer one page per 64 tokens and keeps them all: a model
 //! with a sliding-window, chunked or state buffer is refused, naming the buffer and what it
 //! keeps ([`crate::pairing::require_full_attention`]).
+//!
+//! DeepSeek-V4 (`kvlayout_models::dsv4`, SGLang's CUDA pool) is the exception: its page is
+//! SGLang's 256 tokens, and one schedule page index addresses every buffer of the V4 pool, each
+//! in its own rows: the SWA page (256 rows of 584 B), the C4 KV and C4 indexer pages (64 rows:
+//! one per 4 tokens), the C128 KV page (2 rows: one per 128 tokens), the C4 compressor and
+//! indexer state rings (8 rows per SWA page) and a C128 state slot, moved whole with the page.
+//! What this does not model, and how it errs: SGLang frees SWA rows past the 128-token window
+//! and keeps them in a pool of `--swa-full-tokens-ratio` (0.1) of the tokens, and sizes the
+//! C128 state per running request; here both travel with every cached page, so a page costs
+//! more than in SGLang (fewer pages fit the budget; every load moves them too).
+//!
+//! Its default capacity ([`DSV4_FLASH_KV_BUDGET_BYTES`]) is an H200 at TP 8 serving
+//! DeepSeek-V4-Flash (every V4 buffer is replicated, so one rank's pool is the node's cache):
+//! 0.90 x 141 GB - 20 GB of weights per GPU (about 160 GB of checkpoint: 43 layers x 256 routed
+//! experts x 3 x 4096 x 2048 = 277.0 G parameters in fp4 e2m1 with one ue8m0 scale per 32,
+//! 0.53125 B each = 147.2 GB, plus the fp8 / bf16 attention, shared experts and embeddings,
+//! rounded up; / 8) = 106.9 GB; / 19,643,968 B per 256-token page over all layers and buffers
+//! (`kvlayout describe --model deepseek-v4-flash`) = 5,441 pages (1,392,896 tokens).
 
 use std::io::BufRead;
 
@@ -48,6 +66,12 @@ pub const H200_HBM_BYTES: u64 = 141_000_000_000;
 pub const WEIGHTS_PER_GPU_BYTES: u64 = 86_250_000_000;
 /// HBM left for the KV cache per GPU: 0.90 x 141 GB - 86.25 GB.
 pub const KV_BUDGET_BYTES: u64 = H200_HBM_BYTES / 10 * 9 - WEIGHTS_PER_GPU_BYTES;
+/// DeepSeek-V4-Flash weights on one H200 at tensor parallelism 8: about 160 GB / 8 (module
+/// docs).
+pub const DSV4_FLASH_WEIGHTS_PER_GPU_BYTES: u64 = 20_000_000_000;
+/// HBM left for DeepSeek-V4-Flash's KV pool per GPU: 0.90 x 141 GB - 20 GB.
+pub const DSV4_FLASH_KV_BUDGET_BYTES: u64 =
+    H200_HBM_BYTES / 10 * 9 - DSV4_FLASH_WEIGHTS_PER_GPU_BYTES;
 /// Host pages per device page (SGLang `--hicache-ratio` default).
 pub const HICACHE_RATIO: u64 = 2;
 
@@ -116,10 +140,27 @@ pub fn default_device_pages(bytes_per_page: u64) -> u64 {
     KV_BUDGET_BYTES / bytes_per_page.max(1)
 }
 
+/// The H200 KV budget the default device pages come from: DeepSeek-V4-Flash's own for a
+/// DeepSeek-V4 model, else DeepSeek-V3.2's.
+pub fn kv_budget_bytes(model: &Model) -> u64 {
+    if model.attention() == kvlayout_models::Attention::Dsv4 {
+        DSV4_FLASH_KV_BUDGET_BYTES
+    } else {
+        KV_BUDGET_BYTES
+    }
+}
+
 /// Where the default device pages came from, for the report. For DeepSeek-V3.2 the budget is
 /// its own; for any other model the line says the budget is DeepSeek-V3.2's and that only this
 /// model's bytes per page are its own.
 pub fn default_device_pages_source(model: &str, bytes_per_page: u64) -> String {
+    if model.to_ascii_lowercase().starts_with("deepseek-v4") {
+        return format!(
+            "H200 KV budget {DSV4_FLASH_KV_BUDGET_BYTES} B (0.90 x 141 GB HBM - 20 GB weights, \
+             DeepSeek-V4-Flash at TP 8) / {bytes_per_page} B per 256-token page over all \
+             layers and buffers (SWA rows and a C128 state slot with every page)"
+        );
+    }
     if model.to_ascii_lowercase().starts_with("deepseek-v3.2") {
         format!(
             "H200 KV budget {KV_BUDGET_BYTES} B (0.90 x 141 GB HBM - 86.25 GB weights, \
@@ -214,7 +255,11 @@ pub fn run_trace_overlapped<B: Backend>(
         pages: 1,
         ..input.pool
     })?;
-    require_full_attention(&input.model.name, &full.geometry)?;
+    // DeepSeek-V4's pool is paged whole by the schedule (module docs); any other model with a
+    // buffer that does not keep every token is refused by name.
+    if input.model.attention() != kvlayout_models::Attention::Dsv4 {
+        require_full_attention(&input.model.name, &full.geometry)?;
+    }
     let bytes_per_page = full
         .geometry
         .total_bytes()
@@ -223,7 +268,7 @@ pub fn run_trace_overlapped<B: Backend>(
     let (device_pages, device_pages_source) = match input.device_pages {
         Some(p) => (p, "--device-pages".to_string()),
         None => (
-            default_device_pages(bytes_per_page),
+            kv_budget_bytes(&input.model) / bytes_per_page.max(1),
             default_device_pages_source(&input.model.name, bytes_per_page),
         ),
     };
@@ -288,10 +333,12 @@ pub fn run_trace_overlapped<B: Backend>(
     };
     let buffers = match &input.buffers {
         Some(b) => Some(b.clone()),
-        None => full
-            .geometry
-            .buffer_index("index_k")
-            .map(|_| vec!["index_k".to_string()]),
+        // The buffer the indexer reads: DeepSeek-V3.2's `index_k`, DeepSeek-V4's `c4_index_k`
+        // (its other buffers move with `--buffers`: a C128 state slot is 524,288 B a page).
+        None => ["index_k", "c4_index_k"]
+            .into_iter()
+            .find(|n| full.geometry.buffer_index(n).is_some())
+            .map(|n| vec![n.to_string()]),
     };
     let sample = Sample {
         layers: input.layers,

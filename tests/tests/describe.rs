@@ -146,8 +146,35 @@ fn every_builtin_config_parses_with_its_attention_family() {
             [4, 0, 0, 0, 27, 25],
         ),
         ("llama-4-scout", Attention::Gqa, 48, [12, 0, 36, 0, 0, 0]),
+        // models/tests/families_2026.rs works these four by hand.
+        ("recurrentgemma-2b", Attention::Gqa, 26, [0, 8, 0, 18, 0, 0]),
+        (
+            "kimi-linear-48b-a3b",
+            Attention::Mla,
+            27,
+            [7, 0, 0, 20, 0, 0],
+        ),
+        ("gemma-4-e2b-it", Attention::Gqa, 35, [7, 28, 0, 0, 0, 0]),
+        ("mimo-v2-flash", Attention::Gqa, 48, [9, 39, 0, 0, 0, 0]),
     ];
-    assert_eq!(BUILTIN.len(), expected.len());
+    // DeepSeek-V4-Flash (models/tests/deepseek_v4.rs): 2 sliding + 41 compressed layers, at
+    // SGLang's 256-token page.
+    let v4 = Model::builtin("deepseek-v4-flash").unwrap().unwrap();
+    assert_eq!(v4.attention(), Attention::Dsv4);
+    let t = v4
+        .totals(&Options {
+            page_size_tokens: v4.engine_page_size_tokens(),
+            ..Options::default()
+        })
+        .unwrap();
+    assert_eq!(
+        (
+            t.layers_by_attention.sliding,
+            t.layers_by_attention.compressed
+        ),
+        (2, 41)
+    );
+    assert_eq!(BUILTIN.len(), expected.len() + 1);
     for (name, attention, layers, [full, sliding, chunked, linear, mamba, no_cache]) in expected {
         let m = Model::builtin(name).unwrap().unwrap();
         assert_eq!(m.attention(), attention, "{name}");
@@ -160,6 +187,7 @@ fn every_builtin_config_parses_with_its_attention_family() {
                 sliding,
                 chunked,
                 linear,
+                compressed: 0,
                 mamba,
                 no_cache
             },
@@ -614,9 +642,21 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         e.contains("layer_types[1]: \"mamba\" is not a layer type"),
         "{e}"
     );
-    let e = refusal(&format!(r#"{{{GQA}, "num_kv_shared_layers": 2}}"#));
-    assert!(e.contains("num_kv_shared_layers = 2"), "{e}");
-    assert!(e.contains("not modelled"), "{e}");
+    // num_kv_shared_layers is modelled (models/tests/families_2026.rs): the last 2 of 4 full
+    // layers read layer 1's cache, so 2 layers x 2 x 2 heads x 64 x 2 B = 1,024 B/token; all 4
+    // shared leaves no owner and is refused naming the field.
+    let m = Model::parse(
+        "t",
+        "t",
+        &format!(r#"{{{GQA}, "num_kv_shared_layers": 2}}"#),
+    )
+    .unwrap();
+    assert_eq!(
+        m.totals(&Options::default()).unwrap().full_bytes_per_token,
+        2 * 2 * 2 * 64 * 2
+    );
+    let e = refusal(&format!(r#"{{{GQA}, "num_kv_shared_layers": 4}}"#));
+    assert!(e.contains("num_kv_shared_layers: 4 is not below"), "{e}");
     let e = refusal(&format!(
         r#"{{{GQA}, "quantization_config": {{"kv_cache_scheme": {{"num_bits": 8}}}}}}"#
     ));
@@ -643,14 +683,12 @@ fn unknown_layer_type_and_unmodelled_fields_are_refused_by_name() {
         2_048
     );
     // Fields that size the cache under names the reader does not know (hostile review:
-    // MiMo-V2's swa_* fields and hybrid_layer_pattern, Step-3.5's num_attention_groups).
+    // MiMo-V2's swa_* fields without its hybrid_layer_pattern, which alone reads them;
+    // Step-3.5's num_attention_groups).
     for (field, value) in [
-        ("hybrid_layer_pattern", "[0, 1, 1, 1]"),
         ("swa_num_key_value_heads", "8"),
         ("swa_head_dim", "192"),
         ("num_attention_groups", "8"),
-        // DeepSeek-V4 (new-user check: it was refused as an MLA config without kv_lora_rank).
-        ("compress_ratios", "[0, 0, 4, 128]"),
         // Unknown names with a shape ending.
         ("local_num_key_value_heads", "4"),
         ("swa_kv_heads", "4"),

@@ -442,17 +442,29 @@ fn v2_a_pair_moves_each_buffer_at_its_page_size_and_state_as_whole_slots() {
     cache.write_token(2, 0, 0, 0, &[&row, &rope]).unwrap();
 }
 
+/// With `layer_ids`, a one-layer transfer names a model layer: `full` serves model layers 1
+/// and 3, `swa` 0 and 2, `state` (no ids) indices 0 and 1. Model layer 3 is `full`'s second
+/// layer alone: one run of 262,144 B; model layer 0 is `swa`'s first and the state slot's
+/// first: 65,536 + 1,152 B in 2 runs. A layer no buffer serves moves nothing.
 #[test]
-fn v2_one_layer_transfers_are_refused_naming_layer_ids_all_layers_are_served() {
+fn v2_one_layer_transfers_name_model_layers_where_buffers_give_layer_ids() {
     let mut device = DevicePool::new(hybrid(true)).unwrap();
     fill(&mut device);
+    let full_second = device.read_page(0, 1, 0).unwrap();
+    let swa_first = device.read_page(1, 0, 0).unwrap();
     let host = HostPool::mirror_of(&device, 8, MemoryLayout::PageFirst).unwrap();
     let mut cache = HiCache::pair(device, host).unwrap();
+    let done = cache.backup_layer(3, &[PagePair::new(0, 5)]).unwrap();
+    assert_eq!((done.runs, done.bytes), (1, 262_144));
+    assert_eq!(cache.host().read_page(0, 1, 5).unwrap(), full_second);
+    let done = cache.backup_layer(0, &[PagePair::new(0, 6)]).unwrap();
+    assert_eq!((done.runs, done.bytes), (2, 65_536 + 1_152));
+    assert_eq!(cache.host().read_page(1, 0, 6).unwrap(), swa_first);
     let before = kvlayout_tests::snapshots(&cache);
-    let err = cache.load_layer(0, &[PagePair::new(0, 0)]).unwrap_err();
-    assert!(
-        matches!(&err, TransferError::Unsupported { field, .. } if field == "full.layer_ids"),
-        "{err}"
+    let err = cache.load_layer(4, &[PagePair::new(0, 0)]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "layer 4: no buffer serves model layer 4 (the buffers' layer_ids cover 4 layers, 0..=3)"
     );
     assert!(kvlayout_tests::snapshots(&cache) == before);
     assert_eq!(cache.backup(&[PagePair::new(1, 2)]).unwrap().bytes, 657_664);

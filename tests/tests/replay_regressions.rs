@@ -1,5 +1,5 @@
 //! Regressions from the new-user review of `kvlayout replay` (notes F2, F4, F12; F11's exit
-//! code is tested on the binary in cli-tests/replay.rs), on the
+//! code is tested on the binary in cli/tests/replay.rs), on the
 //! small workload of tests/tests/replay.rs (8 sessions, 2 layers, device pool of 14 pages).
 
 use kvlayout_core::file;

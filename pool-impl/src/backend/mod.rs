@@ -8,12 +8,14 @@
 //!
 //! [`TransferPlan`]: crate::plan::TransferPlan
 
+mod content_fault;
 mod cpu;
 mod cpu_mem;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod fault;
 
+pub use content_fault::{ContentFault, ContentFaultBackend};
 pub use cpu::{CpuBackend, copy_runs};
 pub use cpu_mem::{CPU_MEM_ALIGN_BYTES, CpuMem};
 #[cfg(feature = "cuda")]

@@ -50,10 +50,10 @@ import re
 from typing import Any, Mapping, Optional
 
 from .._kvlayout import Geometry
-from ..errors import InvalidGeometry, KvLayoutError
+from ..errors import InvalidGeometry, KvLayoutError, TensorMismatch
 from ..tensors import TensorBuffer, geometry_from_tensors, tensor_facts
 
-__all__ = ["geometry", "transfer_guard"]
+__all__ = ["geometry", "transfer_guard", "allocated_bytes", "KV_CACHE_LAYOUTS"]
 
 _WIDE = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}
 _FP8 = {"fp8": "f8e4m3", "fp8_e4m3": "f8e4m3", "fp8_e5m2": "f8e5m2", "fp8_inc": "f8e4m3"}
@@ -174,7 +174,8 @@ def _shard(tp: Optional[int], rank: int, heads: Optional[int]) -> Optional[dict]
 
 def _group_buffers(base: str, layers: list[str], spec: Any, kv_caches: Mapping[str, Any],
                    kv_cache_dtype: str, qk_rope_head_dim: int, hybrid: bool,
-                   tp: Optional[int] = None, rank: int = 0) -> list[TensorBuffer]:
+                   tp: Optional[int] = None, rank: int = 0,
+                   placement: Optional["_Placement"] = None) -> list[TensorBuffer]:
     what = f"{base} ({type(spec).__name__}, layers {layers[0]}..)"
     missing = [n for n in layers if n not in kv_caches]
     if missing:
@@ -195,42 +196,62 @@ def _group_buffers(base: str, layers: list[str], spec: Any, kv_caches: Mapping[s
         extra["page_stride_bytes"] = int(padded)
     f = tensor_facts(tensors[0])
     heads, head = int(spec.num_kv_heads), int(spec.head_size)
+    if len(f.shape) == 4:  # vLLM >= 0.30: [B, H, N, C] per layer in a KVCacheLayout
+        return _layer_view_buffers(base, what, layers, spec, tensors, kv_cache_dtype,
+                                   qk_rope_head_dim, extra, placement, tp, rank)
     if len(f.shape) == 3:  # MLA or the indexer: [num_blocks, block_size, head_size]
         shard = _shard(tp, rank, None)
         if shard is not None:
             extra["shard"] = shard
-        cache = getattr(spec, "cache_dtype_str", None)
-        is_indexer = any("indexer" in n for n in layers)
-        sections: list[dict]
-        if is_indexer:
-            # uint8 rows of head_size = dim + dim // 128 * 4 bytes: e4m3 keys, then f32 scales.
-            dim = head * 128 // 132
-            if _name(spec.dtype) == "uint8" and dim + dim // 128 * 4 == head:
-                sections = [{"name": "values", "dtype": "f8e4m3", "shape": [dim]},
-                            {"name": "scale", "dtype": "f32", "shape": [dim // 128],
-                             "scales": "values", "block_elems": 128}]
-            else:
-                sections = [{"name": "values", "shape": [head],
-                             "dtype": _elem_dtype(spec.dtype, kv_cache_dtype, what)}]
-            arrangement = "section_major"
-        elif cache == "fp8_ds_mla":
-            rank = head - qk_rope_head_dim
-            sections = [{"name": "nope", "dtype": "f8e4m3", "shape": [rank]},
-                        {"name": "nope_scale", "dtype": "f32", "shape": [rank // 128],
-                         "scales": "nope", "block_elems": 128},
-                        {"name": "rope", "dtype": "bf16", "shape": [qk_rope_head_dim]}]
-            arrangement = "token_major"
-        else:
-            d = _elem_dtype(spec.dtype, kv_cache_dtype, what)
-            sections = [{"name": "latent", "dtype": d, "shape": [head - qk_rope_head_dim]},
-                        {"name": "rope", "dtype": d, "shape": [qk_rope_head_dim]}]
-            arrangement = "token_major"
+        sections, arrangement = _mla_sections(what, layers, spec, head, kv_cache_dtype,
+                                              qk_rope_head_dim)
         return [TensorBuffer(f"{base}", tensors, axes=("page", "page_token", "dim"),
                              sections=sections, arrangement=arrangement, extra=extra)]
     if len(f.shape) != 5:
         raise KvLayoutError(f"{what}: tensor shape {list(f.shape)} is neither MLA [blocks, "
-                            "block_size, head_size] nor attention [2, blocks, block_size, heads, "
-                            "head_size] / [blocks, 2, block_size, heads, head_size]")
+                            "block_size, head_size], attention [2, blocks, block_size, heads, "
+                            "head_size] / [blocks, 2, block_size, heads, head_size] nor a "
+                            "[blocks, heads, block_size, C] layer view")
+    return _split_kv_buffers(base, what, spec, tensors, kv_cache_dtype, extra, tp, rank)
+
+
+def _mla_sections(what: str, layers: list[str], spec: Any, head: int, kv_cache_dtype: str,
+                  qk_rope_head_dim: int) -> tuple[list[dict], str]:
+    """An MLA (or indexer) row of ``head`` elements: its sections and arrangement."""
+    cache = getattr(spec, "cache_dtype_str", None)
+    is_indexer = any("indexer" in n for n in layers)
+    sections: list[dict]
+    if is_indexer:
+        # uint8 rows of head_size = dim + dim // 128 * 4 bytes: e4m3 keys, then f32 scales.
+        dim = head * 128 // 132
+        if _name(spec.dtype) == "uint8" and dim + dim // 128 * 4 == head:
+            sections = [{"name": "values", "dtype": "f8e4m3", "shape": [dim]},
+                        {"name": "scale", "dtype": "f32", "shape": [dim // 128],
+                         "scales": "values", "block_elems": 128}]
+        else:
+            sections = [{"name": "values", "shape": [head],
+                         "dtype": _elem_dtype(spec.dtype, kv_cache_dtype, what)}]
+        arrangement = "section_major"
+    elif cache == "fp8_ds_mla":
+        rank = head - qk_rope_head_dim
+        sections = [{"name": "nope", "dtype": "f8e4m3", "shape": [rank]},
+                    {"name": "nope_scale", "dtype": "f32", "shape": [rank // 128],
+                     "scales": "nope", "block_elems": 128},
+                    {"name": "rope", "dtype": "bf16", "shape": [qk_rope_head_dim]}]
+        arrangement = "token_major"
+    else:
+        d = _elem_dtype(spec.dtype, kv_cache_dtype, what)
+        sections = [{"name": "latent", "dtype": d, "shape": [head - qk_rope_head_dim]},
+                    {"name": "rope", "dtype": d, "shape": [qk_rope_head_dim]}]
+        arrangement = "token_major"
+    return sections, arrangement
+
+
+def _split_kv_buffers(base: str, what: str, spec: Any, tensors: list, kv_cache_dtype: str,
+                      extra: dict, tp: Optional[int], rank: int) -> list[TensorBuffer]:
+    """vLLM <= 0.25: FlashAttention ``[2, blocks, ...]`` or FlashInfer ``[blocks, 2, ...]``."""
+    f = tensor_facts(tensors[0])
+    heads, head = int(spec.num_kv_heads), int(spec.head_size)
     shard = _shard(tp, rank, heads)
     if shard is not None:
         extra["shard"] = shard
@@ -238,6 +259,12 @@ def _group_buffers(base: str, layers: list[str], spec: Any, kv_caches: Mapping[s
     head_v = int(getattr(spec, "head_size_v", None) or head)
     kv_first = f.shape[0] == 2 and f.shape[1] != 2
     block_first = f.shape[1] == 2 and f.shape[0] != 2
+    if kv_first and f.strides_bytes[0] < f.strides_bytes[1]:
+        # vLLM 0.20 with attention and Mamba groups (GPUModelRunner.
+        # _update_hybrid_attention_mamba_layout): the [2, blocks, ...] view re-strided so that a
+        # block holds its K plane then its V plane: FlashInfer's [blocks, 2, ...] bytes.
+        tensors = [_swap01(t) for t in tensors]
+        kv_first, block_first = False, True
     if not (kv_first or block_first):
         raise KvLayoutError(f"{what}: tensor shape {list(f.shape)}: cannot tell the K/V axis "
                             "(both of the first two dimensions are 2)")
@@ -257,6 +284,180 @@ def _group_buffers(base: str, layers: list[str], spec: Any, kv_caches: Mapping[s
                          sections=[{"name": "k", "dtype": d, "shape": [heads, head]},
                                    {"name": "v", "dtype": d, "shape": [heads, head_v]}],
                          arrangement="head_major" if hnd else "section_major", extra=extra)]
+
+
+# vLLM >= 0.30 (vllm/v1/kv_cache_layout.py): the logical cache is [L, B, H, N, C]; each
+# KVCacheLayout names the physical order. Heads outside the block (LHBNC, BHLNC) scatter one
+# block's bytes over the layer: no kvlayout page is such a thing.
+KV_CACHE_LAYOUTS = {
+    "LBHNC": ("layer_first", True), "LBNHC": ("layer_first", False),
+    "BLHNC": ("page_first", True), "BLNHC": ("page_first", False),
+}
+_HEADS_OUTSIDE_BLOCK = ("LHBNC", "BHLNC")
+
+
+class _View:
+    """A strided view read by duck typing (numpy's protocol: ``dtype``, ``shape``, ``strides`` in
+    bytes, ``itemsize``)."""
+
+    def __init__(self, dtype: str, shape: tuple, strides: tuple, itemsize: int):
+        self.dtype, self.shape, self.strides, self.itemsize = dtype, shape, strides, itemsize
+
+
+class _Placement:
+    """Where vLLM placed each layer: ``KVCacheConfig.kv_cache_tensors`` (``KVCacheTensor``:
+    ``size``, ``layers`` in L order, ``layer_stride``, ``block_stride``, ``offset``, all bytes)
+    and the resolved ``kv_cache_layout`` name."""
+
+    def __init__(self, kv_cache_config: Any, layout: Optional[str]):
+        self.layout = layout
+        self.of: dict[str, tuple[Any, int]] = {}
+        for t in getattr(kv_cache_config, "kv_cache_tensors", None) or ():
+            if getattr(t, "layer_stride", None) is None:
+                continue  # vLLM < 0.30: KVCacheTensor(size, shared_by)
+            for i, n in enumerate(t.layers):
+                self.of[n] = (t, i)
+
+
+def _layer_view_buffers(base: str, what: str, layers: list[str], spec: Any, tensors: list,
+                        kv_cache_dtype: str, qk_rope_head_dim: int, extra: dict,
+                        placement: Optional[_Placement], tp: Optional[int],
+                        rank: int) -> list[TensorBuffer]:
+    """vLLM >= 0.30: one ``[B, H, N, C]`` view per layer (``create_kv_cache_views``), C the
+    per-(token, head) content: attention ``head_size + head_size_v`` elements (K then V side by
+    side: FlashAttention splits ``kv_cache.transpose(1, 2).split(head_size, dim=-1)``), MLA the
+    latent row (``state_content_bytes`` for ``fp8_ds_mla``: 656 B), the indexer 132 B. Layers
+    that share one ``KVCacheTensor`` are read as one ``[L, B, H, N, C]`` tensor whose layer
+    stride is the ``KVCacheTensor``'s (each view's address is checked against ``offset + l x
+    layer_stride``), so a block-outermost layout (``BLNHC``) is a page-first pool."""
+    if placement is None or placement.layout is None:
+        raise KvLayoutError(f"{what}: a [B, H, N, C] layer view and no kv_cache_layout: pass "
+                            "kv_cache_layout= (CacheConfig.kv_cache_layout) or a KVCacheConfig "
+                            "that carries it")
+    layout = str(getattr(placement.layout, "name", placement.layout))
+    if layout in _HEADS_OUTSIDE_BLOCK:
+        raise KvLayoutError(f"{what}: kv_cache_layout {layout} keeps heads outside the block: "
+                            "one block's bytes are spread over the layer's region, which is no "
+                            "kvlayout page: not modelled")
+    if layout not in KV_CACHE_LAYOUTS:
+        raise KvLayoutError(f"{what}: kv_cache_layout {layout!r} is not modelled (expected one "
+                            f"of {', '.join([*KV_CACHE_LAYOUTS, *_HEADS_OUTSIDE_BLOCK])})")
+    hnd = KV_CACHE_LAYOUTS[layout][1]
+    f = tensor_facts(tensors[0])
+    heads_view, content = f.shape[1], f.shape[3]
+    heads, head = int(spec.num_kv_heads), int(spec.head_size)
+    if heads_view != heads:
+        raise TensorMismatch(f"{base}.heads", f"spec num_kv_heads {heads}, tensor {heads_view} "
+                             f"({f.describe()})")
+    # HND: heads outside the block's tokens.
+    if heads > 1 and (f.strides_bytes[1] > f.strides_bytes[2]) != hnd:
+        raise TensorMismatch(f"{base}.kv_cache_layout", f"declared {layout}, tensor strides "
+                             f"{list(f.strides_bytes)} B place heads "
+                             f"{'inside' if hnd else 'outside'} the tokens")
+    is_mla = getattr(spec, "cache_dtype_str", None) is not None or "MLA" in type(spec).__name__ \
+        or any("indexer" in n for n in layers)
+    if is_mla:
+        sections, arrangement = _mla_sections(what, layers, spec, head, kv_cache_dtype,
+                                              qk_rope_head_dim)
+        shard = _shard(tp, rank, None)
+    else:
+        d = _elem_dtype(spec.dtype, kv_cache_dtype, what)
+        head_v = int(getattr(spec, "head_size_v", None) or head)
+        if content != head + head_v:
+            raise TensorMismatch(f"{base}.content", f"spec head_size {head} + head_size_v "
+                                 f"{head_v} = {head + head_v} elements, tensor {content} "
+                                 f"({f.describe()})")
+        # One section: per head K (head_size) then V (head_size_v): vLLM's C axis.
+        sections = [{"name": "kv", "dtype": d, "shape": [heads, head + head_v]}]
+        arrangement = "head_major" if hnd and heads > 1 else "token_major"
+        shard = _shard(tp, rank, heads)
+    if shard is not None:
+        extra["shard"] = shard
+    axes = ("page", "head", "page_token", "dim")
+    runs = _layer_runs(base, layers, tensors, placement)
+    if len(runs) == 1 and len(layers) > 1:
+        t, first = runs[0]
+        stride = int(t.layer_stride)
+        view = _View(f.dtype, (len(layers), *f.shape), (stride, *f.strides_bytes), f.itemsize_bytes)
+        return [TensorBuffer(base, view, axes=("layer", *axes), sections=sections,
+                             arrangement=arrangement, extra=extra)]
+    if KV_CACHE_LAYOUTS[layout][0] == "page_first" and len(layers) > 1:
+        raise KvLayoutError(f"{what}: the group's layers sit in {len(runs)} KVCacheTensors under "
+                            f"the block-outermost layout {layout}: not modelled")
+    return [TensorBuffer(base, tensors, axes=axes, sections=sections, arrangement=arrangement,
+                         extra=extra)]
+
+
+def _layer_runs(base: str, layers: list[str], tensors: list,
+                placement: _Placement) -> list[tuple[Any, int]]:
+    """The ``KVCacheTensor`` runs holding the group's layers, each view's address checked
+    against ``offset + index x layer_stride`` relative to the run's first layer."""
+    runs: list[tuple[Any, int]] = []
+    for n, t in zip(layers, tensors):
+        where = placement.of.get(n)
+        if where is None:
+            raise KvLayoutError(f"{base}: layer {n} is in no KVCacheTensor of kv_cache_config")
+        kt, i = where
+        if not runs or runs[-1][0] is not kt:
+            runs.append((kt, i))
+            first_ptr, first_i = _address(t), i
+        elif _address(t) is not None and first_ptr is not None:
+            expect = first_ptr + (i - first_i) * int(kt.layer_stride)
+            if _address(t) != expect:
+                raise TensorMismatch(f"{base}.layer_stride_bytes",
+                                     f"KVCacheTensor layer_stride {int(kt.layer_stride)} B puts "
+                                     f"layer {n} at {expect - first_ptr} B, its view starts at "
+                                     f"{_address(t) - first_ptr} B")
+    return runs
+
+
+def _address(t: Any) -> Optional[int]:
+    ptr = getattr(t, "data_ptr", None)
+    return int(ptr()) if callable(ptr) else None
+
+
+def _raw_states(what: str, layer: str, raw: Any, shapes: list, files: list) -> list:
+    """vLLM >= 0.30 hands a Mamba layer one raw ``int8`` ``[B, 1, 1, C]`` tensor; the layer's
+    ``bind_kv_cache`` packs its states one after another in each block's ``C`` bytes
+    (``vllm/model_executor/layers/mamba/abstract.py``). The same split, read from the spec."""
+    f = tensor_facts(raw)
+    if len(f.shape) != 4 or f.shape[1] != 1 or f.shape[2] != 1:
+        raise KvLayoutError(f"{what}: kv_caches[{layer!r}]: expected a list of state tensors or "
+                            f"one raw [blocks, 1, 1, bytes] tensor, got {f.describe()}")
+    item = {"f32": 4, "bf16": 2, "f16": 2}
+    names = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+    used = 0
+    views = []
+    for fd, shape in zip(files, shapes):
+        shape = tuple(int(x) for x in shape)
+        strides = []
+        inner = item[fd]
+        for d in reversed(shape):
+            strides.append(inner)
+            inner *= d
+        views.append(_View(names[fd], (f.shape[0], *shape),
+                           (f.strides_bytes[0], *reversed(strides)), item[fd]))
+        used += inner
+    have = f.shape[3] * f.itemsize_bytes
+    if used > have:
+        raise TensorMismatch(f"{layer}.bytes", f"the spec's states take {used} B per block, the "
+                             f"raw tensor holds {have} B ({f.describe()})")
+    return views
+
+
+def allocated_bytes(kv_caches: Mapping[str, Any]) -> int:
+    """Bytes of memory behind ``kv_caches``, each allocation counted once: vLLM's hybrid groups
+    alias one allocation (vLLM 0.20: ``KVCacheTensor.shared_by``; 0.33: every ``KVCacheTensor``
+    in one backing allocation, groups overlaid), so the sum of the geometry's buffers
+    (``Geometry.total_bytes``) counts that memory once per group. Reads torch's
+    ``untyped_storage()`` (``data_ptr()``, ``nbytes()``); a list of Mamba state views counts its
+    storages likewise."""
+    seen: dict[int, int] = {}
+    for t in kv_caches.values():
+        for x in (t if isinstance(t, (list, tuple)) else (t,)):
+            st = x.untyped_storage()
+            seen[int(st.data_ptr())] = int(st.nbytes())
+    return sum(seen.values())
 
 
 def _state_buffers(base: str, what: str, layers: list[str], spec: Any,
@@ -279,7 +480,9 @@ def _state_buffers(base: str, what: str, layers: list[str], spec: Any,
         per_layer = []
         for n in layers:
             states = kv_caches[n]
-            if not isinstance(states, (list, tuple)) or len(states) != len(shapes):
+            if not isinstance(states, (list, tuple)):
+                states = _raw_states(what, n, states, shapes, files)
+            if len(states) != len(shapes):
                 raise KvLayoutError(f"{what}: kv_caches[{n!r}] should be {len(shapes)} state "
                                     f"tensors (MambaSpec.shapes), got {type(states).__name__}")
             per_layer.append(states[j])
@@ -299,6 +502,13 @@ def _prod(shape: Any) -> int:
     for d in shape:
         n *= int(d)
     return n
+
+
+def _swap01(t: Any) -> _View:
+    """``t`` with its first two axes swapped (a strided view read by duck typing)."""
+    f = tensor_facts(t)
+    return _View(f.dtype, (f.shape[1], f.shape[0], *f.shape[2:]),
+                 (f.strides_bytes[1], f.strides_bytes[0], *f.strides_bytes[2:]), f.itemsize_bytes)
 
 
 class _Block:
@@ -321,7 +531,7 @@ class _Block:
 
 def geometry(kv_caches: Mapping[str, Any], kv_cache_config: Any, *, kv_cache_dtype: str = "auto",
              qk_rope_head_dim: int = 64, tp: Optional[int] = None, rank: int = 0,
-             name: Optional[str] = None) -> Geometry:
+             kv_cache_layout: Any = None, name: Optional[str] = None) -> Geometry:
     """The geometry of a vLLM worker's KV caches (module docs for the inputs).
 
     ``kv_cache_dtype``: vLLM's ``--kv-cache-dtype`` (``auto``, ``fp8``, ``fp8_e4m3``,
@@ -338,17 +548,22 @@ def geometry(kv_caches: Mapping[str, Any], kv_cache_config: Any, *, kv_cache_dty
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < (tp or 1):
         raise InvalidGeometry("rank", f"{rank!r}: expected an int in 0..{tp or 1}")
     names, hybrid = _names(groups)
+    layout = kv_cache_layout or getattr(kv_cache_config, "kv_cache_layout", None)
+    placement = _Placement(kv_cache_config, layout)
     buffers: list[TensorBuffer] = []
     for base, (layers, spec) in zip(names, groups):
         buffers.extend(_group_buffers(base, layers, spec, kv_caches, kv_cache_dtype,
-                                      qk_rope_head_dim, hybrid, tp, rank))
+                                      qk_rope_head_dim, hybrid, tp, rank, placement))
     token_groups = [s for _, s in groups if getattr(s, "shapes", None) is None]
     pool_block = int((token_groups or [groups[0][1]])[0].block_size)
     for b in buffers:
         if b.extra.get("page_size_tokens") == pool_block:
             del b.extra["page_size_tokens"]
     num_blocks = getattr(kv_cache_config, "num_blocks", None)
-    return geometry_from_tensors(buffers, page_size_tokens=pool_block,
+    memory_layout = "layer_first"
+    if layout is not None and str(getattr(layout, "name", layout)) in KV_CACHE_LAYOUTS:
+        memory_layout = KV_CACHE_LAYOUTS[str(getattr(layout, "name", layout))][0]
+    return geometry_from_tensors(buffers, page_size_tokens=pool_block, memory_layout=memory_layout,
                                  pages=int(num_blocks) if num_blocks else None,
                                  name=name or "vllm: register_kv_caches")
 

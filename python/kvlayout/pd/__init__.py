@@ -2,10 +2,14 @@
 
 Each rank publishes its geometry JSON and fingerprints through the engine's own channel; the
 receiving rank checks them (`handshake.check_peer`) before it registers the peer or creates a
-transfer, and builds its transfer descriptors from the two geometries (`plan`). Importing this
-package imports no engine; `python -m kvlayout.pd selftest --engine nixl|mooncake` runs the
-four contract cases (and two more) across two processes.
+transfer, and builds its transfer descriptors from the core's plan between the two geometries
+(`kvlayout.page_plan` / `kvlayout.token_plan`, offsets inside `Geometry.regions()`): this
+package holds the engine glue only, no layout arithmetic. Importing it imports no engine;
+`python -m kvlayout.pd selftest --engine nixl|mooncake` runs the four contract cases (and two
+more) across two processes.
 """
+
+from kvlayout import Plan, page_plan, token_plan
 
 from .handshake import (
     PeerRefused,
@@ -17,17 +21,12 @@ from .handshake import (
     make_message,
     parse_message,
 )
-from .plan import Plan, page_plan, token_plan
-from .regions import BufferLayout, LayoutError, buffer_layouts
 
 __all__ = [
-    "BufferLayout",
-    "LayoutError",
     "PeerRefused",
     "Plan",
     "UncheckedPeerWarning",
     "Verdict",
-    "buffer_layouts",
     "check_peer",
     "check_regions",
     "choose_level",

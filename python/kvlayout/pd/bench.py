@@ -33,27 +33,33 @@ import kvlayout
 
 from . import handshake
 from .engine_nixl import NixlSide
-from .regions import buffer_layouts
 from .selftest import DSV32, find_repo
 
 
-def _table(layouts, regions_base: dict[str, int]) -> np.ndarray:
-    """Rows `(address, length_bytes, 0)` for every (buffer, layer, page), buffer-major."""
+def _placements(geometry: kvlayout.Geometry) -> list[tuple[str, dict]]:
+    """`(region name, placement)` of every buffer, in buffer order (`Geometry.regions()`)."""
+    return [(r["name"], p) for r in geometry.regions() for p in r["buffers"]]
+
+
+def _table(geometry: kvlayout.Geometry, regions_base: dict[str, int]) -> np.ndarray:
+    """Rows `(address, length_bytes, 0)` for every (buffer, layer, page), buffer-major; one page
+    of a layer is one piece (`heads == 1`: the bench's pool is not `page_head`)."""
     rows = []
-    for name, lay in layouts.items():
-        base = regions_base[name]
-        for layer in range(lay.layers):
-            for page in range(lay.pages):
-                rows.append((base + lay.page_offset_bytes(layer, page), lay.page_stride_bytes, 0))
+    for region, p in _placements(geometry):
+        base = regions_base[region] + p["offset_bytes"]
+        for layer in range(p["layers"]):
+            for page in range(p["pages"]):
+                at = base + layer * p["layer_step_bytes"] + page * p["page_step_bytes"]
+                rows.append((at, p["run_bytes"], 0))
     return np.array(rows, dtype=np.uint64)
 
 
-def _indices(layouts, pages: np.ndarray) -> np.ndarray:
+def _indices(geometry: kvlayout.Geometry, pages: np.ndarray) -> np.ndarray:
     out, base = [], 0
-    for lay in layouts.values():
-        layer_rows = (np.arange(lay.layers)[:, None] * lay.pages + pages[None, :]).ravel()
+    for _, p in _placements(geometry):
+        layer_rows = (np.arange(p["layers"])[:, None] * p["pages"] + pages[None, :]).ravel()
         out.append(base + layer_rows)
-        base += lay.layers * lay.pages
+        base += p["layers"] * p["pages"]
     return np.concatenate(out).astype(np.int32)
 
 
@@ -86,20 +92,18 @@ def main(opts) -> int:
         text=True,
     )
     local = kvlayout.Geometry.from_json(text)
-    layouts = buffer_layouts(json.loads(local.to_json()), local.buffers)
-    regions = {n: np.zeros(lay.region_bytes, dtype=np.uint8) for n, lay in layouts.items()}
+    regions = {r["name"]: np.zeros(r["len_bytes"], dtype=np.uint8) for r in local.regions()}
     side = NixlSide("kvlayout-decode", opts.port + 1)
     side.register(regions)
     msg = handshake.parse_message(side.receive(60))
     handshake.check_peer(local, msg)
     peer = side.connect(base64.b64decode(msg["agent_metadata"]))
     peer_geo = kvlayout.Geometry.from_json(msg["geometry"])
-    peer_layouts = buffer_layouts(json.loads(peer_geo.to_json()), peer_geo.buffers)
     remote_h = side.agent.prep_xfer_dlist(
-        peer, _table(peer_layouts, {n: r[0] for n, r in msg["regions"].items()}), "DRAM"
+        peer, _table(peer_geo, {n: r[0] for n, r in msg["regions"].items()}), "DRAM"
     )
     local_h = side.agent.prep_xfer_dlist(
-        "NIXL_INIT_AGENT", _table(layouts, {n: a.ctypes.data for n, a in regions.items()}), "DRAM"
+        "NIXL_INIT_AGENT", _table(local, {n: a.ctypes.data for n, a in regions.items()}), "DRAM"
     )
     guard = kvlayout.TransferGuard(local, peer_geo)
     rng = np.random.default_rng(11)
@@ -117,9 +121,9 @@ def main(opts) -> int:
         h = side.agent.make_prepped_xfer(
             "READ",
             local_h,
-            _indices(layouts, dst_pages),
+            _indices(local, dst_pages),
             remote_h,
-            _indices(peer_layouts, src_pages),
+            _indices(peer_geo, src_pages),
         )
         state = side.agent.transfer(h)
         while state == "PROC":
@@ -138,7 +142,7 @@ def main(opts) -> int:
         checked.append(total)
         hs_only.append(hs)
         pg_only.append(pg)
-    page_bytes = sum(lay.layers * lay.page_stride_bytes for lay in layouts.values())
+    page_bytes = local.bytes_per_page
     mp, mc = statistics.median(plain), statistics.median(checked)
     mh, mg = statistics.median(hs_only), statistics.median(pg_only)
     q = statistics.quantiles(plain, n=4)

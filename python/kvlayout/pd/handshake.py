@@ -10,6 +10,9 @@ store):
  "regions": {"kv": [address, length_bytes], "index_k": [...]}, ...engine fields}
 ```
 
+`regions` has one entry per region of the rank's pool (`Geometry.regions()`: one per buffer,
+named after it, or one named `pool` for the whole pool under `page_first_direct`).
+
 The receiving side calls `check_peer` before it registers the peer with the engine or creates any
 transfer. It re-reads the peer's geometry, checks the fingerprint it was sent against the one it
 computes, picks the compare level (`pool` when every buffer has the same page size and
@@ -189,20 +192,22 @@ def check_peer(local: kvlayout.Geometry, msg: dict, require: bool = False) -> Ve
     return Verdict(level, msg, peer)
 
 
-def check_regions(msg: dict, layouts: dict) -> None:
-    """The peer's published regions (`{buffer: [address, length_bytes]}`) must hold what its
-    geometry lays out (`regions.BufferLayout.region_bytes`); raises `PeerRefused` otherwise, so a
-    plan never reads past what the peer registered."""
+def check_regions(msg: dict, geometry: kvlayout.Geometry) -> None:
+    """The peer's published regions (`{region: [address, length_bytes]}`) must hold what its
+    geometry lays out (`Geometry.regions()`: one per buffer, or `pool` under
+    `page_first_direct`); raises `PeerRefused` otherwise, so a plan never reads past what the
+    peer registered."""
     if not isinstance(msg, dict):
         raise _refuse(f"handshake: a {type(msg).__name__}, expected a JSON object")
     regions = msg.get("regions") or {}
     if not isinstance(regions, dict):
-        raise _refuse(f"regions: a {type(regions).__name__}, expected an object {{buffer: [address, length_bytes]}}")
+        raise _refuse(f"regions: a {type(regions).__name__}, expected an object {{region: [address, length_bytes]}}")
     lines = []
-    for name, lay in layouts.items():
+    for region in geometry.regions():
+        name, want = region["name"], region["len_bytes"]
         got = regions.get(name)
         if got is None:
-            lines.append(f"regions.{name}: missing, geometry lays out {lay.region_bytes} bytes")
+            lines.append(f"regions.{name}: missing, geometry lays out {want} bytes")
             continue
         if (
             not isinstance(got, (list, tuple))
@@ -210,10 +215,7 @@ def check_regions(msg: dict, layouts: dict) -> None:
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in got)
         ):
             raise _refuse(f"regions.{name}: {got!r}, expected [address, length_bytes] (two ints >= 0)")
-        if got[1] < lay.region_bytes:
-            lines.append(
-                f"regions.{name}: {got[1]} bytes published, geometry lays out "
-                f"{lay.region_bytes} bytes"
-            )
+        if got[1] < want:
+            lines.append(f"regions.{name}: {got[1]} bytes published, geometry lays out {want} bytes")
     if lines:
         raise PeerRefused(lines, "handshake")

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DSV32 = "configs/geometry/host-index-k-fp8-formula.json"  # DeepSeek-V3.2 pool, fp8 index-K
-SEED_A = "cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json"
-SEED_B = "cli-tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/b.json"
-TP1 = "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level/a.json"
-TP2_R0 = "cli-tests/shared-cases/22-hetero-tp-1-to-2-token-level/b.json"
+SEED_A = "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json"
+SEED_B = "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/b.json"
+TP1 = "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level/a.json"
+TP2_R0 = "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level/b.json"
 
 
 def _set(path: tuple, value):
@@ -148,11 +148,18 @@ CASES = [
 ]
 
 
+# The case files shipped in the wheel (package data), at their repository paths; a test keeps
+# them byte-equal to the repository's (python/tests/test_package_data.py).
+PACKAGED_CASES = Path(__file__).resolve().parent / "cases"
+
+
 def find_repo(start: Path | None = None) -> Path | None:
     for base in [start] if start else [Path.cwd(), Path(__file__).resolve()]:
         for d in [base, *base.parents]:
             if (d / DSV32).is_file():
                 return d
+    if start is None and (PACKAGED_CASES / DSV32).is_file():
+        return PACKAGED_CASES  # an installed wheel, outside the repository
     return None
 
 

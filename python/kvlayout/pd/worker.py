@@ -20,13 +20,7 @@ import numpy as np
 import kvlayout
 
 from . import handshake
-from .plan import page_plan, token_plan
-from .regions import buffer_layouts
-from .verify import pattern, verify
-
-
-def _layouts(geometry: kvlayout.Geometry):
-    return buffer_layouts(json.loads(geometry.to_json()), geometry.buffers)
+from .verify import patterns, verify
 
 
 def _side(cfg: dict):
@@ -46,8 +40,7 @@ def _emit(obj: dict) -> None:
 
 def prefill(cfg: dict) -> None:
     geometry = kvlayout.Geometry.from_json(cfg["geometry"])
-    layouts = _layouts(geometry)
-    regions = {name: pattern(lay, cfg["seed"], i) for i, (name, lay) in enumerate(layouts.items())}
+    regions = patterns(geometry, cfg["seed"])
     side = _side(cfg)
     side.register(regions)
     addrs = {name: [a.ctypes.data, a.nbytes] for name, a in regions.items()}
@@ -72,10 +65,15 @@ def prefill(cfg: dict) -> None:
     os._exit(0)
 
 
-def _descriptors(plan, src_regions: dict, dst_regions: dict) -> tuple[np.ndarray, np.ndarray]:
+def _descriptors(
+    plan: kvlayout.Plan, src_regions: dict, dst_regions: dict
+) -> tuple[np.ndarray, np.ndarray]:
+    """NIXL/Mooncake descriptor rows `(address, length_bytes, 0)`: the plan's runs at the two
+    sides' region addresses (the peer's as published, ours as allocated)."""
     local, remote = [], []
     for name, runs in plan.runs.items():
-        sbase, dbase = src_regions[name][0], dst_regions[name].ctypes.data
+        src_region, dst_region = plan.regions[name]
+        sbase, dbase = src_regions[src_region][0], dst_regions[dst_region].ctypes.data
         for s_off, d_off, n in runs:
             local.append((dbase + d_off, n, 0))
             remote.append((sbase + s_off, n, 0))
@@ -86,8 +84,7 @@ def _descriptors(plan, src_regions: dict, dst_regions: dict) -> tuple[np.ndarray
 
 def decode(cfg: dict) -> dict:
     geometry = kvlayout.Geometry.from_json(cfg["geometry"])
-    layouts = _layouts(geometry)
-    regions = {name: np.zeros(lay.region_bytes, dtype=np.uint8) for name, lay in layouts.items()}
+    regions = {r["name"]: np.zeros(r["len_bytes"], dtype=np.uint8) for r in geometry.regions()}
     side = _side(cfg)
     side.register(regions)
     result = {"case": cfg["case"], "engine": cfg["engine"]}
@@ -112,12 +109,10 @@ def decode(cfg: dict) -> dict:
             "level": e.level,
             "stray_bytes": stray,
         }
-    if verdict.peer_geometry is None:  # unchecked peer: the engine assumes it mirrors us
-        peer_layouts = layouts
-    else:
-        peer_layouts = _layouts(verdict.peer_geometry)
+    # unchecked peer: the engine assumes it mirrors us
+    peer_geometry = geometry if verdict.peer_geometry is None else verdict.peer_geometry
     try:
-        handshake.check_regions(msg, peer_layouts)
+        handshake.check_regions(msg, peer_geometry)
     except handshake.PeerRefused as e:
         side.close()
         return {
@@ -129,21 +124,19 @@ def decode(cfg: dict) -> dict:
             "level": e.level,
             "stray_bytes": 0,
         }
-    build = token_plan if verdict.level == "token" else page_plan
-    plan = build(peer_layouts, layouts, cfg["src_pages"], cfg["dst_pages"])
+    build = kvlayout.token_plan if verdict.level == "token" else kvlayout.page_plan
+    plan = build(peer_geometry, geometry, cfg["src_pages"], cfg["dst_pages"])
     local, remote = _descriptors(plan, msg["regions"], regions)
     if cfg["engine"] == "nixl":
         peer = side.connect(base64.b64decode(msg["agent_metadata"]))
         moved = side.read(peer, local, remote)
     else:
         moved = side.read(msg["segment"], local, remote)
-    src_regions = {
-        n: pattern(lay, msg["seed"], i) for i, (n, lay) in enumerate(peer_layouts.items())
-    }
+    src_regions = patterns(peer_geometry, msg["seed"])
     equal, stray = verify(
-        peer_layouts,
+        peer_geometry,
         src_regions,
-        layouts,
+        geometry,
         regions,
         cfg["src_pages"],
         cfg["dst_pages"],

@@ -43,12 +43,19 @@ use crate::trace::{BLOCK_TOKENS, Request, line_err};
 mod tree;
 
 /// When a device page is written to the host pool (sglang `--hicache-write-policy`).
+///
+/// With the feature `clap`, a `clap::ValueEnum` taking SGLang's and the report's names
+/// (`write_back`, `write_through`) and, as aliases, the dashed ones the CLI documented before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[cfg_attr(feature = "clap", value(rename_all = "snake_case"))]
 pub enum WritePolicy {
     /// At eviction from the device.
+    #[cfg_attr(feature = "clap", value(alias = "write-back"))]
     WriteBack,
     /// When the page is computed (inserted into the tree).
+    #[cfg_attr(feature = "clap", value(alias = "write-through"))]
     WriteThrough,
 }
 

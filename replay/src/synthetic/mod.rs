@@ -150,6 +150,9 @@ pub fn run_with<B: Backend>(
         pages: w.device_pages,
         ..input.pool
     };
+    // The synthetic workload keeps every page of every buffer: a sliding-window, chunked or
+    // state buffer (DeepSeek-V4's included: only the trace schedule pages them) is refused.
+    crate::pairing::require_full_attention(&input.model.name, &input.model.pool(&opts)?.geometry)?;
     let paired = match pair_pools(
         backend,
         &input.model,

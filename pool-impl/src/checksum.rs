@@ -1,0 +1,314 @@
+//! Page content checksums on a HiCache pairing ([`ChecksumMode`]): a backup records each page's
+//! checksum ([`kvlayout_core::checksum`], `kvlayout.checksum/v1`) in a host-side table beside the
+//! host page; a load verifies the device page after the copy and before the call returns (so
+//! before the layer is handed to the model). A mismatch refuses those pages
+//! ([`TransferError::ChecksumMismatch`]: the caller treats them as a miss and recomputes them),
+//! names buffer, layer, pages and both values, and is counted
+//! ([`crate::TransferStats::checksum_mismatches`]).
+//!
+//! The geometry check proves both sides lay a page out alike; the checksum proves the bytes that
+//! arrive are the bytes that left: a short or torn copy, a stale destination, a host page
+//! overwritten after its backup. Checksums are computed on the device pool's pages under the
+//! device geometry (its buffers' token fingerprints and model layer ids), at backup from the
+//! source page, at load from the destination page, so they also catch a host pool that stores
+//! the page under another layout (the seed bug, with the geometry check off).
+
+use std::num::NonZeroU64;
+
+use kvlayout_core::checksum::PageChecksumKey;
+use kvlayout_core::{GeometryError, PoolGeometry};
+
+use crate::error::{PoolError, TransferError};
+use crate::plan::{Layers, PagePair};
+use crate::pool::KvPool;
+
+/// Which pages a pairing checksums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ChecksumMode {
+    /// No checksum (the default): no table, no cost.
+    #[default]
+    Off,
+    /// Host pages whose index is a multiple of N: recorded at backup, verified at load. A
+    /// fixed sample (by host page index), so every verified page was recorded.
+    Sampled(NonZeroU64),
+    /// Every page.
+    All,
+}
+
+impl ChecksumMode {
+    /// Parses `off`, `all` or `sampled:N` (N >= 1; `sampled:1` is `all`'s coverage).
+    ///
+    /// # Errors
+    /// A message naming the text and the accepted forms.
+    pub fn parse(text: &str) -> Result<ChecksumMode, String> {
+        match text {
+            "off" => Ok(ChecksumMode::Off),
+            "all" => Ok(ChecksumMode::All),
+            _ => text
+                .strip_prefix("sampled:")
+                .and_then(|n| n.parse::<u64>().ok())
+                .and_then(NonZeroU64::new)
+                .map(ChecksumMode::Sampled)
+                .ok_or_else(|| {
+                    format!("checksum mode '{text}': expected off, all or sampled:N with N >= 1")
+                }),
+        }
+    }
+
+    /// Whether host page `host_page` is checksummed.
+    pub fn covers(self, host_page: u64) -> bool {
+        match self {
+            ChecksumMode::Off => false,
+            ChecksumMode::All => true,
+            ChecksumMode::Sampled(n) => host_page.is_multiple_of(n.get()),
+        }
+    }
+}
+
+impl std::fmt::Display for ChecksumMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChecksumMode::Off => f.write_str("off"),
+            ChecksumMode::All => f.write_str("all"),
+            ChecksumMode::Sampled(n) => write!(f, "sampled:{n}"),
+        }
+    }
+}
+
+/// One page of one layer of one buffer whose loaded bytes do not match its backup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageMismatch {
+    /// Buffer name.
+    pub buffer: String,
+    /// Layer index in the buffer (`0..layers`).
+    pub layer: u64,
+    /// The model layer id the checksum is seeded with (`layer_ids[layer]`, else `layer`).
+    pub layer_id: u64,
+    /// The host page loaded from.
+    pub host_page: u64,
+    /// The device page loaded into.
+    pub device_page: u64,
+    /// The checksum recorded at backup.
+    pub recorded: u64,
+    /// The checksum of the device page after the load.
+    pub loaded: u64,
+}
+
+impl std::fmt::Display for PageMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "buffer {} layer {} (model layer {}), host page {} -> device page {}: checksum {:#018x} at backup, {:#018x} after load",
+            self.buffer,
+            self.layer,
+            self.layer_id,
+            self.host_page,
+            self.device_page,
+            self.recorded,
+            self.loaded
+        )
+    }
+}
+
+/// The host-side table of a pairing with checksums on: per buffer, layer and host page, the
+/// checksum recorded at the last backup (none before one).
+pub(crate) struct ChecksumTable {
+    mode: ChecksumMode,
+    /// `[buffer][layer]` keys, from the device geometry.
+    keys: Vec<Vec<PageChecksumKey>>,
+    names: Vec<String>,
+    host_pages: u64,
+    /// `[buffer][layer][host page]`, flattened per buffer.
+    recorded: Vec<Vec<Option<u64>>>,
+    /// One page payload, read back from the device pool.
+    scratch: Vec<u8>,
+}
+
+impl ChecksumTable {
+    /// A table for `mode` (`None` when off) over the device geometry and `host_pages` host pages.
+    pub(crate) fn new(
+        mode: ChecksumMode,
+        device: &PoolGeometry,
+        host_pages: u64,
+    ) -> Result<Option<ChecksumTable>, TransferError> {
+        if mode == ChecksumMode::Off {
+            return Ok(None);
+        }
+        let mut keys = Vec::new();
+        let mut recorded = Vec::new();
+        for (b, buf) in device.buffers.iter().enumerate() {
+            let per: Vec<PageChecksumKey> = (0..buf.layers)
+                .map(|l| device.page_checksum_key(b, l))
+                .collect::<Result<_, _>>()?;
+            let entries = buf
+                .layers
+                .checked_mul(host_pages)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    GeometryError::new(
+                        "checksum table",
+                        format!(
+                            "{} layers x {host_pages} host pages of {} overflow",
+                            buf.layers,
+                            buf.name()
+                        ),
+                    )
+                })?;
+            keys.push(per);
+            recorded.push(vec![None; entries]);
+        }
+        Ok(Some(ChecksumTable {
+            mode,
+            keys,
+            names: device
+                .buffers
+                .iter()
+                .map(|b| b.name().to_string())
+                .collect(),
+            host_pages,
+            recorded,
+            scratch: Vec::new(),
+        }))
+    }
+
+    pub(crate) fn mode(&self) -> ChecksumMode {
+        self.mode
+    }
+
+    /// The checksum of device page `page` of buffer `b`, layer `l`.
+    fn device_checksum(
+        &mut self,
+        device: &impl KvPool,
+        b: usize,
+        l: u64,
+        page: u64,
+    ) -> Result<u64, TransferError> {
+        let key = self.keys[b][l as usize];
+        // A page payload fits in memory: the pool holds it.
+        self.scratch.resize(key.payload_bytes as usize, 0);
+        device
+            .read_page_bytes(b, l, page, 0, &mut self.scratch)
+            .map_err(pool_error)?;
+        Ok(key.checksum(&self.scratch)?)
+    }
+
+    fn layer_range(&self, b: usize, layers: Layers) -> std::ops::Range<u64> {
+        let n = self.keys[b].len() as u64;
+        match layers {
+            Layers::All => 0..n,
+            Layers::One(l) if l < n => l..l + 1,
+            Layers::One(_) => 0..0,
+        }
+    }
+
+    /// The device pages' checksums of a backup about to copy `pairs`, to record once it ran.
+    pub(crate) fn backup_checksums(
+        &mut self,
+        device: &impl KvPool,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<Vec<(usize, usize, u64)>, TransferError> {
+        let mut out = Vec::new();
+        let mode = self.mode;
+        for pair in pairs.iter().filter(|p| mode.covers(p.host_page)) {
+            for b in 0..self.keys.len() {
+                for l in self.layer_range(b, layers) {
+                    let sum = self.device_checksum(device, b, l, pair.device_page)?;
+                    let at = (l * self.host_pages + pair.host_page) as usize;
+                    out.push((b, at, sum));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records checksums from [`ChecksumTable::backup_checksums`].
+    pub(crate) fn record(&mut self, sums: &[(usize, usize, u64)]) {
+        for &(b, at, sum) in sums {
+            self.recorded[b][at] = Some(sum);
+        }
+    }
+
+    /// Verifies the device pages a load wrote against the checksums recorded for its host
+    /// pages: the pages verified (one per buffer, layer and page; pages never backed up with a
+    /// checksum are skipped) and the mismatches.
+    pub(crate) fn verify_load(
+        &mut self,
+        device: &impl KvPool,
+        layers: Layers,
+        pairs: &[PagePair],
+    ) -> Result<(u64, Vec<PageMismatch>), TransferError> {
+        let mut verified = 0u64;
+        let mut mismatches = Vec::new();
+        let mode = self.mode;
+        for pair in pairs.iter().filter(|p| mode.covers(p.host_page)) {
+            for b in 0..self.keys.len() {
+                for l in self.layer_range(b, layers) {
+                    let at = (l * self.host_pages + pair.host_page) as usize;
+                    let Some(recorded) = self.recorded[b][at] else {
+                        continue;
+                    };
+                    let loaded = self.device_checksum(device, b, l, pair.device_page)?;
+                    verified += 1;
+                    if loaded != recorded {
+                        mismatches.push(PageMismatch {
+                            buffer: self.names[b].clone(),
+                            layer: l,
+                            layer_id: self.keys[b][l as usize].layer_id,
+                            host_page: pair.host_page,
+                            device_page: pair.device_page,
+                            recorded,
+                            loaded,
+                        });
+                    }
+                }
+            }
+        }
+        Ok((verified, mismatches))
+    }
+}
+
+/// The pairs of a load that `mismatches` refuse, each once, in order (what a caller treats as
+/// a miss).
+pub fn refused_pairs(mismatches: &[PageMismatch]) -> Vec<PagePair> {
+    let mut out: Vec<PagePair> = Vec::new();
+    for m in mismatches {
+        let pair = PagePair {
+            device_page: m.device_page,
+            host_page: m.host_page,
+        };
+        if !out.contains(&pair) {
+            out.push(pair);
+        }
+    }
+    out
+}
+
+fn pool_error(e: PoolError) -> TransferError {
+    match e {
+        PoolError::Geometry(g) => TransferError::Geometry(g),
+        PoolError::Backend(b) => TransferError::Backend(b),
+        other => TransferError::Geometry(GeometryError::new("checksum", other.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_cover_by_host_page() {
+        assert_eq!(ChecksumMode::parse("off"), Ok(ChecksumMode::Off));
+        assert_eq!(ChecksumMode::parse("all"), Ok(ChecksumMode::All));
+        let four = ChecksumMode::parse("sampled:4").unwrap();
+        assert_eq!(four.to_string(), "sampled:4");
+        // Host pages 0, 4, 8 of 0..10.
+        let covered: Vec<u64> = (0..10).filter(|&p| four.covers(p)).collect();
+        assert_eq!(covered, [0, 4, 8]);
+        for bad in ["sampled:0", "sampled:", "some", "sampled:x"] {
+            let e = ChecksumMode::parse(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("sampled:N"), "{e}");
+        }
+        assert!(!ChecksumMode::Off.covers(0));
+    }
+}

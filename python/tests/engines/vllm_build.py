@@ -1,0 +1,69 @@
+"""vLLM KV caches built with vLLM's own code on the CPU (../shared/ENGINES.md, "Exact steps").
+
+vLLM 0.33: ``VllmConfig`` over a tiny ``config.json`` (Llama, 2 layers), layer specs built with
+vLLM's spec classes as each layer's ``get_kv_cache_spec`` builds them, ``KVCacheConfig`` from
+``get_kv_cache_config_builder`` + ``kv_cache_planning.get_kv_cache_groups_from_builder`` +
+``get_kv_cache_config_from_groups(vc, groups, 10)`` (10 blocks), and the tensors from
+``vllm.v1.worker.utils.allocate_kv_cache`` (the call both model runners make before
+``register_kv_caches``). Each attention layer: ``FullAttentionSpec(block_size=16,
+num_kv_heads=2, head_size=64)`` unless a test says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch  # noqa: E402
+
+BLOCKS = 10
+BLOCK_TOKENS = 16
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "rope_theta": 500000.0,
+    "vocab_size": 1024, "torch_dtype": "bfloat16",
+}
+
+
+def vllm_config(tmp: pathlib.Path, layout: str = "LBNHC", *, cache_dtype: str = "auto"):
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig
+
+    model = tmp / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    vc = VllmConfig(
+        model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=512,
+                                 dtype="bfloat16"),
+        cache_config=CacheConfig(block_size=BLOCK_TOKENS, cache_dtype=cache_dtype))
+    vc.cache_config.kv_cache_layout = layout  # vLLM: preset "for tests and standalone tools"
+    return vc
+
+
+def allocate(vc, specs: dict):
+    """``(kv_cache_config, kv_caches)`` for ``{layer_name: spec}``, as vLLM's runners make them."""
+    from vllm.v1.core import kv_cache_planning
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from vllm.v1.worker.utils import allocate_kv_cache
+
+    builder = get_kv_cache_config_builder(vc)
+    groups = kv_cache_planning.get_kv_cache_groups_from_builder(builder, vc, specs)
+    cfg = builder.get_kv_cache_config_from_groups(vc, groups, BLOCKS)
+    layout = KVCacheLayout[vc.cache_config.kv_cache_layout]
+    return cfg, allocate_kv_cache(cfg, torch.device("cpu"), layout)
+
+
+def full(heads=2, head=64, dtype=torch.bfloat16, **kw):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    return FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=heads, head_size=head,
+                             dtype=dtype, **kw)
+
+
+def attn(n: int) -> str:
+    return f"model.layers.{n}.self_attn.attn"
