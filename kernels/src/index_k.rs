@@ -1,5 +1,5 @@
 //! The fp8 index-K quantizer of DeepSeek-V3.2's sparse indexer, and its dequantizing reader:
-//! CPU reference (this module) of the `quantize_index_k` / `dequantize_index_k` kernels.
+//! its CPU reference (the GPU kernels were removed: no pool backend called them, issue 24).
 //!
 //! A key is 128 bf16 values. Quantized it is 128 e4m3 values and one f32 scale, stored
 //! `section_major` in pages of `P` tokens (SGLang `index_buf_accessor.py`, vLLM
@@ -243,7 +243,7 @@ pub fn quantize_key(key: &[bf16; 128], format: ScaleFormat) -> ([u8; 128], f32) 
 /// Checked first (spec, buffer lengths, one slot per row, every slot below
 /// `pages * page_size_tokens`); on any error nothing is written. Slots should be distinct (an
 /// engine's `out_cache_loc` is): here a repeated slot keeps the last of its keys; the GPU
-/// kernel ([`crate::Gpu::quantize_index_k`]) writes them in no defined order.
+/// writer would write them in no defined order.
 pub fn quantize_index_k_cpu(
     spec: &IndexKPages,
     keys: &[bf16],
