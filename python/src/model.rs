@@ -167,12 +167,13 @@ pub(crate) fn count_arg(py: Python<'_>, field: &str, v: &Bound<'_, PyAny>) -> Py
 /// fp8; a `UserWarning` on a model without an indexer); `tp`, `rank`: tensor-parallel size and
 /// this rank (default one rank, with no `shard`: pass `tp=1` for the TP-1 side of a
 /// token-level `compare` against another TP size's rank); `state_dtype`: recurrent-state dtype ("f32" | "bf16" | "f16");
-/// `page_size_tokens`, `pages`: the pool's page size and page count; `equal_page_bytes`: give
+/// `page_size_tokens`, `pages`: the pool's page size (default the engine's: 256 for
+/// DeepSeek-V4, as SGLang's CUDA pool; else 64) and page count; `equal_page_bytes`: give
 /// every token buffer's page the bytes of the largest (vLLM's hybrid allocator).
 /// Raises `ModelError` (unreadable config, a field that changes the cache and is not modelled,
 /// named) or `ValueError` (a bad option, named).
 #[pyfunction]
-#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = None, pages = None, equal_page_bytes = false), text_signature = "(model, kv_dtype=None, index_k=None, tp=None, rank=None, *, state_dtype=None, page_size_tokens=64, pages=1024, equal_page_bytes=False)")]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = None, pages = None, equal_page_bytes = false), text_signature = "(model, kv_dtype=None, index_k=None, tp=None, rank=None, *, state_dtype=None, page_size_tokens=None, pages=1024, equal_page_bytes=False)")]
 #[allow(clippy::too_many_arguments)]
 pub fn describe(
     py: Python<'_>,
@@ -187,14 +188,14 @@ pub fn describe(
     equal_page_bytes: bool,
 ) -> PyResult<Geometry> {
     let page_size_tokens = match page_size_tokens {
-        Some(p) => count_arg(py, "page_size_tokens", p)?,
-        None => 64,
+        Some(p) => Some(count_arg(py, "page_size_tokens", p)?),
+        None => None,
     };
     let pages = match pages {
         Some(p) => count_arg(py, "pages", p)?,
         None => 1024,
     };
-    let (m, opts) = load(
+    let (m, mut opts) = load(
         py,
         model,
         kv_dtype,
@@ -202,10 +203,15 @@ pub fn describe(
         tp,
         rank,
         state_dtype,
-        page_size_tokens,
+        page_size_tokens.unwrap_or(64),
         pages,
         equal_page_bytes,
     )?;
+    // As the CLI: the engine's page size unless one is given (256 for DeepSeek-V4 on SGLang's
+    // CUDA pool, 64 otherwise).
+    if page_size_tokens.is_none() {
+        opts.page_size_tokens = m.engine_page_size_tokens();
+    }
     let pool = m
         .pool(&opts)
         .map_err(|e| errors::model_error(py, e.to_string()))?;
