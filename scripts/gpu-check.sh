@@ -3,19 +3,21 @@
 #
 #   scripts/gpu-check.sh build            build (release) and stage into .dev/: the kernels'
 #                                         GPU tests, the CUDA pool tests (tests/cuda_pools.rs),
-#                                         the CUDA backend's unit tests, gpu_bench, this script.
+#                                         the CUDA backend's unit tests, gpu_bench (package
+#                                         kvlayout-gpu-bench), this script.
 #                                         Needs the Rust toolchain, not a GPU (nothing CUDA is
 #                                         linked: cudarc loads libcuda/libnvrtc/libcublas at run
 #                                         time), so it runs on a CPU-only build machine.
-#   scripts/gpu-check.sh run [--bench] [--overlap]
+#   scripts/gpu-check.sh run [--overlap] [--page-size-1]
 #                                         run the staged binaries from .dev/ with
 #                                         KVLAYOUT_REQUIRE_GPU=1: a test that cannot open the GPU
-#                                         fails instead of passing silently; --bench adds
-#                                         gpu_bench, --overlap adds gpu_bench --overlap. Exits
-#                                         non-zero on the first failure.
-#   scripts/gpu-check.sh bench ARGS...    run the staged gpu_bench with ARGS (e.g. --explore
-#                                         --sm-carveout 2 --pair-major), its output headed by
-#                                         the commit line below.
+#                                         fails instead of passing silently; --overlap adds
+#                                         gpu_bench --overlap, --page-size-1 adds gpu_bench
+#                                         --overlap --page-size-1 --sm-carveout 2. Exits non-zero
+#                                         on the first failure.
+#   scripts/gpu-check.sh bench ARGS...    run the staged gpu_bench with ARGS (e.g. --overlap
+#                                         --page-size-1 --sm-carveout 2 --hold 3), its output
+#                                         headed by the commit line below.
 #   scripts/gpu-check.sh                  CI: with a GPU, build and run; without one, compile
 #                                         the GPU test and benchmark targets (dev profile, so
 #                                         they cannot rot), print why the run is skipped, exit 0.
@@ -64,7 +66,7 @@ build() {
     echo "gpu-check: building commit $(cat "$stage/COMMIT")"
     local json
     json=$(mktemp)
-    cargo build --release -p kvlayout-kernels --bin gpu_bench
+    cargo build --release -p kvlayout-gpu-bench --bin gpu_bench
     cargo test --release --no-run --message-format=json \
         -p kvlayout-kernels --test gpu >"$json"
     cargo test --release --no-run --message-format=json \
@@ -88,10 +90,10 @@ build() {
 }
 
 run() {
-    local bench=0 overlap=0
+    local page1=0 overlap=0
     for a in "$@"; do
         case "$a" in
-            --bench) bench=1 ;;
+            --page-size-1) page1=1 ;;
             --overlap) overlap=1 ;;
             *) echo "gpu-check.sh run: unknown option $a" >&2; exit 2 ;;
         esac
@@ -109,9 +111,9 @@ run() {
     "$stage/pool_unit" backend::cuda --test-threads 1
     echo "== pools: CUDA pool tests (tests/cuda_pools.rs)"
     "$stage/cuda_pools" --ignored --test-threads 1
-    if [ "$bench" = 1 ]; then
-        echo "== gpu_bench"
-        "$stage/gpu_bench"
+    if [ "$page1" = 1 ]; then
+        echo "== gpu_bench --overlap --page-size-1 --sm-carveout 2"
+        "$stage/gpu_bench" --overlap --page-size-1 --sm-carveout 2
     fi
     if [ "$overlap" = 1 ]; then
         echo "== gpu_bench --overlap"
@@ -136,12 +138,12 @@ case "${1:-}" in
             run
         else
             log_header
-            cargo build -p kvlayout-kernels --bin gpu_bench
+            cargo build -p kvlayout-gpu-bench --bin gpu_bench
             cargo test --no-run -p kvlayout-kernels --test gpu
             cargo test --no-run -p kvlayout-tests --test cuda_pools
             cargo test --no-run -p kvlayout-pool --features cuda --lib
             echo "gpu-check: GPU run skipped: no CUDA driver (libcuda) or no /dev/nvidia0 on this machine; the GPU tests and gpu_bench compiled"
         fi
         ;;
-    *) echo "usage: $0 [build | run [--bench] [--overlap] | bench ARGS...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [build | run [--overlap] [--page-size-1] | bench ARGS...]" >&2; exit 2 ;;
 esac

@@ -17,7 +17,7 @@
 //! #[kv(arrangement = "section_major")]
 //! struct IndexKFp8 {
 //!     values: [F8E4M3; 128],
-//!     #[kv(scales = values, block = 128)]
+//!     #[kv(scales = values, block_elems = 128)]
 //!     scale: [f32; 1],
 //! }
 //!

@@ -9,7 +9,7 @@ use kvlayout_core::{Level, PoolGeometry, compare_at, file};
 /// Arguments of `kvlayout check`.
 #[derive(clap::Args)]
 pub struct CheckArgs {
-    /// Geometry file of side A (`kvlayout.geometry/v1` or `/v2`); `-` reads stdin.
+    /// Geometry file of side A (`kvlayout.geometry/v1`, `/v2` or `/v3`); `-` reads stdin.
     pub a: PathBuf,
     /// Geometry file of side B; `-` reads stdin.
     pub b: PathBuf,

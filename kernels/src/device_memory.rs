@@ -142,35 +142,6 @@ impl Drop for PinnedBytes {
     }
 }
 
-/// An index list (item, page or slot indices) in device memory, `u64` each.
-pub struct DeviceIndices {
-    pub(crate) slice: CudaSlice<u64>,
-    pub(crate) stream: Arc<CudaStream>,
-    pub(crate) host: Arc<[u64]>,
-}
-
-impl DeviceIndices {
-    /// Number of indices.
-    pub fn len(&self) -> usize {
-        self.host.len()
-    }
-
-    /// True for an empty list.
-    pub fn is_empty(&self) -> bool {
-        self.host.is_empty()
-    }
-
-    /// The indices as uploaded (kept on the host to name a bad index in an error).
-    pub fn as_host(&self) -> &[u64] {
-        &self.host
-    }
-
-    pub(crate) fn address(&self) -> u64 {
-        let (ptr, _sync) = self.slice.device_ptr(&self.stream);
-        ptr
-    }
-}
-
 /// A run list in device memory (see [`crate::copy_runs`]).
 pub struct DeviceRuns {
     pub(crate) slice: CudaSlice<u64>,

@@ -1,5 +1,5 @@
 //! The fp8 index-K quantizer of DeepSeek-V3.2's sparse indexer, and its dequantizing reader:
-//! CPU reference (this module) of the `quantize_index_k` / `dequantize_index_k` kernels.
+//! its CPU reference (the GPU kernels were removed: no pool backend called them, issue 24).
 //!
 //! A key is 128 bf16 values. Quantized it is 128 e4m3 values and one f32 scale, stored
 //! `section_major` in pages of `P` tokens (SGLang `index_buf_accessor.py`, vLLM
@@ -40,21 +40,11 @@ pub const HEAD_DIM_ELEMS: u64 = 128;
 pub const VALUE_BYTES: u64 = 128;
 /// Bytes of one key's scale (one f32).
 pub const SCALE_BYTES: u64 = 4;
-/// Largest finite e4m3 (`fn`) magnitude.
-pub const E4M3_MAX: f32 = 448.0;
-/// `1/448` rounded to f32: bits `0x3b12_4925` (the CUDA source uses the same bits).
-pub const INV_E4M3_MAX: f32 = f32::from_bits(0x3b12_4925);
-/// The floor DeepSeek's `act_quant` puts under `amax`: `1e-4` as f32, bits `0x38d1_b717`.
-pub const AMAX_FLOOR: f32 = f32::from_bits(0x38d1_b717);
-
-/// How the per-key scale is stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScaleFormat {
-    /// `amax / 448` as computed (`amax * f32(1/448)`).
-    F32,
-    /// Rounded up to a power of two (DeepSeek-V3.2 `scale_fmt: ue8m0`), still stored as f32.
-    Ue8m0,
-}
+/// The scale arithmetic (`act_quant`'s constants, [`ScaleFormat`], [`scale_for_amax`],
+/// [`round_scale_ue8m0`]) is the core's one computation ([`kvlayout_core::quant`]).
+pub use kvlayout_core::quant::{
+    AMAX_FLOOR, E4M3_MAX, INV_E4M3_MAX, ScaleFormat, round_scale_ue8m0, scale_for_amax,
+};
 
 /// Where the pages of an index-K cache sit: page `p` at `base_bytes + p * page_stride_bytes`,
 /// `page_size_tokens` tokens each, `[P x 128][P x 4]` inside the page.
@@ -237,23 +227,6 @@ impl IndexKPages {
     }
 }
 
-/// The scale of one key whose largest magnitude is `amax` (step 1 and 2 of the module docs).
-pub fn scale_for_amax(amax: f32, format: ScaleFormat) -> f32 {
-    let s = amax.max(AMAX_FLOOR) * INV_E4M3_MAX;
-    match format {
-        ScaleFormat::F32 => s,
-        ScaleFormat::Ue8m0 => round_scale_ue8m0(s),
-    }
-}
-
-/// `2^ceil(log2(x))` for a positive normal `x`, by exponent arithmetic (DeepSeek-V3.2
-/// `fast_log2_ceil` + `fast_pow2`).
-pub fn round_scale_ue8m0(x: f32) -> f32 {
-    let bits = x.to_bits();
-    let exp = ((bits >> 23) & 0xFF) as i32 - 127 + i32::from(bits & 0x7F_FFFF != 0);
-    f32::from_bits(((exp + 127) as u32) << 23)
-}
-
 /// Quantizes one key: 128 e4m3 bytes and the scale.
 pub fn quantize_key(key: &[bf16; 128], format: ScaleFormat) -> ([u8; 128], f32) {
     let amax = key.iter().fold(0.0f32, |m, x| m.max(x.to_f32().abs()));
@@ -270,7 +243,7 @@ pub fn quantize_key(key: &[bf16; 128], format: ScaleFormat) -> ([u8; 128], f32) 
 /// Checked first (spec, buffer lengths, one slot per row, every slot below
 /// `pages * page_size_tokens`); on any error nothing is written. Slots should be distinct (an
 /// engine's `out_cache_loc` is): here a repeated slot keeps the last of its keys; the GPU
-/// kernel ([`crate::Gpu::quantize_index_k`]) writes them in no defined order.
+/// writer would write them in no defined order.
 pub fn quantize_index_k_cpu(
     spec: &IndexKPages,
     keys: &[bf16],

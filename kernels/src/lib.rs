@@ -1,20 +1,14 @@
 //! # kvlayout-kernels
 //!
-//! CUDA kernels for KV-cache pools, each with a CPU reference in Rust that implements the same
-//! contract with the same checks: the HiCache transfer between pinned host memory and the
-//! device pool (token- or page-granular items, one layer or many, index lists on the device),
-//! and DeepSeek-V3.2's fp8 index-K quantizer with its dequantizing reader.
+//! CUDA kernels for KV-cache pools, with the pool crate's CPU backend as their reference: the
+//! HiCache transfer of checked run lists between pinned host memory and the device pool
+//! (page runs, and token-granular runs down to page size 1), on the copy engines or on a few
+//! SMs, chosen from the runs and the model's SM carve-out ([`Gpu::transfer_runs`]).
 //!
-//! Kernels are CUDA C strings ([`cuda_source`]) compiled at first use with NVRTC for the
-//! device's architecture (`sm_90` on an H200) and cached per [`Gpu`]. cudarc loads libcuda and
-//! libnvrtc at run time; nothing CUDA is linked at build time, and a machine without a driver
-//! gets [`KernelError::NoDriver`] from [`Gpu::new`], never a panic.
-//!
-//! A copy is described by a [`CopySpec`] (item size and, per side, base and strides, checked
-//! once), best planned from two pool geometries with [`CopySpec::for_pool_buffer`]. Both
-//! backends validate every index before moving a byte: a refused copy leaves both sides as they
-//! were.
-//!
+//! Kernels are CUDA C strings compiled at first use with NVRTC for the device's architecture
+//! (`sm_90` on an H200) and cached per [`Gpu`]. cudarc loads libcuda and libnvrtc at run time;
+//! nothing CUDA is linked at build time, and a machine without a driver gets
+//! [`KernelError::NoDriver`] from [`Gpu::new`], never a panic.
 //!
 //! ## Driving it from a pool backend
 //!
@@ -26,40 +20,34 @@
 //! - the shim's checked plan as it is today, a list of `(src offset, dst offset, len)` runs:
 //!   [`Gpu::transfer_runs`] with [`RunOrder::SrcAscending`] for a load (host -> device) or
 //!   [`RunOrder::DstAscending`] for a backup picks the path from the runs (page runs: the copy
-//!   engines, leaving every SM to the model, with each group of at least
-//!   [`MIN_PITCHED_LINES`] runs of constant pitches as one 2D copy, see [`pitched`];
-//!   token-granular runs: the run-list kernel on [`SM_BUDGET`] SMs); or choose yourself: [`Gpu::enqueue_copy_runs_dma`],
+//!   engines, leaving every SM to the model, with each group of at least 8 runs of constant
+//!   pitches as one 2D copy, see [`pitched`]; token-granular runs: the token kernel on a few
+//!   SMs, or on the model's carve-out, [`Gpu::set_model_carveout_sms`]); or choose yourself:
+//!   [`Gpu::enqueue_copy_runs_dma`],
 //!   [`Gpu::enqueue_staged_runs`] (host threads and one contiguous copy per chunk, see
 //!   [`staging`]) or [`Gpu::upload_runs`] then [`Gpu::copy_runs`]. Every run is checked before any byte moves
 //!   ([`KernelError::RunOutOfRange`]); the CPU reference is the pool crate's `CpuBackend`;
-//! - or, without per-run offsets, [`CopySpec::for_pool_buffer`] (one spec per buffer, or per part
-//!   of a `section_major` token) with page or token index lists ([`Gpu::upload_indices`]) and
-//!   [`Gpu::copy_items_multi`]; [`copy_items_cpu`] is the CPU backend's equivalent;
-//! - the fp8 index-K cache: [`IndexKPages::for_pool_layer`], [`Gpu::quantize_index_k`],
-//!   [`Gpu::dequantize_index_k`] (CPU: [`quantize_index_k_cpu`], [`dequantize_index_k_cpu`]).
+//! - the run order and launch shape when calling a path directly: [`RunOrder`], [`LaunchShape`].
+//!
+//! The index-K quantizer's CPU reference ([`index_k`]) stays here for the replay; its GPU
+//! kernel and the index-list copy path (items addressed by a copy spec and index lists on
+//! the device) were removed: the pool backend moves run lists only (issue 24).
 //!
 //! ```
-//! use kvlayout_kernels::{CopySpec, SideSpec, copy_items_cpu};
-//! // Two pages of 2 tokens of 4 bytes, one layer: move token 3 (page 1, token 1) to token 0.
-//! let side = SideSpec {
-//!     base_bytes: 0, layer_stride_bytes: 16, page_stride_bytes: 8, item_stride_bytes: 4,
-//!     layers: 1, pages: 2, total_bytes: 16,
-//! };
-//! let spec = CopySpec { item_bytes: 4, items_per_page: 2, layers: 0..1, src: side, dst: side };
-//! let src: Vec<u8> = (0..16).collect();
-//! let mut dst = vec![0xEEu8; 16];
-//! copy_items_cpu(&spec, &src, &mut dst, &[3], &[0]).unwrap();
-//! assert_eq!(&dst[0..4], &[12, 13, 14, 15]); // token 3 sits at 1 * 8 + 1 * 4 = 12
-//! // An index past 2 pages x 2 tokens is refused and nothing is written.
-//! assert!(copy_items_cpu(&spec, &src, &mut dst, &[0, 4], &[1, 2]).is_err());
-//! assert_eq!(&dst[4..8], &[0xEE; 4]);
+//! use kvlayout_kernels::{ByteRun, validate_runs};
+//! // Two runs of 2,048 B (a token of Llama-3.1-8B's K and V at page size 1) between regions of
+//! // 8 KiB: both fit; a third run from offset 7,168 would end at 9,216 > 8,192 and is refused
+//! // (position 2), before any byte moves.
+//! let runs = [ByteRun::new(0, 4096, 2048), ByteRun::new(2048, 6144, 2048)];
+//! assert!(validate_runs(&runs, 8192, 8192).is_ok());
+//! let bad = [runs[0], runs[1], ByteRun::new(7168, 0, 2048)];
+//! assert!(validate_runs(&bad, 8192, 8192).is_err());
 //! ```
 
 pub mod checksum_gpu;
-pub mod copy_cpu;
+mod copy_cpu;
 pub mod copy_runs;
-pub mod copy_spec;
-pub mod cuda_source;
+mod cuda_source;
 pub mod device;
 pub mod device_memory;
 pub mod error;
@@ -70,24 +58,16 @@ pub mod split_load;
 pub mod staging;
 pub mod test_data;
 
-pub use copy_cpu::{copy_items_cpu, validate_index_lists};
 pub use copy_runs::{ByteRun, validate_runs};
-pub use copy_spec::{CopySpec, Granularity, SideSpec};
 pub use device::{
-    CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
-    CopyOrder, GATHER_FIRST_CHUNK_BYTES, GATHER_SLOT_BYTES, GATHER_SLOTS, Gpu, KernelReport,
-    LaunchShape, MAX_COPY_ENGINE_LANES, MIN_MEAN_BLOCK_RUNS, MIN_PITCHED_LINES,
-    PARALLEL_SORT_MIN_RUNS, RUN_RING_SLOT_RUNS, RUN_RING_SLOTS, RunOrder, SELF_CHECK_MAX_ITEMS,
-    SM_BUDGET, STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES,
-    TransferDirection, TransferPath, driver_present, nvrtc_present, sort_ascending_blocks,
+    CopyEngineHint, CopyEngineOptions, Gpu, KernelReport, LaunchShape, RunOrder, TransferDirection,
+    TransferPath, driver_present, nvrtc_present, sort_ascending_blocks,
 };
-pub use device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, GpuBytes, PinnedBytes};
+pub use device_memory::{DeviceBytes, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};
 pub use gather_plan::{
     GatherChunk, GatherChunks, HostStretches, gather_chunks, host_stretches, plan_gathered_backup,
 };
 pub use index_k::{IndexKPages, ScaleFormat, dequantize_index_k_cpu, quantize_index_k_cpu};
 pub use pitched::{PitchedRun, group_pitched};
-pub use split_load::{
-    SPLIT_KERNEL_BLOCKS_PER_SM, SPLIT_SHORT_RUN_BYTES, kernel_share_permille, split_load,
-};
+pub use split_load::{kernel_share_permille, split_load};

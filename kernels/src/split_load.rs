@@ -15,7 +15,7 @@
 //! | 45% | 0.960 / 0.890, +2.8% | 0.955 / 0.898, +2.8% |
 //! | 60% | 0.938 / 0.877, +2.5% | 0.946 / 0.888, +0.8% |
 //!
-//! Through the chooser (45%, [`SPLIT_KERNEL_BLOCKS_PER_SM`], the kernel reading its run list
+//! Through the chooser (45%, `SPLIT_KERNEL_BLOCKS_PER_SM`, the kernel reading its run list
 //! from pinned host memory): 0.945-0.957 alone and 0.907-0.911 next to the GEMM, GEMM -1.1% to
 //! +3.0%, against 0.67-0.78 on the copy engines alone next to it. (GEMM figures against the
 //! loop's own GEMMs outside the window; against a control loop with no transfer, session 6 read
@@ -31,12 +31,12 @@ use crate::copy_runs::ByteRun;
 /// full SM's worth, the GEMM next to the load was slowed +1.4% to +7.9% (16 measurements);
 /// with 4, -1.1% to +3.0% (12) at the same rate; with 2 the load fell to 0.78 of memcpy
 /// (BENCHMARKS.md, "Session 5").
-pub const SPLIT_KERNEL_BLOCKS_PER_SM: u32 = 4;
+pub(crate) const SPLIT_KERNEL_BLOCKS_PER_SM: u32 = 4;
 
 /// Runs of at most this many bytes always go to the kernel: the copy engines move an 8,448-byte
 /// fp8 index-K page run at 0.25-0.29 of memcpy, a 41,984-byte MLA run at 0.96-0.98 (alone); a
 /// bf16 index-K page run is 64 x 256 = 16,384 bytes, short too (not measured in the split).
-pub const SPLIT_SHORT_RUN_BYTES: u64 = 16 * 1024;
+pub(crate) const SPLIT_SHORT_RUN_BYTES: u64 = 16 * 1024;
 
 /// Thousandths of a load's bytes the kernel takes on a carve-out of `sms` SMs: 450 on 2 SMs
 /// (the measured best, module docs), in proportion to the SMs below that, at most 600 above
@@ -46,7 +46,7 @@ pub fn kernel_share_permille(sms: u32) -> u64 {
 }
 
 /// `runs` (a load's merged runs, in the order they are to be walked) split into the kernel's
-/// list and the copy engines' list: every run of at most [`SPLIT_SHORT_RUN_BYTES`], then
+/// list and the copy engines' list: every run of at most `SPLIT_SHORT_RUN_BYTES`, then
 /// longer runs in list order until the kernel holds `kernel_permille` thousandths of the
 /// bytes, go to the kernel; the other runs to the copy engines. Both lists keep list order;
 /// together they hold every run of `runs` once. `kernel_permille` above 1000 counts as 1000.

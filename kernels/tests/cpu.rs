@@ -10,326 +10,9 @@ use kvlayout_kernels::index_k::{
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{ByteRun, RunOrder, TransferPath, validate_runs};
 use kvlayout_kernels::{
-    CopySpec, Gpu, Granularity, IndexKPages, KernelError, ScaleFormat, SideSpec, copy_items_cpu,
-    dequantize_index_k_cpu, driver_present, quantize_index_k_cpu,
+    Gpu, IndexKPages, KernelError, ScaleFormat, dequantize_index_k_cpu, driver_present,
+    quantize_index_k_cpu,
 };
-
-fn pool(memory_layout: MemoryLayout, pages: u64) -> PoolGeometry {
-    PoolGeometry {
-        name: "test".into(),
-        page_size_tokens: 64,
-        pages,
-        memory_layout,
-        buffers: vec![
-            BufferGeometry::new("kv", 3, formats::DSA_MLA_FP8),
-            BufferGeometry::new("index_k", 3, formats::INDEX_K_FP8),
-        ],
-    }
-}
-
-// Page of one layer: kv 64 x 656 = 41984 B, index_k 64 x 132 = 8448 B; both 3 layers.
-// Device: layer_first, 16 pages: kv region 3 x 16 x 41984 = 2_015_232 B, index_k region
-// 3 x 16 x 8448 = 405_504 B, total 2_420_736 B.
-// Host: page_first, 24 pages: kv region 3 x 24 x 41984 = 3_022_848 B, index_k region
-// 3 x 24 x 8448 = 608_256 B, total 3_631_104 B.
-
-#[test]
-fn token_plan_of_mla_buffer_page_first_host_to_layer_first_device() {
-    let host = pool(MemoryLayout::PageFirst, 24);
-    let device = pool(MemoryLayout::LayerFirst, 16);
-    let specs = CopySpec::for_pool_buffer(&host, &device, 0, Granularity::Token, 0..3).unwrap();
-    // token_major: nope + scales + rope are one contiguous 656-B row: one part.
-    assert_eq!(
-        specs,
-        vec![CopySpec {
-            item_bytes: 656,
-            items_per_page: 64,
-            layers: 0..3,
-            src: SideSpec {
-                base_bytes: 0,
-                layer_stride_bytes: 41_984,
-                page_stride_bytes: 3 * 41_984, // [page][layer]
-                item_stride_bytes: 656,
-                layers: 3,
-                pages: 24,
-                total_bytes: 3_631_104,
-            },
-            dst: SideSpec {
-                base_bytes: 0,
-                layer_stride_bytes: 16 * 41_984, // [layer][page]
-                page_stride_bytes: 41_984,
-                item_stride_bytes: 656,
-                layers: 3,
-                pages: 16,
-                total_bytes: 2_420_736,
-            },
-        }]
-    );
-    // Token 70 of layer 2 = page 1, token 6: host 2 x 41984 + 1 x 125952 + 6 x 656 = 213_856.
-    assert_eq!(
-        specs[0].offset_bytes(kvlayout_kernels::Side::Src, 2, 70),
-        Ok(213_856)
-    );
-    // Device: 2 x 671744 + 1 x 41984 + 6 x 656 = 1_389_408.
-    assert_eq!(
-        specs[0].offset_bytes(kvlayout_kernels::Side::Dst, 2, 70),
-        Ok(1_389_408)
-    );
-}
-
-#[test]
-fn token_plan_of_section_major_index_k_has_a_values_part_and_a_scales_part() {
-    let host = pool(MemoryLayout::PageFirst, 24);
-    let device = pool(MemoryLayout::LayerFirst, 16);
-    let specs = CopySpec::for_pool_buffer(&device, &host, 1, Granularity::Token, 1..2).unwrap();
-    assert_eq!(specs.len(), 2);
-    // Values: 128 B per token at 128 t; scales: 4 B per token at 64 x 128 + 4 t = 8192 + 4 t.
-    assert_eq!((specs[0].item_bytes, specs[1].item_bytes), (128, 4));
-    assert_eq!(
-        (
-            specs[0].src.item_stride_bytes,
-            specs[1].src.item_stride_bytes
-        ),
-        (128, 4)
-    );
-    // Device index_k region starts after the kv region (2_015_232); host's after 3_022_848.
-    assert_eq!(specs[0].src.base_bytes, 2_015_232);
-    assert_eq!(specs[1].src.base_bytes, 2_015_232 + 8192);
-    assert_eq!(specs[0].dst.base_bytes, 3_022_848);
-    assert_eq!(specs[1].dst.base_bytes, 3_022_848 + 8192);
-    // Device layer stride 16 x 8448 = 135_168; host page stride 3 x 8448 = 25_344.
-    assert_eq!(specs[0].src.layer_stride_bytes, 135_168);
-    assert_eq!(specs[1].dst.page_stride_bytes, 25_344);
-    assert_eq!(specs[1].dst.layer_stride_bytes, 8448);
-}
-
-#[test]
-fn page_plan_of_page_first_direct_host() {
-    // page_first_direct: [page][buffer][layer]; a page group is 3 x 41984 + 3 x 8448 = 151_296 B
-    // and index_k sits 3 x 41984 = 125_952 B into each group.
-    let host = pool(MemoryLayout::PageFirstDirect, 24);
-    let device = pool(MemoryLayout::LayerFirst, 16);
-    let specs = CopySpec::for_pool_buffer(&host, &device, 1, Granularity::Page, 0..3).unwrap();
-    assert_eq!(specs.len(), 1);
-    let s = &specs[0];
-    assert_eq!((s.item_bytes, s.items_per_page), (8448, 1));
-    assert_eq!(
-        (
-            s.src.base_bytes,
-            s.src.layer_stride_bytes,
-            s.src.page_stride_bytes
-        ),
-        (125_952, 8448, 151_296)
-    );
-    assert_eq!(s.src.total_bytes, 24 * 151_296);
-    assert_eq!(s.vector_bytes(0, 0), 16); // 8448 = 16 x 528
-}
-
-#[test]
-fn the_seed_bug_is_refused_before_any_plan() {
-    // Host index-K sized by the fp8 formula (132 B/token) against a bf16 device (256 B/token).
-    let mut device = pool(MemoryLayout::LayerFirst, 16);
-    device.buffers[1].layout = formats::INDEX_K_BF16;
-    let host = pool(MemoryLayout::PageFirst, 24);
-    let err = CopySpec::for_pool_buffer(&device, &host, 1, Granularity::Page, 0..3).unwrap_err();
-    assert!(matches!(err, KernelError::Incompatible(_)), "{err:?}");
-    assert!(err.to_string().contains("index_k"), "{err}");
-}
-
-#[test]
-fn page_head_and_head_major_tokens_are_refused() {
-    let mha = |memory_layout| PoolGeometry {
-        name: "mha".into(),
-        page_size_tokens: 16,
-        pages: 4,
-        memory_layout,
-        buffers: vec![BufferGeometry::new("kv", 2, formats::MHA_BF16_8X128)],
-    };
-    let err = CopySpec::for_pool_buffer(
-        &mha(MemoryLayout::PageHead),
-        &mha(MemoryLayout::LayerFirst),
-        0,
-        Granularity::Page,
-        0..2,
-    )
-    .unwrap_err();
-    assert!(matches!(err, KernelError::Unsupported(_)), "{err:?}");
-}
-
-fn small_side(pages: u64) -> SideSpec {
-    // 1 layer, `pages` pages of 2 items of 4 bytes.
-    SideSpec {
-        base_bytes: 0,
-        layer_stride_bytes: pages * 8,
-        page_stride_bytes: 8,
-        item_stride_bytes: 4,
-        layers: 1,
-        pages,
-        total_bytes: pages * 8,
-    }
-}
-
-#[test]
-fn validate_names_the_field_and_both_values() {
-    let mut spec = CopySpec {
-        item_bytes: 4,
-        items_per_page: 2,
-        layers: 0..1,
-        src: small_side(3),
-        dst: small_side(2),
-    };
-    assert_eq!(spec.validate(), Ok(()));
-    spec.dst.total_bytes = 15; // the last item ends at 1 x 8 + 1 x 4 + 4 = 16
-    assert_eq!(
-        spec.validate(),
-        Err(KernelError::spec(
-            "dst.total_bytes",
-            "the last item ends at byte 16, past total_bytes 15"
-        ))
-    );
-    spec.dst.total_bytes = 16;
-    spec.src.item_stride_bytes = 3;
-    assert_eq!(
-        spec.validate(),
-        Err(KernelError::spec(
-            "src.item_stride_bytes",
-            "3 is smaller than item_bytes 4: items of one page would overlap"
-        ))
-    );
-    spec.src.item_stride_bytes = 4;
-    spec.layers = 0..2;
-    assert_eq!(
-        spec.validate(),
-        Err(KernelError::spec(
-            "layers",
-            "layer range 0..2 exceeds src.layers 1"
-        ))
-    );
-    spec.layers = 0..1;
-    spec.src.page_stride_bytes = u64::MAX;
-    assert!(matches!(spec.validate(), Err(KernelError::Spec { .. })));
-}
-
-#[test]
-fn cpu_copy_moves_exactly_the_listed_items() {
-    let spec = CopySpec {
-        item_bytes: 4,
-        items_per_page: 2,
-        layers: 0..1,
-        src: small_side(3),
-        dst: small_side(2),
-    };
-    let src: Vec<u8> = (100..124).collect(); // 3 pages x 8 B
-    let mut dst = vec![0xEE; 16];
-    // src item 5 (page 2, item 1: bytes 20..24) -> dst item 0; src item 0 -> dst item 3
-    // (page 1, item 1: bytes 12..16).
-    copy_items_cpu(&spec, &src, &mut dst, &[5, 0], &[0, 3]).unwrap();
-    let mut expect = vec![0xEE; 16];
-    expect[0..4].copy_from_slice(&[120, 121, 122, 123]);
-    expect[12..16].copy_from_slice(&[100, 101, 102, 103]);
-    assert_eq!(dst, expect);
-}
-
-#[test]
-fn cpu_copy_refuses_bad_lists_and_short_buffers_without_writing() {
-    let spec = CopySpec {
-        item_bytes: 4,
-        items_per_page: 2,
-        layers: 0..1,
-        src: small_side(3),
-        dst: small_side(2),
-    };
-    let src: Vec<u8> = (100..124).collect();
-    let mut dst = vec![0xEE; 16];
-    // Position 1 is bad on src (6 >= 3 x 2), position 2 on dst (4 >= 2 x 2).
-    let err = copy_items_cpu(&spec, &src, &mut dst, &[0, 6, 1], &[0, 1, 4]).unwrap_err();
-    assert_eq!(
-        err,
-        KernelError::IndexOutOfRange {
-            position: 1,
-            src_index: 6,
-            src_limit: 6,
-            dst_index: 1,
-            dst_limit: 4,
-            bad_count: 2,
-        }
-    );
-    assert_eq!(dst, vec![0xEE; 16]);
-    let err = copy_items_cpu(&spec, &src, &mut dst, &[0], &[0, 1]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            KernelError::Length {
-                expected: 1,
-                actual: 2,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    let err = copy_items_cpu(&spec, &src, &mut dst[..15], &[0], &[0]).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            KernelError::Length {
-                expected: 16,
-                actual: 15,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert_eq!(dst, vec![0xEE; 16]);
-}
-
-#[test]
-fn cpu_copy_agrees_with_per_byte_formula_on_random_lists() {
-    // Page-first host -> layer-first device, token granularity, every byte checked against
-    // the address formula computed here independently.
-    let host = pool(MemoryLayout::PageFirst, 24);
-    let device = pool(MemoryLayout::LayerFirst, 16);
-    let spec = &CopySpec::for_pool_buffer(&host, &device, 0, Granularity::Token, 0..3).unwrap()[0];
-    let mut rng = SplitMix64::new(3);
-    let src = rng.bytes(3_631_104);
-    let poison = rng.bytes(2_420_736);
-    let si = rng.distinct_below(24 * 64, 100);
-    let di = rng.distinct_below(16 * 64, 100);
-    let mut dst = poison.clone();
-    copy_items_cpu(spec, &src, &mut dst, &si, &di).unwrap();
-    let mut expect = poison;
-    for layer in 0..3u64 {
-        for (&s, &d) in si.iter().zip(&di) {
-            let so = (s / 64 * 3 + layer) * 41_984 + s % 64 * 656;
-            let dof = (layer * 16 + d / 64) * 41_984 + d % 64 * 656;
-            for b in 0..656 {
-                expect[(dof + b) as usize] = src[(so + b) as usize];
-            }
-        }
-    }
-    assert!(dst == expect);
-}
-
-#[test]
-fn vector_width_follows_sizes_and_addresses() {
-    let mut spec = CopySpec {
-        item_bytes: 656, // 16 x 41
-        items_per_page: 64,
-        layers: 0..1,
-        src: small_side(1),
-        dst: small_side(1),
-    };
-    for s in [&mut spec.src, &mut spec.dst] {
-        s.page_stride_bytes = 41_984;
-        s.item_stride_bytes = 656;
-        s.layer_stride_bytes = 41_984;
-    }
-    assert_eq!(spec.vector_bytes(0, 0), 16);
-    assert_eq!(spec.vector_bytes(8, 0), 8); // a buffer only 8-byte aligned
-    spec.item_bytes = 4;
-    spec.src.item_stride_bytes = 4;
-    spec.dst.item_stride_bytes = 4;
-    assert_eq!(spec.vector_bytes(0, 0), 4); // the 4-B scale part of a section_major token
-}
 
 #[test]
 fn quantizer_constants_are_deepseeks() {
@@ -535,6 +218,9 @@ fn ordered_runs_merge_only_neighbours_on_both_sides() {
     );
 }
 
+/// The SMs the token kernel takes without a carve-out (`SM_BUDGET`, device/options.rs).
+const SM_BUDGET: u32 = 8;
+
 #[test]
 fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budget() {
     // DeepSeek-V3.2 page runs: 64 x 656 = 41,984 B and 64 x 132 = 8,448 B (mean 25,216 B).
@@ -551,13 +237,13 @@ fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budg
     assert_eq!(
         TransferPath::for_runs(&tokens),
         TransferPath::SmKernel {
-            max_sms: kvlayout_kernels::SM_BUDGET,
+            max_sms: SM_BUDGET,
             runs: 2
         }
     );
-    // The threshold itself: a mean of exactly COPY_ENGINE_MIN_MEAN_RUN_BYTES goes to the
-    // copy engines, one byte less to the kernel.
-    let at = kvlayout_kernels::COPY_ENGINE_MIN_MEAN_RUN_BYTES;
+    // The threshold itself: a mean of exactly 4,096 B goes to the copy engines, one byte less
+    // to the kernel.
+    let at = 4096;
     assert!(matches!(
         TransferPath::for_runs(&[ByteRun::new(0, 0, at)]),
         TransferPath::CopyEngines { .. }
@@ -570,11 +256,11 @@ fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budg
 
 #[test]
 fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
-    use kvlayout_kernels::{CARVEOUT_MIN_RUNS, SM_BUDGET, TransferDirection as D};
-    // 64 DeepSeek-V3.2 page runs (MLA 41,984 B and index-K 8,448 B alternating): CARVEOUT_MIN_RUNS.
+    use kvlayout_kernels::TransferDirection as D;
+    // 64 DeepSeek-V3.2 page runs (MLA 41,984 B and index-K 8,448 B alternating): the fewest
+    // runs that use a carve-out.
     let page = |i: u64| ByteRun::new(i * 50_432, i * 50_432, [41_984, 8_448][(i % 2) as usize]);
     let pages: Vec<ByteRun> = (0..64).map(page).collect();
-    assert_eq!(CARVEOUT_MIN_RUNS, 64);
     let sm = |max_sms, runs| TransferPath::SmKernel { max_sms, runs };
     let ce = |runs| TransferPath::CopyEngines { runs };
     // A load on a carve-out of 2: split between the kernel on those 2 SMs and the copy
@@ -604,6 +290,17 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
         sm(SM_BUDGET, 3)
     );
     assert_eq!(TransferPath::choose(&tokens, D::Other, Some(5)), sm(5, 3));
+    // 64 token runs (2,048 B: Llama-3.1-8B's K of one token and layer at page size 1): the
+    // kernel on the carve-out both ways (not gathered, unlike page runs).
+    let llama: Vec<ByteRun> = (0..64)
+        .map(|i| ByteRun::new(i * 2048, i * 4096, 2048))
+        .collect();
+    assert_eq!(TransferPath::choose(&llama, D::Backup, Some(2)), sm(2, 64));
+    assert_eq!(TransferPath::choose(&llama, D::Load, Some(2)), sm(2, 64));
+    assert_eq!(
+        TransferPath::choose(&llama, D::Backup, None),
+        sm(SM_BUDGET, 64)
+    );
     // A carve-out of 0 SMs is no carve-out.
     assert_eq!(TransferPath::choose(&pages, D::Load, Some(0)), ce(64));
     assert_eq!(
@@ -634,7 +331,6 @@ fn gpu_handles_can_be_shared_between_threads() {
     send_sync::<Gpu>();
     send_sync::<kvlayout_kernels::DeviceBytes>();
     send_sync::<kvlayout_kernels::PinnedBytes>();
-    send_sync::<kvlayout_kernels::DeviceIndices>();
     send_sync::<kvlayout_kernels::DeviceRuns>();
 }
 
@@ -743,9 +439,8 @@ fn with_a_carveout_backups_of_many_page_runs_are_gathered() {
 
 #[test]
 fn long_lists_sort_on_several_threads_to_the_same_runs() {
-    use kvlayout_kernels::PARALLEL_SORT_MIN_RUNS;
+    // 40,000 runs: past the 32,768 from which lists are sorted on several threads.
     let n = 40_000u64;
-    assert!(n as usize >= PARALLEL_SORT_MIN_RUNS);
     let mut rng = SplitMix64::new(77);
     // 40,000 runs of 100 bytes covering [0, 4,000,000) on the source, shuffled; each one's
     // destination is its source + 7: sorted either way, every run continues the one before it
@@ -1033,9 +728,9 @@ fn gathered_chunks_start_small_and_double_up_to_a_slot() {
 
 #[test]
 fn a_split_load_gives_the_kernel_the_short_runs_then_long_runs_up_to_its_share() {
-    use kvlayout_kernels::{SPLIT_SHORT_RUN_BYTES, kernel_share_permille, split_load};
+    use kvlayout_kernels::{kernel_share_permille, split_load};
     let r = ByteRun::new;
-    assert_eq!(SPLIT_SHORT_RUN_BYTES, 16_384);
+    // Short runs: at most 16,384 B (a bf16 index-K page).
     // Shares: 225 per SM, at most 600 (450 on 2 SMs, the measured best).
     assert_eq!(
         [1, 2, 3, 8].map(kernel_share_permille),

@@ -5,19 +5,28 @@
 //! compares whole buffers (so a stray write anywhere fails), and checks that out-of-range
 //! indices are refused with both sides unchanged.
 
-use std::ops::Range;
-
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
-use kvlayout_kernels::index_k::{dequantize_index_k_cpu, quantize_index_k_cpu};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    ByteRun, CopyEngineHint, CopyEngineOptions, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES, RunOrder,
-    SM_BUDGET, TransferPath, group_pitched,
+    ByteRun, CopyEngineHint, CopyEngineOptions, DeviceBytes, Gpu, GpuBytes, KernelError,
+    LaunchShape, PinnedBytes, RunOrder, TransferPath, group_pitched,
 };
-use kvlayout_kernels::{
-    CopyOrder, CopySpec, DeviceBytes, Gpu, GpuBytes, Granularity, IndexKPages, KernelError,
-    LaunchShape, PinnedBytes, ScaleFormat, SideSpec, copy_items_cpu,
-};
+
+/// The SMs the token kernel takes without a carve-out (`SM_BUDGET`, device/options.rs).
+const SM_BUDGET: u32 = 8;
+/// Most streams of a copy-engine transfer (`MAX_COPY_ENGINE_LANES`, device/options.rs).
+const MAX_COPY_ENGINE_LANES: usize = 8;
+/// Fewest lines of a 2D copy (`MIN_PITCHED_LINES`, device/options.rs).
+const MIN_PITCHED_LINES: u64 = 8;
+/// Fewest runs that use a carve-out (`CARVEOUT_MIN_RUNS`, device/options.rs).
+const CARVEOUT_MIN_RUNS: u64 = 64;
+/// The run ring: 8 slots of 32,768 runs (device/run_ring.rs).
+const RUN_RING_SLOTS: usize = 8;
+const RUN_RING_SLOT_RUNS: usize = 32 * 1024;
+/// Bytes of a gathered backup's staging slot, 64 MiB (device/gathered.rs).
+const GATHER_SLOT_BYTES: u64 = 64 << 20;
+/// Short runs of a split load: at most 16,384 B (split_load.rs).
+const SPLIT_SHORT_RUN_BYTES: u64 = 16_384;
 use kvlayout_pool::backend::copy_runs;
 use kvlayout_pool::{CopyRun, Direction};
 
@@ -84,359 +93,6 @@ impl Buf {
     }
 }
 
-/// One transfer case: host pool in `host_layout` (pinned), device pool layer_first; `h2d` picks
-/// the direction. Compares the whole destination with the CPU reference, then checks that a
-/// list with one index past the end is refused with both sides unchanged.
-fn transfer_case(
-    gpu: &Gpu,
-    host_layout: MemoryLayout,
-    buffer: usize,
-    granularity: Granularity,
-    layers: Range<u64>,
-    h2d: bool,
-    seed: u64,
-) {
-    let host = pool(host_layout, HOST_PAGES);
-    let device = pool(MemoryLayout::LayerFirst, DEVICE_PAGES);
-    let (src_pool, dst_pool) = if h2d {
-        (&host, &device)
-    } else {
-        (&device, &host)
-    };
-    let specs =
-        CopySpec::for_pool_buffer(src_pool, dst_pool, buffer, granularity, layers.clone()).unwrap();
-    let mut rng = SplitMix64::new(seed);
-    let src_bytes = rng.bytes(src_pool.total_bytes().unwrap() as usize);
-    let poison = rng.bytes(dst_pool.total_bytes().unwrap() as usize);
-    let count = match granularity {
-        Granularity::Token => 150,
-        Granularity::Page => 7,
-    };
-    let src_limit = specs[0].index_limit(kvlayout_kernels::Side::Src).unwrap();
-    let dst_limit = specs[0].index_limit(kvlayout_kernels::Side::Dst).unwrap();
-    let src_idx = rng.distinct_below(src_limit, count);
-    let dst_idx = rng.distinct_below(dst_limit, count);
-
-    let src = Buf::new(gpu, h2d, &src_bytes);
-    let mut dst = Buf::new(gpu, !h2d, &poison);
-    let (gs, gd) = (
-        gpu.upload_indices(&src_idx).unwrap(),
-        gpu.upload_indices(&dst_idx).unwrap(),
-    );
-    let mut expect = poison.clone();
-    gpu.copy_items_multi(
-        &specs,
-        src.bytes(),
-        dst.bytes_mut(),
-        &gs,
-        &gd,
-        LaunchShape::default(),
-    )
-    .unwrap();
-    for spec in &specs {
-        copy_items_cpu(spec, &src_bytes, &mut expect, &src_idx, &dst_idx).unwrap();
-    }
-    let got = dst.read(gpu);
-    let case = format!("{host_layout} buffer {buffer} {granularity:?} layers {layers:?} h2d={h2d}");
-    assert!(
-        got == expect,
-        "{case}: GPU result differs from the CPU reference"
-    );
-    assert!(got != poison, "{case}: nothing was copied");
-
-    // One bad index at the end of the src list: refused, nothing moves on either side.
-    let mut bad_src = src_idx.clone();
-    *bad_src.last_mut().unwrap() = src_limit;
-    let gbad = gpu.upload_indices(&bad_src).unwrap();
-    let err = gpu
-        .copy_items_multi(
-            &specs,
-            src.bytes(),
-            dst.bytes_mut(),
-            &gbad,
-            &gd,
-            LaunchShape::default(),
-        )
-        .unwrap_err();
-    assert_eq!(
-        err,
-        KernelError::IndexOutOfRange {
-            position: count as u64 - 1,
-            src_index: src_limit,
-            src_limit,
-            dst_index: dst_idx[count - 1],
-            dst_limit,
-            bad_count: 1,
-        },
-        "{case}"
-    );
-    assert!(
-        dst.read(gpu) == expect,
-        "{case}: a refused copy changed dst"
-    );
-    assert!(
-        src.read(gpu) == src_bytes,
-        "{case}: a refused copy changed src"
-    );
-    // The error was collected: the next good copy runs again.
-    gpu.copy_items(
-        &specs[0],
-        src.bytes(),
-        dst.bytes_mut(),
-        &gs,
-        &gd,
-        LaunchShape::default(),
-    )
-    .unwrap();
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn transfers_match_cpu_reference_every_layout_and_direction() {
-    let gpu = gpu();
-    let mut seed = 1;
-    for host_layout in [
-        MemoryLayout::LayerFirst,
-        MemoryLayout::PageFirst,
-        MemoryLayout::PageFirstDirect,
-    ] {
-        for buffer in [0usize, 1] {
-            for granularity in [Granularity::Token, Granularity::Page] {
-                for layers in [0..LAYERS, 1..2] {
-                    for h2d in [true, false] {
-                        seed += 1;
-                        transfer_case(
-                            &gpu,
-                            host_layout,
-                            buffer,
-                            granularity,
-                            layers.clone(),
-                            h2d,
-                            seed,
-                        );
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Item sizes that force each vector width (16, 8, 4, 2, 1 bytes), device to device and on a
-/// capped launch shape (2 SMs, 1 block each).
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn odd_item_sizes_use_narrower_vectors_and_stay_exact() {
-    let gpu = gpu();
-    let orders = [
-        (CopyOrder::LayerThenItem, 20),
-        (CopyOrder::PageThenLayer, 20),
-        (CopyOrder::PageThenLayer, 18),
-        (CopyOrder::Auto, 19),
-    ];
-    for (i, item) in [48u64, 24, 12, 6, 7].into_iter().enumerate() {
-        for (j, (order, count)) in orders.into_iter().enumerate() {
-            let mut rng = SplitMix64::new(100 + 10 * i as u64 + j as u64);
-            let items_per_page = 5;
-            let side = |pages: u64, base: u64| SideSpec {
-                base_bytes: base,
-                layer_stride_bytes: pages * items_per_page * item,
-                page_stride_bytes: items_per_page * item,
-                item_stride_bytes: item,
-                layers: 2,
-                pages,
-                total_bytes: base + 2 * pages * items_per_page * item,
-            };
-            let spec = CopySpec {
-                item_bytes: item,
-                items_per_page,
-                layers: 0..2,
-                src: side(9, item),
-                dst: side(7, 0),
-            };
-            let src_bytes = rng.bytes(spec.src.total_bytes as usize);
-            let poison = rng.bytes(spec.dst.total_bytes as usize);
-            let si = rng.distinct_below(45, count);
-            let di = rng.distinct_below(35, count);
-            let src = gpu.upload(&src_bytes).unwrap();
-            let mut dst = gpu.upload(&poison).unwrap();
-            let shape = LaunchShape {
-                max_sms: Some(2),
-                blocks_per_sm: 1,
-                order,
-            };
-            gpu.copy_items(
-                &spec,
-                &src,
-                &mut dst,
-                &gpu.upload_indices(&si).unwrap(),
-                &gpu.upload_indices(&di).unwrap(),
-                shape,
-            )
-            .unwrap();
-            let mut expect = poison.clone();
-            copy_items_cpu(&spec, &src_bytes, &mut expect, &si, &di).unwrap();
-            assert!(
-                gpu.read(&dst).unwrap() == expect,
-                "item {item} B, {order:?}, {count} items"
-            );
-            assert_eq!(spec.vector_bytes(0, 0), [16, 8, 4, 2, 1][i]);
-        }
-    }
-}
-
-/// Lists longer than SELF_CHECK_MAX_ITEMS go through the separate validation launch: still
-/// exact, and a bad index (here the second-to-last and the last) still moves nothing.
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn long_lists_are_validated_by_their_own_launch() {
-    let gpu = gpu();
-    let mut rng = SplitMix64::new(77);
-    let (item, items_per_page, pages) = (96u64, 8u64, 1200u64);
-    let side = SideSpec {
-        base_bytes: 0,
-        layer_stride_bytes: pages * items_per_page * item,
-        page_stride_bytes: items_per_page * item,
-        item_stride_bytes: item,
-        layers: 2,
-        pages,
-        total_bytes: 2 * pages * items_per_page * item,
-    };
-    let spec = CopySpec {
-        item_bytes: item,
-        items_per_page,
-        layers: 0..2,
-        src: side,
-        dst: side,
-    };
-    let count = 6000usize; // > SELF_CHECK_MAX_ITEMS (4096)
-    assert!(count as u64 > kvlayout_kernels::SELF_CHECK_MAX_ITEMS);
-    let src_bytes = rng.bytes(side.total_bytes as usize);
-    let poison = rng.bytes(side.total_bytes as usize);
-    let si = rng.distinct_below(pages * items_per_page, count);
-    let di = rng.distinct_below(pages * items_per_page, count);
-    let src = gpu.upload(&src_bytes).unwrap();
-    let mut dst = gpu.upload(&poison).unwrap();
-    let (gs, gd) = (
-        gpu.upload_indices(&si).unwrap(),
-        gpu.upload_indices(&di).unwrap(),
-    );
-    gpu.copy_items(&spec, &src, &mut dst, &gs, &gd, LaunchShape::default())
-        .unwrap();
-    let mut expect = poison.clone();
-    copy_items_cpu(&spec, &src_bytes, &mut expect, &si, &di).unwrap();
-    assert!(gpu.read(&dst).unwrap() == expect);
-
-    let mut bad = di.clone();
-    bad[count - 2] = 9600; // = pages * items_per_page: one past the end
-    bad[count - 1] = u64::MAX;
-    let gbad = gpu.upload_indices(&bad).unwrap();
-    let err = gpu
-        .copy_items(&spec, &src, &mut dst, &gs, &gbad, LaunchShape::default())
-        .unwrap_err();
-    assert_eq!(
-        err,
-        KernelError::IndexOutOfRange {
-            position: count as u64 - 2,
-            src_index: si[count - 2],
-            src_limit: 9600,
-            dst_index: 9600,
-            dst_limit: 9600,
-            bad_count: 2,
-        }
-    );
-    assert!(
-        gpu.read(&dst).unwrap() == expect,
-        "a refused copy changed dst"
-    );
-}
-
-fn quant_case(gpu: &Gpu, format: ScaleFormat, seed: u64) {
-    let device = pool(MemoryLayout::LayerFirst, DEVICE_PAGES);
-    let spec = IndexKPages::for_pool_layer(&device, 1, 2).unwrap();
-    let mut rng = SplitMix64::new(seed);
-    let tokens = 700;
-    let mut keys = rng.keys(tokens);
-    // One all-zero key: DeepSeek's floor gives scale 1e-4 / 448 and 128 zero bytes.
-    for k in &mut keys[5 * 128..6 * 128] {
-        *k = half::bf16::ZERO;
-    }
-    let slots = rng.distinct_below(spec.slot_limit().unwrap(), tokens);
-    let poison = rng.bytes(device.total_bytes().unwrap() as usize);
-    let gkeys = gpu.upload_bf16(&keys).unwrap();
-    let gslots = gpu.upload_indices(&slots).unwrap();
-    let mut cache = gpu.upload(&poison).unwrap();
-    gpu.quantize_index_k(
-        &spec,
-        &gkeys,
-        &gslots,
-        &mut cache,
-        format,
-        LaunchShape::default(),
-    )
-    .unwrap();
-    let mut expect = poison.clone();
-    quantize_index_k_cpu(&spec, &keys, &slots, &mut expect, format).unwrap();
-    let got = gpu.read(&cache).unwrap();
-    let diff = got.iter().zip(&expect).filter(|(a, b)| a != b).count();
-    assert_eq!(
-        diff, 0,
-        "{format:?}: {diff} bytes differ from the CPU reference"
-    );
-    assert!(got != poison);
-
-    // Dequantize: GPU and CPU bit for bit.
-    let mut out = gpu.alloc_device(tokens * 128 * 4).unwrap();
-    gpu.write(&mut out, &rng.bytes(tokens * 512)).unwrap();
-    gpu.dequantize_index_k(&spec, &cache, &gslots, &mut out, LaunchShape::default())
-        .unwrap();
-    let mut cpu_out = vec![0f32; tokens * 128];
-    dequantize_index_k_cpu(&spec, &expect, &slots, &mut cpu_out).unwrap();
-    let gpu_out = gpu.read(&out).unwrap();
-    let cpu_bytes: Vec<u8> = cpu_out.iter().flat_map(|f| f.to_le_bytes()).collect();
-    assert!(
-        gpu_out == cpu_bytes,
-        "{format:?}: dequantized values differ"
-    );
-
-    // A slot past the end: refused, cache unchanged.
-    let mut bad = slots.clone();
-    bad[17] = spec.slot_limit().unwrap() + 3;
-    let gbad = gpu.upload_indices(&bad).unwrap();
-    let err = gpu
-        .quantize_index_k(
-            &spec,
-            &gkeys,
-            &gbad,
-            &mut cache,
-            format,
-            LaunchShape::default(),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            KernelError::IndexOutOfRange {
-                position: 17,
-                bad_count: 1,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert!(
-        gpu.read(&cache).unwrap() == expect,
-        "a refused quantize changed the cache"
-    );
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn quantizer_is_bit_exact_with_cpu_reference() {
-    let gpu = gpu();
-    quant_case(&gpu, ScaleFormat::F32, 7);
-    quant_case(&gpu, ScaleFormat::Ue8m0, 8);
-}
-
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn device_reports_arch_and_compiles() {
@@ -454,7 +110,7 @@ fn device_reports_arch_and_compiles() {
 /// Runs as the pool shim plans them (one per page of one layer of one buffer, offsets from
 /// `PoolGeometry::page_offset_bytes`), plus unaligned runs that force 8-, 4- and 1-byte accesses;
 /// both directions; a run past the end refused with both sides unchanged; and a list longer than
-/// SELF_CHECK_MAX_ITEMS (validation launch).
+/// the 4,096 runs a copy launch checks itself (validation launch).
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn run_lists_match_cpu_reference() {
@@ -1049,7 +705,6 @@ fn device_sub_range_reads_and_writes() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
-    use kvlayout_kernels::{CARVEOUT_MIN_RUNS, RUN_RING_SLOT_RUNS, RUN_RING_SLOTS};
     let gpu = gpu();
     assert_eq!(gpu.model_carveout_sms(), None);
     // A carve-out of every SM leaves the model none: refused naming the field and both counts.
@@ -1130,7 +785,7 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
                 let part: Vec<ByteRun> = runs
                     .iter()
                     .copied()
-                    .filter(|r| (r.len_bytes <= kvlayout_kernels::SPLIT_SHORT_RUN_BYTES) == short)
+                    .filter(|r| (r.len_bytes <= SPLIT_SHORT_RUN_BYTES) == short)
                     .collect();
                 assert_eq!(part.len(), 300);
                 let mut dst = Buf::new(&gpu, false, &poison);
@@ -1200,7 +855,7 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
         }
         let total_bytes: u64 = runs.iter().map(|r| r.len_bytes).sum();
         assert_eq!(total_bytes, 160 * 61 * (41_984 + 8_448));
-        assert!(total_bytes > 7 * kvlayout_kernels::GATHER_SLOT_BYTES);
+        assert!(total_bytes > 7 * GATHER_SLOT_BYTES);
         // SAFETY: finish() below waits before src and dst are read, changed or dropped.
         let path = unsafe {
             gpu.enqueue_transfer_runs(src.bytes(), dst.bytes_mut(), &runs, RunOrder::DstAscending)
@@ -1232,20 +887,20 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
         .unwrap();
     assert_eq!(path, TransferPath::CopyEngines { runs: 64 });
 
-    // Token-granular: 140,000 runs of 40 bytes between random slots, on the carve-out's 3 SMs.
+    // Token-granular: 280,000 runs of 40 bytes between random slots, on the carve-out's 3 SMs.
     gpu.set_model_carveout_sms(3).unwrap();
-    let n = 140_000usize;
+    let n = 280_000usize;
     assert!(n > RUN_RING_SLOTS * RUN_RING_SLOT_RUNS);
-    let src_bytes = rng.bytes(200_000 * 40);
+    let src_bytes = rng.bytes(400_000 * 40);
     let src = gpu.upload(&src_bytes).unwrap();
     for call in 0..3 {
         let runs: Vec<ByteRun> = rng
-            .distinct_below(200_000, n)
+            .distinct_below(400_000, n)
             .into_iter()
-            .zip(rng.distinct_below(200_000, n))
+            .zip(rng.distinct_below(400_000, n))
             .map(|(s, d)| ByteRun::new(s * 40, d * 40, 40))
             .collect();
-        let poison = rng.bytes(200_000 * 40);
+        let poison = rng.bytes(400_000 * 40);
         let mut dst = gpu.upload(&poison).unwrap();
         let path = gpu
             .transfer_runs(&src, &mut dst, &runs, RunOrder::AsGiven)
@@ -1262,17 +917,17 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
         assert!(gpu.read(&dst).unwrap() == expect, "token runs, call {call}");
     }
 
-    // Queued without waiting behind a long transfer (the 140,000 token runs again): 20 lists of
+    // Queued without waiting behind a long transfer (the 280,000 token runs again): 20 lists of
     // 1,000 runs, one slot each, into disjoint parts of one buffer. The host wraps the ring of
     // 8 slots while the GPU is still busy with the first transfer, so each slot must be
     // rewritten only after its event; a slot rewritten early would copy another list's runs.
     let long_runs: Vec<ByteRun> = rng
-        .distinct_below(200_000, n)
+        .distinct_below(400_000, n)
         .into_iter()
-        .zip(rng.distinct_below(200_000, n))
+        .zip(rng.distinct_below(400_000, n))
         .map(|(s, d)| ByteRun::new(s * 40, d * 40, 40))
         .collect();
-    let mut long_dst = gpu.upload(&rng.bytes(200_000 * 40)).unwrap();
+    let mut long_dst = gpu.upload(&rng.bytes(400_000 * 40)).unwrap();
     let part_bytes = 1000 * 40;
     let poison = rng.bytes(20 * part_bytes as usize);
     let mut dst = gpu.upload(&poison).unwrap();
@@ -1283,7 +938,7 @@ fn the_carveout_chooser_and_its_run_ring_match_the_pool_cpu_backend() {
             .unwrap();
         for list in 0..20u64 {
             let runs: Vec<ByteRun> = rng
-                .distinct_below(200_000, 1000)
+                .distinct_below(400_000, 1000)
                 .into_iter()
                 .zip(rng.distinct_below(1000, 1000))
                 .map(|(s, d)| ByteRun::new(s * 40, list * part_bytes + d * 40, 40))
@@ -1392,10 +1047,8 @@ fn page1_runs(
 /// Page size 1 (token-granular runs of one length: 2,048 B for Llama's K or V, 1,152 B for an
 /// MLA latent) through the chooser, without and with a carve-out, against the pool crate's
 /// CPU backend bit for bit: loads layer by layer go to the token kernel (`copy_runs_uniform`)
-/// on `SM_BUDGET` SMs or on the carve-out, a backup of all layers to the token kernel without
-/// a carve-out (18,300 runs: two slots of the run ring) and gathered on the carve-out with
-/// one (a token's layers lie together on a `page_first` host). A list with one run past the
-/// end is refused with both sides unchanged.
+/// on `SM_BUDGET` SMs or on the carve-out, a backup of all layers too (18,300 runs of 1,152 B
+/// for MLA). A list with one run past the end is refused with both sides unchanged.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn page_size_1_token_runs_match_the_pool_cpu_backend() {
@@ -1444,11 +1097,7 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
                             max_sms: SM_BUDGET,
                             runs: n,
                         },
-                        (Some(k), true) => TransferPath::SmKernel {
-                            max_sms: k,
-                            runs: n,
-                        },
-                        (Some(k), false) => TransferPath::GatheredBackup {
+                        (Some(k), _) => TransferPath::SmKernel {
                             max_sms: k,
                             runs: n,
                         },
@@ -1460,6 +1109,38 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
                     dst.read(&gpu) == expect,
                     "page size 1, llama={llama}, h2d={h2d}, carve-out {carveout:?}"
                 );
+                // The same runs uploaded (the token kernel behind a validation launch): the
+                // first list again onto fresh poison, bit for bit; with one run past the end,
+                // refused (named at its position in the list as given), nothing moved.
+                if carveout.is_none() {
+                    let mut again = Buf::new(&gpu, !h2d, &poison);
+                    let shape = LaunchShape {
+                        blocks_per_sm: 4,
+                        ..LaunchShape::sm_budget(2)
+                    };
+                    let uploaded = gpu.upload_runs(&lists[0], order).unwrap();
+                    gpu.copy_runs(src.bytes(), again.bytes_mut(), &uploaded, shape)
+                        .unwrap();
+                    let want = cpu_reference(&src_bytes, &poison, &lists[0]);
+                    assert!(
+                        again.read(&gpu) == want,
+                        "uploaded, llama={llama} h2d={h2d}"
+                    );
+                    let mut bad = lists[0].clone();
+                    bad[3] = ByteRun::new(0, dp.total_bytes().unwrap(), bad[3].len_bytes);
+                    let uploaded = gpu.upload_runs(&bad, order).unwrap();
+                    let err = gpu
+                        .copy_runs(src.bytes(), again.bytes_mut(), &uploaded, shape)
+                        .unwrap_err();
+                    assert!(
+                        matches!(err, KernelError::RunOutOfRange { position: 3, .. }),
+                        "{err:?}"
+                    );
+                    assert!(
+                        again.read(&gpu) == want,
+                        "a refused uploaded list moved bytes"
+                    );
+                }
                 // One run past the destination's end: refused, nothing moved.
                 let dst_len = dp.total_bytes().unwrap();
                 let mut bad = lists[0].clone();

@@ -49,6 +49,7 @@ mod geometry;
 mod layout;
 pub mod level;
 pub mod plan;
+pub mod quant;
 mod regions;
 mod section;
 mod totals;

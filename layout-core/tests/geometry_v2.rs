@@ -393,7 +393,7 @@ fn totals_of_a_hybrid_pool() {
     assert_eq!(g.totals().unwrap().full_bytes_per_token, 0);
 }
 
-/// REVIEW A2: public offset methods on a never-validated geometry with layers = 2^61 used
+/// Public offset methods on a never-validated geometry with layers = 2^61 used
 /// unchecked `*`/`+` (a debug panic, a wrapped offset in release). Every one is an error now.
 #[test]
 fn overflowing_unvalidated_geometry_is_an_error_not_a_wrap() {

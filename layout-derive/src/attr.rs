@@ -50,7 +50,7 @@ pub struct ContainerAttrs {
 pub struct FieldAttrs {
     /// `scales = field`: this field holds the scales of `field`.
     pub scales: Option<Ident>,
-    /// `block = N`: elements of the scaled field per scale.
+    /// `block_elems = N`: elements of the scaled field per scale.
     pub block: Option<Expr>,
     /// The `block` key, for errors about a `block` without `scales`.
     pub block_key: Option<Path>,
@@ -144,6 +144,10 @@ pub fn container(attrs: &[Attribute], errors: &mut Errors) -> ContainerAttrs {
     out
 }
 
+/// The field attribute naming a scale's block length in elements (`block` before: refused
+/// with a hint).
+const BLOCK_ELEMS: &str = "block_elems";
+
 /// Parses every `#[kv(...)]` on a field, pushing each error to `errors`.
 pub fn field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttrs {
     let mut out = FieldAttrs::default();
@@ -154,14 +158,21 @@ pub fn field(attrs: &[Attribute], errors: &mut Errors) -> FieldAttrs {
                     return Err(duplicate(&meta));
                 }
                 out.scales = Some(meta.value()?.parse()?);
-            } else if meta.path.is_ident("block") {
+            } else if meta.path.is_ident(BLOCK_ELEMS) {
                 if out.block.is_some() {
                     return Err(duplicate(&meta));
                 }
                 out.block = Some(meta.value()?.parse()?);
                 out.block_key = Some(meta.path.clone());
+            } else if meta.path.is_ident("block") {
+                return Err(Error::new_spanned(
+                    &meta.path,
+                    "`kv(block)` is now `kv(block_elems)` (elements per scale block, as the \
+                     geometry file and `ScaleOf::block_elems` say): \
+                     `#[kv(scales = values, block_elems = 128)]`",
+                ));
             } else {
-                return Err(unknown(&meta, "on a field: scales, block"));
+                return Err(unknown(&meta, "on a field: scales, block_elems"));
             }
             Ok(())
         });

@@ -18,7 +18,7 @@
 //! #[kv(arrangement = "section_major", crate = kvlayout_core)] // `crate` only outside the facade
 //! struct IndexKFp8 {
 //!     values: [F8E4M3; 128],
-//!     #[kv(scales = values, block = 128)]
+//!     #[kv(scales = values, block_elems = 128)]
 //!     scale: [f32; 1],
 //! }
 //!
@@ -40,7 +40,7 @@
 //! - `crate = path`: where the layout model lives (default `::kvlayout`, the facade; inside
 //!   `kvlayout-core`, `crate`).
 //!
-//! On a field: `#[kv(scales = values, block = 128)]`: this field holds one scale per 128
+//! On a field: `#[kv(scales = values, block_elems = 128)]`: this field holds one scale per 128
 //! elements of field `values`; its element count must be `values`' count / 128.
 //!
 //! ## Guarantees

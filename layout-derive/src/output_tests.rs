@@ -28,7 +28,7 @@ fn index_k_fp8_section_major() {
             #[kv(arrangement = "section_major")]
             struct IndexKFp8 {
                 values: [F8E4M3; 128],
-                #[kv(scales = values, block = 128)]
+                #[kv(scales = values, block_elems = 128)]
                 scale: [f32; 1],
             }
         },
@@ -135,7 +135,7 @@ fn error_expands_to_the_error_and_a_stub() {
     let input: syn::DeriveInput = parse_quote! {
         struct Bad {
             values: [u8; 128],
-            #[kv(scales = values, block = 3)]
+            #[kv(scales = values, block_elems = 3)]
             scale: [f32; 1],
         }
     };

@@ -1,5 +1,5 @@
 //! Rules checked at macro time: everything knowable from the syntax when array lengths and
-//! `block` are integer literals. One `syn::Error` per broken rule, spanned at the offending
+//! `block_elems` are integer literals. One `syn::Error` per broken rule, spanned at the offending
 //! field or attribute; all of them are reported together. What needs type resolution (lengths
 //! given by constants, the dtype of an element type alias) is checked by the const evaluation
 //! of `TokenLayout::validate` that the expansion forces.
@@ -67,7 +67,7 @@ fn check_scales(input: &Input, errors: &mut Errors) {
                 errors.push(Error::new_spanned(
                     target,
                     format!(
-                        "`scales = {target}` needs `block = N`: how many elements of `{target}` one scale of `{}` covers",
+                        "`scales = {target}` needs `block_elems = N`: how many elements of `{target}` one scale of `{}` covers",
                         field.name
                     ),
                 ));
@@ -77,7 +77,7 @@ fn check_scales(input: &Input, errors: &mut Errors) {
                 errors.push(Error::new_spanned(
                     attrs.block_key.as_ref(),
                     format!(
-                        "`block` without `scales`: name the field `{}` scales, `#[kv(scales = values, block = N)]`",
+                        "`block_elems` without `scales`: name the field `{}` scales, `#[kv(scales = values, block_elems = N)]`",
                         field.name
                     ),
                 ));
@@ -127,7 +127,7 @@ fn check_scales(input: &Input, errors: &mut Errors) {
             errors.push(Error::new_spanned(
                 block,
                 format!(
-                    "`block = 0` on field `{}`: a block covers at least 1 element",
+                    "`block_elems = 0` on field `{}`: a block covers at least 1 element",
                     field.name
                 ),
             ));
@@ -140,7 +140,7 @@ fn check_scales(input: &Input, errors: &mut Errors) {
             errors.push(Error::new_spanned(
                 block,
                 format!(
-                    "`block = {block_elems}` does not divide the {target_elems} elements of `{}` (field `{}` scales it)",
+                    "`block_elems = {block_elems}` does not divide the {target_elems} elements of `{}` (field `{}` scales it)",
                     target.name, field.name
                 ),
             ));
@@ -265,7 +265,7 @@ mod tests {
             #[kv(arrangement = "section_major")]
             struct Mxfp8 {
                 k: [[F8E4M3; 128]; 8],
-                #[kv(scales = k, block = 32)]
+                #[kv(scales = k, block_elems = 32)]
                 k_scale: [[Ue8m0; 4]; 8],
             }
         };
@@ -283,12 +283,12 @@ mod tests {
         let input: DeriveInput = parse_quote! {
             struct Broken {
                 values: [F8E4M3; 128],
-                #[kv(scales = values, block = 100)]
+                #[kv(scales = values, block_elems = 100)]
                 scale: [f32; 1],
-                #[kv(scales = values, block = 64)]
+                #[kv(scales = values, block_elems = 64)]
                 scale2: [f32; 3],
                 packed: [kvlayout::F4E2M1; 3],
-                #[kv(scales = scale, block = 1)]
+                #[kv(scales = scale, block_elems = 1)]
                 scale_of_scale: [f32; 1],
             }
         };
@@ -296,7 +296,7 @@ mod tests {
             messages(&input),
             vec![
                 "field `packed` holds 3 F4E2M1 elements: fp4 stores two elements per byte, so the count must be even",
-                "`block = 100` does not divide the 128 elements of `values` (field `scale` scales it)",
+                "`block_elems = 100` does not divide the 128 elements of `values` (field `scale` scales it)",
                 // 128 / 64 = 2 scales expected.
                 "field `scale2` holds 3 scale elements, but `values` has 128 elements / block 64 = 2",
                 "field `scale_of_scale` scales `scale`, which is itself a scale field: a scale must scale a value field",
@@ -310,7 +310,7 @@ mod tests {
         let input: DeriveInput = parse_quote! {
             struct IndexK {
                 values: [F8E4M3; N],
-                #[kv(scales = values, block = 100)]
+                #[kv(scales = values, block_elems = 100)]
                 scale: [f32; 1],
             }
         };

@@ -83,6 +83,6 @@ pub use error::{PairError, PoolError, PoolFact, TransferError};
 pub use hicache::{HiCache, TransferMode};
 pub use layer_map::LayerMap;
 pub use plan::{BufferPlan, CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
-pub use pool::{DevicePool, HostPool, KvPool, PoolWriter, page_copy_runs};
+pub use pool::{DevicePool, HostPool, KvPool, PoolWriter, mirror_geometry, page_copy_runs};
 pub use transfer::TransferStats;
 pub use typed::{TypedDevicePool, TypedHiCache, TypedHostPool};

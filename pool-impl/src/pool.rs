@@ -406,29 +406,36 @@ impl<B: Backend> DevicePool<B> {
     }
 }
 
-impl<B: Backend> KvPool for DevicePool<B> {
-    fn geometry(&self) -> &PoolGeometry {
-        &self.geometry
-    }
+/// [`KvPool`] for a pool type over its backend's side: `$read` / `$write` are the
+/// [`Backend`] methods of that side (`read_device` / `write_device`, or the host's). One
+/// implementation for both pools: they differ only in which side of the backend holds them.
+macro_rules! kv_pool_on_side {
+    ($pool:ident, $read:ident, $write:ident) => {
+        impl<B: Backend> KvPool for $pool<B> {
+            fn geometry(&self) -> &PoolGeometry {
+                &self.geometry
+            }
 
-    fn fingerprint(&self) -> u64 {
-        self.fingerprint
-    }
+            fn fingerprint(&self) -> u64 {
+                self.fingerprint
+            }
 
-    fn len_bytes(&self) -> u64 {
-        self.mem.len_bytes()
-    }
+            fn len_bytes(&self) -> u64 {
+                self.mem.len_bytes()
+            }
 
-    fn read_bytes(&self, offset_bytes: u64, out: &mut [u8]) -> Result<(), PoolError> {
-        Ok(self.backend.read_device(&self.mem, offset_bytes, out)?)
-    }
+            fn read_bytes(&self, offset_bytes: u64, out: &mut [u8]) -> Result<(), PoolError> {
+                Ok(self.backend.$read(&self.mem, offset_bytes, out)?)
+            }
 
-    fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError> {
-        Ok(self
-            .backend
-            .write_device(&mut self.mem, offset_bytes, data)?)
-    }
+            fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError> {
+                Ok(self.backend.$write(&mut self.mem, offset_bytes, data)?)
+            }
+        }
+    };
 }
+
+kv_pool_on_side!(DevicePool, read_device, write_device);
 
 /// A host KV pool (CPU: ordinary memory; CUDA: pinned host memory) in any memory layout.
 pub struct HostPool<B: Backend = CpuBackend> {
@@ -437,6 +444,24 @@ pub struct HostPool<B: Backend = CpuBackend> {
     backend: B,
     mem: B::HostMem,
     mirrored: bool,
+}
+
+/// The geometry of a host mirror of a device pool of geometry `device` (what
+/// [`HostPool::mirror_of`] allocates): only `pages`, `memory_layout` and `name` changed, so
+/// every compared field is the device's. For callers that need the mirror's geometry without
+/// allocating it (the replay compares and fingerprints the full-depth pools, while it allocates
+/// a prefix of their layers).
+pub fn mirror_geometry(
+    device: &PoolGeometry,
+    host_pages: u64,
+    memory_layout: MemoryLayout,
+) -> PoolGeometry {
+    PoolGeometry {
+        name: format!("host mirror of {}", device.name),
+        pages: host_pages,
+        memory_layout,
+        ..device.clone()
+    }
 }
 
 impl<B: Backend> HostPool<B> {
@@ -451,10 +476,7 @@ impl<B: Backend> HostPool<B> {
         host_pages: u64,
         memory_layout: MemoryLayout,
     ) -> Result<Self, PoolError> {
-        let mut geometry = device.geometry().clone();
-        geometry.pages = host_pages;
-        geometry.memory_layout = memory_layout;
-        geometry.name = format!("host mirror of {}", device.geometry().name);
+        let geometry = mirror_geometry(device.geometry(), host_pages, memory_layout);
         let mut pool = HostPool::from_geometry_in(device.backend().clone(), geometry)?;
         pool.mirrored = true;
         Ok(pool)
@@ -502,24 +524,4 @@ impl HostPool<CpuBackend> {
     }
 }
 
-impl<B: Backend> KvPool for HostPool<B> {
-    fn geometry(&self) -> &PoolGeometry {
-        &self.geometry
-    }
-
-    fn fingerprint(&self) -> u64 {
-        self.fingerprint
-    }
-
-    fn len_bytes(&self) -> u64 {
-        self.mem.len_bytes()
-    }
-
-    fn read_bytes(&self, offset_bytes: u64, out: &mut [u8]) -> Result<(), PoolError> {
-        Ok(self.backend.read_host(&self.mem, offset_bytes, out)?)
-    }
-
-    fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError> {
-        Ok(self.backend.write_host(&mut self.mem, offset_bytes, data)?)
-    }
-}
+kv_pool_on_side!(HostPool, read_host, write_host);

@@ -18,10 +18,12 @@ class Geometry:
 
     @staticmethod
     def from_json(text: str) -> Geometry:
-        """Reads and validates a geometry file's text (``kvlayout.geometry/v1`` or ``/v2``; one
-        leading UTF-8 BOM skipped). Raises InvalidGeometry (``.field``, ``.problem``: unknown
-        schema, field, dtype or arrangement, zero dimension, overflow, JSON syntax with line and
-        column, a duplicate key, text that is not valid Unicode); TypeError for a non-str."""
+        """Reads and validates a geometry file's text (``kvlayout.geometry/v1``, ``/v2`` or
+        ``/v3``; one leading UTF-8 BOM skipped). Raises InvalidGeometry (``.field``,
+        ``.problem``: unknown schema, field, dtype or arrangement, zero dimension, overflow, JSON
+        syntax with line and column, a field given twice, a ``compress_ratio`` that does not
+        divide the page, a head split or ``split_groups`` that ``tp_size`` does not divide, text
+        that is not valid Unicode); TypeError for a non-str."""
     @staticmethod
     def from_file(path: Union[str, os.PathLike[str]]) -> Geometry:
         """Reads a geometry file of at most 16 MiB; InvalidGeometry as ``from_json``, its field
@@ -49,11 +51,13 @@ class Geometry:
     def memory_layout(self) -> str: ...
     @property
     def buffers(self) -> list[dict[str, Any]]:
-        """Per buffer: the file form plus arrangement_text, bytes_per_token, bytes_per_page,
-        page_stride_bytes, layout_fingerprint."""
+        """Per buffer: the file form (v3: ``compress_ratio``, ``split_groups``) plus
+        arrangement_text, bytes_per_token (one row), rows_per_page, bytes_per_page,
+        page_stride_bytes, heads_held (``[lo, hi)`` for a heads split), layout_fingerprint."""
     @property
     def bytes_per_token(self) -> int:
-        """All buffers and layers, bytes per token."""
+        """All buffers and layers, bytes per token (``InvalidGeometry`` naming
+        ``compress_ratio`` when a buffer stores one row per several tokens)."""
     @property
     def bytes_per_page(self) -> int:
         """All buffers and layers, bytes per page at each buffer's page stride."""
@@ -64,7 +68,8 @@ class Geometry:
         """The contiguous regions of the pool, in buffer order: one per buffer (its name), or
         one named ``pool`` under ``page_first_direct``. Each: ``name``, ``pool_offset_bytes``,
         ``len_bytes``, ``buffers`` (one dict per buffer held: ``name``, ``layers``, ``pages``,
-        ``page_size_tokens``, ``offset_bytes``, ``page_step_bytes``, ``layer_step_bytes``,
+        ``page_size_tokens``, ``compress_ratio``, ``rows_per_page`` (tokens per page / the
+        ratio), ``offset_bytes``, ``page_step_bytes``, ``layer_step_bytes``,
         ``head_step_bytes``, ``heads``, ``run_bytes``, ``section_bytes_per_token``): head ``h``
         of page ``p`` of layer ``l`` starts at ``offset_bytes + p * page_step_bytes + l *
         layer_step_bytes + h * head_step_bytes`` and is ``run_bytes`` long (``heads`` is 1
@@ -173,7 +178,9 @@ def describe(
     config.json path or a Hugging Face model directory), as ``kvlayout describe --json``.
     ``kv_dtype`` default fp8 for DSA models, else bf16; ``index_k`` default fp8 (DSA only; a
     UserWarning otherwise); ``page_size_tokens`` tokens per page (default the engine's: 256 for
-    DeepSeek-V4 as SGLang allocates it, else 64); ``pages`` page count.
+    DeepSeek-V4, else 64); ``pages`` page count. Geometry v3 fields come with the model:
+    ``compress_ratio`` (DeepSeek-V4's C4/C128 rows), replicated heads (fewer KV heads than
+    ``tp``), ``split_groups`` (a conv state's q|k|v or x|B|C under ``tp``).
     Raises ModelError (unreadable config, or a field that changes the cache and is not modelled,
     named) or ValueError / TypeError (a bad option, named)."""
 def totals(

@@ -72,7 +72,7 @@ fn geometry_result<T>(py: Python<'_>, r: Result<T, GeometryError>) -> PyResult<T
 
 #[pymethods]
 impl Geometry {
-    /// Reads and validates a geometry file's text (`kvlayout.geometry/v1` or `/v2`; one
+    /// Reads and validates a geometry file's text (`kvlayout.geometry/v1`, `/v2` or `/v3`; one
     /// leading UTF-8 BOM is skipped). Raises `InvalidGeometry` naming the field and the bad
     /// value (unknown schema, dtype or arrangement, zero dimension, block that does not divide,
     /// odd fp4 count, overflow, JSON syntax with line and column, text that is not valid
@@ -156,11 +156,16 @@ impl Geometry {
     }
 
     /// One dict per buffer: the geometry file's buffer object (`name`, `layers`, `arrangement`,
-    /// `sections` with `name`, `dtype`, `shape` per token, `scales`, `block_elems`, and the v2
-    /// fields where present: `page_size_tokens`, `attention`, `layer_ids`, `shard`), plus
-    /// `arrangement_text` (as diff lines print it), `bytes_per_token`
-    /// (one layer), `bytes_per_page` (payload of one page of one layer), `page_stride_bytes`,
-    /// `layout_fingerprint` (the token layout's own fingerprint, as `kvlayout formats`).
+    /// `sections` with `name`, `dtype`, `shape` per token, `scales`, `block_elems`, the v2
+    /// fields where present: `page_size_tokens`, `attention`, `layer_ids`, `shard`, section
+    /// `order`, and the v3 ones: `compress_ratio` (absent = 1), section `split_groups`), plus
+    /// `arrangement_text` (as diff lines print it), `bytes_per_token` (one row of one layer: a
+    /// token's entry, or one row of `compress_ratio` tokens), `rows_per_page` (tokens per page /
+    /// `compress_ratio`), `bytes_per_page` (payload of one page of one layer: rows x row
+    /// bytes), `page_stride_bytes`, `heads_held` (`[lo, hi)`, the model heads this rank holds,
+    /// for a heads split: one head `rank / (tp_size / heads_total)` when heads are replicated
+    /// over ranks), `layout_fingerprint` (the token layout's own fingerprint, as `kvlayout
+    /// formats`).
     #[getter]
     fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let g = &self.inner;
@@ -175,6 +180,10 @@ impl Geometry {
             let pg = geometry_result(py, g.page_geometry(i))?;
             v["arrangement_text"] = json!(arrangement_text(&b.layout));
             v["bytes_per_token"] = json!(pg.bytes_per_token);
+            v["rows_per_page"] = json!(pg.rows_per_page);
+            if let Some((lo, hi)) = b.shard.and_then(|s| s.heads_held()) {
+                v["heads_held"] = json!([lo, hi]);
+            }
             v["bytes_per_page"] = json!(pg.page_payload_bytes);
             v["page_stride_bytes"] = json!(pg.page_stride_bytes);
             v["layout_fingerprint"] = json!(b.layout.fingerprint());
@@ -183,7 +192,9 @@ impl Geometry {
         to_py(py, &Value::Array(out))
     }
 
-    /// Bytes per token over every buffer and layer (sum of bytes per token x layers).
+    /// Bytes per token over every buffer and layer (sum of bytes per token x layers). Raises
+    /// `InvalidGeometry` naming `compress_ratio` when a buffer stores one row per several
+    /// tokens (no whole bytes per token; `describe(..., totals)` gives its share).
     #[getter]
     fn bytes_per_token(&self, py: Python<'_>) -> PyResult<u64> {
         geometry_result(py, self.inner.bytes_per_token_all_layers())

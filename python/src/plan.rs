@@ -179,9 +179,12 @@ pub fn page_plan(
 }
 
 /// Token runs with head slices, for pools compatible at the `token` level (page sizes,
-/// tensor-parallel head splits and memory layouts may differ): the source pages are one token
-/// stream cut into the destination's pages; per token, layer and section the run holds the
-/// heads both ranks have. Raises as `page_plan` (at the `token` level), and
+/// tensor-parallel head splits and memory layouts may differ): the source pages are one stream
+/// of rows (tokens, or one row per `compress_ratio` tokens) cut into the destination's pages;
+/// per row, layer and section the run holds the heads both ranks have (one head per rank when
+/// heads are replicated over ranks), and for a section with `split_groups` the slice of each
+/// group both ranks hold, group by group. A pool of `state` buffers alone is planned slot by
+/// slot (its pages are request slots). Raises as `page_plan` (at the `token` level), and
 /// `TransferRefused` with `kind` `length` when the two lists hold different token counts,
 /// `heads` when a section's bytes per head differ.
 #[pyfunction]
@@ -196,7 +199,8 @@ pub fn token_plan(
 }
 
 /// `Geometry.regions()`: one dict per region (`name`, `pool_offset_bytes`, `len_bytes`,
-/// `buffers`: one dict per buffer with its placement).
+/// `buffers`: one dict per buffer with its placement, its `page_size_tokens`,
+/// `compress_ratio` and `rows_per_page`).
 pub fn regions<'py>(py: Python<'py>, g: &PoolGeometry) -> PyResult<Bound<'py, PyList>> {
     let err = |e: GeometryError| geometry_err(py, &e);
     let out = PyList::empty(py);
@@ -213,6 +217,8 @@ pub fn regions<'py>(py: Python<'py>, g: &PoolGeometry) -> PyResult<Bound<'py, Py
                 "page_size_tokens",
                 g.buffer_page_size_tokens(b).map_err(err)?,
             )?;
+            d.set_item("compress_ratio", buf.compress_ratio)?;
+            d.set_item("rows_per_page", g.buffer_page_rows(b).map_err(err)?)?;
             d.set_item("offset_bytes", p.offset_bytes)?;
             d.set_item("page_step_bytes", p.page_step_bytes)?;
             d.set_item("layer_step_bytes", p.layer_step_bytes)?;

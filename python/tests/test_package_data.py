@@ -13,7 +13,8 @@ PACKAGED = ROOT / "python" / "kvlayout" / "pd" / "cases"
 
 
 def test_packaged_cases_equal_the_repository_files():
-    names = {selftest.DSV32, selftest.SEED_A, selftest.SEED_B, selftest.TP1, selftest.TP2_R0}
+    names = {c.prefill for c in selftest.CASES} | {c.decode for c in selftest.CASES}
+    assert {selftest.DSV32, selftest.SEED_A, selftest.TP1, selftest.GDN_TP4} <= names
     shipped = {str(p.relative_to(PACKAGED)) for p in PACKAGED.rglob("*.json")}
     assert shipped == names
     for rel in names:

@@ -20,6 +20,11 @@ PAGES_MOVED = 4
 DSV32_BYTES = PAGES_MOVED * 61 * 64 * ((512 + 4 * 4 + 64 * 2) + (128 + 4))
 # TP1 -> TP2: mla 20 layers x 16 tokens x 576 bf16 whole; fa 4 layers x 16 tokens x (k, v) x 4 of 8 heads x 128 bf16
 TP_BYTES = PAGES_MOVED * (20 * 16 * 576 * 2 + 4 * 16 * 2 * 4 * 128 * 2)
+# Qwen3.5 TP 2 -> TP 4 (2 KV heads, one per rank): 10 layers x 64 tokens x (K + V) x 1 head x
+# 256 bf16
+QWEN35_BYTES = PAGES_MOVED * 10 * 64 * 2 * 256 * 2
+# GDN conv state TP 2 -> TP 4: 4 slots x 30 layers x (512 + 512 + 1,024 channels) x 3 bf16
+GDN_BYTES = PAGES_MOVED * 30 * (512 + 512 + 1024) * 3 * 2
 
 EXPECTED = {
     "compatible": ("moved", DSV32_BYTES),
@@ -32,6 +37,11 @@ EXPECTED = {
     # 4 source pages x 32 tokens x 61 layers x 656 B (MLA record only)
     "page-ratio-32-to-64": ("moved", 4 * 32 * 61 * (512 + 4 * 4 + 64 * 2)),
     "page-ratio-section-major-index-k": ("refused", 0),
+    "replicated-heads-tp-2-to-4": ("moved", QWEN35_BYTES),
+    "replicated-heads-tp-2-to-4-rank-1": ("moved", QWEN35_BYTES),
+    "replicated-heads-rank-mod-heads": ("refused", 0),
+    "gdn-conv-split-groups-tp-2-to-4": ("moved", GDN_BYTES),
+    "gdn-conv-split-groups-tp-2-to-4-rank-3": ("moved", GDN_BYTES),
 }
 # Refused by content after the move (the sender's checksums travel with its notification):
 # every byte moved, one page payload of kv layer 0 named.

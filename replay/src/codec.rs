@@ -2,14 +2,15 @@
 //! generators and the sparse indexer of [`crate::synthetic`] and [`crate::store`].
 //!
 //! A value section with a scale section (one scale per `block_elems` elements) is quantized per
-//! block. e4m3 blocks use DeepSeek-V3.2's `act_quant` arithmetic from `kvlayout-kernels`
-//! ([`kvlayout_kernels::index_k::scale_for_amax`], the CPU reference of the GPU quantizer):
+//! block. e4m3 blocks use DeepSeek-V3.2's `act_quant` arithmetic
+//! ([`kvlayout_core::quant::scale_for_amax`], which the GPU quantizer's CPU reference uses):
 //! `scale = max(amax, 1e-4) * f32(1/448)`, rounded up to a power of two for a `ue8m0` scale
 //! section (`scale_fmt: ue8m0`), and each element `clamp(value / scale, -448, 448)` converted to
 //! e4m3 (round to nearest even; `float8` matches CUDA's `__nv_fp8_e4m3` bit for bit), so a
-//! 128-element block encodes exactly as [`kvlayout_kernels::index_k::quantize_key`]. Other
-//! element types: an `f32` scale is `amax / max`, a `ue8m0` scale the next power of two at or
-//! above it (OCP MX), the element `value / scale` rounded by the type's conversion
+//! 128-element block encodes exactly as `kvlayout_kernels::index_k::quantize_key` (tested).
+//! Other element types: an `f32` scale is `amax / max`, a `ue8m0` scale the next power of two
+//! at or above it (OCP MX; [`kvlayout_core::quant::ue8m0_code`], by exponent arithmetic), the
+//! element `value / scale` rounded by the type's conversion
 //! (`half::bf16::from_f32` matches `__float2bfloat16`; e2m1 rounds to the nearest of
 //! {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to the even code, saturating at 6). Decoding is
 //! `element * scale`. fp4 e2m1 is packed two per byte, element `2i` in the low nibble.
@@ -17,8 +18,8 @@
 
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
+use kvlayout_core::quant::{E4M3_MAX, ScaleFormat, scale_for_amax, ue8m0_code, ue8m0_value};
 use kvlayout_core::{Dtype, LayoutError, TokenLayout};
-use kvlayout_kernels::index_k::{E4M3_MAX, ScaleFormat, scale_for_amax};
 
 /// An element type the codec does not handle, or a layout it cannot walk.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -79,16 +80,6 @@ fn e2m1_encode(x: f32) -> u8 {
 fn e2m1_decode(code: u8) -> f32 {
     let m = E2M1[(code & 7) as usize];
     if code & 8 != 0 { -m } else { m }
-}
-
-fn ue8m0_encode(scale: f32) -> u8 {
-    // Smallest power of two >= scale, clamped to the representable exponents [-127, 127].
-    let e = scale.log2().ceil().clamp(-127.0, 127.0) as i32;
-    (e + 127) as u8
-}
-
-fn ue8m0_decode(bits: u8) -> f32 {
-    2f32.powi(bits as i32 - 127)
 }
 
 fn put_elems(dtype: Dtype, section: usize, values: &[f32]) -> Result<Vec<u8>, CodecError> {
@@ -152,7 +143,7 @@ fn get_elems(dtype: Dtype, section: usize, bytes: &[u8]) -> Result<Vec<f32>, Cod
             .iter()
             .flat_map(|&b| [e2m1_decode(b & 0xf), e2m1_decode(b >> 4)])
             .collect(),
-        Dtype::Ue8m0 => bytes.iter().map(|&b| ue8m0_decode(b)).collect(),
+        Dtype::Ue8m0 => bytes.iter().map(|&b| ue8m0_value(b)).collect(),
         Dtype::U8 => bytes.iter().map(|&b| b as f32).collect(),
         Dtype::I8 => bytes.iter().map(|&b| b as i8 as f32).collect(),
         dtype => {
@@ -243,8 +234,8 @@ pub fn encode_token(
             let (scale, bytes) = match scale_dtype {
                 Dtype::F32 => (raw, raw.to_le_bytes().to_vec()),
                 Dtype::Ue8m0 => {
-                    let bits = ue8m0_encode(raw);
-                    (ue8m0_decode(bits), vec![bits])
+                    let bits = ue8m0_code(raw);
+                    (ue8m0_value(bits), vec![bits])
                 }
                 dtype => {
                     return Err(CodecError::Unsupported {

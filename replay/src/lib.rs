@@ -70,7 +70,8 @@ pub mod schedule;
 pub mod store;
 pub mod synthetic;
 pub mod trace;
+mod trace_line;
 pub mod trace_replay;
 
-pub use error::ReplayError;
+pub use error::{NOT_FULL_ATTENTION, Param, ReplayError};
 pub use pairing::{HostSource, read_host_geometry};

@@ -5,9 +5,9 @@
 use kvlayout_core::{Attention, MemoryLayout, PoolGeometry, compare, file};
 use kvlayout_models::{Model, ModelPool, PoolOptions};
 use kvlayout_pool::backend::Backend;
-use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode};
+use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode, mirror_geometry};
 
-use crate::error::{ReplayError, workload_err};
+use crate::error::{Param, ReplayError, workload_err};
 
 /// Where the host pool's geometry comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,13 +99,13 @@ fn sampled(g: &PoolGeometry, sample: &Sample) -> Result<PoolGeometry, ReplayErro
         for (i, n) in names.iter().enumerate() {
             if names[..i].contains(n) {
                 return Err(workload_err(
-                    "--buffers",
+                    Param::Buffers,
                     format!("{n} is named twice (each buffer at most once)"),
                 ));
             }
             if g.buffer_index(n).is_none() {
                 return Err(workload_err(
-                    "--buffers",
+                    Param::Buffers,
                     format!(
                         "{n}: no such buffer in {} (buffers: {})",
                         g.name,
@@ -161,12 +161,10 @@ pub(crate) fn pair_pools<B: Backend>(
         HostSource::Mirror {
             pages,
             memory_layout,
-        } => {
-            let mut g = full_device.clone();
-            g.pages = *pages;
-            g.memory_layout = *memory_layout;
-            (g, "mirror of the device pool".to_string())
-        }
+        } => (
+            mirror_geometry(&full_device, *pages, *memory_layout),
+            "mirror of the device pool".to_string(),
+        ),
         HostSource::Foreign { geometry, source } => (geometry.clone(), source.clone()),
     };
     let mismatch: Vec<String> = match compare(&full_device, &full_host) {
@@ -182,7 +180,7 @@ pub(crate) fn pair_pools<B: Backend>(
     let model_layers = model.config.num_hidden_layers;
     if layers > model_layers {
         return Err(workload_err(
-            "--layers",
+            Param::Layers,
             format!("{layers} simulated layers, but the model has {model_layers}"),
         ));
     }
@@ -212,7 +210,7 @@ pub(crate) fn pair_pools<B: Backend>(
                 }));
             }
             Err(e @ PairError::Route(_)) => {
-                return Err(workload_err("host pool", e.to_string()));
+                return Err(workload_err(Param::HostPool, e.to_string()));
             }
         }
     } else {
@@ -252,7 +250,7 @@ mod tests {
             .to_string();
         assert!(
             e.starts_with(
-                "--model llama-4-scout: buffer `chunked` keeps chunked local attention: at most \
+                "model llama-4-scout: buffer `chunked` keeps chunked local attention: at most \
                  8192 tokens of a request (attention: chunk_tokens 8192); `kvlayout describe` \
                  covers this model"
             ),

@@ -10,11 +10,10 @@
 //! `hash_ids` does not hold exactly `ceil(input_length / 512)` non-negative integers, when the
 //! timestamp is earlier than the previous line's, when the line is not a JSON object, or when
 //! it names a key twice. Other fields are refused by name (nothing is dropped silently). Empty
-//! lines are skipped, and a UTF-8 byte-order mark at the start of the file.
+//! lines are skipped, and a UTF-8 byte-order mark at the start of the file. Each line is read
+//! by a typed serde model (`trace_line`), never into a `serde_json::Value`.
 
 use std::io::BufRead;
-
-use serde_json::Value;
 
 /// Tokens per prefix block of the Mooncake traces.
 pub const BLOCK_TOKENS: u64 = 512;
@@ -72,49 +71,12 @@ pub(crate) fn line_err(line: u64, field: &str, problem: String) -> TraceError {
     }
 }
 
-/// A non-negative integer field.
-fn count(obj: &serde_json::Map<String, Value>, line: u64, field: &str) -> Result<u64, TraceError> {
-    match obj.get(field) {
-        None => Err(line_err(line, field, "missing".into())),
-        Some(v) => v.as_u64().ok_or_else(|| {
-            line_err(
-                line,
-                field,
-                format!("{v} is not a non-negative integer (tokens or milliseconds)"),
-            )
-        }),
-    }
-}
-
 /// Parses line `line` of a trace; `previous_ms` is the previous request's timestamp.
 pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Request, TraceError> {
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| line_err(line, "line", format!("not JSON: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(line_err(line, "line", "not a JSON object".into()));
-    };
-    // serde_json keeps the last of a repeated key: refuse it, naming the key and its column.
-    kvlayout_core::find_duplicate_key(text).map_err(|d| {
-        // At the top level the field is the key itself (a nested object is its path).
-        let field = if d.path == "." { &d.key } else { &d.path };
-        line_err(
-            line,
-            field,
-            format!(
-                "key {:?} given twice in one object (the second value would silently win) at column {}",
-                d.key, d.column
-            ),
-        )
-    })?;
-    for key in obj.keys() {
-        if !matches!(
-            key.as_str(),
-            "timestamp" | "input_length" | "output_length" | "hash_ids"
-        ) {
-            return Err(line_err(line, key, "unknown field (not modelled)".into()));
-        }
-    }
-    let timestamp_ms = count(&obj, line, "timestamp")?;
+    let fields = crate::trace_line::read(text).map_err(|r| line_err(line, &r.field, r.problem))?;
+    let present =
+        |v: Option<u64>, field: &str| v.ok_or_else(|| line_err(line, field, "missing".into()));
+    let timestamp_ms = present(fields.timestamp, "timestamp")?;
     if let Some(prev) = previous_ms
         && timestamp_ms < prev
     {
@@ -124,7 +86,7 @@ pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Req
             format!("{timestamp_ms} goes back (the previous line's is {prev})"),
         ));
     }
-    let input_tokens = count(&obj, line, "input_length")?;
+    let input_tokens = present(fields.input_length, "input_length")?;
     if input_tokens == 0 {
         return Err(line_err(
             line,
@@ -132,23 +94,10 @@ pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Req
             "must be at least 1, got 0".into(),
         ));
     }
-    let output_tokens = count(&obj, line, "output_length")?;
-    let ids = match obj.get("hash_ids") {
-        None => return Err(line_err(line, "hash_ids", "missing".into())),
-        Some(Value::Array(a)) => a,
-        Some(v) => return Err(line_err(line, "hash_ids", format!("{v} is not an array"))),
-    };
-    let mut hash_ids = Vec::with_capacity(ids.len());
-    for (i, v) in ids.iter().enumerate() {
-        let id = v.as_u64().ok_or_else(|| {
-            line_err(
-                line,
-                "hash_ids",
-                format!("entry {i}: {v} is not a non-negative integer"),
-            )
-        })?;
-        hash_ids.push(id);
-    }
+    let output_tokens = present(fields.output_length, "output_length")?;
+    let hash_ids = fields
+        .hash_ids
+        .ok_or_else(|| line_err(line, "hash_ids", "missing".into()))?;
     let blocks = input_tokens.div_ceil(BLOCK_TOKENS);
     if hash_ids.len() as u64 != blocks {
         return Err(line_err(
@@ -333,14 +282,30 @@ mod tests {
     }
 
     /// A key holding a quote, given twice, was reported under the text before its quote
-    /// (`a\`): the message was split at quotes. The key is now taken from the walk itself.
-    /// Column 18: `{"a\"b": 1, "a\"b"` is 18 characters.
+    /// (`a\`): the message was split at quotes. The key is now recorded as read, and refused
+    /// whole at its first occurrence (it is no trace field).
     #[test]
     fn a_key_with_a_quote_named_twice_is_named_whole() {
         assert_eq!(
             err(r#"{"a\"b": 1, "a\"b": 2}"#),
-            "trace line 7: a\"b: key \"a\\\"b\" given twice in one object (the second value \
-             would silently win) at column 18"
+            "trace line 7: a\"b: unknown field (not modelled)"
+        );
+    }
+
+    #[test]
+    fn hash_ids_entries_and_types_are_named() {
+        let head = r#""timestamp": 100, "input_length": 1000, "output_length": 5"#;
+        assert_eq!(
+            err(&format!(r#"{{{head}, "hash_ids": [0, -9]}}"#)),
+            "trace line 7: hash_ids: entry 1: -9 is not a non-negative integer"
+        );
+        assert_eq!(
+            err(&format!(r#"{{{head}, "hash_ids": "0,9"}}"#)),
+            "trace line 7: hash_ids: the string \"0,9\" is not an array"
+        );
+        assert_eq!(
+            err(r#"{"timestamp": 1.5, "input_length": 1, "output_length": 1, "hash_ids": [0]}"#),
+            "trace line 7: timestamp: 1.5 is not a non-negative integer (tokens or milliseconds)"
         );
     }
 

@@ -49,7 +49,7 @@ use kvlayout_models::{Model, PoolOptions};
 use kvlayout_pool::backend::{Backend, CpuBackend};
 use kvlayout_pool::{ChecksumMode, KvPool};
 
-use crate::error::{ReplayError, workload_err};
+use crate::error::{Param, ReplayError, workload_err};
 use crate::pairing::{HostSource, Paired, Sample, pair_pools, require_full_attention};
 use crate::report::{Minute, TraceRefusal, TraceReport, share};
 use crate::schedule::{Schedule, ScheduleConfig, WritePolicy};
@@ -238,7 +238,7 @@ pub fn run_trace_overlapped<B: Backend>(
         && input.top_k as u64 > topk
     {
         return Err(workload_err(
-            "--top-k",
+            Param::TopK,
             format!(
                 "{} is more than the {topk} tokens the model's indexer keeps (index_topk)",
                 input.top_k
@@ -246,9 +246,9 @@ pub fn run_trace_overlapped<B: Backend>(
         ));
     }
     for (field, v) in [
-        ("--layers", input.layers),
-        ("--top-k", input.top_k as u64),
-        ("indexer heads", input.indexer_heads),
+        (Param::Layers, input.layers),
+        (Param::TopK, input.top_k as u64),
+        (Param::IndexerHeads, input.indexer_heads),
     ] {
         if v == 0 {
             return Err(workload_err(field, "must be at least 1, got 0".into()));
@@ -279,20 +279,21 @@ pub fn run_trace_overlapped<B: Backend>(
     // default came from.
     let blame_default = |e: ReplayError| match e {
         ReplayError::Workload {
-            field: "--device-pages",
+            param: Param::DevicePages,
             problem,
-        } if input.device_pages.is_none() => workload_err(
-            "--device-pages",
-            format!(
-                "{problem} (--device-pages not given: the default {device_pages} pages came \
-                 from {device_pages_source})"
-            ),
-        ),
+            defaulted: None,
+        } if input.device_pages.is_none() => ReplayError::Workload {
+            param: Param::DevicePages,
+            problem,
+            defaulted: Some(format!(
+                "the default {device_pages} pages came from {device_pages_source}"
+            )),
+        },
         e => e,
     };
     if device_pages == 0 {
         return Err(blame_default(workload_err(
-            "--device-pages",
+            Param::DevicePages,
             "must be at least 1, got 0".into(),
         )));
     }
@@ -304,14 +305,14 @@ pub fn run_trace_overlapped<B: Backend>(
             let (pages, source) = match pages {
                 Some(0) => {
                     return Err(workload_err(
-                        "--host-pages",
+                        Param::HostPages,
                         "must be at least 1, got 0".into(),
                     ));
                 }
                 Some(p) => (*p, "--host-pages".to_string()),
                 None => (
                     device_pages.checked_mul(HICACHE_RATIO).ok_or_else(|| {
-                        workload_err("--device-pages", format!("{device_pages} x 2 overflows"))
+                        workload_err(Param::DevicePages, format!("{device_pages} x 2 overflows"))
                     })?,
                     "2 x device pages (SGLang --hicache-ratio 2)".to_string(),
                 ),
@@ -376,7 +377,7 @@ pub fn run_trace_overlapped<B: Backend>(
     let mut cache = cache;
     cache
         .set_checksum_mode(input.checksum)
-        .map_err(|e| workload_err("--checksum", e.to_string()))?;
+        .map_err(|e| workload_err(Param::Checksum, e.to_string()))?;
     let geometry = cache.device().geometry().clone();
     let host_memory_layout = cache.host().geometry().memory_layout.to_string();
     let mut store = PoolStore::new(

@@ -1,4 +1,4 @@
-//! Regression tests (review 3): `HiCache::enqueue` waited on the device pool's backend only,
+//! Regression tests: `HiCache::enqueue` waited on the device pool's backend only,
 //! while a load is enqueued on the *host* pool's backend. Two instances of one backend type (two
 //! `CudaBackend::new(0)`: two `Gpu`s, two streams) pair fine, so safe code can read, write or
 //! free the device pool while the load's copy is still in flight.

@@ -484,7 +484,7 @@ fn v2_layer_ids_on_one_side_pair_and_transfer_all_layers() {
     assert_eq!(cache.backup(&[PagePair::new(0, 0)]).unwrap().bytes, 657_664);
 }
 
-/// REVIEW A2 through a pool: a pool holds only a validated geometry, so a layer count whose
+/// Overflowing offsets through a pool: a pool holds only a validated geometry, so a layer count whose
 /// byte offsets overflow (`page_head` MHA 8 x 128, 2^61 layers: 2^61 x 64 x 4,096 B is past
 /// u64) is refused when the pool is built, never laid out with wrapped offsets.
 #[test]

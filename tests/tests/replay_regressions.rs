@@ -56,20 +56,22 @@ fn top_k_is_compared_as_a_set() {
     assert_eq!(r.decode_steps, 96);
 }
 
-/// Issue 12: a top-k larger than the tokens it picks from is refused naming `--top-k`
-/// (before, `--top-k 100000` selected everything and checked nothing).
+/// Issue 12: a top-k larger than the tokens it picks from is refused naming `top_k` (the
+/// library's parameter; the CLI names it `--top-k`). Before, `--top-k 100000` selected
+/// everything and checked nothing.
 #[test]
 fn top_k_past_the_first_context_is_refused() {
     let e = replay::run(&input(241, 2), &mut |_, _| {})
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("--top-k: 241 is more than the 240 tokens the indexer picks from"),
+        e.contains("workload: top_k: 241 is more than the 240 tokens the indexer picks from"),
         "{e}"
     );
 }
 
-/// Issue 12: a batch larger than the device pool names `--concurrency`. A session ends at
+/// Issue 12: a batch larger than the device pool names `concurrency` (`--concurrency` in the
+/// CLI). A session ends at
 /// 3 x 64 + 3 x (48 + 4) = 348 tokens = ceil(348 / 64) = 6 pages; 3 at once need 18 > 14.
 #[test]
 fn concurrency_past_the_pool_names_concurrency() {
@@ -77,7 +79,7 @@ fn concurrency_past_the_pool_names_concurrency() {
     i.workload.concurrency = 3;
     let e = replay::run(&i, &mut |_, _| {}).unwrap_err().to_string();
     assert!(
-        e.contains("--concurrency: 3 sessions at once need 3 x 6 pages = 18, more than the device pool's 14 pages"),
+        e.contains("workload: concurrency: 3 sessions at once need 3 x 6 pages = 18, more than the device pool's 14 pages"),
         "{e}"
     );
 }

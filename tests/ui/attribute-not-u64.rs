@@ -7,7 +7,7 @@ use kvlayout::elem::F8E4M3;
 #[kv(arrangement = "section_major", page_stride_bytes = 9000.99, page_align_bytes = true)]
 struct FloatBlock {
     values: [F8E4M3; 128],
-    #[kv(scales = values, block = 128.9)]
+    #[kv(scales = values, block_elems = 128.9)]
     scale: [f32; 1],
 }
 
@@ -15,7 +15,7 @@ struct FloatBlock {
 #[kv(arrangement = "section_major")]
 struct WideBlock {
     values: [F8E4M3; 128],
-    #[kv(scales = values, block = (1u128 << 64) + 128)]
+    #[kv(scales = values, block_elems = (1u128 << 64) + 128)]
     scale: [f32; 1],
 }
 

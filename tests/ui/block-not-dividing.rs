@@ -5,7 +5,7 @@ use kvlayout::elem::F8E4M3;
 #[kv(arrangement = "section_major")]
 struct IndexK {
     values: [F8E4M3; 128],
-    #[kv(scales = values, block = 100)]
+    #[kv(scales = values, block_elems = 100)]
     scale: [f32; 1],
 }
 

@@ -6,7 +6,7 @@ use kvlayout::elem::F8E4M3;
 #[kv(arrangement = "section_major")]
 struct IndexKWrong {
     values: [F8E4M3; 128],
-    #[kv(scales = values, block = 128)]
+    #[kv(scales = values, block_elems = 128)]
     scale: [f32; 1],
 }
 

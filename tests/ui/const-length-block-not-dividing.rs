@@ -9,7 +9,7 @@ const INDEX_HEAD_DIM: usize = 100;
 #[kv(arrangement = "section_major")]
 struct IndexK {
     values: [F8E4M3; INDEX_HEAD_DIM],
-    #[kv(scales = values, block = 64)]
+    #[kv(scales = values, block_elems = 64)]
     scale: [f32; 1],
 }
 

@@ -6,7 +6,7 @@ use kvlayout::elem::F8E4M3;
 #[kv(arrangement = "token_major")]
 struct IndexK {
     values: [F8E4M3; 128],
-    #[kv(scales = values, block = 128, block = 64)]
+    #[kv(scales = values, block_elems = 128, block_elems = 64)]
     scale: [f32; 1],
 }
 

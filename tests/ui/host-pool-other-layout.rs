@@ -15,7 +15,7 @@ struct IndexKBf16 {
 #[kv(arrangement = "section_major")]
 struct IndexKFp8Formula {
     values: [F8E4M3; 128],
-    #[kv(scales = values, block = 128)]
+    #[kv(scales = values, block_elems = 128)]
     scale: [f32; 1],
 }
 

@@ -7,7 +7,7 @@ use kvlayout::elem::{F8E4M3, Ue8m0, bf16};
 struct Dsv4Mla {
     nope: [F8E4M3; 448],
     rope: [bf16; 64],
-    #[kv(scales = nope, block = 64)]
+    #[kv(scales = nope, block_elems = 64)]
     scale: [Ue8m0; 7],
     pad: [u8; 1],
 }

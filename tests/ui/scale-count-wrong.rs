@@ -5,7 +5,7 @@ use kvlayout::elem::F8E4M3;
 #[derive(KvLayout)]
 struct DsaMla {
     nope: [F8E4M3; 512],
-    #[kv(scales = nope, block = 128)]
+    #[kv(scales = nope, block_elems = 128)]
     nope_scale: [f32; 2],
     rope: [kvlayout::elem::bf16; 64],
 }

@@ -5,7 +5,7 @@ use kvlayout::elem::F8E4M3;
 #[kv(arrangement = "section_major")]
 struct IndexK {
     values: [F8E4M3; 128],
-    #[kv(scales = valeus, block = 128)]
+    #[kv(scales = valeus, block_elems = 128)]
     scale: [f32; 1],
 }
 

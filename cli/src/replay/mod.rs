@@ -437,6 +437,43 @@ fn check_applicable(args: &ReplayArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// A replay error in the CLI's terms: a workload parameter named by its option
+/// (`workload: --device-pages: ...`), the model by `--model`.
+fn error_text(e: &kvlayout_replay::ReplayError) -> String {
+    use kvlayout_replay::{NOT_FULL_ATTENTION, Param, ReplayError};
+    let flag = |p: Param| match p {
+        Param::Sessions => "--sessions",
+        Param::Layers => "--layers",
+        Param::Turns => "--turns",
+        Param::Concurrency => "--concurrency",
+        Param::DevicePages => "--device-pages",
+        Param::HostPages => "--host-pages",
+        Param::TopK => "--top-k",
+        Param::Buffers => "--buffers",
+        Param::PrefillTokensPerS => "--prefill-tokens-per-s",
+        Param::DecodeMsPerToken => "--decode-ms-per-token",
+        Param::Checksum => "--checksum",
+        other => other.name(),
+    };
+    match e {
+        ReplayError::Workload {
+            param,
+            problem,
+            defaulted,
+        } => {
+            let f = flag(*param);
+            match defaulted {
+                Some(from) => format!("workload: {f}: {problem} ({f} not given: {from})"),
+                None => format!("workload: {f}: {problem}"),
+            }
+        }
+        ReplayError::NotFullAttention { model, buffers } => {
+            format!("--model {model}: {buffers}; {NOT_FULL_ATTENTION}")
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Runs the subcommand.
 pub fn run(args: &ReplayArgs) -> u8 {
     if let Err(e) = check_applicable(args) {
@@ -518,7 +555,7 @@ fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pool
     }
     match outcome {
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", error_text(&e));
             2
         }
         Ok(ReplayOutcome::Refused(r)) => {

@@ -117,7 +117,7 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
     match outcome {
         Err(e) => {
             remove_plot();
-            eprintln!("error: {e}");
+            eprintln!("error: {}", super::error_text(&e));
             2
         }
         Ok(TraceOutcome::Refused(r)) => {

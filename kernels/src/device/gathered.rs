@@ -7,7 +7,7 @@
 //! reused after the copies out behind their last use (an event each); both streams start
 //! after the work enqueued on the `Gpu`'s stream before the call, which waits for the last
 //! copy out. A list is planned in its own order ([`crate::gather_plan`]) and each chunk is
-//! enqueued as soon as it is planned, the first of [`GATHER_FIRST_CHUNK_BYTES`]; the gather
+//! enqueued as soon as it is planned, the first of `GATHER_FIRST_CHUNK_BYTES`; the gather
 //! lists of a call go to a pinned host buffer of its own (reused once no gather reads it) that
 //! the kernel reads in place, so the call returns without waiting, however many chunks.
 //! Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session 5"),
@@ -26,7 +26,7 @@
 //! A backup is not gathered (the caller keeps the copy engines) when two runs write
 //! overlapping host bytes, when gathering would not pay
 //! ([`crate::gather_plan::HostStretches::gathering_pays`]), when its runs merged in list order
-//! are fewer than [`super::CARVEOUT_MIN_RUNS`], when the 256 MiB of staging cannot
+//! are fewer than `CARVEOUT_MIN_RUNS`, when the 256 MiB of staging cannot
 //! be allocated at the first gathered backup (then never again on this `Gpu`: engines often
 //! hold most of the device memory for their pools), or when the pinned memory for its lists
 //! (24 bytes per run) cannot be allocated.
@@ -43,14 +43,14 @@ use crate::error::KernelError;
 use crate::gather_plan::{GatherChunk, gather_chunks, host_stretches};
 
 /// Staging slots (chunks in flight).
-pub const GATHER_SLOTS: usize = 4;
+pub(crate) const GATHER_SLOTS: usize = 4;
 /// Bytes of one staging slot: 4 x 64 MiB = 256 MiB of device memory, allocated at the first
 /// gathered backup and kept by the `Gpu` (the configuration measured).
-pub const GATHER_SLOT_BYTES: u64 = 64 << 20;
+pub(crate) const GATHER_SLOT_BYTES: u64 = 64 << 20;
 /// Bytes of a gathered backup's first chunk; each next chunk holds twice as many, up to a
 /// slot ([`crate::gather_plan::gather_chunks`]): the copies out start after 8 MiB of gather
 /// instead of 64 MiB.
-pub const GATHER_FIRST_CHUNK_BYTES: u64 = 8 << 20;
+pub(crate) const GATHER_FIRST_CHUNK_BYTES: u64 = 8 << 20;
 /// Stretches per `cuMemcpyBatchAsync` call of the copies out.
 const STRETCHES_PER_CALL: usize = 2048;
 

@@ -1,14 +1,12 @@
-//! Allocation, uploads and byte access: device and pinned memory, index and run lists on the
-//! device, plain `cuMemcpyAsync` for baselines.
+//! Allocation, uploads and byte access: device and pinned memory, run lists on the device, plain `cuMemcpyAsync` for baselines.
 
 use std::sync::Arc;
 
 use cudarc::driver::sys;
-use half::bf16;
 
 use super::{Gpu, RunOrder};
 use crate::copy_runs::ByteRun;
-use crate::device_memory::{DeviceBytes, DeviceIndices, DeviceRuns, PinnedBytes, driver_err};
+use crate::device_memory::{DeviceBytes, DeviceRuns, PinnedBytes, driver_err};
 use crate::error::KernelError;
 
 /// `offset .. offset + len` inside a buffer of `buffer_len` bytes, or [`KernelError::Length`].
@@ -139,28 +137,6 @@ impl Gpu {
         Ok(p)
     }
 
-    /// An index list on the device.
-    pub fn upload_indices(&self, indices: &[u64]) -> Result<DeviceIndices, KernelError> {
-        let mut slice = self
-            .stream
-            .alloc_zeros::<u64>(indices.len().max(1))
-            .map_err(driver_err("cuMemAlloc"))?;
-        if !indices.is_empty() {
-            let mut view = slice.slice_mut(0..indices.len());
-            self.stream
-                .memcpy_htod(indices, &mut view)
-                .map_err(driver_err("cuMemcpyHtoDAsync"))?;
-        }
-        self.stream
-            .synchronize()
-            .map_err(driver_err("cuStreamSynchronize"))?;
-        Ok(DeviceIndices {
-            slice,
-            stream: self.stream.clone(),
-            host: Arc::from(indices),
-        })
-    }
-
     /// A run list on the device, executed in `order` (errors still name positions of `runs`
     /// as given).
     pub fn upload_runs(
@@ -208,14 +184,5 @@ impl Gpu {
         unsafe { sys::cuMemcpyAsync(dst, src, bytes as usize, self.stream.cu_stream()) }
             .result()
             .map_err(driver_err("cuMemcpyAsync"))
-    }
-
-    /// Uploads bf16 keys (`[tokens, 128]`) as device bytes.
-    pub fn upload_bf16(&self, keys: &[bf16]) -> Result<DeviceBytes, KernelError> {
-        let bytes: Vec<u8> = keys
-            .iter()
-            .flat_map(|k| k.to_bits().to_le_bytes())
-            .collect();
-        self.upload(&bytes)
     }
 }

@@ -1,29 +1,27 @@
 //! The GPU backend: one CUDA context and stream, kernels compiled at first use with NVRTC for
 //! the device's architecture and cached in the [`Gpu`] (one per context), and the checked
-//! launches of the transfer and the index-K quantizer.
+//! run-list transfers.
 //!
-//! Every launch is preceded by a check of its index or run list on the same stream (a
-//! validation launch, or the first copy launch checking a short list itself); a work kernel
-//! reads the error record and moves nothing if any entry was out of range. The safe calls
-//! ([`Gpu::copy_items`], [`Gpu::copy_runs`], [`Gpu::transfer_runs`],
-//! [`Gpu::quantize_index_k`], [`Gpu::dequantize_index_k`]) then wait for the stream and turn the
-//! record into a typed error. The `enqueue_*` calls return before the GPU is done (for batching
+//! Every kernel launch is preceded by a check of its run list: on the host (the chooser,
+//! [`Gpu::transfer_runs`]) or on the same stream (a validation launch, or the first copy launch
+//! checking a short list itself, [`Gpu::copy_runs`]); a work kernel reads the error record and
+//! moves nothing if any run was out of range. The safe calls then wait for the stream and turn
+//! the record into a typed error. The `enqueue_*` calls return before the GPU is done (for batching
 //! and timing) and leave the error for [`Gpu::finish`]; an error stays set, and blocks every
 //! later launch on the stream, until `finish` reports it. Copy-engine transfers check their
 //! runs on the host before the driver sees them.
 //!
 //! Modules, one concept each: [`options`] (launch shapes, orders, the transfer chooser),
 //! [`copy_engine`] (the copy engines' driver calls on a stream),
-//! `memory` (allocation, uploads, byte access), `items` (index-list copies), `runs` (run-list
-//! copies: SM kernel, copy engines, and the chooser), `staging` (the staged path: host threads
-//! and one contiguous copy per chunk), `quantizer` (the index-K launches).
+//! `memory` (allocation, uploads, byte access), `runs` (run-list copies: SM kernel, copy
+//! engines, and the chooser), `token_runs` (the token-granular kernel), `run_ring` (run lists
+//! uploaded without a host sync), `gathered` (backups gathered on the device), `staging` (the
+//! staged path: host threads and one contiguous copy per chunk).
 
 pub mod copy_engine;
 mod gathered;
-mod items;
 mod memory;
 pub mod options;
-mod quantizer;
 mod run_ring;
 mod runs;
 mod staging;
@@ -33,25 +31,21 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchConfig, PushKernelArg, result, sys,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg, result, sys,
 };
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 
 use crate::copy_runs::ByteRun;
-use crate::cuda_source::{COPY_KERNELS, COPY_TWO_PARTS_KERNELS, SOURCE, THREADS_PER_BLOCK};
-use crate::device_memory::{DeviceIndices, driver_err};
+use crate::cuda_source::{SOURCE, THREADS_PER_BLOCK};
+use crate::device_memory::driver_err;
 use crate::error::KernelError;
 
-pub use gathered::{GATHER_FIRST_CHUNK_BYTES, GATHER_SLOT_BYTES, GATHER_SLOTS};
+pub(crate) use options::{CARVEOUT_MIN_RUNS, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES};
 pub use options::{
-    CARVEOUT_MIN_RUNS, COPY_ENGINE_MIN_MEAN_RUN_BYTES, CopyEngineHint, CopyEngineOptions,
-    CopyOrder, KernelReport, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_MEAN_BLOCK_RUNS,
-    MIN_PITCHED_LINES, PARALLEL_SORT_MIN_RUNS, RunOrder, SM_BUDGET, TransferDirection,
+    CopyEngineHint, CopyEngineOptions, KernelReport, LaunchShape, RunOrder, TransferDirection,
     TransferPath, sort_ascending_blocks,
 };
-pub use run_ring::{RUN_RING_SLOT_RUNS, RUN_RING_SLOTS};
-pub use staging::{STAGING_CHUNK_BYTES, STAGING_MAX_PIECES, STAGING_SLOTS, STAGING_WARP_RUN_BYTES};
 
 /// True when the CUDA driver library can be loaded. Checked before any cudarc driver call,
 /// because cudarc panics when it cannot load the library.
@@ -68,57 +62,32 @@ pub fn nvrtc_present() -> bool {
 
 /// Longest index or run lists checked inside the copy launch itself (no separate validation
 /// launch).
-pub const SELF_CHECK_MAX_ITEMS: u64 = 4096;
+pub(crate) const SELF_CHECK_MAX_ITEMS: u64 = 4096;
 
-/// A check enqueued since the last `finish`, kept to name the bad entry if one is reported.
-enum PendingCheck {
-    /// Two index lists and their limits.
-    Lists(Arc<[u64]>, u64, Arc<[u64]>, u64),
-    /// A run list and the two region lengths.
-    Runs(Arc<[ByteRun]>, u64, u64),
-}
+/// A check enqueued since the last `finish`, kept to name the bad entry if one is reported: a
+/// run list and the two region lengths.
+struct PendingCheck(Arc<[ByteRun]>, u64, u64);
 
 impl PendingCheck {
     fn same_as(&self, other: &PendingCheck) -> bool {
-        match (self, other) {
-            (PendingCheck::Lists(a, al, b, bl), PendingCheck::Lists(x, xl, y, yl)) => {
-                Arc::ptr_eq(a, x) && al == xl && Arc::ptr_eq(b, y) && bl == yl
-            }
-            (PendingCheck::Runs(r, sl, dl), PendingCheck::Runs(q, ql, pl)) => {
-                Arc::ptr_eq(r, q) && sl == ql && dl == pl
-            }
-            _ => false,
-        }
+        Arc::ptr_eq(&self.0, &other.0) && self.1 == other.1 && self.2 == other.2
     }
 
-    /// The CPU's naming of the first bad entry, as the CPU references word it.
+    /// The CPU's naming of the first bad run, as the CPU references word it.
     fn recheck(&self) -> Result<(), KernelError> {
-        match self {
-            PendingCheck::Lists(a, al, b, bl) => crate::copy_cpu::check_lists(a, *al, b, *bl),
-            PendingCheck::Runs(runs, sl, dl) => crate::copy_runs::validate_runs(runs, *sl, *dl),
-        }
+        crate::copy_runs::validate_runs(&self.0, self.1, self.2)
     }
 }
 
 struct Kernels {
     _module: Arc<CudaModule>,
-    validate: CudaFunction,
-    /// By vector width (16, 8, 4, 2, 1): (u32 indexing, u64 indexing).
-    copy: Vec<(u64, CudaFunction, CudaFunction)>,
-    /// By vector width: both parts of a `section_major` token in one launch.
-    copy_two_parts: Vec<(u64, CudaFunction)>,
-    quantize: CudaFunction,
-    dequantize: CudaFunction,
     validate_runs: CudaFunction,
     copy_runs: CudaFunction,
     copy_runs_uniform: CudaFunction,
 }
 
-/// One kernel argument: a parameter struct passed by value, or a 64-bit word (an address or a
-/// count).
-enum Arg<'a> {
-    Copy(&'a items::CopyParams),
-    IndexK(&'a quantizer::IndexKParams),
+/// One kernel argument: a 64-bit word (an address or a count).
+enum Arg {
     Word(u64),
 }
 
@@ -200,13 +169,13 @@ impl Gpu {
     /// Tells the transfer chooser ([`Gpu::enqueue_transfer_runs`]) that the model leaves `sms`
     /// multiprocessors free (`0`: none, the default): its GEMMs target the others, as PyTorch's
     /// and DeepGEMM's SM carve-outs do for communication kernels (`cublasSetSmCountTarget(handle,
-    /// sm_count - sms)` for cuBLAS). Loads of at least [`super::CARVEOUT_MIN_RUNS`] page runs
+    /// sm_count - sms)` for cuBLAS). Loads of at least `CARVEOUT_MIN_RUNS` page runs
     /// are then split ([`TransferPath::SplitLoad`], [`mod@crate::split_load`]) between the
-    /// run-list kernel on those SMs (a grid of [`crate::SPLIT_KERNEL_BLOCKS_PER_SM`] blocks of
+    /// run-list kernel on those SMs (a grid of `SPLIT_KERNEL_BLOCKS_PER_SM` blocks of
     /// 256 threads per SM, on a side stream, its run list read from pinned host memory; CUDA
     /// places blocks itself, so on an idle GPU they may spread wider) and the copy engines,
     /// both at once; token-granular runs, both ways, use a grid for those SMs
-    /// ([`LaunchShape::sm_budget`]) instead of [`SM_BUDGET`]'s. Backups of at least as many page
+    /// ([`LaunchShape::sm_budget`]) instead of `SM_BUDGET`'s. Backups of at least as many page
     /// runs are gathered on those SMs into device staging (device to device), then copied to
     /// the host one host-contiguous stretch at a time by the copy engines
     /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): SM stores to
@@ -296,11 +265,6 @@ impl Gpu {
             return Err(KernelError::NoNvrtc);
         }
         let arch = self.arch();
-        if self.compute_capability < (8, 9) {
-            return Err(KernelError::Unsupported(format!(
-                "the e4m3 conversion needs compute capability 8.9 or later; device is {arch}"
-            )));
-        }
         let opts = CompileOptions {
             ftz: Some(false),
             prec_div: Some(true),
@@ -326,20 +290,7 @@ impl Gpu {
                 .load_function(name)
                 .map_err(driver_err("cuModuleGetFunction"))
         };
-        let mut copy = Vec::new();
-        for (w, n32, n64) in COPY_KERNELS {
-            copy.push((w, f(n32)?, f(n64)?));
-        }
-        let mut copy_two_parts = Vec::new();
-        for (w, name) in COPY_TWO_PARTS_KERNELS {
-            copy_two_parts.push((w, f(name)?));
-        }
         Ok(Kernels {
-            validate: f("validate_index_lists")?,
-            copy,
-            copy_two_parts,
-            quantize: f("quantize_index_k")?,
-            dequantize: f("dequantize_index_k")?,
             validate_runs: f("validate_runs")?,
             copy_runs: f("copy_runs")?,
             copy_runs_uniform: f("copy_runs_uniform")?,
@@ -350,21 +301,11 @@ impl Gpu {
     /// Registers and residency of every kernel (compiles them first).
     pub fn kernel_report(&self) -> Result<Vec<KernelReport>, KernelError> {
         let k = self.kernels()?;
-        let mut fs: Vec<(String, &CudaFunction)> = vec![
-            ("validate_index_lists".to_string(), &k.validate),
-            ("quantize_index_k".to_string(), &k.quantize),
-            ("dequantize_index_k".to_string(), &k.dequantize),
+        let fs: Vec<(String, &CudaFunction)> = vec![
             ("validate_runs".to_string(), &k.validate_runs),
             ("copy_runs".to_string(), &k.copy_runs),
             ("copy_runs_uniform".to_string(), &k.copy_runs_uniform),
         ];
-        for (w, f32_, f64_) in &k.copy {
-            fs.push((format!("copy_items_v{w}_u32"), f32_));
-            fs.push((format!("copy_items_v{w}_u64"), f64_));
-        }
-        for (w, f) in &k.copy_two_parts {
-            fs.push((format!("copy_two_parts_v{w}"), f));
-        }
         fs.into_iter()
             .map(|(name, f)| {
                 Ok(KernelReport {
@@ -405,7 +346,7 @@ impl Gpu {
         f: &CudaFunction,
         call: &'static str,
         grid: u32,
-        args: &[Arg<'_>],
+        args: &[Arg],
     ) -> Result<(), KernelError> {
         // SAFETY: forwarded to the caller.
         unsafe { self.launch_on(&self.stream, f, call, grid, args) }
@@ -421,7 +362,7 @@ impl Gpu {
         f: &CudaFunction,
         call: &'static str,
         grid: u32,
-        args: &[Arg<'_>],
+        args: &[Arg],
     ) -> Result<(), KernelError> {
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
@@ -429,54 +370,13 @@ impl Gpu {
             shared_mem_bytes: 0,
         };
         let mut builder = stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::Copy(p) => builder.arg(*p),
-                Arg::IndexK(p) => builder.arg(*p),
-                Arg::Word(w) => builder.arg(w),
-            };
+        for Arg::Word(w) in args {
+            builder.arg(w);
         }
         // SAFETY: forwarded to the caller.
         unsafe { builder.launch(cfg) }
             .map(|_| ())
             .map_err(driver_err(call))
-    }
-
-    /// Enqueues the validation of two index lists against their limits.
-    fn enqueue_validate(
-        &self,
-        a: &DeviceIndices,
-        a_limit: u64,
-        b: &DeviceIndices,
-        b_limit: u64,
-        shape: LaunchShape,
-    ) -> Result<(), KernelError> {
-        let k = self.kernels()?;
-        let n = a.len() as u64;
-        let args = [
-            Arg::Word(a.address()),
-            Arg::Word(b.address()),
-            Arg::Word(n),
-            Arg::Word(a_limit),
-            Arg::Word(b_limit),
-            Arg::Word(self.err_address()),
-        ];
-        // SAFETY: the arguments match validate_index_lists; both lists hold n entries; err is
-        // the 2-word record.
-        unsafe {
-            self.launch(
-                &k.validate,
-                "cuLaunchKernel(validate_index_lists)",
-                self.grid(shape, n),
-                &args,
-            )?
-        };
-        self.note(PendingCheck::Lists(
-            a.host.clone(),
-            a_limit,
-            b.host.clone(),
-            b_limit,
-        ))
     }
 
     /// Remembers a check being enqueued, to name the bad entry if one is reported (identical
@@ -535,8 +435,3 @@ impl Gpu {
         })
     }
 }
-
-// SAFETY: plain #[repr(C)] structs of u64, mirrored field for field by the CUDA source.
-unsafe impl DeviceRepr for items::CopyParams {}
-// SAFETY: as above.
-unsafe impl DeviceRepr for quantizer::IndexKParams {}

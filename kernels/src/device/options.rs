@@ -2,7 +2,6 @@
 //! chooser picked.
 
 use crate::copy_runs::ByteRun;
-use crate::copy_spec::{CopySpec, SideSpec};
 
 /// How many multiprocessors a launch may use, to leave the rest to the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -10,10 +9,9 @@ pub struct LaunchShape {
     /// Most multiprocessors to use (`None`: all). The grid is `max_sms * blocks_per_sm` blocks
     /// of 256 threads at most; the work is strided over it.
     pub max_sms: Option<u32>,
-    /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM).
+    /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM; the token kernel
+    /// keeps 4 resident).
     pub blocks_per_sm: u32,
-    /// Order in which a copy walks (layer, item) pairs.
-    pub order: CopyOrder,
 }
 
 impl Default for LaunchShape {
@@ -21,55 +19,22 @@ impl Default for LaunchShape {
         LaunchShape {
             max_sms: None,
             blocks_per_sm: 8,
-            order: CopyOrder::Auto,
         }
     }
 }
 
 impl LaunchShape {
-    /// At most `sms` multiprocessors, 8 blocks each, automatic order.
+    /// At most `sms` multiprocessors, 8 blocks each.
     pub const fn sm_budget(sms: u32) -> LaunchShape {
         LaunchShape {
             max_sms: Some(sms),
             blocks_per_sm: 8,
-            order: CopyOrder::Auto,
         }
-    }
-}
-
-/// The order a copy walks its (layer, item) pairs in; every order moves the same bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CopyOrder {
-    /// [`CopyOrder::PageThenLayer`] when either side is page-major (its layer stride is
-    /// smaller than its page stride: `page_first`, `page_first_direct`), else
-    /// [`CopyOrder::LayerThenItem`].
-    Auto,
-    /// All items of layer 0, then of layer 1, ... (suits two `layer_first` sides).
-    LayerThenItem,
-    /// Items in chunks of one page's worth of list positions (`items_per_page`), each chunk
-    /// layer by layer: the bytes of one page of a page-major side are visited in address order.
-    PageThenLayer,
-}
-
-/// List positions per chunk of the copy's work order (see the copy kernel).
-pub(crate) fn group_items(spec: &CopySpec, n: u64, order: CopyOrder) -> u64 {
-    let page_major = |s: &SideSpec| s.layer_stride_bytes < s.page_stride_bytes;
-    let order = match order {
-        CopyOrder::Auto if page_major(&spec.src) || page_major(&spec.dst) => {
-            CopyOrder::PageThenLayer
-        }
-        CopyOrder::Auto => CopyOrder::LayerThenItem,
-        o => o,
-    };
-    match order {
-        CopyOrder::PageThenLayer if n.is_multiple_of(spec.items_per_page) => spec.items_per_page,
-        CopyOrder::PageThenLayer => 1,
-        _ => n,
     }
 }
 
 /// Run lists at least this long are sorted on several threads ([`RunOrder::sorted_and_merged`]).
-pub const PARALLEL_SORT_MIN_RUNS: usize = 32 * 1024;
+pub(crate) const PARALLEL_SORT_MIN_RUNS: usize = 32 * 1024;
 
 /// The order a run list is executed in. Every order moves the same bytes (destination ranges
 /// must not overlap); walking the host side in address order keeps PCIe writes and reads
@@ -90,7 +55,7 @@ impl RunOrder {
     /// into one run (same bytes moved, fewer runs: the tokens of one page, the layers of one
     /// page when both sides are page-major).
     ///
-    /// Lists of at least [`PARALLEL_SORT_MIN_RUNS`] runs are sorted on rayon's threads (a
+    /// Lists of at least `PARALLEL_SORT_MIN_RUNS` runs are sorted on rayon's threads (a
     /// 1,024-page, 61-layer backup is 124,928 runs: 4.5 ms on one thread of the build machine,
     /// most of the host's planning of a gathered backup). Runs with equal keys may come in any
     /// order among themselves (on either sort), which moves the same bytes unless their
@@ -145,7 +110,7 @@ impl RunOrder {
     }
 }
 
-/// `runs` sorted by `key`: on rayon's threads from [`PARALLEL_SORT_MIN_RUNS`] runs (unstable),
+/// `runs` sorted by `key`: on rayon's threads from `PARALLEL_SORT_MIN_RUNS` runs (unstable),
 /// else on this one (stable).
 fn sort_runs_by<K: Fn(&ByteRun) -> u64 + Sync>(runs: &mut [ByteRun], key: K) {
     use rayon::slice::ParallelSliceMut;
@@ -157,13 +122,13 @@ fn sort_runs_by<K: Fn(&ByteRun) -> u64 + Sync>(runs: &mut [ByteRun], key: K) {
 }
 
 /// Fewest runs per ascending block, on average, for [`sort_ascending_blocks`] to try.
-pub const MIN_MEAN_BLOCK_RUNS: usize = 8;
+pub(crate) const MIN_MEAN_BLOCK_RUNS: usize = 8;
 
 /// `runs` in ascending `key` order when they are a sequence of contiguous blocks (in each
 /// block every run starts, by `key`, where the one before it ends) that do not interleave:
 /// the blocks put in order of their first key, when each then ends at or before the next
 /// one's first key. `None` (the caller sorts) when the blocks interleave or are shorter than
-/// [`MIN_MEAN_BLOCK_RUNS`] runs on average.
+/// `MIN_MEAN_BLOCK_RUNS` runs on average.
 pub fn sort_ascending_blocks(runs: &[ByteRun], key: fn(&ByteRun) -> u64) -> Option<Vec<ByteRun>> {
     if !runs.is_empty() && runs.len() < MIN_MEAN_BLOCK_RUNS {
         // Fewer runs than one block's mean: never accepted; decided without allocating
@@ -209,15 +174,18 @@ pub struct KernelReport {
 }
 
 /// Runs (after merging) at least this long on average go to the copy engines; shorter ones
-/// (token-granular lists) to the SM kernel under [`SM_BUDGET`]. A copy engine pays a fixed cost
+/// (token-granular lists) to the SM kernel under `SM_BUDGET`. A copy engine pays a fixed cost
 /// per run; at 656-byte token runs it moves a small fraction of memcpy, at a 8,448-byte index-K
 /// page most of it (BENCHMARKS.md, "Transfers next to the model").
-pub const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
+pub(crate) const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
 
-/// Multiprocessors the SM copy kernel may take when it runs next to the model (token-granular
-/// runs): enough warps in flight to keep PCIe busy, few enough SMs that a GEMM on the others is
-/// barely slowed (BENCHMARKS.md, "Transfers next to the model").
-pub const SM_BUDGET: u32 = 8;
+/// Multiprocessors the token kernel may take when the model declares no carve-out
+/// (token-granular runs): at page size 1 on the H200 the token kernel moved 0.903-0.910 of memcpy
+/// alone on 8 SMs against 0.863-0.913 on 4 and 0.507-0.758 on 2 (Llama-3.1-8B and DeepSeek-V3
+/// MLA loads), and no more on 16 or all SMs; next to a GEMM with no carve-out the first token
+/// kernel on 8 SMs moved 0.619 of memcpy (Llama load, GEMM +19%), on 4 SMs 0.364 (+11%)
+/// (BENCHMARKS.md, "page size 1").
+pub(crate) const SM_BUDGET: u32 = 8;
 
 /// Fewest lines a pitched group needs to go as one 2D copy; shorter groups are batched with the
 /// single runs. Among random pages of one layer about half of the neighbouring runs pair up by
@@ -225,10 +193,10 @@ pub const SM_BUDGET: u32 = 8;
 /// 1,024 random DeepSeek-V3.2 pages from 0.89 to 0.23 of memcpy on the H200, while groups of
 /// 61 layers (a backup) and of 1,024 consecutive pages moved as fast as the batch or faster, at
 /// a seventh of its host time (BENCHMARKS.md, "Transfers next to the model").
-pub const MIN_PITCHED_LINES: u64 = 8;
+pub(crate) const MIN_PITCHED_LINES: u64 = 8;
 
 /// Most streams a copy-engine transfer is split over ([`crate::Gpu::enqueue_copy_runs_dma`]).
-pub const MAX_COPY_ENGINE_LANES: usize = 8;
+pub(crate) const MAX_COPY_ENGINE_LANES: usize = 8;
 
 /// How a run list goes to the copy engines ([`crate::Gpu::enqueue_copy_runs_dma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -237,11 +205,11 @@ pub struct CopyEngineOptions {
     pub order: RunOrder,
     /// Flag given to the driver.
     pub hint: CopyEngineHint,
-    /// Streams the runs are split over (1 to [`MAX_COPY_ENGINE_LANES`]).
+    /// Streams the runs are split over (1 to `MAX_COPY_ENGINE_LANES`).
     pub lanes: usize,
     /// Most runs per `cuMemcpyBatchAsync` call.
     pub runs_per_call: usize,
-    /// Consecutive runs with constant pitches, at least [`MIN_PITCHED_LINES`] of them, go as
+    /// Consecutive runs with constant pitches, at least `MIN_PITCHED_LINES` of them, go as
     /// one 2D copy each ([`crate::pitched::group_pitched`], `cuMemcpy2DAsync`); the rest are
     /// batched.
     pub pitched: bool,
@@ -312,7 +280,7 @@ pub enum TransferPath {
 /// model's SM carve-out ([`crate::Gpu::set_model_carveout_sms`]). Below it the copy engines
 /// stay: a load of 1 or 8 pages of one layer (2 or 16 runs) moved 0.93-1.0 of memcpy on them
 /// next to the GEMM, while a kernel launch with its list copy costs about as much as the copy.
-pub const CARVEOUT_MIN_RUNS: u64 = 64;
+pub(crate) const CARVEOUT_MIN_RUNS: u64 = 64;
 
 /// Which way a transfer goes, for the chooser.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -326,7 +294,7 @@ pub enum TransferDirection {
 }
 
 impl TransferPath {
-    /// True when the mean length of `runs` is at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`]
+    /// True when the mean length of `runs` is at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES`
     /// (page runs; an empty list counts as short).
     pub fn mean_is_long(runs: &[ByteRun]) -> bool {
         let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
@@ -340,17 +308,16 @@ impl TransferPath {
 
     /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
     /// SMs free (`Some(0)` counts as `None`):
-    /// - mean run length at least [`COPY_ENGINE_MIN_MEAN_RUN_BYTES`] (page runs): the copy
-    ///   engines; with a carve-out and at least [`CARVEOUT_MIN_RUNS`] runs, a load is split
+    /// - mean run length at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` (page runs): the copy
+    ///   engines; with a carve-out and at least `CARVEOUT_MIN_RUNS` runs, a load is split
     ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
-    ///   [`SM_BUDGET`] SMs without one; with a carve-out, a backup of at least
-    ///   [`CARVEOUT_MIN_RUNS`] token runs is gathered on it too (a token's layers lie
-    ///   together in a `page_first` host pool: one host stretch per token and buffer), and
-    ///   keeps the kernel when gathering does not pay ([`crate::Gpu::enqueue_transfer_runs`]).
+    ///   `SM_BUDGET` SMs without one, both ways (at page size 1 the kernel's stores to the
+    ///   host on the 2 carved-out SMs slowed the GEMM 1.3-2.7%, where gathering token runs
+    ///   first cost the host 25-55 ms of planning per backup, BENCHMARKS.md).
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,
@@ -360,7 +327,7 @@ impl TransferPath {
         let long = TransferPath::mean_is_long(runs);
         let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
-            Some(k) if many && direction == TransferDirection::Backup => {
+            Some(k) if long && many && direction == TransferDirection::Backup => {
                 TransferPath::GatheredBackup {
                     max_sms: k,
                     runs: count,

@@ -1,5 +1,5 @@
-//! Run lists for the SM path without a stream synchronisation: a ring of [`RUN_RING_SLOTS`]
-//! slots of [`RUN_RING_SLOT_RUNS`] runs, each a pinned host half and a device half. A list (the
+//! Run lists for the SM path without a stream synchronisation: a ring of `RUN_RING_SLOTS`
+//! slots of `RUN_RING_SLOT_RUNS` runs, each a pinned host half and a device half. A list (the
 //! host has checked every run against both buffers) is written into the next slot's host
 //! half, then either copied to its device half with one `cuMemcpyAsync` on the stream the
 //! kernel runs on, or (a split load's kernel part) read by the kernel from the host half in
@@ -21,10 +21,11 @@ use crate::device_memory::{DeviceBytes, GpuBytes, PinnedBytes, driver_err};
 use crate::error::KernelError;
 
 /// Slots in the ring (launches in flight before the host waits).
-pub const RUN_RING_SLOTS: usize = 8;
-/// Runs per slot (one launch): 16,384 runs of 24 bytes, 384 KiB per half. A layer of a
-/// 4,096-page DSA load is 8,192 runs.
-pub const RUN_RING_SLOT_RUNS: usize = 16 * 1024;
+pub(crate) const RUN_RING_SLOTS: usize = 8;
+/// Runs per slot (one launch): 32,768 runs of 24 bytes, 768 KiB per half. A layer of a
+/// 4,096-page DSA load is 8,192 runs; a layer of Llama-3.1-8B's page-size-1 load of 16,384
+/// tokens, 32,768 (K and V).
+pub(crate) const RUN_RING_SLOT_RUNS: usize = 32 * 1024;
 
 /// Bytes of one run in a list (three little-endian `u64`: src, dst, len).
 pub(super) const RUN_BYTES: usize = 24;
@@ -119,7 +120,7 @@ impl Gpu {
     }
 
     /// One launch of [`Gpu::enqueue_checked_runs_from_ring`]: `part` (at most
-    /// [`RUN_RING_SLOT_RUNS`] runs) through the next slot.
+    /// `RUN_RING_SLOT_RUNS` runs) through the next slot.
     ///
     /// # Safety
     /// As [`Gpu::enqueue_checked_runs_from_ring`].

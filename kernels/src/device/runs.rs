@@ -27,7 +27,7 @@ impl Gpu {
     /// Copies every run of `runs` from `src` to `dst` (the contract of the pool crate's CPU
     /// backend, `CpuBackend::host_to_device`): every run is checked against both buffers'
     /// lengths on the GPU before any byte moves (inside the copy launch for at most
-    /// [`SELF_CHECK_MAX_ITEMS`] runs, else by a validation launch), then a warp copies each
+    /// `SELF_CHECK_MAX_ITEMS` runs, else by a validation launch), then a warp copies each
     /// run; waits. A bad run: [`KernelError::RunOutOfRange`], nothing copied.
     pub fn copy_runs(
         &self,
@@ -84,7 +84,7 @@ impl Gpu {
                 )?
             };
         }
-        self.note(PendingCheck::Runs(runs.host.clone(), src_len, dst_len))?;
+        self.note(PendingCheck(runs.host.clone(), src_len, dst_len))?;
         if let Some(vectors_per_run) = uniform {
             // SAFETY: the list holds n uniform runs (checked just above), each checked against
             // both lengths by the validation launch before it on the stream.
@@ -125,7 +125,7 @@ impl Gpu {
     /// order), after checking every run against both buffers' lengths on the host: a bad run
     /// is [`KernelError::RunOutOfRange`] and nothing is enqueued. The runs are put in
     /// `opts.order` and neighbours merged ([`RunOrder::sorted_and_merged`]) first, then split
-    /// into `opts.lanes` consecutive parts (at most [`MAX_COPY_ENGINE_LANES`]), each batched
+    /// into `opts.lanes` consecutive parts (at most `MAX_COPY_ENGINE_LANES`), each batched
     /// (`opts.runs_per_call` runs per driver call) on its own stream forked from and joined
     /// back into this `Gpu`'s stream. Returns the number of runs after merging (a pitched group
     /// of them goes to the driver as one 2D copy when `opts.pitched`).
@@ -209,7 +209,7 @@ impl Gpu {
     }
 
     /// Checked runs on `stream`, in list order: with `opts.pitched`, each group of at least
-    /// [`MIN_PITCHED_LINES`] runs with constant pitches ([`group_pitched`]) as one
+    /// `MIN_PITCHED_LINES` runs with constant pitches ([`group_pitched`]) as one
     /// `cuMemcpy2DAsync`, the runs between them batched; else all batched.
     ///
     /// # Safety
@@ -255,10 +255,10 @@ impl Gpu {
     /// time, planned in list order when the list lays each host stretch's runs together, as
     /// the pool shim does, else in host order; a backup whose runs write overlapping host
     /// bytes, or whose merged runs would not merge into stretches at least two runs long on
-    /// average, or number fewer than [`super::CARVEOUT_MIN_RUNS`], or whose staging or list
+    /// average, or number fewer than `CARVEOUT_MIN_RUNS`, or whose staging or list
     /// memory cannot be allocated, keeps the copy engines);
     /// token-granular runs go to the
-    /// run-list kernel on the carve-out, or on at most [`super::SM_BUDGET`] SMs without one.
+    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one.
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and

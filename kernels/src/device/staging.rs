@@ -1,4 +1,4 @@
-//! The staged transfer path's device half: a ring of [`STAGING_SLOTS`] staging slots (pinned
+//! The staged transfer path's device half: a ring of `STAGING_SLOTS` staging slots (pinned
 //! host memory and device memory), each chunk of a run list through one slot. A load: host
 //! threads gather the chunk into the pinned slot, ONE contiguous `cuMemcpyAsync` sends it (with
 //! its run list appended), and the run-list kernel scatters it into the device pool. A backup:
@@ -9,7 +9,7 @@
 //! Copies and kernels sit on two streams of the ring joined by per-slot events, so a kernel waiting for
 //! SMs (a GEMM holding them) never holds up the copies behind it: the ring's 8 x 16 MiB (2.4 ms
 //! of PCIe at 55 GB/s) absorb the wait. The kernels are short (runs cut to
-//! [`STAGING_WARP_RUN_BYTES`], a warp each, on every SM: a chunk moves inside HBM in
+//! `STAGING_WARP_RUN_BYTES`, a warp each, on every SM: a chunk moves inside HBM in
 //! microseconds) so the model gets its SMs back soon. A slot is reused after the events behind
 //! its last use; host gather, PCIe and scatter of consecutive chunks overlap, across calls too
 //! (layer-by-layer loads). A load's scatters are joined into the `Gpu`'s stream by
@@ -30,13 +30,13 @@ use crate::staging::{
 
 /// Staging bytes per chunk (16 MiB: a 61-layer DSA page load of 1,024 pages is 51 MB per layer,
 /// four chunks).
-pub const STAGING_CHUNK_BYTES: u64 = 16 << 20;
+pub(crate) const STAGING_CHUNK_BYTES: u64 = 16 << 20;
 /// Slots in the ring (chunks in flight).
-pub const STAGING_SLOTS: usize = 8;
+pub(crate) const STAGING_SLOTS: usize = 8;
 /// Most pieces per chunk.
-pub const STAGING_MAX_PIECES: usize = 4096;
+pub(crate) const STAGING_MAX_PIECES: usize = 4096;
 /// The device half's runs are cut to at most this many bytes, a warp each.
-pub const STAGING_WARP_RUN_BYTES: u64 = 4096;
+pub(crate) const STAGING_WARP_RUN_BYTES: u64 = 4096;
 
 /// Most device runs of one chunk: every piece, plus one per warp-run of the chunk's bytes.
 const MAX_DEVICE_RUNS: u64 =

@@ -1,16 +1,16 @@
 //! The token-granular kernel: run lists whose runs all have one length (a token of one layer
 //! per run, as HiCache moves a pool of page size 1: 2,048 B for Llama-3.1-8B's K or V in bf16,
 //! 1,152 B for a DeepSeek-V3 MLA latent in bf16) go to `copy_runs_uniform`, which spreads the
-//! list's 16-byte vectors over every thread of the grid with [`FLAT_UNROLL`] loads in flight
-//! per thread, instead of a warp per run (`copy_runs`, whose lanes idle on runs that are not a
-//! multiple of 512 B and which has one run's bytes in flight per warp). Any other list keeps
+//! 16-byte vectors of several runs over each warp, `LOADS_PER_LANE` loads in flight per lane
+//! before any store (one descriptor per run), instead of `copy_runs`' warp per run with 4 loads
+//! per lane. Any other list (runs of several lengths, unaligned, or longer than 4 KiB) keeps
 //! `copy_runs`.
 
 use cudarc::driver::{CudaFunction, CudaStream};
 
 use super::{Arg, Gpu, LaunchShape};
 use crate::copy_runs::ByteRun;
-use crate::cuda_source::FLAT_UNROLL;
+use crate::cuda_source::LOADS_PER_LANE;
 use crate::device_memory::GpuBytes;
 use crate::error::KernelError;
 
@@ -21,12 +21,12 @@ pub(super) const TOKEN_BLOCKS_PER_SM: u32 = 4;
 /// Bytes of one vector of `copy_runs_uniform`.
 const VECTOR_BYTES: u64 = 16;
 
-/// Most vectors one `copy_runs_uniform` launch indexes (its thread arithmetic is 32-bit).
-const MAX_UNIFORM_VECTORS: u64 = 1 << 31;
+/// Most vectors of one run `copy_runs_uniform` takes: 8 loads of 32 lanes (4 KiB runs).
+const MAX_RUN_VECTORS: u64 = LOADS_PER_LANE * 32;
 
 /// Vectors per run when `runs` can go to `copy_runs_uniform` between buffers at device
 /// addresses `bases` (source, destination): every run `len` bytes long, `len` a non-zero
-/// multiple of 16, every offset and both bases 16-byte aligned, at most 2^31 vectors in all.
+/// multiple of 16 of at most 4,096 (256 vectors), every offset and both bases 16-byte aligned.
 /// `None` otherwise (and for an empty list).
 pub(crate) fn uniform_vectors(runs: &[ByteRun], bases: (u64, u64)) -> Option<u64> {
     let len = runs.first()?.len_bytes;
@@ -38,8 +38,19 @@ pub(crate) fn uniform_vectors(runs: &[ByteRun], bases: (u64, u64)) -> Option<u64
         .iter()
         .all(|r| r.len_bytes == len && aligned(r.src_offset_bytes) && aligned(r.dst_offset_bytes));
     let vectors_per_run = len / VECTOR_BYTES;
-    let total = vectors_per_run.checked_mul(runs.len() as u64)?;
-    (all && total <= MAX_UNIFORM_VECTORS).then_some(vectors_per_run)
+    (all && vectors_per_run <= MAX_RUN_VECTORS).then_some(vectors_per_run)
+}
+
+/// For runs of `vectors_per_run` vectors (1 to 256): log2 of the loads each lane makes per run
+/// (the power of two at or above `vectors_per_run / 32`) and the runs a warp copies at a time
+/// (`8 >> shift`).
+pub(crate) fn lanes_for(vectors_per_run: u64) -> (u64, u64) {
+    let per_lane = vectors_per_run
+        .div_ceil(32)
+        .next_power_of_two()
+        .min(LOADS_PER_LANE);
+    let shift = u64::from(per_lane.trailing_zeros());
+    (shift, LOADS_PER_LANE >> shift)
 }
 
 impl Gpu {
@@ -102,11 +113,13 @@ impl Gpu {
         dst: &mut dyn GpuBytes,
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
-        let threads = (n * vectors_per_run).div_ceil(FLAT_UNROLL);
+        let (lane_shift, runs_per_warp) = lanes_for(vectors_per_run);
+        let threads = n.div_ceil(runs_per_warp) * 32;
         let args = [
             Arg::Word(list),
             Arg::Word(n),
             Arg::Word(vectors_per_run),
+            Arg::Word(lane_shift),
             Arg::Word(src.device_address()),
             Arg::Word(dst.device_address()),
             Arg::Word(self.err_address()),
@@ -126,7 +139,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::uniform_vectors;
+    use super::{lanes_for, uniform_vectors};
     use crate::copy_runs::ByteRun;
 
     #[test]
@@ -164,10 +177,23 @@ mod tests {
         assert_eq!(uniform_vectors(&[a], (8, 0)), None);
         assert_eq!(uniform_vectors(&[], (0, 0)), None);
         assert_eq!(uniform_vectors(&[ByteRun::new(0, 0, 0)], (0, 0)), None);
-        // More than 2^31 vectors in one launch: 2^20 runs of 2^15 vectors (512 KiB) each.
-        let long = vec![ByteRun::new(0, 0, 1 << 19); 1 << 12];
-        assert_eq!(uniform_vectors(&long, (0, 0)), Some(1 << 15));
-        let too_long = vec![ByteRun::new(0, 0, 1 << 19); (1 << 16) + 1];
-        assert_eq!(uniform_vectors(&too_long, (0, 0)), None);
+        // Runs longer than 4 KiB (256 vectors): the warp-per-run kernel.
+        assert_eq!(
+            uniform_vectors(&[ByteRun::new(0, 0, 4096)], (0, 0)),
+            Some(256)
+        );
+        assert_eq!(uniform_vectors(&[ByteRun::new(0, 0, 4112)], (0, 0)), None);
+    }
+
+    #[test]
+    fn a_lane_takes_a_power_of_two_of_loads_per_run_and_a_warp_eight_loads() {
+        // 2,048 B = 128 vectors: 4 per lane (shift 2), 2 runs per warp; 1,152 B = 72 vectors:
+        // 3 rounded up to 4 (lanes 8-31 idle in the fourth), 2 runs; 656 B = 41 vectors: 2, 4
+        // runs; 16 B: 1, 8 runs; 4,096 B = 256 vectors: 8, 1 run.
+        assert_eq!(lanes_for(128), (2, 2));
+        assert_eq!(lanes_for(72), (2, 2));
+        assert_eq!(lanes_for(41), (1, 4));
+        assert_eq!(lanes_for(1), (0, 8));
+        assert_eq!(lanes_for(256), (3, 1));
     }
 }

@@ -34,7 +34,7 @@ pub struct IndexKFp8 {
     /// index_head_dim 128 e4m3 values.
     pub values: [F8E4M3; 128],
     /// One f32 scale per 128 values (amax / 448).
-    #[kv(scales = values, block = 128)]
+    #[kv(scales = values, block_elems = 128)]
     pub scale: [f32; 1],
 }
 
@@ -56,7 +56,7 @@ pub struct IndexKFp4 {
     /// 128 fp4 e2m1 values, two per byte.
     pub values: [F4E2M1; 128],
     /// One ue8m0 scale per 32 values.
-    #[kv(scales = values, block = 32)]
+    #[kv(scales = values, block_elems = 32)]
     pub scale: [Ue8m0; 4],
 }
 
@@ -90,7 +90,7 @@ pub struct DsaMlaFp8 {
     /// kv_lora_rank 512 e4m3 NoPE elements.
     pub nope: [F8E4M3; 512],
     /// One f32 scale per 128 NoPE elements.
-    #[kv(scales = nope, block = 128)]
+    #[kv(scales = nope, block_elems = 128)]
     pub nope_scale: [f32; 4],
     /// qk_rope_head_dim 64 bf16 RoPE elements, unquantized.
     pub rope: [bf16; 64],
@@ -108,7 +108,7 @@ pub struct Dsv4MlaFp8 {
     /// 64 bf16 RoPE elements.
     pub rope: [bf16; 64],
     /// One ue8m0 scale per 64 NoPE elements (448 / 64 = 7).
-    #[kv(scales = nope, block = 64)]
+    #[kv(scales = nope, block_elems = 64)]
     pub scale: [Ue8m0; 7],
     /// One pad byte, so a plane-2 row is 8 B.
     pub pad: [u8; 1],
@@ -145,10 +145,10 @@ pub struct MhaMxfp8Heads8x128 {
     /// V, `[heads 8, head_dim 128]`.
     pub v: [[F8E4M3; 128]; 8],
     /// K scales, `[heads 8, 128 / 32 = 4]`.
-    #[kv(scales = k, block = 32)]
+    #[kv(scales = k, block_elems = 32)]
     pub k_scale: [[Ue8m0; 4]; 8],
     /// V scales, `[heads 8, 4]`.
-    #[kv(scales = v, block = 32)]
+    #[kv(scales = v, block_elems = 32)]
     pub v_scale: [[Ue8m0; 4]; 8],
 }
 

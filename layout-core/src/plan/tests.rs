@@ -356,3 +356,217 @@ fn compressed_rows_glue_in_whole_rows() {
         "c4: 3 source pages x 8 rows of 4 tokens != 1 destination pages x 16 rows of 4 tokens"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Geometry v3 on real model sizes: DeepSeek-V4 C4 rows, Qwen3.5's 2 KV heads over 4 ranks
+// (every rank pair), its GDN conv state (q|k|v 2,048|2,048|4,096).
+
+/// One 132-B row (128 e4m3 + 4 B, token-major here so pages of different sizes may glue) per
+/// `ratio` tokens, 3 layers, `page` tokens a page, 8 pages, `layer_first`.
+fn compressed(page: u64, ratio: u64) -> PoolGeometry {
+    let layout = crate::TokenLayout {
+        arrangement: crate::Arrangement::TokenMajor,
+        sections: vec![
+            crate::Section::owned("values", Dtype::F8E4M3, vec![128]),
+            crate::Section::owned("scale", Dtype::F32, vec![1]).with_scale(0, 128),
+        ]
+        .into(),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    };
+    PoolGeometry {
+        name: format!("c{ratio} page {page}"),
+        page_size_tokens: page,
+        pages: 8,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![BufferGeometry::new("c4", 3, layout).with_compress_ratio(ratio)],
+    }
+}
+
+#[test]
+fn compressed_pages_of_different_sizes_glue_in_whole_rows() {
+    // Source pages of 64 tokens hold 64 / 4 = 16 rows (stride 16 x 132 = 2,112 B); the
+    // destination's 128-token pages hold 32 rows (4,224 B). Source pages 3 and 5 fill
+    // destination page 2: rows 0-15 from page 3, rows 16-31 from page 5.
+    let (a, b) = (compressed(64, 4), compressed(128, 4));
+    let plan = token_plan(&a, &b, &[3, 5], &[2]).unwrap();
+    let runs = &plan.buffers[0].runs;
+    assert_eq!(runs.len(), 3 * 2);
+    let (sp, dp) = (16 * IK_TOKEN, 32 * IK_TOKEN);
+    // layer_first: (layer * 8 + page) * stride
+    assert_eq!(runs[0], run(3 * sp, 2 * dp, 16 * IK_TOKEN));
+    assert_eq!(runs[1], run(5 * sp, 2 * dp + 16 * IK_TOKEN, 16 * IK_TOKEN));
+    assert_eq!(
+        runs[5],
+        run(
+            (2 * 8 + 5) * sp,
+            (2 * 8 + 2) * dp + 16 * IK_TOKEN,
+            16 * IK_TOKEN
+        )
+    );
+    assert_eq!(plan.bytes_total(), 3 * 32 * IK_TOKEN);
+    // One 64-token page (16 rows) does not fill a 128-token page (32 rows).
+    let e = token_plan(&a, &b, &[3], &[2]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "c4: 1 source pages x 16 rows of 4 tokens != 1 destination pages x 32 rows of 4 tokens"
+    );
+    // A row per 4 tokens never pairs with a row per token.
+    let e = token_plan(&a, &compressed(64, 1), &[3], &[2]).unwrap_err();
+    assert!(e.to_string().contains("c4.compress_ratio: 4, 1"), "{e}");
+    // Whole pages of a compressed buffer: one 2,112-B run per page and layer.
+    let plan = page_plan(&a, &a, &[1], &[6]).unwrap();
+    assert_eq!(
+        plan.buffers[0].runs[2],
+        run((2 * 8 + 1) * sp, (2 * 8 + 6) * sp, sp)
+    );
+}
+
+/// Qwen3.5 full attention, one rank: section-major K then V of `heads` bf16 heads of 256,
+/// 10 layers, 64-token pages, 4 pages; `Shard::heads(tp, rank, 2)` (2 KV heads).
+fn qwen35(tp: u64, rank: u64) -> PoolGeometry {
+    let heads = if tp >= 2 { 1 } else { 2 };
+    PoolGeometry {
+        name: format!("qwen3.5 tp{tp} r{rank}"),
+        page_size_tokens: 64,
+        pages: 4,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![
+            BufferGeometry::new(
+                "full_attn",
+                10,
+                crate::TokenLayout {
+                    arrangement: crate::Arrangement::SectionMajor,
+                    sections: vec![
+                        crate::Section::owned("k", Dtype::Bf16, vec![heads, 256]),
+                        crate::Section::owned("v", Dtype::Bf16, vec![heads, 256]),
+                    ]
+                    .into(),
+                    page_align_bytes: None,
+                    page_stride_bytes: None,
+                },
+            )
+            .with_shard(Shard::heads(tp, rank, 2)),
+        ],
+    }
+}
+
+#[test]
+fn replicated_heads_move_the_head_each_rank_holds() {
+    // TP 4 rank r holds head r / 2; TP 2 rank s holds head s. A K or V plane of one head is
+    // 64 x 512 B = 32,768 B, contiguous, and K's plane runs into V's: one 65,536-B run per
+    // layer (layer_first: (layer * 4 + page) x 65,536).
+    const PAGE: u64 = 64 * 2 * 512;
+    for r in 0..4u64 {
+        for s in 0..2u64 {
+            let planned = token_plan(&qwen35(2, s), &qwen35(4, r), &[1], &[3]);
+            if s == r / 2 {
+                let plan = planned.unwrap();
+                let b = &plan.buffers[0];
+                assert_eq!(b.heads, Some(s..s + 1), "rank {r} from {s}");
+                assert_eq!(b.runs.len(), 10);
+                assert_eq!(b.runs[9], run((9 * 4 + 1) * PAGE, (9 * 4 + 3) * PAGE, PAGE));
+            } else {
+                // Pairing a replicated rank with a rank of another head is the reported bug
+                // (SGLang #23746 paired decode rank r with head r % 2): refused at the token
+                // level, naming both heads.
+                let e = planned.unwrap_err().to_string();
+                assert!(
+                    e.contains(&format!(
+                        "full_attn.shard.heads_held: head {s} of 2 (tp_size 2 rank {s}, 1 replicas), \
+                         head {} of 2 (tp_size 4 rank {r}, 2 replicas)",
+                        r / 2
+                    )),
+                    "{e}"
+                );
+            }
+        }
+    }
+    // TP 1 holds both heads (K rows of 1,024 B): TP 4 rank 2 takes head 1, the second 512 B
+    // of every K and V row: 64 runs a section, K's at 512 + 1,024 t, V's after K's plane.
+    let plan = token_plan(&qwen35(1, 0), &qwen35(4, 2), &[0], &[0]).unwrap();
+    let runs = &plan.buffers[0].runs;
+    assert_eq!(runs.len(), 10 * 64 * 2);
+    let (src_page, dst_page) = (64 * 2 * 1024, PAGE);
+    assert_eq!(runs[1], run(1024 + 512, 512, 512));
+    assert_eq!(runs[64], run(64 * 1024 + 512, 64 * 512, 512));
+    assert_eq!(
+        runs[128],
+        run(4 * src_page + 512, 4 * dst_page, 512),
+        "layer 1 starts after 4 pages"
+    );
+}
+
+/// Qwen3.5 gated-delta-net conv state (shared case 30): q | k | v = 2,048 | 2,048 | 4,096
+/// channels over the model, 3 positions, bf16 (6 B per channel), a rank of `tp` holding
+/// 8,192 / tp; 30 layers; 4 request slots.
+fn gdn(tp: u64, rank: u64) -> PoolGeometry {
+    PoolGeometry {
+        name: format!("gdn tp{tp} r{rank}"),
+        page_size_tokens: 64,
+        pages: 4,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![
+            BufferGeometry::new(
+                "conv",
+                30,
+                crate::TokenLayout {
+                    arrangement: crate::Arrangement::TokenMajor,
+                    sections: vec![
+                        crate::Section::owned("conv", Dtype::Bf16, vec![8192 / tp, 3])
+                            .with_split_groups(vec![2048, 2048, 4096]),
+                    ]
+                    .into(),
+                    page_align_bytes: None,
+                    page_stride_bytes: None,
+                },
+            )
+            .with_attention(crate::Attention::State)
+            .with_shard(Shard::heads(tp, rank, 8192)),
+        ],
+    }
+}
+
+#[test]
+fn split_groups_move_group_by_group_between_tp_sizes() {
+    const CH: u64 = 3 * 2; // bytes per channel
+    let (src_slot, dst_slot) = (4096 * CH, 2048 * CH);
+    // TP 2 rank 0 holds q[0,1024) k[0,1024) v[0,2048) at rows 0, 1,024, 2,048; TP 4 rank 0
+    // holds q[0,512) k[0,512) v[0,1024) at rows 0, 512, 1,024. Slot 1 -> slot 3.
+    let plan = token_plan(&gdn(2, 0), &gdn(4, 0), &[1], &[3]).unwrap();
+    let runs = &plan.buffers[0].runs;
+    assert_eq!(runs.len(), 30 * 3);
+    let (s, d) = (src_slot, 3 * dst_slot);
+    assert_eq!(runs[0], run(s, d, 512 * CH));
+    assert_eq!(runs[1], run(s + 1024 * CH, d + 512 * CH, 512 * CH));
+    assert_eq!(runs[2], run(s + 2048 * CH, d + 1024 * CH, 1024 * CH));
+    assert_eq!(plan.bytes_total(), 30 * dst_slot);
+    // Cut as one block, rows [0, 2,048) of the source slot would have landed: all of q and k,
+    // none of v. TP 2 rank 1 -> TP 4 rank 3: q[1536,2048) at source row 512, k[1536,2048) at
+    // 1,024 + 512, v[3072,4096) at 2,048 + 1,024; destination rows 0, 512, 1,024.
+    let plan = token_plan(&gdn(2, 1), &gdn(4, 3), &[0], &[0]).unwrap();
+    let runs = &plan.buffers[0].runs;
+    assert_eq!(runs[0], run(512 * CH, 0, 512 * CH));
+    assert_eq!(runs[1], run(1536 * CH, 512 * CH, 512 * CH));
+    assert_eq!(runs[2], run(3072 * CH, 1024 * CH, 1024 * CH));
+    // Layer 1: layer_first (layer x 4 slots + slot) x slot bytes.
+    assert_eq!(
+        runs[3],
+        run(4 * src_slot + 512 * CH, 4 * dst_slot, 512 * CH)
+    );
+    // TP 2 rank 0 holds none of TP 4 rank 2's channels.
+    let plan = token_plan(&gdn(2, 0), &gdn(4, 2), &[0], &[0]).unwrap();
+    assert!(plan.buffers[0].runs.is_empty());
+}
+
+#[test]
+fn a_state_buffer_beside_paged_buffers_is_refused() {
+    let mut a = gdn(2, 0);
+    a.buffers.push(qwen35(2, 0).buffers[0].clone());
+    let e = token_plan(&a, &a, &[0], &[1]).unwrap_err();
+    assert_eq!(e.kind(), "state");
+    assert!(
+        e.to_string().starts_with("conv.attention: a state buffer"),
+        "{e}"
+    );
+}

@@ -24,7 +24,7 @@ fn cache() -> HiCache {
     HiCache::pair(device, host).unwrap()
 }
 
-/// REVIEW A1, probe 1 (the seed bug through a swapped pool). The public API cannot swap a
+/// The seed bug through a swapped pool. The public API cannot swap a
 /// paired pool (the `compile_fail` examples on [`HiCache`]); inside the crate it can, and
 /// the per-transfer identity check refuses the transfer before a byte moves: an fp8
 /// index-K device pool (132 B/token) replaced by a bf16 one (256 B/token) of the same page
@@ -61,7 +61,7 @@ fn a_swapped_device_pool_of_another_geometry_is_refused_by_transfer() {
     }
 }
 
-/// REVIEW A1, probe 2: a same-geometry device pool with fewer pages (the fingerprint does
+/// A swapped pool, second case: a same-geometry device pool with fewer pages (the fingerprint does
 /// not cover `pages`) is refused by the shim's check, naming the page counts — not by the
 /// backend. Unchecked, device page 3 passes the page check (the routes say 4 pages): its
 /// layer-0 run, at 3 x 8,448 = 25,344, lands inside the 2-page region (2 layers x 2 pages x

@@ -690,7 +690,8 @@ def guard_transfer_ops(*namespaces: Any) -> list[str]:
     A page-first row must hold the layers' items (``num_layers x item_size <= dst_layout_dim``;
     ``(layer_id + 1) x item_size <= src_layout_dim``), else ``TransferRefused``. The device side of
     a ``*_lf_pf`` backup is a pointer table too: only :func:`check_item_sizes` compares its row
-    stride with ``item_size`` (the seed bug's bf16 device rows against the host's fp8 item).
+    stride with ``item_size`` (the seed case's bf16 device rows, from a fork, against a host's fp8
+    item).
     SGLang's JIT HiCache ops (``jit_transfer_hicache_one_layer[_mla]``,
     ``jit_transfer_hicache_all_layer[_mla]``, :data:`JIT_OPS`) are wrapped too: source and
     destination token rows must hold the same bytes, ``element_size`` must fit both pointer-table

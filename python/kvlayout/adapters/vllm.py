@@ -15,6 +15,16 @@ Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in 
   any layer whose name holds ``indexer``; spec ``MLAAttentionSpec(num_kv_heads=1, head_size=132,
   dtype=uint8)``) ``[num_blocks, block_size, 132]`` ``uint8`` (128 e4m3 keys + one f32 scale per
   128), or ``bfloat16`` ``[num_blocks, block_size, 128]`` where the indexer keeps bf16 keys.
+- vLLM >= 0.30 (tested on 0.33.0): ``kv_caches[layer]`` is one ``[B, H, N, C]`` view per layer
+  (``vllm/v1/worker/utils.py`` ``allocate_kv_cache`` -> ``create_kv_cache_views``) in the physical
+  order of a ``KVCacheLayout`` (``vllm/v1/kv_cache_layout.py``: LBNHC, LBHNC, BLNHC, BLHNC read;
+  LHBNC, BHLNC refused by name), C the per-(token, head) content (attention: K then V,
+  ``head_size + head_size_v``), placed by ``KVCacheConfig.kv_cache_tensors`` (``KVCacheTensor``:
+  ``size``, ``layers``, ``layer_stride``, ``block_stride``, ``offset``, in bytes); the layout name
+  comes from ``geometry(..., kv_cache_layout=)`` or ``KVCacheConfig.kv_cache_layout``. A Mamba
+  layer is one raw ``int8`` ``[B, 1, 1, bytes]`` tensor, split by the ``MambaSpec`` as
+  ``bind_kv_cache`` splits it. Hybrid groups overlay one allocation: :func:`allocated_bytes`
+  counts it once (``Geometry.total_bytes`` counts each group's buffers).
 - ``kv_cache_config``: ``KVCacheConfig`` (``vllm/v1/kv_cache_interface.py``) with
   ``num_blocks`` and ``kv_cache_groups``, each a ``KVCacheGroupSpec`` with ``layer_names`` and
   ``kv_cache_spec``; or a ``{layer_name: KVCacheSpec}`` mapping (``get_kv_cache_spec()``), grouped
@@ -375,14 +385,16 @@ def _layer_view_buffers(base: str, what: str, layers: list[str], spec: Any, tens
         extra["shard"] = shard
     axes = ("page", "head", "page_token", "dim")
     runs = _layer_runs(base, layers, tensors, placement)
-    if len(runs) == 1 and len(layers) > 1:
+    in_order = [placement.of[n][1] for n in layers] == list(range(len(layers)))
+    if len(runs) == 1 and len(layers) > 1 and in_order:
         t, first = runs[0]
         stride = int(t.layer_stride)
         view = _View(f.dtype, (len(layers), *f.shape), (stride, *f.strides_bytes), f.itemsize_bytes)
         return [TensorBuffer(base, view, axes=("layer", *axes), sections=sections,
                              arrangement=arrangement, extra=extra)]
     if KV_CACHE_LAYOUTS[layout][0] == "page_first" and len(layers) > 1:
-        raise KvLayoutError(f"{what}: the group's layers sit in {len(runs)} KVCacheTensors under "
+        raise KvLayoutError(f"{what}: the group's layers are not one KVCacheTensor's layers "
+                            f"0..{len(layers) - 1} in order ({len(runs)} KVCacheTensors) under "
                             f"the block-outermost layout {layout}: not modelled")
     return [TensorBuffer(base, tensors, axes=axes, sections=sections, arrangement=arrangement,
                          extra=extra)]
@@ -401,13 +413,15 @@ def _layer_runs(base: str, layers: list[str], tensors: list,
         if not runs or runs[-1][0] is not kt:
             runs.append((kt, i))
             first_ptr, first_i = _address(t), i
-        elif _address(t) is not None and first_ptr is not None:
-            expect = first_ptr + (i - first_i) * int(kt.layer_stride)
-            if _address(t) != expect:
-                raise TensorMismatch(f"{base}.layer_stride_bytes",
-                                     f"KVCacheTensor layer_stride {int(kt.layer_stride)} B puts "
-                                     f"layer {n} at {expect - first_ptr} B, its view starts at "
-                                     f"{_address(t) - first_ptr} B")
+        else:
+            addr = _address(t)
+            if addr is not None and first_ptr is not None:
+                expect = first_ptr + (i - first_i) * int(kt.layer_stride)
+                if addr != expect:
+                    raise TensorMismatch(f"{base}.layer_stride_bytes",
+                                         f"KVCacheTensor layer_stride {int(kt.layer_stride)} B "
+                                         f"puts layer {n} at {expect - first_ptr} B, its view "
+                                         f"starts at {addr - first_ptr} B")
     return runs
 
 

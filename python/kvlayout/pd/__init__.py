@@ -5,8 +5,8 @@ receiving rank checks them (`handshake.check_peer`) before it registers the peer
 transfer, and builds its transfer descriptors from the core's plan between the two geometries
 (`kvlayout.page_plan` / `kvlayout.token_plan`, offsets inside `Geometry.regions()`): this
 package holds the engine glue only, no layout arithmetic. Importing it imports no engine;
-`python -m kvlayout.pd selftest --engine nixl|mooncake` runs the four contract cases (and two
-more) across two processes.
+`python -m kvlayout.pd selftest --engine nixl|mooncake` runs the four contract cases and more
+(hetero TP, page ratios, replicated heads, grouped conv state) across two processes.
 """
 
 from kvlayout import Plan, page_plan, token_plan

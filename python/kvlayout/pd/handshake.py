@@ -115,28 +115,35 @@ def choose_level(peer_json: str, local_json: str) -> Literal["pool", "token"]:
 def disjoint_heads(peer_json: str, local_json: str) -> list[str]:
     """Lines for each heads-split buffer whose two ranks hold no head in common at the same
     `tp_size`: rank r of one side pairs with rank r of the other, and any other pairing would
-    move no byte of that buffer (a wiring error, refused). At different `tp_size` a rank may
-    rightly share no heads with one of its peers; that is left to the plan."""
-    peer, local = json.loads(peer_json), json.loads(local_json)
-    local_shards = {b["name"]: b.get("shard") or {} for b in local["buffers"]}
+    move no byte of that buffer (a wiring error, refused). Ranks that are replicas of one head
+    (fewer KV heads than ranks: TP 4 ranks 2 and 3 of 2 heads both hold head 1) share it. At
+    different `tp_size` a rank may rightly share no heads with one of its peers; that is left to
+    the plan (and with replicated heads the `token` level names the heads each side holds). The
+    heads each rank holds are the core's (`Geometry.buffers`' `heads_held`)."""
+    peer = {b["name"]: b for b in kvlayout.Geometry.from_json(peer_json).buffers}
+    local = {b["name"]: b for b in kvlayout.Geometry.from_json(local_json).buffers}
     lines = []
-    for a in peer["buffers"]:
-        sa, sb = a.get("shard") or {}, local_shards.get(a["name"], {})
-        if (
+    for name, a in peer.items():
+        b = local.get(name)
+        if b is None:
+            continue
+        sa, sb = a.get("shard") or {}, b.get("shard") or {}
+        if not (
             sa.get("split") == "heads"
             and sb.get("split") == "heads"
             and sa.get("tp_size") == sb.get("tp_size")
             and sa.get("rank") != sb.get("rank")
         ):
-            per = (sa.get("heads_total") or 0) // max(sa.get("tp_size") or 1, 1)
-            ra, rb = sa.get("rank"), sb.get("rank")
-            slice_of = lambda r: f"[{r * per}, {(r + 1) * per})"  # noqa: E731
-            lines.append(
-                f"{a['name']}.shard.rank: {ra}, {rb} (tp_size {sa.get('tp_size')} on both "
-                f"sides: rank r pairs with rank r; the ranks' slices {slice_of(ra)} and "
-                f"{slice_of(rb)} of heads_total {sa.get('heads_total')} do not overlap, so "
-                "no byte of this buffer would move)"
-            )
+            continue
+        (alo, ahi), (blo, bhi) = a["heads_held"], b["heads_held"]
+        if max(alo, blo) < min(ahi, bhi):
+            continue  # replicas of the same heads
+        lines.append(
+            f"{name}.shard.rank: {sa.get('rank')}, {sb.get('rank')} (tp_size {sa.get('tp_size')} "
+            f"on both sides: rank r pairs with rank r; the ranks' slices [{alo}, {ahi}) and "
+            f"[{blo}, {bhi}) of heads_total {sa.get('heads_total')} do not overlap, so no byte "
+            "of this buffer would move)"
+        )
     return lines
 
 

@@ -23,6 +23,12 @@ SEED_A = "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json"
 SEED_B = "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/b.json"
 TP1 = "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level/a.json"
 TP2_R0 = "cli/tests/shared-cases/22-hetero-tp-1-to-2-token-level/b.json"
+# Qwen3.5 full attention, 2 KV heads: prefill TP 2 rank 1, decode TP 4 rank 2 (replicas 2).
+QWEN35_TP2 = "cli/tests/shared-cases/29-compatible-replicated-heads-tp2-to-tp4-token-level/a.json"
+QWEN35_TP4 = "cli/tests/shared-cases/29-compatible-replicated-heads-tp2-to-tp4-token-level/b.json"
+# Qwen3.5 GDN conv state, split_groups q|k|v = 2048|2048|4096: TP 2 rank 0, TP 4 rank 0.
+GDN_TP2 = "cli/tests/shared-cases/30-compatible-gdn-conv-split-groups-tp2-vs-tp4-token-level/a.json"
+GDN_TP4 = "cli/tests/shared-cases/30-compatible-gdn-conv-split-groups-tp2-vs-tp4-token-level/b.json"
 
 
 def _set(path: tuple, value):
@@ -33,6 +39,10 @@ def _set(path: tuple, value):
         obj[path[-1]] = value
 
     return edit
+
+
+def _rank(buffer: str, rank: int):
+    return _set(("buffers", buffer, "shard", "rank"), rank)
 
 
 def _drop_buffer(name: str):
@@ -145,6 +155,51 @@ CASES = [
         "be cut or glued",
         prefill_edits=[_set(("page_size_tokens",), 32)],
         dst_pages=[3, 4],
+    ),
+    Case(
+        "replicated-heads-tp-2-to-4",
+        QWEN35_TP2,
+        QWEN35_TP4,
+        "moved",
+        "Qwen3.5 (2 KV heads) prefill TP 2 rank 1 -> decode TP 4 rank 2: 2 replicas per head, "
+        "rank 2 holds head 2 // 2 = 1 = the prefill rank's head (token level)",
+    ),
+    Case(
+        "replicated-heads-tp-2-to-4-rank-1",
+        QWEN35_TP2,
+        QWEN35_TP4,
+        "moved",
+        "the same pair, decode rank 1 (head 1 // 2 = 0) from prefill rank 0",
+        prefill_edits=[_rank("full_attn", 0)],
+        decode_edits=[_rank("full_attn", 1)],
+    ),
+    Case(
+        "replicated-heads-rank-mod-heads",
+        QWEN35_TP2,
+        QWEN35_TP4,
+        "refused",
+        "decode TP 4 rank 2 paired with prefill rank 2 % 2 = 0 (SGLang #23746's map): head 0 "
+        "into a rank that holds head 1, refused at the token level naming both heads",
+        prefill_edits=[_rank("full_attn", 0)],
+    ),
+    Case(
+        "gdn-conv-split-groups-tp-2-to-4",
+        GDN_TP2,
+        GDN_TP4,
+        "moved",
+        "Qwen3.5 GDN conv state (one slot per request) prefill TP 2 rank 0 -> decode TP 4 "
+        "rank 1: q[512,1024) k[512,1024) v[1024,2048), three slices of the prefill slot "
+        "(rows 512, 1,536, 3,072), never its rows [2048, 4096) as one block",
+        decode_edits=[_rank("conv", 1)],
+    ),
+    Case(
+        "gdn-conv-split-groups-tp-2-to-4-rank-3",
+        GDN_TP2,
+        GDN_TP4,
+        "moved",
+        "the same pair, prefill rank 1 -> decode rank 3: q[1536,2048) k[1536,2048) v[3072,4096)",
+        prefill_edits=[_rank("conv", 1)],
+        decode_edits=[_rank("conv", 3)],
     ),
     Case(
         "stale-destination",

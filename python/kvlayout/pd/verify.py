@@ -77,7 +77,10 @@ def _held_heads(buf: Buffer, shape: list[int]) -> int:
 def sections(buf: Buffer, region: np.ndarray) -> list[np.ndarray]:
     """Per section `[layers, pages, tokens, heads, head_bytes]`, views into `region`."""
     p = buf.place
-    L, N, T = p["layers"], p["pages"], p["page_size_tokens"]
+    # Rows per page: one row per compress_ratio tokens (geometry v3; written again here from
+    # the file's field, not taken from the core's rows_per_page).
+    L, N = p["layers"], p["pages"]
+    T = p["page_size_tokens"] // buf.file.get("compress_ratio", 1)
     sizes = p["section_bytes_per_token"]
     shapes = [s["shape"] for s in buf.file["sections"]]
     if p["heads"] > 1:  # page_head: [heads][tokens][head row] per page of a layer

@@ -133,8 +133,10 @@ def decode(cfg: dict) -> dict:
     plan = build(peer_geometry, geometry, cfg["src_pages"], cfg["dst_pages"])
     local, remote = _descriptors(plan, msg["regions"], regions)
     if cfg["engine"] == "nixl":
-        peer = side.connect(base64.b64decode(msg["agent_metadata"]))
-        moved = side.read(peer, local, remote)
+        # The engine's handle of the peer agent (not `peer`, the peer's geometry, which the
+        # verification below regenerates the source pattern from).
+        agent = side.connect(base64.b64decode(msg["agent_metadata"]))
+        moved = side.read(agent, local, remote)
     else:
         moved = side.read(msg["segment"], local, remote)
     fault = cfg.get("fault")

@@ -130,3 +130,39 @@ def test_qwen3_next_attention_and_mamba(tmp_path):
     conv_bytes = conv[0] * conv[1] * 2
     assert buf(g, "state.state0")["bytes_per_token"] == conv_bytes
     assert buf(g, "state.state0")["page_stride_bytes"] == 32768
+
+
+def test_dense_flash_attention_hnd(tmp_path, monkeypatch):
+    from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+    monkeypatch.setenv("VLLM_KV_CACHE_LAYOUT", "HND")
+    get_kv_cache_layout.cache_clear()  # vLLM caches the layout for the process (functools.lru_cache)
+    try:
+        vc = config(tmp_path, hybrid_manager=False)
+        cfg, kv = allocate(vc, {attn(0): full(), attn(1): full()},
+                           {"FullAttentionSpec": FlashAttentionBackend}, 163840)
+    finally:
+        get_kv_cache_layout.cache_clear()
+    t = kv[attn(0)]
+    # (2, blocks, 16 tokens, 2 heads, 64) with heads outside the tokens: head stride 16 x 64.
+    assert t.stride(3) == 16 * 64 and t.stride(2) == 64
+    g = kvl.geometry(kv, cfg)
+    assert buf(g, "k")["arrangement"] == "head_major"
+    assert buf(g, "k")["page_stride_bytes"] == 16 * 2 * 64 * 2 == t.stride(1) * t.element_size()
+
+
+def test_mla_triton(tmp_path):
+    from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    vc = config(tmp_path, hybrid_manager=False)
+    spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    # 2 layers x 10 blocks x 64 tokens x 1152 B.
+    cfg, kv = allocate(vc, {attn(0): spec, attn(1): spec}, {"MLAAttentionSpec": TritonMLABackend},
+                       2 * 10 * 64 * 1152)
+    t = kv[attn(0)]
+    assert tuple(t.shape) == (cfg.num_blocks, 64, 576)
+    g = kvl.geometry(kv, cfg)
+    assert buf(g, "kv")["bytes_per_token"] == 576 * 2 == t.stride(1) * t.element_size()
+    assert buf(g, "kv")["page_stride_bytes"] == 64 * 1152 == t.stride(0) * t.element_size()
+    assert [s["name"] for s in buf(g, "kv")["sections"]] == ["latent", "rope"]

@@ -217,3 +217,15 @@ def test_mismatched_pairs_refused(tmp_path):
     assert "kv.bytes_per_token: 512, 1024" in e.value.lines
     guard = kvl.transfer_guard(kv_a, kv_a, cfg_a, kv_cache_layout="LBNHC")
     guard.check_pages("load", 0, [9, 0], [0, 9])
+
+
+def test_view_not_where_kv_cache_tensor_says_refused(tmp_path):
+    vc = vllm_config(tmp_path)
+    cfg, kv = allocate(vc, {attn(0): full(), attn(1): full()})
+    (kt,) = cfg.kv_cache_tensors
+    # layer 1 starts 10 blocks x 8192 B = 81920 B after layer 0; a config claiming 40960 B lies.
+    assert kt.layer_stride == 81920
+    kt.layer_stride = 40960
+    with pytest.raises(kvlayout.TensorMismatch, match="puts layer model.layers.1.self_attn.attn at "
+                       "40960 B, its view starts at 81920 B"):
+        kvl.geometry(kv, cfg, kv_cache_layout="LBNHC")

@@ -37,7 +37,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap};
 
 use kvlayout_pool::PagePair;
 
-use crate::error::{ReplayError, workload_err};
+use crate::error::{Param, ReplayError, workload_err};
 use crate::trace::{BLOCK_TOKENS, Request, line_err};
 
 mod tree;
@@ -191,7 +191,7 @@ impl Schedule {
     pub fn new(cfg: ScheduleConfig) -> Result<Schedule, ReplayError> {
         if cfg.page_size_tokens == 0 || !BLOCK_TOKENS.is_multiple_of(cfg.page_size_tokens) {
             return Err(workload_err(
-                "page_size_tokens",
+                Param::PageSizeTokens,
                 format!(
                     "{} does not divide the trace's {BLOCK_TOKENS}-token blocks",
                     cfg.page_size_tokens
@@ -200,7 +200,7 @@ impl Schedule {
         }
         if BLOCK_TOKENS / cfg.page_size_tokens > 8 {
             return Err(workload_err(
-                "page_size_tokens",
+                Param::PageSizeTokens,
                 format!(
                     "{} gives {} pages per {BLOCK_TOKENS}-token block; at most 8 are modelled",
                     cfg.page_size_tokens,
@@ -209,9 +209,9 @@ impl Schedule {
             ));
         }
         for (field, v) in [
-            ("--device-pages", cfg.device_pages),
-            ("--host-pages", cfg.host_pages),
-            ("--prefill-tokens-per-s", cfg.prefill_tokens_per_s),
+            (Param::DevicePages, cfg.device_pages),
+            (Param::HostPages, cfg.host_pages),
+            (Param::PrefillTokensPerS, cfg.prefill_tokens_per_s),
         ] {
             if v == 0 {
                 return Err(workload_err(field, "must be at least 1, got 0".into()));
@@ -364,7 +364,7 @@ impl Schedule {
                 // Wait for the next request to finish.
                 let Some(Reverse((end, id))) = self.running.pop() else {
                     return Err(workload_err(
-                        "--device-pages",
+                        Param::DevicePages,
                         format!(
                             "{} pages cannot hold the request of trace line {}: it needs {need} \
                              pages ({load_pages} to load, {compute_pages} to compute, \
@@ -419,7 +419,7 @@ impl Schedule {
             let mut device = [0u32; 8];
             for (slot, &h) in device.iter_mut().zip(&node.host).take(node.pages as usize) {
                 *slot = self.device_free.pop().ok_or_else(|| {
-                    workload_err("--device-pages", "no free page after eviction".into())
+                    workload_err(Param::DevicePages, "no free page after eviction".into())
                 })?;
                 pairs.push(PagePair::new(u64::from(*slot), u64::from(h)));
             }
@@ -519,7 +519,7 @@ impl Schedule {
         let mut private = Vec::with_capacity(private_pages as usize);
         for _ in 0..private_pages {
             private.push(self.device_free.pop().ok_or_else(|| {
-                workload_err("--device-pages", "no free page for decoding".into())
+                workload_err(Param::DevicePages, "no free page for decoding".into())
             })?);
         }
         if out.loaded_pages > 0 {
@@ -592,10 +592,9 @@ impl Schedule {
         }
         let mut device = self.nodes[n as usize].device;
         for slot in device.iter_mut().take(p as usize).skip(have) {
-            *slot = self
-                .device_free
-                .pop()
-                .ok_or_else(|| workload_err("--device-pages", "no free page for prefill".into()))?;
+            *slot = self.device_free.pop().ok_or_else(|| {
+                workload_err(Param::DevicePages, "no free page for prefill".into())
+            })?;
         }
         let hash_id = self.nodes[n as usize].hash_id;
         for (i, &d) in device.iter().enumerate().take(p as usize).skip(have) {

@@ -133,7 +133,7 @@ fn a_request_larger_than_the_device_pool_names_device_pages() {
         .admit(&req(9, 0, 512, 0, &[1]), &mut Log::default())
         .unwrap_err()
         .to_string();
-    assert!(e.starts_with("workload: --device-pages: 4 pages cannot hold the request of trace line 9: it needs 8 pages"), "{e}");
+    assert!(e.starts_with("workload: device_pages: 4 pages cannot hold the request of trace line 9: it needs 8 pages"), "{e}");
 }
 
 /// Regression: 512 prompt tokens fill 512 / 64 = 8 pages exactly; the 1 decoded token needs
@@ -148,7 +148,7 @@ fn a_request_larger_than_the_pool_counts_its_private_pages_honestly() {
         .to_string();
     assert_eq!(
         e,
-        "workload: --device-pages: 4 pages cannot hold the request of trace line 9: it needs \
+        "workload: device_pages: 4 pages cannot hold the request of trace line 9: it needs \
          9 pages (0 to load, 8 to compute, 1 private for its 0 prompt tokens past the last full \
          page and 1 decoded tokens)"
     );

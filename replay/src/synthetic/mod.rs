@@ -36,7 +36,7 @@ use kvlayout_pool::{HiCache, KvPool, PagePair};
 
 use crate::codec::{self, CodecError};
 pub use crate::error::ReplayError;
-use crate::error::workload_err;
+use crate::error::{Param, workload_err};
 use crate::indexer::top_k;
 pub use crate::pairing::{HostSource, read_host_geometry};
 use crate::pairing::{Paired, Sample, pair_pools};
@@ -133,14 +133,14 @@ pub fn run_with<B: Backend>(
 ) -> Result<ReplayOutcome, ReplayError> {
     let w = &input.workload;
     for (field, v) in [
-        ("sessions", w.sessions),
-        ("layers", w.layers),
-        ("turns", w.turns),
-        ("prefix_groups", w.prefix_groups),
-        ("concurrency", w.concurrency),
-        ("device_pages", w.device_pages),
-        ("indexer_heads", w.indexer_heads),
-        ("top_k", w.top_k as u64),
+        (Param::Sessions, w.sessions),
+        (Param::Layers, w.layers),
+        (Param::Turns, w.turns),
+        (Param::PrefixGroups, w.prefix_groups),
+        (Param::Concurrency, w.concurrency),
+        (Param::DevicePages, w.device_pages),
+        (Param::IndexerHeads, w.indexer_heads),
+        (Param::TopK, w.top_k as u64),
     ] {
         if v == 0 {
             return Err(workload_err(field, "must be at least 1, got 0".into()));
@@ -232,13 +232,13 @@ pub fn run_with<B: Backend>(
         .prefix_pages
         .checked_mul(page_size)
         .and_then(|p| p.checked_add(w.turns.checked_mul(w.user_tokens + w.decode_tokens)?))
-        .ok_or_else(|| workload_err("turns", "token count overflows".into()))?;
+        .ok_or_else(|| workload_err(Param::Turns, "token count overflows".into()))?;
     let pages_per_session = max_tokens.div_ceil(page_size);
     let batch = w.concurrency.min(w.sessions);
     let need = pages_per_session.saturating_mul(batch);
     if pages_per_session > w.device_pages {
         return Err(workload_err(
-            "--device-pages",
+            Param::DevicePages,
             format!(
                 "{} pages cannot hold one session of {max_tokens} tokens ({pages_per_session} pages)",
                 w.device_pages
@@ -247,7 +247,7 @@ pub fn run_with<B: Backend>(
     }
     if need > w.device_pages {
         return Err(workload_err(
-            "--concurrency",
+            Param::Concurrency,
             format!(
                 "{} sessions at once need {batch} x {pages_per_session} pages = {need}, more than \
                  the device pool's {} pages (--device-pages); at most {} fit",
@@ -262,7 +262,7 @@ pub fn run_with<B: Backend>(
     let first_context = w.prefix_pages * page_size + w.user_tokens;
     if index_k.is_some() && w.top_k as u64 > first_context {
         return Err(workload_err(
-            "--top-k",
+            Param::TopK,
             format!(
                 "{} is more than the {first_context} tokens the indexer picks from at the first \
                  decode step ({} prefix + {} prompt tokens)",
@@ -366,7 +366,7 @@ impl<B: Backend> Sim<'_, B> {
         candidates.sort_by_key(|&i| self.pages[i].last_use);
         if candidates.len() < want {
             return Err(workload_err(
-                "device_pages",
+                Param::DevicePages,
                 format!(
                     "{} pages: no unpinned page left to evict",
                     self.w.device_pages
@@ -384,9 +384,9 @@ impl<B: Backend> Sim<'_, B> {
                 Some(h) => h,
                 None => self.host_free.pop().ok_or_else(|| {
                     workload_err(
-                        "host pages",
+                        Param::HostPages,
                         format!(
-                            "the host pool's {} pages are full (this replay does not evict host pages: raise --host-pages, or the host geometry file's pages)",
+                            "the host pool's {} pages are full (this replay does not evict host pages: raise them, or the host geometry file's pages)",
                             self.report.host_pages
                         ),
                     )
@@ -419,7 +419,7 @@ impl<B: Backend> Sim<'_, B> {
         let d = self
             .device_free
             .pop()
-            .ok_or_else(|| workload_err("device_pages", "no free page".into()))?;
+            .ok_or_else(|| workload_err(Param::DevicePages, "no free page".into()))?;
         self.pages[id].device = Some(d);
         Ok(d)
     }
@@ -443,7 +443,7 @@ impl<B: Backend> Sim<'_, B> {
         let key = self.source.token_key(owner, pos);
         let dev = self.pages[id]
             .device
-            .ok_or_else(|| workload_err("pages", "writing a page not on the device".into()))?;
+            .ok_or_else(|| workload_err(Param::Pages, "writing a page not on the device".into()))?;
         let slot = pos % self.page_size;
         let buffers = self.cache.device().geometry().buffers.clone();
         for (b, buf) in buffers.iter().enumerate() {
@@ -591,7 +591,7 @@ impl<B: Backend> Sim<'_, B> {
             let d = self
                 .device_free
                 .pop()
-                .ok_or_else(|| workload_err("device_pages", "no free page".into()))?;
+                .ok_or_else(|| workload_err(Param::DevicePages, "no free page".into()))?;
             self.pages[id].device = Some(d);
             match (self.pages[id].host, self.pages[id].host_valid) {
                 (Some(h), true) => {

@@ -16,7 +16,7 @@ const HEAD_DIM: usize = 128;
 #[kv(arrangement = "head_major")]
 struct MhaK {
     k: [[Fp8; HEAD_DIM]; HEADS],
-    #[kv(scales = k, block = 32)]
+    #[kv(scales = k, block_elems = 32)]
     k_scale: [[Ue8m0; 4]; HEADS],
 }
 
@@ -34,7 +34,7 @@ struct Row {
 struct Dsv4 {
     nope: [F8E4M3; 448],
     rope: [bf16; 64],
-    #[kv(scales = nope, block = 64)]
+    #[kv(scales = nope, block_elems = 64)]
     scale: [Ue8m0; 7],
     pad: [u8; 1],
 }

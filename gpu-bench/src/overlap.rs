@@ -30,12 +30,9 @@ use kvlayout_kernels::{
     RunOrder,
 };
 
-use crate::explore;
 use crate::paths::{self, Mode, Path};
 use crate::report::{self, Row, Stat, print_row, stat};
-use crate::workload::{
-    Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, subset_shape, token_shape,
-};
+use crate::workload::{Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, token_shape};
 
 const GEMM_N: usize = 8192;
 const WINDOWS: usize = 5;
@@ -79,7 +76,6 @@ struct Ctx<'a> {
     dev: DeviceBytes,
     peer: CudaFunction,
     gemm: GemmLoop,
-    extra: explore::Extra,
 }
 
 struct GemmLoop {
@@ -252,20 +248,10 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                 };
                 gpu.enqueue_copy_runs(src, dst, &call.dev_runs, shape)
             }
-            Path::Items(sms) => {
-                let shape = sms.map_or(LaunchShape::default(), LaunchShape::sm_budget);
-                for (specs, si, di) in &call.items {
-                    gpu.enqueue_copy_items_multi(specs, src, dst, si, di, shape)?;
-                }
-                Ok(())
-            }
             Path::Staged => gpu.enqueue_staged_runs(src, dst, &call.runs).map(|_| ()),
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
                 .map(|_| ()),
-            Path::Explore(c) => {
-                explore::enqueue(gpu, &cx.extra, call, (src_base, dst_base), h2d, c)
-            }
         }
     }
 }
@@ -490,6 +476,25 @@ fn measure(
     })
 }
 
+/// `--loads-only` / `--backups-only`: whether transfers in this direction (`h2d`: loads) are
+/// measured.
+fn direction_wanted(h2d: bool) -> bool {
+    let arg = |f: &str| std::env::args().any(|a| a == f);
+    if h2d {
+        !arg("--backups-only")
+    } else {
+        !arg("--loads-only")
+    }
+}
+
+/// `--sm-carveout K`: the GEMM's cuBLAS handle leaves K SMs (`cublasSetSmCountTarget`) and the
+/// chooser is told (`Gpu::set_model_carveout_sms`).
+fn sm_carveout() -> Option<u32> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|a| a == "--sm-carveout")?;
+    args.get(at + 1)?.parse().ok()
+}
+
 /// `--hold SECONDS`: the seconds of each phase of [`hold_phases`].
 fn hold_seconds() -> Result<Option<f64>, KernelError> {
     let args: Vec<String> = std::env::args().collect();
@@ -610,7 +615,7 @@ impl HoldRound {
 /// [`HOLD_GEMMS_PER_ROUND`] GEMMs queued, enqueuing the next on a stream as soon as one of its rounds has ended, so
 /// neither stream waits for the other and the host's part of a transfer (planning, checks)
 /// overlaps the window before it, as in an engine that enqueues its next copy ahead (a split
-/// load's run-list ring lets the host get only [`kvlayout_kernels::RUN_RING_SLOTS`] launches
+/// load's run-list ring lets the host get only 8 launches
 /// ahead of the GPU, so its enqueue time follows the GPU's). A window's time runs from the end
 /// of the one before it (or its own enqueue, on an idle stream) to its end; the GEMM's
 /// milliseconds are its counted rounds' time over their GEMMs. Only rounds that ended before
@@ -746,11 +751,7 @@ fn hold(
 /// page transfers.
 /// `small`: only the 1- and 8-page transfers, memcpy, the driver's batch and the chooser.
 pub fn run(mode: Mode) -> Result<(), KernelError> {
-    let (sweep, small, exploring) = (
-        mode == Mode::Sweep,
-        mode == Mode::Small,
-        mode == Mode::Explore,
-    );
+    let (sweep, small) = (mode == Mode::Sweep, mode == Mode::Small);
     let gpu = Gpu::new(0)?;
     gpu.compile()?;
     let name = gpu.context().name().unwrap_or_default();
@@ -789,13 +790,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             }
         })
     };
-    // `--huge`: the host pool on transparent huge pages, registered (explore.rs).
-    let host: Box<dyn GpuBytes> = if std::env::args().any(|a| a == "--huge") {
-        let mut h = explore::HugeHost::new(&gpu, total)?;
-        fill(h.as_mut_slice());
-        explore::print_huge_page_status();
-        Box::new(h)
-    } else {
+    let host: Box<dyn GpuBytes> = {
         let mut p = gpu.alloc_pinned(total)?;
         fill(p.as_mut_slice());
         Box::new(p)
@@ -810,8 +805,6 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     let peer = load_module(&gpu, PEER_SOURCE)?
         .load_function("sglang_warp_copy")
         .map_err(drv("cuModuleGetFunction"))?;
-    let explore_module = load_module(&gpu, explore::SOURCE)?;
-    let extra = explore::Extra::new(&gpu, &explore_module)?;
 
     let stream = gpu.context().new_stream().map_err(drv("cuStreamCreate"))?;
     let blas = CudaBlas::new(stream.clone()).map_err(|e| KernelError::Driver {
@@ -842,11 +835,10 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         dev,
         peer,
         gemm,
-        extra,
     };
 
     let mut gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
-    if let Some(k) = explore::sm_carveout() {
+    if let Some(k) = sm_carveout() {
         // `--sm-carveout K`: the model's cuBLAS handle targets all SMs but K
         // (`cublasSetSmCountTarget`), leaving K to a copy kernel; the chooser is told.
         gpu.set_model_carveout_sms(k)?;
@@ -888,7 +880,9 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
                 d.total_bytes()? as f64 / 1e9
             );
             for h2d in [true, false] {
-                shapes.push(page1_shape(&gpu, &mut rng, h, d, h2d)?);
+                if direction_wanted(h2d) {
+                    shapes.push(page1_shape(&gpu, &mut rng, h, d, h2d)?);
+                }
             }
         }
     }
@@ -904,30 +898,19 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         (1, 1, false, true, 2000, false),
         (1024, 61, false, false, 1, true),
     ];
-    let picked = all_shapes.into_iter().enumerate().filter(|&(i, _)| {
-        if sweep {
-            i < 3
-        } else if exploring && std::env::args().any(|a| a == "--orders") {
-            i == 0
-        } else if exploring && explore::sm_carveout().is_some() {
-            if std::env::args().any(|a| a == "--gather") {
-                // Backups only, random and consecutive pages.
-                i == 1 || i == 9
-            } else if std::env::args().any(|a| a == "--loads-only") {
-                i == 0 || i == 2
-            } else if std::env::args().any(|a| a == "--backups-only") {
-                i == 1 || i == 3
+    let picked = all_shapes
+        .into_iter()
+        .enumerate()
+        .filter(|&(i, (_, _, h2d, ..))| {
+            let shown = if sweep {
+                i < 3
+            } else if small {
+                (5..9).contains(&i)
             } else {
-                i < 4 || i == 9
-            }
-        } else if exploring {
-            i < 5 && (i < 2 || i == 4 || std::env::args().any(|a| a == "--large"))
-        } else if small {
-            (5..9).contains(&i)
-        } else {
-            !page1
-        }
-    });
+                !page1
+            };
+            shown && direction_wanted(h2d)
+        });
     for (_, (pages, layers, h2d, lbl, burst, consecutive)) in picked {
         shapes.push(page_shape(
             &gpu,
@@ -942,36 +925,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             consecutive,
         )?);
     }
-    if exploring && std::env::args().any(|a| a == "--orders") {
-        // The load's order, on three sets of random pages.
-        for _ in 0..2 {
-            shapes.push(page_shape(
-                &gpu, &mut rng, &host_pool, &dev_pool, 1024, 61, true, true, 1, false,
-            )?);
-        }
-    }
-    if exploring {
-        let mut gemm_fn = || cx.gemm.enqueue();
-        if std::env::args().any(|a| a == "--spin") {
-            explore::spin_cost(
-                &gpu,
-                &cx.extra,
-                &mut gemm_fn,
-                &stream,
-                &[(1, 32), (1, 1024), (2, 1024), (8, 1024)],
-            )?;
-        }
-        if std::env::args().any(|a| a == "--subsets") {
-            let mut subsets = Vec::new();
-            for i in [0, 1] {
-                for long in [true, false] {
-                    subsets.push(subset_shape(&gpu, &shapes[i], long)?);
-                }
-            }
-            subsets.append(&mut shapes);
-            shapes = subsets;
-        }
-    } else if !sweep && !small && !page1 {
+    if !sweep && !small && !page1 && direction_wanted(true) {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
 
@@ -1008,7 +962,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
                 100.0 * outside.lo,
                 100.0 * outside.hi
             );
-            if sweep || exploring {
+            if sweep {
                 println!(
                     "    host enqueue time of the last alone window: {:.2} ms",
                     cx.host_ms

@@ -1,5 +1,5 @@
-"""Regression tests of the second new-user review: a guard shared by threads, model layer ids
-on hybrid pools, bools refused, pickled exceptions, argument errors named by field."""
+"""A guard shared by threads, model layer ids on hybrid pools, bools refused, pickled
+exceptions, argument errors named by field (each a fixed bug, kept as a test)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 //! The `--overlap` workload: DeepSeek-V3.2 DSA pools (MLA fp8 656 B/token + index-K fp8
 //! 132 B/token, 61 layers, 64-token pages), host `page_first`, device `layer_first`, and the
-//! transfers HiCache makes with them, as run lists and as index lists.
+//! transfers HiCache makes with them, as run lists; and at page size 1 (`--page-size-1`),
+//! Llama-3.1-8B's and DeepSeek-V3's MLA pools.
 
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, formats};
 use kvlayout_kernels::test_data::SplitMix64;
-use kvlayout_kernels::{
-    ByteRun, CopySpec, DeviceIndices, DeviceRuns, Gpu, Granularity, KernelError, RunOrder,
-};
+use kvlayout_kernels::{ByteRun, DeviceRuns, Gpu, KernelError, RunOrder};
 
 pub const LAYERS: u64 = 61;
 pub const PAGE_TOKENS: u64 = 64;
@@ -42,8 +41,6 @@ pub struct Call {
     /// part) each, on the device.
     pub peer_items: DeviceRuns,
     pub peer_item_count: u64,
-    /// Index-list form per buffer: the specs (one per part) and the two lists.
-    pub items: Vec<(Vec<CopySpec>, DeviceIndices, DeviceIndices)>,
     pub bytes: u64,
 }
 
@@ -144,17 +141,7 @@ pub fn page_shape(
             order.sort_by_key(|&i| at(i));
             runs = order.into_iter().map(|i| runs[i]).collect();
         }
-        let mut items = Vec::new();
-        for b in [0usize, 1] {
-            let specs =
-                CopySpec::for_pool_buffer(sp, dp, b, Granularity::Page, layer_range.clone())?;
-            items.push((
-                specs,
-                gpu.upload_indices(s_pages)?,
-                gpu.upload_indices(d_pages)?,
-            ));
-        }
-        calls.push(call(gpu, runs, peer, items, h2d)?);
+        calls.push(call(gpu, runs, peer, h2d)?);
     }
     Ok(Shape {
         name: format!(
@@ -222,18 +209,8 @@ pub fn token_shape(
                 INDEX_K_SCALE_BYTES,
             ));
         }
-        let mut items = Vec::new();
-        for b in [0usize, 1] {
-            let specs =
-                CopySpec::for_pool_buffer(host, device, b, Granularity::Token, layer..layer + 1)?;
-            items.push((
-                specs,
-                gpu.upload_indices(&src_tokens)?,
-                gpu.upload_indices(&slots)?,
-            ));
-        }
         let peer = runs.clone();
-        calls.push(call(gpu, runs, peer, items, true)?);
+        calls.push(call(gpu, runs, peer, true)?);
     }
     Ok(Shape {
         name: format!(
@@ -246,13 +223,7 @@ pub fn token_shape(
     })
 }
 
-fn call(
-    gpu: &Gpu,
-    runs: Vec<ByteRun>,
-    peer: Vec<ByteRun>,
-    items: Vec<(Vec<CopySpec>, DeviceIndices, DeviceIndices)>,
-    h2d: bool,
-) -> Result<Call, KernelError> {
+fn call(gpu: &Gpu, runs: Vec<ByteRun>, peer: Vec<ByteRun>, h2d: bool) -> Result<Call, KernelError> {
     let order = if h2d {
         RunOrder::SrcAscending
     } else {
@@ -264,31 +235,7 @@ fn call(
         peer_item_count: peer.len() as u64,
         peer_items: gpu.upload_runs(&peer, RunOrder::AsGiven)?,
         runs,
-        items,
         bytes,
-    })
-}
-
-/// `shape` with only its long runs (MLA pages, `long`) or only its short ones (index-K pages):
-/// what each buffer costs the copy engines on its own.
-pub fn subset_shape(gpu: &Gpu, shape: &Shape, long: bool) -> Result<Shape, KernelError> {
-    let keep = |r: &ByteRun| (r.len_bytes >= 16 * 1024) == long;
-    let mut calls = Vec::new();
-    for c in &shape.calls {
-        let runs: Vec<ByteRun> = c.runs.iter().copied().filter(keep).collect();
-        let peer = runs.clone();
-        calls.push(call(gpu, runs, peer, Vec::new(), shape.h2d)?);
-    }
-    Ok(Shape {
-        name: format!(
-            "{}, {} only",
-            shape.name,
-            if long { "MLA runs" } else { "index-K runs" }
-        ),
-        h2d: shape.h2d,
-        calls,
-        burst: shape.burst,
-        token_granular: false,
     })
 }
 
@@ -366,7 +313,7 @@ pub fn page1_shape(
                 }
             }
             let peer = runs.clone();
-            calls.push(call(gpu, runs, peer, Vec::new(), true)?);
+            calls.push(call(gpu, runs, peer, true)?);
         }
     } else {
         let mut runs = Vec::new();
@@ -378,7 +325,7 @@ pub fn page1_shape(
             }
         }
         let peer = runs.clone();
-        calls.push(call(gpu, runs, peer, Vec::new(), false)?);
+        calls.push(call(gpu, runs, peer, false)?);
     }
     Ok(Shape {
         name: format!(

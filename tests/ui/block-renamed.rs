@@ -1,0 +1,13 @@
+// The field attribute `block` is now `block_elems`: the old name is refused with a hint.
+use kvlayout::KvLayout;
+use kvlayout::elem::F8E4M3;
+
+#[derive(KvLayout)]
+#[kv(arrangement = "section_major")]
+struct IndexK {
+    values: [F8E4M3; 128],
+    #[kv(scales = values, block = 128)]
+    scale: [f32; 1],
+}
+
+fn main() {}
