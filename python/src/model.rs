@@ -196,7 +196,7 @@ pub fn describe(
         Some(p) => count_arg(py, "pages", p)?,
         None => 1024,
     };
-    let (m, mut opts) = load(
+    let (m, opts) = load(
         py,
         model,
         kv_dtype,
@@ -204,15 +204,10 @@ pub fn describe(
         tp,
         rank,
         state_dtype,
-        page_size_tokens.unwrap_or(64),
+        page_size_tokens,
         pages,
         equal_page_bytes,
     )?;
-    // As the CLI: the engine's page size unless one is given (256 for DeepSeek-V4 on SGLang's
-    // CUDA pool, 64 otherwise).
-    if page_size_tokens.is_none() {
-        opts.page_size_tokens = m.engine_page_size_tokens();
-    }
     let pool = m
         .pool(&opts)
         .map_err(|e| errors::model_error(py, e.to_string()))?;
