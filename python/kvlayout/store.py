@@ -100,8 +100,8 @@ def key_of(prefix: str, buffer: str, layer: int, page: int) -> str:
 
 # ---- self-test ----
 
-CASE19_WRITER = "cli-tests/shared-cases/19-storage-cross-layer-vs-per-layer/a.json"
-CASE19_READER = "cli-tests/shared-cases/19-storage-cross-layer-vs-per-layer/b.json"
+CASE19_WRITER = "cli/tests/shared-cases/19-storage-cross-layer-vs-per-layer/a.json"
+CASE19_READER = "cli/tests/shared-cases/19-storage-cross-layer-vs-per-layer/b.json"
 PAGES = [0, 3, 5, 6]
 LAYERS = [0, 1]
 
