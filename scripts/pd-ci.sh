@@ -26,4 +26,4 @@ fi
 "$VENV/bin/python" -m pip install --quiet numpy
 "$VENV/bin/python" -m pip install --quiet --no-deps nixl-cu12
 "$VENV/bin/python" -m pip install --quiet mooncake-transfer-engine-non-cuda
-KVLAYOUT_PY_VENV="$VENV" KVLAYOUT_PD_REQUIRE_ENGINES=1 exec scripts/python-tests.sh -k test_pd_ "$@"
+KVLAYOUT_PY_VENV="$VENV" KVLAYOUT_PD_REQUIRE_ENGINES=1 exec scripts/python-tests.sh -k "test_pd_ or test_store_" "$@"

@@ -16,7 +16,8 @@
 #   6. the wheel (pip wheel ./python, abi3) installed alone in a fresh venv outside the
 #      repository: the prefill/decode self-test there (scripts/wheel-ci.sh);
 #   7. the adapters on the engines' own code: SGLang 0.5.23, vLLM 0.33.0 and 0.20.0 on the CPU
-#      (scripts/engines-ci.sh; download sizes in README).
+#      (scripts/engines-ci.sh; download sizes in README);
+#   8. the L3 page store self-test on a real Mooncake Store (python -m kvlayout.store selftest).
 # GPU tests are not run here (CI has no GPU; they print why they skip): scripts/gpu-check.sh
 # runs them all with the GPU required.
 set -euo pipefail
@@ -46,6 +47,9 @@ scripts/python-tests.sh
 
 step "prefill/decode handshake over NIXL and Mooncake"
 scripts/pd-ci.sh
+
+step "L3 page store on Mooncake Store (kvlayout.store selftest, mooncake_master on 127.0.0.1)"
+"${KVLAYOUT_PY_VENV:-target/py-venv}/bin/python" -m kvlayout.store selftest
 
 step "the wheel, installed outside the repository"
 scripts/wheel-ci.sh

@@ -28,7 +28,7 @@ enum Command {
     /// Print a real model's pool geometry.
     Describe(describe::DescribeArgs),
     /// Replay a HiCache workload and report corrupted sessions.
-    Replay(replay::ReplayArgs),
+    Replay(Box<replay::ReplayArgs>),
 }
 
 fn main() -> ExitCode {

@@ -807,3 +807,56 @@ fn index_k_on_a_model_without_the_indexer_is_refused() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// Issue 23: `--checksum` on the trace replay: `all` prints a checksum line (mirrored host: no
+/// mismatch); the seed's host file with `--no-verify` mismatches on loads and still exits 3;
+/// a bad mode and the synthetic workload are refused by name.
+#[test]
+fn checksum_flag_on_the_trace_replay() {
+    let (code, text) = replay_on_trace(&[
+        "--index-k",
+        "bf16",
+        "--device-pages",
+        "24",
+        "--checksum",
+        "all",
+    ]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("checksums (all): ") && text.contains(" 0 mismatched, in 0 loads"),
+        "{text}"
+    );
+    let (code, text) = replay_on_trace(&[
+        "--index-k",
+        "bf16",
+        "--device-pages",
+        "24",
+        "--host-geometry",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../configs/geometry/host-index-k-fp8-formula.json"
+        ),
+        "--no-verify",
+        "--checksum",
+        "sampled:1",
+    ]);
+    assert_eq!(code, 3, "{text}");
+    assert!(
+        text.contains("checksums (sampled:1): ") && text.contains("first mismatch: "),
+        "{text}"
+    );
+    let (code, text) = replay_on_trace(&["--checksum", "sampled:0"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("sampled:0") && text.contains("sampled:N with N >= 1"),
+        "{text}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--workload", "synthetic", "--checksum", "all"])
+        .output()
+        .expect("run kvlayout");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--checksum belongs to --workload trace")
+    );
+}

@@ -44,6 +44,7 @@
 //! assert!(validate_runs(&bad, 8192, 8192).is_err());
 //! ```
 
+pub mod checksum_gpu;
 mod copy_cpu;
 pub mod copy_runs;
 mod cuda_source;

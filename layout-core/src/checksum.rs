@@ -24,15 +24,17 @@
 //!   zero-padded. With `K_j = (j + 1) * 0x9e3779b97f4a7c15` (the same for every chunk) and eight
 //!   lanes `a_0 .. a_7` starting at 0, for each word `j`: `x = w_j ^ K_j`;
 //!   `a_{j mod 8} += (x mod 2^32) * (x >> 32)`; `a_{(j mod 8) xor 1} += w_j`.
-//! - Chunks in order, lanes in order: `h = fmix(h ^ a_l)`. The checksum is the final `h`.
+//! - A chunk's value `c = sum over l of fmix(a_l ^ (l + 1) * 0xc2b2ae3d27d4eb4f)` (eight
+//!   independent mixes); chunks in order: `h = fmix(h ^ c)`. The checksum is the final `h`.
 //!
 //! # Why this function
 //! A chunk's lanes are sums of independent per-word terms, so a GPU hashes a page's chunks in
 //! parallel (a warp per chunk, any summation order) and combines them in a fixed order; a CPU
 //! core vectorizes the 32 x 32 -> 64-bit products (xxh3's accumulation). A changed word changes
-//! its lane `(j mod 8) xor 1` by exactly the difference of the words (non-zero modulo 2^64),
-//! and the chain of `fmix` is a bijection in each lane given the ones before: **any change
-//! confined to one 8-byte word (so any single changed byte) is always detected**. Two swapped
+//! its lane `(j mod 8) xor 1` by exactly the difference of the words (non-zero modulo 2^64);
+//! `fmix` is a bijection, so that lane's term of `c` changes and the others do not, so `c`
+//! changes, and the chain is a bijection in `c` given the chunks before: **any change confined
+//! to one 8-byte word (so any single changed byte) is always detected**. Two swapped
 //! words change the lanes unless they are equal (different `j mod 8`), or meet different keys
 //! `K_j` (same `j mod 8`, same or other chunk order): detected except with a pseudo-random
 //! 2^-64-scale chance (a property test checks both).
@@ -60,6 +62,8 @@ pub const LANES: usize = 8;
 pub const DOMAIN: u64 = u64::from_le_bytes(*b"kvlayout");
 /// The key step: `K_j = (j + 1) * KEY_STEP`.
 pub const KEY_STEP: u64 = 0x9e37_79b9_7f4a_7c15;
+/// The lane key step: lane `l` is mixed as `fmix(a_l ^ (l + 1) * LANE_STEP)`.
+pub const LANE_STEP: u64 = 0xc2b2_ae3d_27d4_eb4f;
 
 /// The per-word keys of a chunk, `K_j = (j + 1) * KEY_STEP`.
 pub const KEYS: [u64; CHUNK_WORDS] = {
@@ -232,32 +236,22 @@ pub fn chunk_lanes(chunk: &[u8]) -> [u64; LANES] {
     chunk_lanes_portable(chunk)
 }
 
-/// Folds one chunk's lanes into the chain.
+/// Folds one chunk's lanes into the chain: `fmix(h ^ sum of fmix(a_l ^ (l + 1) * LANE_STEP))`.
 #[inline]
-pub fn fold_lanes(mut h: u64, lanes: &[u64; LANES]) -> u64 {
-    for &a in lanes {
-        h = fmix(h ^ a);
+pub fn fold_lanes(h: u64, lanes: &[u64; LANES]) -> u64 {
+    let mut c = 0u64;
+    for (l, &a) in lanes.iter().enumerate() {
+        c = c.wrapping_add(fmix(a ^ (l as u64 + 1).wrapping_mul(LANE_STEP)));
     }
-    h
+    fmix(h ^ c)
 }
 
 /// The checksum of one page payload (see the module docs): `token_fingerprint` is the buffer's
 /// token fingerprint, `layer_id` the model layer id.
 pub fn page_checksum(token_fingerprint: u64, layer_id: u64, payload: &[u8]) -> u64 {
     let mut h = seed(token_fingerprint, layer_id, payload.len() as u64);
-    // The lanes of up to 8 chunks, then their folds: the fold's serial chain of `fmix` then
-    // overlaps the next group's sums.
-    let mut lanes = [[0u64; LANES]; 8];
-    let mut group = payload.chunks(CHUNK_BYTES).peekable();
-    while group.peek().is_some() {
-        let mut n = 0;
-        for (slot, chunk) in lanes.iter_mut().zip(group.by_ref().take(8)) {
-            *slot = chunk_lanes(chunk);
-            n += 1;
-        }
-        for l in &lanes[..n] {
-            h = fold_lanes(h, l);
-        }
+    for chunk in payload.chunks(CHUNK_BYTES) {
+        h = fold_lanes(h, &chunk_lanes(chunk));
     }
     h
 }
@@ -423,11 +417,12 @@ mod tests {
         lanes[0] = (x & 0xffff_ffff).wrapping_mul(x >> 32);
         lanes[1] = w;
         assert_eq!(chunk_lanes(&[1, 2, 3]), lanes);
-        let mut h = fmix(fmix(fmix(7 ^ 0x7475_6f79_616c_766b) ^ 2) ^ 3);
-        for a in lanes {
-            h = fmix(h ^ a);
+        let h = fmix(fmix(fmix(7 ^ 0x7475_6f79_616c_766b) ^ 2) ^ 3);
+        let mut c = 0u64;
+        for (l, a) in lanes.into_iter().enumerate() {
+            c = c.wrapping_add(fmix(a ^ (l as u64 + 1).wrapping_mul(0xc2b2_ae3d_27d4_eb4f)));
         }
-        assert_eq!(page_checksum(7, 2, &[1, 2, 3]), h);
+        assert_eq!(page_checksum(7, 2, &[1, 2, 3]), fmix(h ^ c));
     }
 
     #[test]

@@ -30,8 +30,7 @@ def page_checksum(token_fingerprint, layer_id, payload):
             x = w ^ ((j + 1) * 0x9E3779B97F4A7C15 & M)
             lanes[j % 8] = (lanes[j % 8] + (x & 0xFFFFFFFF) * (x >> 32)) & M
             lanes[(j % 8) ^ 1] = (lanes[(j % 8) ^ 1] + w) & M
-        for a in lanes:
-            h = fmix(h ^ a)
+        h = fmix(h ^ sum(fmix(a ^ ((l + 1) * 0xC2B2AE3D27D4EB4F & M)) for l, a in enumerate(lanes)) % 2**64)
     return h
 
 

@@ -8,6 +8,7 @@ from ._kvlayout import (
     compare as compare,
     describe as describe,
     formats as formats,
+    page_checksum as page_checksum,
     page_plan as page_plan,
     token_plan as token_plan,
     totals as totals,

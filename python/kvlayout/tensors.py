@@ -475,3 +475,21 @@ def geometry_from_tensors(
         raise TensorMismatch(f"{fewest_name}.pages",
                              f"declared {pages} pages, tensor holds {fewest}")
     return Geometry.from_json(json.dumps(_file(page_size_tokens, pages, memory_layout, name, docs)))
+
+
+def _host_bytes(t: Any) -> Any:
+    """A zero-copy ``uint8`` numpy view of a C-contiguous CPU torch tensor, for the Rust page
+    checksum (``TransferGuard.page_checksums`` / ``record_backup`` / ``verify_load``): the
+    bytes are hashed in Rust, never in Python. A CUDA tensor is refused by name (no GPU
+    checksum kernel is built into this package), and a non-contiguous one too (a copy would
+    hash other memory than the pool's)."""
+    device = getattr(t, "device", None)
+    if getattr(device, "type", "cpu") != "cpu":
+        raise ValueError(f"data: a {device} tensor; page checksums are computed on the CPU "
+                         "here (copy the layer to host memory, or checksum on the device)")
+    if hasattr(t, "is_contiguous") and not t.is_contiguous():
+        raise ValueError("data: a non-contiguous tensor; pass the pool's contiguous layer tensor")
+    import sys
+
+    uint8 = sys.modules["torch"].uint8  # a torch tensor in hand: torch is imported
+    return t.detach().reshape(-1).view(uint8).numpy()

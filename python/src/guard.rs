@@ -17,9 +17,11 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
+use crate::checksum::{self, key_of, mode_arg, page_sums};
 use crate::errors;
 use crate::geometry::{Geometry, header};
-use crate::pages::{PageList, with_pages};
+use crate::pages::{PageList, with_bytes, with_pages};
+use kvlayout_pool::ChecksumMode;
 
 /// A checked device/host pool pair.
 ///
@@ -37,6 +39,10 @@ pub struct TransferGuard {
     layers: LayerMap,
     /// Kept between calls so a warm, uncontended check allocates nothing.
     scratch: Mutex<Scratch>,
+    /// Page checksums: which host pages (`kvlayout_pool::ChecksumMode`).
+    checksum: ChecksumMode,
+    /// The checksums recorded at backup (`record_backup`), verified at load (`verify_load`).
+    table: Mutex<checksum::Table>,
 }
 
 /// The per-call working memory of a check.
@@ -163,13 +169,74 @@ fn read_pair(
     })
 }
 
+/// A page list as non-negative indices.
+fn page_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    with_pages(obj, what, |list| {
+        (0..list.len())
+            .map(|i| {
+                let v = list.get(i)?;
+                u64::try_from(v).map_err(|_| {
+                    PyValueError::new_err(format!("{what}[{i}]: negative page index {v}"))
+                })
+            })
+            .collect()
+    })
+}
+
+/// The (device, host) pages of equal-length lists whose host page the mode covers.
+fn covered(
+    mode: ChecksumMode,
+    device_pages: &Bound<'_, PyAny>,
+    host_pages: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<(Vec<u64>, Vec<u64>)> {
+    let dev = page_vec(device_pages, what)?;
+    let host = page_vec(host_pages, "host_pages")?;
+    if dev.len() != host.len() {
+        return Err(PyValueError::new_err(format!(
+            "device_pages has {} pages, host_pages {}",
+            dev.len(),
+            host.len()
+        )));
+    }
+    Ok(dev
+        .into_iter()
+        .zip(host)
+        .filter(|&(_, h)| mode.covers(h))
+        .unzip())
+}
+
+/// The bytes of `data`: a buffer-protocol object in place, or a CPU torch tensor through
+/// `kvlayout.tensors._host_bytes` (a zero-copy uint8 view; a CUDA tensor is refused there).
+fn with_data<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<R>) -> PyResult<R> {
+    if data.hasattr(pyo3::intern!(data.py(), "__dlpack__"))?
+        && !data.hasattr(pyo3::intern!(data.py(), "__array_interface__"))?
+    {
+        let view = data
+            .py()
+            .import("kvlayout.tensors")?
+            .call_method1("_host_bytes", (data,))?;
+        return with_bytes(&view, "data", f);
+    }
+    with_bytes(data, "data", f)
+}
+
 #[pymethods]
 impl TransferGuard {
     /// Pairs `device` with `host`; raises `Incompatible` when their geometries differ in any
     /// compared field (page size, buffer set, per buffer layers, arrangement, sections, page
-    /// stride).
+    /// stride). `checksum`: `"off"` (default), `"all"` or `"sampled:N"` (host pages that are
+    /// multiples of N): which pages `record_backup` records and `verify_load` verifies
+    /// (`kvlayout.checksum/v1`, computed in Rust); a bad mode raises `ValueError`.
     #[new]
-    fn new(py: Python<'_>, device: Py<Geometry>, host: Py<Geometry>) -> PyResult<TransferGuard> {
+    #[pyo3(signature = (device, host, checksum = "off"))]
+    fn new(
+        py: Python<'_>,
+        device: Py<Geometry>,
+        host: Py<Geometry>,
+        checksum: &str,
+    ) -> PyResult<TransferGuard> {
+        let checksum = mode_arg(checksum)?;
         let (d, h) = (device.get(), host.get());
         if let Err(m) = kvlayout_core::compare_at(&d.inner, &h.inner, Level::Pool) {
             let lines: Vec<String> = m.diffs.iter().map(ToString::to_string).collect();
@@ -186,7 +253,117 @@ impl TransferGuard {
             }),
             device,
             host,
+            checksum,
+            table: Mutex::new(checksum::Table::default()),
         })
+    }
+
+    /// The checksum mode: `"off"`, `"all"` or `"sampled:N"`.
+    #[getter]
+    fn checksum(&self) -> String {
+        self.checksum.to_string()
+    }
+
+    /// The checksum (`kvlayout.checksum/v1`) of each device page of `pages` of `buffer`, layer
+    /// `layer` (an index `0..layers`), read from `data`: that layer's device region of the
+    /// buffer laid `[page][page stride]` (an SGLang per-layer tensor): a C-contiguous numpy
+    /// array or buffer of any dtype, or a CPU torch tensor, read in place in Rust. Raises
+    /// `InvalidGeometry` (unknown buffer, layer out of range), `ValueError` (a page past the end
+    /// of `data`, a negative page).
+    fn page_checksums(
+        &self,
+        py: Python<'_>,
+        buffer: &str,
+        layer: u64,
+        data: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+    ) -> PyResult<Vec<u64>> {
+        let (_, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
+        let pages = page_vec(pages, "pages")?;
+        with_data(data, |bytes| page_sums(&key, stride, bytes, &pages, "data"))
+    }
+
+    /// Records the checksums of a backup (device pages -> host pages) of `buffer`, layer
+    /// `layer`, from `data` (the device layer region, as `page_checksums` reads it), for the
+    /// host pages the mode covers; returns how many were recorded (0 when the mode is off).
+    /// Call it with the backup (the device pages must hold what is being backed up).
+    fn record_backup(
+        &self,
+        py: Python<'_>,
+        buffer: &str,
+        layer: u64,
+        data: &Bound<'_, PyAny>,
+        device_pages: &Bound<'_, PyAny>,
+        host_pages: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        if self.checksum == ChecksumMode::Off {
+            return Ok(0);
+        }
+        let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
+        let (dev, host) = covered(self.checksum, device_pages, host_pages, "device_pages")?;
+        let sums = with_data(data, |bytes| page_sums(&key, stride, bytes, &dev, "data"))?;
+        let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        for (&h, sum) in host.iter().zip(sums) {
+            table.recorded.insert((b, layer, h), sum);
+        }
+        Ok(host.len() as u64)
+    }
+
+    /// Verifies a load (host pages -> device pages) of `buffer`, layer `layer`, after the copy
+    /// and before the layer is used: each device page in `data` against the checksum recorded
+    /// for its host page (pages the mode does not cover, or never recorded, are skipped).
+    /// Returns how many pages verified; raises `TransferRefused` (`kind`
+    /// `"checksum_mismatch"`, `.pages`: the (host, device) pages refused, to treat as a miss)
+    /// naming buffer, layer, pages and both checksums.
+    fn verify_load(
+        &self,
+        py: Python<'_>,
+        buffer: &str,
+        layer: u64,
+        data: &Bound<'_, PyAny>,
+        host_pages: &Bound<'_, PyAny>,
+        device_pages: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
+        if self.checksum == ChecksumMode::Off {
+            return Ok(0);
+        }
+        let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
+        let (dev, host) = covered(self.checksum, device_pages, host_pages, "device_pages")?;
+        let recorded: Vec<Option<u64>> = {
+            let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            host.iter()
+                .map(|&h| table.recorded.get(&(b, layer, h)).copied())
+                .collect()
+        };
+        let (dev, host, recorded): (Vec<u64>, Vec<u64>, Vec<u64>) = {
+            let mut out = (Vec::new(), Vec::new(), Vec::new());
+            for ((d, h), r) in dev.iter().zip(&host).zip(recorded) {
+                if let Some(r) = r {
+                    out.0.push(*d);
+                    out.1.push(*h);
+                    out.2.push(r);
+                }
+            }
+            out
+        };
+        let sums = with_data(data, |bytes| page_sums(&key, stride, bytes, &dev, "data"))?;
+        let bad: Vec<(u64, u64, u64, u64)> = (0..dev.len())
+            .filter(|&i| sums[i] != recorded[i])
+            .map(|i| (host[i], dev[i], recorded[i], sums[i]))
+            .collect();
+        if let Some(&(h, d, r, l)) = bad.first() {
+            let reason = format!(
+                "checksum mismatch on {} of {} page(s) of {buffer} layer {layer} (model layer {}),                  refused (treat them as a miss); first: host page {h} -> device page {d}:                  checksum {r:#018x} at backup, {l:#018x} after load",
+                bad.len(),
+                dev.len(),
+                key.layer_id
+            );
+            let err = errors::transfer_refused(py, reason, "checksum_mismatch");
+            let pages: Vec<(u64, u64)> = bad.iter().map(|&(h, d, _, _)| (h, d)).collect();
+            err.value(py).setattr("pages", pages)?;
+            return Err(err);
+        }
+        Ok(dev.len() as u64)
     }
 
     /// The device pool's geometry.

@@ -9,6 +9,7 @@
 
 use pyo3::prelude::*;
 
+mod checksum;
 mod errors;
 mod geometry;
 mod guard;
@@ -21,6 +22,7 @@ mod plan;
 fn _kvlayout(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<geometry::Geometry>()?;
     m.add_class::<guard::TransferGuard>()?;
+    m.add_function(wrap_pyfunction!(checksum::page_checksum, m)?)?;
     m.add_class::<plan::Plan>()?;
     m.add_function(wrap_pyfunction!(plan::page_plan, m)?)?;
     m.add_function(wrap_pyfunction!(plan::token_plan, m)?)?;

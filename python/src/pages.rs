@@ -397,3 +397,40 @@ fn with_dlpack<R>(
     drop(capsule);
     r
 }
+
+/// `PyBUF_SIMPLE`: one C-contiguous run of bytes, read only.
+const PYBUF_SIMPLE: c_int = 0;
+
+/// Calls `f` with the bytes of `obj`, a C-contiguous buffer-protocol object (a numpy array of
+/// any dtype, `bytes`, `bytearray`, `memoryview`), read in place; `what` names the argument.
+/// A non-contiguous array is refused by its exporter (`BufferError`).
+pub fn with_bytes<R>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    f: impl FnOnce(&[u8]) -> PyResult<R>,
+) -> PyResult<R> {
+    // SAFETY: `obj` is a live object and the GIL is held.
+    if unsafe { PyObject_CheckBuffer(obj.as_ptr()) } != 1 {
+        return Err(PyTypeError::new_err(format!(
+            "{what}: expected a C-contiguous buffer (numpy array, bytes, bytearray, memoryview; a \
+             CPU torch tensor through kvlayout's wrapper), got {}",
+            obj.get_type().name()?
+        )));
+    }
+    let mut view = std::mem::MaybeUninit::<PyBuffer>::zeroed();
+    // SAFETY: `view` is writable storage for one Py_buffer; the GIL is held.
+    if unsafe { PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), PYBUF_SIMPLE) } != 0 {
+        return Err(PyErr::fetch(obj.py()));
+    }
+    // SAFETY: initialised by the successful call above.
+    let view = BufferGuard(unsafe { view.assume_init() });
+    let len = usize::try_from(view.0.len)
+        .map_err(|_| PyValueError::new_err(format!("{what}: negative buffer length")))?;
+    if len == 0 {
+        return f(&[]);
+    }
+    // SAFETY: a PyBUF_SIMPLE view is `len` contiguous readable bytes at `buf`, alive while the
+    // view is held (until `view` drops, after `f` returns).
+    let bytes = unsafe { std::slice::from_raw_parts(view.0.buf as *const u8, len) };
+    f(bytes)
+}

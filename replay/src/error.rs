@@ -88,6 +88,8 @@ pub enum Param {
     HostPool,
     /// A page of the device pool.
     Pages,
+    /// The page checksum mode.
+    Checksum,
 }
 
 impl Param {
@@ -110,6 +112,7 @@ impl Param {
             Param::DecodeMsPerToken => "decode_ms_per_token",
             Param::HostPool => "host_pool",
             Param::Pages => "pages",
+            Param::Checksum => "checksum",
         }
     }
 }

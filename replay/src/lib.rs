@@ -20,6 +20,7 @@
 //! ```
 //! use kvlayout_core::MemoryLayout;
 //! use kvlayout_models::{IndexK, Model, PoolOptions};
+//! use kvlayout_pool::ChecksumMode;
 //! use kvlayout_replay::schedule::WritePolicy;
 //! use kvlayout_replay::trace_replay::{TraceHost, TraceInput, TraceOutcome, run_trace};
 //!
@@ -44,6 +45,7 @@
 //!     prefill_tokens_per_s: 20_000,
 //!     decode_ms_per_token: 20,
 //!     trace_name: "two requests".into(),
+//!     checksum: ChecksumMode::Off,
 //! };
 //! let TraceOutcome::Completed(r) = run_trace(&input, trace.as_bytes(), &mut |_| {})? else {
 //!     panic!("a mirrored host pool pairs");

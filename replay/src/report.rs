@@ -103,6 +103,17 @@ pub struct TraceReport {
     pub load_transfers: u64,
     /// Why the first refused transfer was refused.
     pub first_refusal: Option<String>,
+    /// Page checksum mode (`off`, `all`, `sampled:N`; `replay --checksum`).
+    pub checksum: String,
+    /// Page payloads verified against their backup's checksum at load (one per buffer,
+    /// simulated layer and page).
+    pub checksummed_pages: u64,
+    /// Page payloads whose loaded bytes did not match their backup's checksum.
+    pub checksum_mismatches: u64,
+    /// Loads (one per request that loaded pages) with at least one mismatching page.
+    pub checksum_mismatched_loads: u64,
+    /// The first mismatch: buffer, layer, pages and both checksums.
+    pub first_checksum_mismatch: Option<String>,
     /// Simulated time at which the last request finished, ms.
     pub end_ms: u64,
     /// Per-minute series.

@@ -73,6 +73,10 @@ pub struct PoolStore<B: Backend> {
     /// `[buffer]` token layouts.
     layouts: Vec<TokenLayout>,
     first_refusal: Option<String>,
+    /// Loads (one per request that loaded pages, all its layers) with a checksum mismatch.
+    checksum_mismatched_loads: u64,
+    /// The first checksum mismatch, as the cache names it.
+    first_checksum_mismatch: Option<String>,
     scratch: Vec<u8>,
     /// `Some` with overlap on ([`PoolStore::with_overlap`]).
     overlap: Option<Overlap<B>>,
@@ -220,6 +224,8 @@ impl<B: Backend> PoolStore<B> {
             queries,
             layouts: geometry.buffers.iter().map(|b| b.layout.clone()).collect(),
             first_refusal: None,
+            checksum_mismatched_loads: 0,
+            first_checksum_mismatch: None,
             scratch: Vec::new(),
             overlap: None,
         })
@@ -338,6 +344,15 @@ impl<B: Backend> PoolStore<B> {
     /// Why the first refused transfer was refused.
     pub fn first_refusal(&self) -> Option<&str> {
         self.first_refusal.as_deref()
+    }
+
+    /// Loads (one per request that loaded pages) in which a page's checksum mismatched
+    /// ([`kvlayout_pool::ChecksumMode`]), and the first mismatch.
+    pub fn checksum_mismatches(&self) -> (u64, Option<&str>) {
+        (
+            self.checksum_mismatched_loads,
+            self.first_checksum_mismatch.as_deref(),
+        )
     }
 
     /// Whether the indexer runs (the model has an `index_k` buffer).
@@ -528,8 +543,13 @@ impl<B: Backend> PageStore for PoolStore<B> {
         }
     }
 
+    /// Loads `pairs`, layer by layer. A checksum mismatch (checksums on) is counted once per
+    /// load; on a checked pairing it refuses the load (a miss: the pages are recomputed), on an
+    /// unverified one (`--no-verify`, the engine without kvlayout) the bytes are used as that
+    /// engine would use them, so the indexer check still sees what they do.
     fn load(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError> {
         self.flush_computed()?;
+        let mut mismatched = false;
         for l in 0..self.layers {
             let result = match self.enqueues() {
                 true => {
@@ -538,9 +558,25 @@ impl<B: Backend> PageStore for PoolStore<B> {
                 }
                 false => self.cache.load_layer(l, pairs),
             };
-            if let Err(e) = result {
-                self.note(&e);
-                return Ok(false);
+            match result {
+                Ok(_) => {}
+                Err(e @ TransferError::ChecksumMismatch { .. }) => {
+                    if !mismatched {
+                        mismatched = true;
+                        self.checksum_mismatched_loads += 1;
+                    }
+                    if self.first_checksum_mismatch.is_none() {
+                        self.first_checksum_mismatch = Some(e.to_string());
+                    }
+                    if self.cache.mode() == TransferMode::Checked {
+                        self.note(&e);
+                        return Ok(false);
+                    }
+                }
+                Err(e) => {
+                    self.note(&e);
+                    return Ok(false);
+                }
             }
         }
         Ok(true)

@@ -46,8 +46,8 @@
 use std::io::BufRead;
 
 use kvlayout_models::{Model, PoolOptions};
-use kvlayout_pool::KvPool;
 use kvlayout_pool::backend::{Backend, CpuBackend};
+use kvlayout_pool::{ChecksumMode, KvPool};
 
 use crate::error::{Param, ReplayError, workload_err};
 use crate::pairing::{HostSource, Paired, Sample, pair_pools, require_full_attention};
@@ -124,6 +124,9 @@ pub struct TraceInput {
     pub decode_ms_per_token: u64,
     /// Trace name for the report.
     pub trace_name: String,
+    /// Page checksums on the pairing ([`ChecksumMode`]; `Off` by default): every load of the
+    /// sampled layers verified against its backup.
+    pub checksum: ChecksumMode,
 }
 
 /// Result of a trace replay.
@@ -371,6 +374,10 @@ pub fn run_trace_overlapped<B: Backend>(
         host_fingerprint,
         pairing,
     } = paired;
+    let mut cache = cache;
+    cache
+        .set_checksum_mode(input.checksum)
+        .map_err(|e| workload_err(Param::Checksum, e.to_string()))?;
     let geometry = cache.device().geometry().clone();
     let host_memory_layout = cache.host().geometry().memory_layout.to_string();
     let mut store = PoolStore::new(
@@ -439,6 +446,11 @@ pub fn run_trace_overlapped<B: Backend>(
         backup_transfers: 0,
         load_transfers: 0,
         first_refusal: None,
+        checksum: input.checksum.to_string(),
+        checksummed_pages: 0,
+        checksum_mismatches: 0,
+        checksum_mismatched_loads: 0,
+        first_checksum_mismatch: None,
         end_ms: 0,
         per_minute: Vec::new(),
     };
@@ -536,6 +548,11 @@ pub fn run_trace_overlapped<B: Backend>(
     report.backup_transfers = stats.backups;
     report.load_transfers = stats.loads;
     report.first_refusal = store.first_refusal().map(str::to_string);
+    report.checksummed_pages = stats.checksummed_pages;
+    report.checksum_mismatches = stats.checksum_mismatches;
+    let (mismatched_loads, first_mismatch) = store.checksum_mismatches();
+    report.checksum_mismatched_loads = mismatched_loads;
+    report.first_checksum_mismatch = first_mismatch.map(str::to_string);
     report.host_hit_share = share(report.requests_with_host_hits, report.requests);
     report.corrupted_share = share(report.corrupted_requests, report.requests);
     report.end_ms = schedule.now_ms();

@@ -252,6 +252,7 @@ mod trace {
             prefill_tokens_per_s: 20_000,
             decode_ms_per_token: 20,
             trace_name: "multi-turn".into(),
+            checksum: kvlayout_pool::ChecksumMode::Off,
         }
     }
 
@@ -315,6 +316,43 @@ mod trace {
             assert!(v.get(key).is_some(), "{key} missing");
         }
         assert_eq!((r.device_pages, r.host_pages), (24, 96));
+    }
+
+    /// `--checksum all` on the mirrored host: every loaded page verifies (one layer of one
+    /// buffer, index_k, moves: one payload per loaded page), none mismatches.
+    #[test]
+    fn checksums_verify_every_load_of_a_mirrored_host() {
+        let mut i = input(IndexK::Bf16, mirror(), true);
+        i.checksum = kvlayout_pool::ChecksumMode::All;
+        let r = completed(run(&i));
+        assert_eq!(r.corrupted_requests, 0);
+        assert!(r.pages.loaded_pages > 0);
+        assert_eq!(r.checksummed_pages, r.pages.loaded_pages);
+        assert_eq!((r.checksum_mismatches, r.checksum_mismatched_loads), (0, 0));
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["checksummed_pages"], r.pages.loaded_pages);
+        assert_eq!(v["checksum_mismatches"], 0);
+    }
+
+    /// The seed's host file with the shim off (`--no-verify`) and `--checksum all`: every
+    /// request the indexer finds corrupted also had a load whose checksums mismatched, and
+    /// no other: content catches what the geometry check would have.
+    #[test]
+    fn checksums_catch_every_corrupted_request_of_the_seed_host_unverified() {
+        let mut i = input(IndexK::Bf16, fp8_formula_host(), false);
+        i.checksum = kvlayout_pool::ChecksumMode::All;
+        let r = completed(run(&i));
+        assert!(r.corrupted_requests > 0, "{r:?}");
+        assert_eq!(r.checksum_mismatched_loads, r.corrupted_requests);
+        assert!(r.checksum_mismatches > 0 && r.checksum_mismatches <= r.checksummed_pages);
+        let first = r.first_checksum_mismatch.as_deref().unwrap();
+        assert!(first.contains("buffer index_k layer 0"), "{first}");
+        // The same run without checksums corrupts the same requests.
+        let mut off = i.clone();
+        off.checksum = kvlayout_pool::ChecksumMode::Off;
+        let plain = completed(run(&off));
+        assert_eq!(plain.corrupted_requests, r.corrupted_requests);
+        assert_eq!(plain.checksummed_pages, 0);
     }
 
     #[test]

@@ -63,6 +63,7 @@ fn input(index_k: IndexK, host: TraceHost, verify: bool, buffers: &[&str]) -> Tr
         prefill_tokens_per_s: 20_000,
         decode_ms_per_token: 20,
         trace_name: "three requests".into(),
+        checksum: kvlayout_pool::ChecksumMode::Off,
     }
 }
 

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressStyle};
 use kvlayout_core::MemoryLayout;
 use kvlayout_models::{IndexK, KvDtype, Model, PoolOptions};
+use kvlayout_pool::ChecksumMode;
 use kvlayout_replay::schedule::WritePolicy;
 use kvlayout_replay::synthetic::{
     self as replay, ReplayInput, ReplayOutcome, ReplayReport, Workload,
@@ -147,6 +148,12 @@ pub struct ReplayArgs {
     /// copy that would leave its buffers.
     #[arg(long)]
     pub no_verify: bool,
+    /// Trace: page checksums on the pairing: `all` (every page recorded at backup and verified
+    /// at load), `sampled:N` (host pages that are multiples of N), or `off`. A mismatch refuses
+    /// the load (a miss) on a checked pairing; with --no-verify the bytes are used as the engine
+    /// without kvlayout would, and the mismatch is counted.
+    #[arg(long, default_value = "off", value_parser = parse_checksum)]
+    pub checksum: ChecksumMode,
     /// Where the pools live: `cpu`, or `cuda` (GPU 0; falls back to the CPU backend, saying
     /// so, when no CUDA driver is found, unless --require-gpu).
     #[arg(long, value_enum, default_value = "cpu")]
@@ -160,6 +167,10 @@ pub struct ReplayArgs {
     /// Print one JSON object (no progress bar).
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_checksum(text: &str) -> Result<ChecksumMode, String> {
+    ChecksumMode::parse(text)
 }
 
 /// The backend a replay runs on.
@@ -381,6 +392,7 @@ fn check_applicable(args: &ReplayArgs) -> Result<(), String> {
                 ("--trace", args.trace.is_some()),
                 ("--plot", args.plot.is_some()),
                 ("--buffers", args.buffers.is_some()),
+                ("--checksum", args.checksum != ChecksumMode::Off),
                 ("--write-policy", args.write_policy.is_some()),
                 (
                     "--prefill-tokens-per-s",
@@ -442,6 +454,7 @@ fn param_flag(param: kvlayout_replay::Param) -> &'static str {
         Param::Buffers => "--buffers",
         Param::PrefillTokensPerS => "--prefill-tokens-per-s",
         Param::DecodeMsPerToken => "--decode-ms-per-token",
+        Param::Checksum => "--checksum",
         // Set by the CLI or the model, not by an option.
         Param::PrefixGroups
         | Param::IndexerHeads

@@ -85,6 +85,7 @@ pub(super) fn run_trace(args: &ReplayArgs, model: Model, pool: PoolOptions, pool
         prefill_tokens_per_s: args.prefill_tokens_per_s.unwrap_or(20_000),
         decode_ms_per_token: args.decode_ms_per_token.unwrap_or(20),
         trace_name,
+        checksum: args.checksum,
     };
     let bar = if trace_bytes == 0 {
         // Length unknown (stdin): bytes read so far.
@@ -255,6 +256,18 @@ fn print_trace_report(r: &TraceReport, backend: &str) {
         thousands(r.pages.delayed_requests),
         r.end_ms as f64 / 1000.0
     );
+    if r.checksum != "off" {
+        println!(
+            "checksums ({}): {} page payloads verified at load, {} mismatched, in {} loads",
+            r.checksum,
+            thousands(r.checksummed_pages),
+            thousands(r.checksum_mismatches),
+            thousands(r.checksum_mismatched_loads)
+        );
+        if let Some(m) = &r.first_checksum_mismatch {
+            println!("  first mismatch: {m}");
+        }
+    }
     if let Some(why) = &r.first_refusal {
         println!("first refusal: {why}");
     }

@@ -426,14 +426,19 @@ def host_geometry(host_pool: Any, *, device_pool: Any = None, indexer: Any = Non
                                  name=name or f"sglang host: {type(host_pool).__name__}")
 
 
-def transfer_guard(device_pool: Any, host_pool: Any, *, indexer: Any = None):
+def transfer_guard(device_pool: Any, host_pool: Any, *, indexer: Any = None,
+                   checksum: str = "off"):
     """A :class:`kvlayout.TransferGuard` for an SGLang pool pair: raises ``Incompatible`` (the
     CLI's diff lines) when the host does not mirror the device. Page indices for
-    ``check_pages`` are pages (SGLang's token indices // ``page_size``)."""
+    ``check_pages`` are pages (SGLang's token indices // ``page_size``). ``checksum``: ``"off"``
+    (default), ``"all"`` or ``"sampled:N"``: the guard's page checksum mode
+    (``record_backup`` with each backup, ``verify_load`` after each layer's load, on the
+    device pool's per-layer tensors)."""
     from .._kvlayout import TransferGuard
 
     return TransferGuard(device_geometry(device_pool),
-                         host_geometry(host_pool, device_pool=device_pool, indexer=indexer))
+                         host_geometry(host_pool, device_pool=device_pool, indexer=indexer),
+                         checksum=checksum)
 
 
 def check_item_sizes(device_pool: Any, host_pool: Any, *, indexer: Any = None) -> None:

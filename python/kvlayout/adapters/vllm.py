@@ -586,9 +586,11 @@ def transfer_guard(device_kv_caches: Mapping[str, Any], host_kv_caches: Mapping[
                    kv_cache_config: Any, **kw: Any):
     """A :class:`kvlayout.TransferGuard` between a worker's device caches and an offload
     (host) copy built from the same ``kv_cache_config``; raises ``Incompatible`` on any
-    difference."""
+    difference. ``checksum="off" | "all" | "sampled:N"`` (keyword) sets the guard's page
+    checksum mode."""
     from .._kvlayout import TransferGuard
 
+    checksum = kw.pop("checksum", "off")
     return TransferGuard(geometry(device_kv_caches, kv_cache_config, **kw),
-                         geometry(host_kv_caches, kv_cache_config, **kw))
+                         geometry(host_kv_caches, kv_cache_config, **kw), checksum=checksum)
 

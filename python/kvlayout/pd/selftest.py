@@ -71,6 +71,7 @@ class Case:
     require: bool = False
     src_pages: list = field(default_factory=lambda: list(SRC_PAGES))
     dst_pages: list = field(default_factory=lambda: list(DST_PAGES))
+    fault: str | None = None  # a content-only fault the decode side injects after the move
 
 
 CASES = [
@@ -200,6 +201,24 @@ CASES = [
         prefill_edits=[_rank("conv", 1)],
         decode_edits=[_rank("conv", 3)],
     ),
+    Case(
+        "stale-destination",
+        DSV32,
+        DSV32,
+        "refused",
+        "compatible pools; the first destination page of kv layer 0 keeps its old bytes (they "
+        "never arrived): the sender's checksums, sent with its notification, refuse that page",
+        fault="stale-destination",
+    ),
+    Case(
+        "corrupted-in-flight",
+        DSV32,
+        DSV32,
+        "refused",
+        "compatible pools; one byte of the last destination page of kv layer 0 flipped after "
+        "the move: refused by content, naming the page",
+        fault="corrupted-in-flight",
+    ),
 ]
 
 
@@ -291,6 +310,7 @@ def run_case(case: Case, engine: str, repo: Path, opts, index: int, logdir: Path
         "peer_port": base_port,
         "geometry": load_geometry(repo, case.decode, case.decode_edits),
         "require": case.require,
+        "fault": case.fault,
     }
     server = prefill = decode = None
     try:
@@ -343,6 +363,13 @@ def run_case(case: Case, engine: str, repo: Path, opts, index: int, logdir: Path
 def judge(case: Case, result: dict) -> bool:
     if result.get("verdict") != case.expect:
         return False
+    if case.fault:
+        # Refused by content: bytes moved, exactly one page payload mismatched and named.
+        return (
+            result.get("level") == "checksum"
+            and result.get("checksum_mismatches") == 1
+            and any("page" in line for line in result["lines"])
+        )
     if case.expect == "moved":
         return (
             result["bytes_moved"] > 0

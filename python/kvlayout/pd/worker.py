@@ -19,7 +19,7 @@ import numpy as np
 
 import kvlayout
 
-from . import handshake
+from . import checksums, handshake
 from .verify import patterns, verify
 
 
@@ -45,6 +45,9 @@ def prefill(cfg: dict) -> None:
     side.register(regions)
     addrs = {name: [a.ctypes.data, a.nbytes] for name, a in regions.items()}
     published = geometry if cfg.get("publish_geometry", True) else None
+    # The pages offered are final now: their checksums travel in the same message (the NIXL
+    # notification, the Mooncake metadata entry) that says they are ready.
+    sums = checksums.page_checksums(geometry, regions, cfg["src_pages"])
     if cfg["engine"] == "nixl":
         msg = handshake.make_message(
             side.name,
@@ -52,11 +55,13 @@ def prefill(cfg: dict) -> None:
             addrs,
             seed=cfg["seed"],
             agent_metadata=base64.b64encode(side.metadata()).decode(),
+            checksums=sums,
         )
         side.publish("kvlayout-decode", cfg["peer_addr"], cfg["peer_port"], msg, cfg["timeout_s"])
     else:
         msg = handshake.make_message(
-            side.segment, published, addrs, seed=cfg["seed"], segment=side.segment
+            side.segment, published, addrs, seed=cfg["seed"], segment=side.segment,
+            checksums=sums,
         )
         side.publish(msg)
     _emit({"event": "published"})
@@ -134,6 +139,29 @@ def decode(cfg: dict) -> dict:
         moved = side.read(agent, local, remote)
     else:
         moved = side.read(msg["segment"], local, remote)
+    fault = cfg.get("fault")
+    if fault:
+        checksums.inject(fault, geometry, regions, cfg["dst_pages"])
+    # The receiver verifies the pages it wrote against the sender's checksums before any is
+    # used (pages moved whole only: a token-level plan cuts pages).
+    checked, bad = 0, []  # type: int, list[str]
+    if plan.level == "pool" and "checksums" in msg:
+        checked, bad = checksums.mismatches(
+            geometry, regions, msg["checksums"], cfg["src_pages"], cfg["dst_pages"]
+        )
+    if bad:
+        side.close()
+        return {
+            **result,
+            "verdict": "refused",
+            "bytes_moved": moved,
+            "bytes_verified_equal": 0,
+            "lines": bad,
+            "level": "checksum",
+            "checksummed_pages": checked,
+            "checksum_mismatches": len(bad),
+            "stray_bytes": 0,
+        }
     src_regions = patterns(peer_geometry, msg["seed"])
     equal, stray = verify(
         peer_geometry,
@@ -156,6 +184,8 @@ def decode(cfg: dict) -> dict:
         "level": verdict.level,
         "runs": plan.run_count,
         "stray_bytes": stray,
+        "checksummed_pages": checked,
+        "checksum_mismatches": 0,
         "head_ranges": {k: list(v) for k, v in plan.head_ranges.items()},
     }
 

@@ -1,0 +1,105 @@
+//! Page checksums from Python (`kvlayout.checksum/v1`, `kvlayout_core::checksum`), computed in
+//! Rust on the bytes of a numpy array or CPU tensor in place: `page_checksum` of one payload,
+//! and the host-side table of a [`crate::guard::TransferGuard`] with a checksum mode
+//! (`record_backup` / `verify_load`).
+
+use std::collections::HashMap;
+
+use kvlayout_core::PoolGeometry;
+use kvlayout_core::checksum::PageChecksumKey;
+use kvlayout_pool::ChecksumMode;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::errors;
+use crate::geometry::{Geometry, geometry_err};
+use crate::pages::with_bytes;
+
+/// The key of layer `layer` of the buffer named `buffer`, and the buffer's page stride.
+pub fn key_of(
+    py: Python<'_>,
+    g: &PoolGeometry,
+    buffer: &str,
+    layer: u64,
+) -> PyResult<(usize, PageChecksumKey, u64)> {
+    let b = g.buffer_index(buffer).ok_or_else(|| {
+        let names: Vec<&str> = g.buffers.iter().map(|b| b.name()).collect();
+        errors::invalid_geometry(
+            py,
+            "buffer",
+            &format!("no buffer named {buffer:?} (buffers: {})", names.join(", ")),
+        )
+    })?;
+    let key = g
+        .page_checksum_key(b, layer)
+        .map_err(|e| geometry_err(py, &e))?;
+    let stride = g
+        .page_geometry(b)
+        .map_err(|e| geometry_err(py, &e))?
+        .page_stride_bytes;
+    Ok((b, key, stride))
+}
+
+/// The checksum of each page of `pages` in `data` (one layer of one buffer laid `[page][page
+/// stride]`: an SGLang per-layer tensor), with the page's index.
+pub fn page_sums(
+    key: &PageChecksumKey,
+    stride_bytes: u64,
+    data: &[u8],
+    pages: &[u64],
+    what: &str,
+) -> PyResult<Vec<u64>> {
+    pages
+        .iter()
+        .map(|&p| {
+            let start = p.checked_mul(stride_bytes);
+            let end = start.and_then(|s| s.checked_add(key.payload_bytes));
+            match (start, end) {
+                (Some(s), Some(e)) if e <= data.len() as u64 => Ok(kvlayout_core::checksum::page_checksum(
+                    key.token_fingerprint,
+                    key.layer_id,
+                    &data[s as usize..e as usize],
+                )),
+                _ => Err(PyValueError::new_err(format!(
+                    "{what}: page {p} ({stride_bytes} B stride, {} B payload) ends past the {} bytes given",
+                    key.payload_bytes,
+                    data.len()
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// The checksum of one page payload of `buffer`, layer `layer` (a layer index `0..layers`;
+/// the checksum is seeded with the model layer id) of `geometry` (`kvlayout.checksum/v1`): 64
+/// bits, equal to the Rust core's and the CLI's. `payload`: exactly one page payload
+/// (`page_size_tokens x bytes_per_token` bytes, no padding), any C-contiguous buffer.
+///
+/// Raises `InvalidGeometry` for an unknown buffer or a layer out of range, `ValueError` when
+/// `payload` is not one page payload (naming both lengths).
+#[pyfunction]
+pub fn page_checksum(
+    py: Python<'_>,
+    geometry: PyRef<'_, Geometry>,
+    buffer: &str,
+    layer: u64,
+    payload: &Bound<'_, PyAny>,
+) -> PyResult<u64> {
+    let (_, key, _) = key_of(py, &geometry.inner, buffer, layer)?;
+    with_bytes(payload, "payload", |bytes| {
+        key.checksum(bytes)
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    })
+}
+
+/// The host-side table of a guard: per (buffer index, layer, host page) the checksum recorded
+/// at backup.
+#[derive(Default)]
+pub struct Table {
+    pub recorded: HashMap<(usize, u64, u64), u64>,
+}
+
+/// Parses a guard's `checksum` argument.
+pub fn mode_arg(text: &str) -> PyResult<ChecksumMode> {
+    ChecksumMode::parse(text).map_err(PyValueError::new_err)
+}

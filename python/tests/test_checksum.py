@@ -1,0 +1,104 @@
+"""Page checksums from Python (kvlayout.checksum/v1): computed in Rust on arrays and tensors in
+place, equal to the independent Python reference (layout-core/tests/checksum_reference.py);
+TransferGuard's checksum mode records at backup and refuses a mismatching load by page."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import kvlayout
+
+from conftest import ROOT
+
+np = pytest.importorskip("numpy", reason="numpy not installed: array inputs not tested")
+
+_spec = importlib.util.spec_from_file_location(
+    "checksum_reference", ROOT / "layout-core/tests/checksum_reference.py")
+reference = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(reference)
+
+PAGES = 4
+# index_k: 128 bf16 per token = 256 B, 64 tokens: 16,384 B per page; layer_ids [5, 9].
+GEOMETRY = kvlayout.Geometry.from_json("""{
+  "schema": "kvlayout.geometry/v2", "page_size_tokens": 64, "pages": 4,
+  "memory_layout": "layer_first",
+  "buffers": [{"name": "index_k", "layers": 2, "arrangement": "section_major",
+               "layer_ids": [5, 9],
+               "sections": [{"name": "values", "dtype": "bf16", "shape": [128]}]}]}""")
+PAGE_BYTES = 64 * 128 * 2
+
+
+def _layer(seed: int) -> np.ndarray:
+    """One layer of the device buffer, [page][16,384 B], as bf16-sized uint16 words."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 2**16, size=(PAGES, PAGE_BYTES // 2), dtype=np.uint16)
+
+
+def test_page_checksum_equals_the_python_reference_seeded_by_token_fingerprint_and_model_layer():
+    data = _layer(1)
+    token = GEOMETRY.token_fingerprints["index_k"]
+    for layer, model_layer in [(0, 5), (1, 9)]:
+        want = reference.page_checksum(token, model_layer, data[2].tobytes())
+        assert kvlayout.page_checksum(GEOMETRY, "index_k", layer, data[2]) == want
+    with pytest.raises(ValueError, match="8448 bytes given to a checksum of a 16384-byte"):
+        kvlayout.page_checksum(GEOMETRY, "index_k", 0, bytes(8448))
+    with pytest.raises(kvlayout.InvalidGeometry, match='no buffer named "kv"'):
+        kvlayout.page_checksum(GEOMETRY, "kv", 0, data[0])
+
+
+def test_guard_page_checksums_read_the_layer_in_place():
+    guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
+    assert guard.checksum == "all"
+    data = _layer(2)
+    sums = guard.page_checksums("index_k", 1, data, [3, 0])
+    token = GEOMETRY.token_fingerprints["index_k"]
+    assert sums == [reference.page_checksum(token, 9, data[p].tobytes()) for p in (3, 0)]
+    with pytest.raises(ValueError, match="page 4"):
+        guard.page_checksums("index_k", 1, data, [4])
+
+
+def test_a_mismatching_load_is_refused_naming_the_pages_and_both_values():
+    guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
+    device = _layer(3)
+    assert guard.record_backup("index_k", 0, device, [0, 1], [2, 3]) == 2
+    # A clean load of host pages 2, 3 into device pages 3, 2: the bytes land there.
+    loaded = device.copy()
+    loaded[3], loaded[2] = device[0], device[1]
+    assert guard.verify_load("index_k", 0, loaded, [2, 3], [3, 2]) == 2
+    # The seed bug's short copy: 132 of 256 bytes per token of host page 3 landed in device
+    # page 1; the rest is stale.
+    torn = loaded.copy()
+    torn[1] = _layer(9)[1]  # the slot held another request's page
+    short = torn[1].view(np.uint8).reshape(64, 256)
+    short[:, :132] = device[1].view(np.uint8).reshape(64, 256)[:, :132]
+    with pytest.raises(kvlayout.TransferRefused) as e:
+        guard.verify_load("index_k", 0, torn, [2, 3], [3, 1])
+    assert e.value.kind == "checksum_mismatch"
+    assert e.value.pages == [(3, 1)]
+    token = GEOMETRY.token_fingerprints["index_k"]
+    recorded = reference.page_checksum(token, 5, device[1].tobytes())
+    found = reference.page_checksum(token, 5, torn[1].tobytes())
+    text = str(e.value)
+    assert "index_k layer 0 (model layer 5)" in text and "host page 3 -> device page 1" in text
+    assert f"{recorded:#018x}" in text and f"{found:#018x}" in text
+
+
+def test_modes_off_and_sampled():
+    off = kvlayout.TransferGuard(GEOMETRY, GEOMETRY)
+    assert off.checksum == "off"
+    assert off.record_backup("index_k", 0, _layer(4), [0], [0]) == 0
+    sampled = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="sampled:2")
+    # Host pages 0 and 2 are covered, 1 and 3 are not.
+    assert sampled.record_backup("index_k", 0, _layer(4), [0, 1, 2, 3], [0, 1, 2, 3]) == 2
+    with pytest.raises(ValueError, match="sampled:N"):
+        kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="sampled:0")
+
+
+def test_a_torch_cpu_tensor_is_checksummed_in_place():
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    data = _layer(5)
+    t = torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
+    assert guard.page_checksums("index_k", 0, t, [1]) == guard.page_checksums("index_k", 0, data, [1])
