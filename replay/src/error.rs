@@ -93,8 +93,8 @@ pub enum Param {
 }
 
 impl Param {
-    /// The parameter's name (a [`crate::Workload`] or [`crate::TraceInput`] field where there
-    /// is one).
+    /// The parameter's name (a [`crate::synthetic::Workload`] or
+    /// [`crate::trace_replay::TraceInput`] field where there is one).
     pub const fn name(self) -> &'static str {
         match self {
             Param::Sessions => "sessions",

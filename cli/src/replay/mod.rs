@@ -437,11 +437,13 @@ fn check_applicable(args: &ReplayArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// A replay error in the CLI's terms: a workload parameter named by its option
-/// (`workload: --device-pages: ...`), the model by `--model`.
-fn error_text(e: &kvlayout_replay::ReplayError) -> String {
-    use kvlayout_replay::{NOT_FULL_ATTENTION, Param, ReplayError};
-    let flag = |p: Param| match p {
+/// The `kvlayout replay` option that sets `param`, or, for a parameter no option sets, the
+/// replay's own name for it (`indexer_heads`). Exhaustive: a new [`Param`] needs a decision here.
+///
+/// [`Param`]: kvlayout_replay::Param
+fn param_flag(param: kvlayout_replay::Param) -> &'static str {
+    use kvlayout_replay::Param;
+    match param {
         Param::Sessions => "--sessions",
         Param::Layers => "--layers",
         Param::Turns => "--turns",
@@ -453,15 +455,26 @@ fn error_text(e: &kvlayout_replay::ReplayError) -> String {
         Param::PrefillTokensPerS => "--prefill-tokens-per-s",
         Param::DecodeMsPerToken => "--decode-ms-per-token",
         Param::Checksum => "--checksum",
-        other => other.name(),
-    };
+        // Set by the CLI or the model, not by an option.
+        Param::PrefixGroups
+        | Param::IndexerHeads
+        | Param::PageSizeTokens
+        | Param::HostPool
+        | Param::Pages => param.name(),
+    }
+}
+
+/// A replay error in the CLI's terms: a workload parameter named by its option
+/// (`workload: --device-pages: ...`), the model by `--model`.
+fn error_text(e: &kvlayout_replay::ReplayError) -> String {
+    use kvlayout_replay::{NOT_FULL_ATTENTION, ReplayError};
     match e {
         ReplayError::Workload {
             param,
             problem,
             defaulted,
         } => {
-            let f = flag(*param);
+            let f = param_flag(*param);
             match defaulted {
                 Some(from) => format!("workload: {f}: {problem} ({f} not given: {from})"),
                 None => format!("workload: {f}: {problem}"),
@@ -470,7 +483,10 @@ fn error_text(e: &kvlayout_replay::ReplayError) -> String {
         ReplayError::NotFullAttention { model, buffers } => {
             format!("--model {model}: {buffers}; {NOT_FULL_ATTENTION}")
         }
-        other => other.to_string(),
+        ReplayError::Model(_)
+        | ReplayError::Pool(_)
+        | ReplayError::Codec(_)
+        | ReplayError::Trace(_) => e.to_string(),
     }
 }
 
@@ -595,4 +611,94 @@ fn print_refusal(host: &str, model: &str, mismatch: &[String], what: &str, backe
     println!(
         "{what} (backend {backend}); mirror the device pool (drop --host-geometry) or fix the host geometry"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use kvlayout_replay::{Param, ReplayError};
+
+    use super::{ReplayArgs, error_text, param_flag};
+
+    /// Every parameter of the replay's errors, written out here (not taken from the enum).
+    const PARAMS: [Param; 15] = [
+        Param::Sessions,
+        Param::Layers,
+        Param::Turns,
+        Param::PrefixGroups,
+        Param::Concurrency,
+        Param::DevicePages,
+        Param::HostPages,
+        Param::IndexerHeads,
+        Param::TopK,
+        Param::Buffers,
+        Param::PageSizeTokens,
+        Param::PrefillTokensPerS,
+        Param::DecodeMsPerToken,
+        Param::HostPool,
+        Param::Pages,
+    ];
+
+    /// A flag an error names is one `kvlayout replay` takes: the user can act on it.
+    #[test]
+    fn every_flag_an_error_names_is_an_option_of_replay() {
+        let cmd = <ReplayArgs as clap::Args>::augment_args(clap::Command::new("replay"));
+        let options: Vec<String> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .map(|l| format!("--{l}"))
+            .collect();
+        let mut flags = 0;
+        for p in PARAMS {
+            let named = param_flag(p);
+            if named.starts_with("--") {
+                assert!(
+                    options.iter().any(|o| o == named),
+                    "{p:?} maps to {named}, not an option of replay ({options:?})"
+                );
+                flags += 1;
+            } else {
+                // No option: the replay's own name, as its library error says it.
+                assert_eq!(named, p.name(), "{p:?}");
+            }
+        }
+        // --sessions, --layers, --turns, --concurrency, --device-pages, --host-pages, --top-k,
+        // --buffers, --prefill-tokens-per-s, --decode-ms-per-token.
+        assert_eq!(flags, 10);
+    }
+
+    /// The library says `device_pages`; the CLI says the flag, the default's origin included.
+    #[test]
+    fn a_workload_error_is_printed_with_its_flag() {
+        let e = ReplayError::Workload {
+            param: Param::DevicePages,
+            problem: "must be at least 1, got 0".into(),
+            defaulted: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "workload: device_pages: must be at least 1, got 0"
+        );
+        assert_eq!(
+            error_text(&e),
+            "workload: --device-pages: must be at least 1, got 0"
+        );
+        let e = ReplayError::Workload {
+            param: Param::HostPages,
+            problem: "too small".into(),
+            defaulted: Some("2 x device pages".into()),
+        };
+        assert_eq!(
+            error_text(&e),
+            "workload: --host-pages: too small (--host-pages not given: 2 x device pages)"
+        );
+        let e = ReplayError::Workload {
+            param: Param::IndexerHeads,
+            problem: "must be at least 1, got 0".into(),
+            defaulted: None,
+        };
+        assert_eq!(
+            error_text(&e),
+            "workload: indexer_heads: must be at least 1, got 0"
+        );
+    }
 }
