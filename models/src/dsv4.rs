@@ -51,7 +51,7 @@ use kvlayout_core::{Arrangement, Attention, Dtype, Section, TokenLayout, formats
 use crate::kv::{Built, Kv};
 use crate::layers::LayerKind;
 use crate::plan::BufferPlan;
-use crate::shard::Shard;
+use crate::shard::{Shard, divide_evenly};
 use crate::{KvDtype, KvLayout, Model, ModelError, Options, StateDtype};
 
 /// SGLang's DeepSeek-V4 page on CUDA, tokens (also the SWA page).
@@ -199,6 +199,10 @@ pub(crate) fn plan(
         })?;
     let index_dim = kv.positive("index_head_dim", c.index_head_dim)?;
     let state_dtype = opts.state_dtype.unwrap_or(StateDtype::F32);
+    // Every buffer is replicated, but the 64 query heads split over the ranks as in MLA.
+    if let Some(tp) = opts.tp {
+        divide_evenly(name, "num_attention_heads", c.num_attention_heads, tp)?;
+    }
     let shard = opts.tp.map(|tp| Shard::Replicated { tp });
     let kv_record = record(name, opts.kv_layout, nope, rope)?;
     let index = kv.index_k(opts.index_k)?;

@@ -212,6 +212,16 @@ impl Kv<'_> {
         let c = self.c;
         let rank = self.positive("kv_lora_rank", c.kv_lora_rank)?;
         let rope = self.positive("qk_rope_head_dim", c.qk_rope_head_dim)?;
+        // The query heads still split over the ranks (SGLang's and vLLM's MLA attention
+        // divide `num_attention_heads` by the TP size), though the latent is replicated.
+        if let Some(tp) = self.tp {
+            divide_evenly(
+                self.name,
+                "num_attention_heads",
+                self.c.num_attention_heads,
+                tp,
+            )?;
+        }
         let standard = (rank, rope) == (512, 64);
         let (name, built) = match (kv, dsa) {
             (KvDtype::Bf16, _) => ("mla_bf16", formats::mla(rank, rope, Dtype::Bf16)),

@@ -198,6 +198,32 @@ fn tensor_parallel_ranks_hold_every_buffer_whole() {
 }
 
 #[test]
+fn tp_that_does_not_divide_the_query_heads_is_refused() {
+    // The KV and indexer rows are replicated, but attention still splits the 64 query heads
+    // (num_attention_heads 64 in the config): 64 % 3 = 1, so --tp 3 is no SGLang deployment.
+    // Before this check the replicated buffers let --tp 3 through silently.
+    let e = v4()
+        .plan(&Options {
+            tp: Some(Tp::new(3, 2).unwrap()),
+            ..opts()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("num_attention_heads: 64 heads do not split evenly over --tp 3"),
+        "{e}"
+    );
+    // 64 % 16 = 0: sixteen ranks of 4 query heads each are fine.
+    assert!(
+        v4().plan(&Options {
+            tp: Some(Tp::new(16, 15).unwrap()),
+            ..opts()
+        })
+        .is_ok()
+    );
+}
+
+#[test]
 fn page_size_and_kv_dtype_sglang_does_not_allocate_are_refused() {
     // Page 64 (the --page-size default of other models): SGLang asserts 256 on CUDA.
     let e = v4().plan(&Options::default()).unwrap_err().to_string();

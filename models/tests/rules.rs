@@ -246,6 +246,28 @@ fn model_dtype_other_than_bf16_needs_an_explicit_kv_dtype() {
 }
 
 #[test]
+fn mla_query_heads_must_split_over_tp() {
+    // MLA: the latent is replicated, but attention splits the 8 query heads of BASE:
+    // 8 % 3 = 2, so --tp 3 is refused naming num_attention_heads (was accepted: the MHA path
+    // checked the query heads, the MLA path did not).
+    let m = model(r#", "kv_lora_rank": 512, "qk_rope_head_dim": 64"#);
+    let at = |size, rank| Options {
+        tp: Some(Tp::new(size, rank).unwrap()),
+        ..Options::default()
+    };
+    let e = m.totals(&at(3, 1)).unwrap_err().to_string();
+    assert!(
+        e.contains("num_attention_heads: 8 heads do not split evenly over --tp 3"),
+        "{e}"
+    );
+    // 8 % 4 = 0: the latent replicated, 6 layers x (512 + 64) x 2 B (bf16) = 6,912 B per token.
+    assert_eq!(
+        m.totals(&at(4, 3)).unwrap().full_bytes_per_token,
+        6 * 576 * 2
+    );
+}
+
+#[test]
 fn mla_with_local_layers_is_refused() {
     let e = err(r#", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "sliding_window": 8"#);
     assert!(

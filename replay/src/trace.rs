@@ -309,6 +309,29 @@ mod tests {
         );
     }
 
+    /// `100.0` was shown as `100` ("100 is not a non-negative integer"), and `1e300` as its
+    /// 301 digits: floats are now shown as JSON writes them.
+    #[test]
+    fn a_float_is_shown_as_a_float() {
+        assert_eq!(
+            err(r#"{"timestamp": 0, "input_length": 100.0, "output_length": 1, "hash_ids": [0]}"#),
+            "trace line 7: input_length: 100.0 is not a non-negative integer (tokens or milliseconds)"
+        );
+        assert_eq!(
+            err(r#"{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [0]}"#),
+            "trace line 7: timestamp: 1e300 is not a non-negative integer (tokens or milliseconds)"
+        );
+        let head = r#""timestamp": 100, "input_length": 1000, "output_length": 5"#;
+        assert_eq!(
+            err(&format!(r#"{{{head}, "hash_ids": [0, 1.0]}}"#)),
+            "trace line 7: hash_ids: entry 1: 1.0 is not a non-negative integer"
+        );
+        assert_eq!(
+            err(&format!(r#"{{{head}, "hash_ids": 2.0}}"#)),
+            "trace line 7: hash_ids: 2.0 is not an array"
+        );
+    }
+
     #[test]
     fn reader_streams_and_checks_order() {
         let text = "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 0, \"hash_ids\": [1]}\n\n{\"timestamp\": 4, \"input_length\": 1, \"output_length\": 0, \"hash_ids\": [1]}\n";

@@ -206,7 +206,9 @@ impl<'de> Visitor<'de> for Count<'_> {
         self.refuse(Shown(v.to_string()))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<u64, E> {
-        self.refuse(Shown(v.to_string()))
+        // As written in JSON: `100.0` stays `100.0` (Display would print `100`, an integer,
+        // in a message saying it is not one) and `1e300` stays short.
+        self.refuse(Shown(format!("{v:?}")))
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<u64, E> {
         self.refuse(Shown(v.to_string()))
@@ -272,7 +274,7 @@ impl<'de> Visitor<'de> for Ids<'_> {
         self.not_an_array(&v.to_string())
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Vec<u64>, E> {
-        self.not_an_array(&v.to_string())
+        self.not_an_array(&format!("{v:?}"))
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<Vec<u64>, E> {
         self.not_an_array(&v.to_string())
