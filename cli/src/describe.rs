@@ -105,8 +105,8 @@ pub fn index_k_for(model: &Model, arg: Option<IndexK>) -> Result<IndexK, String>
     Ok(arg.unwrap_or_default())
 }
 
-/// Refuses `--state-dtype` for a model without recurrent state (no linear-attention or Mamba
-/// layer). A model whose layers cannot be read passes here: that error comes with the pool.
+/// Refuses `--state-dtype` for a model without recurrent state (no linear-attention, KDA,
+/// RG-LRU or Mamba layer). A model whose layers cannot be read passes here: that error comes with the pool.
 ///
 /// # Errors
 /// The message names the flag and the model.
@@ -115,10 +115,12 @@ fn check_state_dtype(model: &Model, arg: Option<StateDtype>) -> Result<(), Strin
     let Ok(kinds) = model.layer_kinds() else {
         return Ok(());
     };
-    if kinds
-        .iter()
-        .any(|k| matches!(k, LayerKind::Linear | LayerKind::Mamba))
-    {
+    if kinds.iter().any(|k| {
+        matches!(
+            k,
+            LayerKind::Linear | LayerKind::Mamba | LayerKind::Kda | LayerKind::RgLru
+        )
+    }) {
         return Ok(());
     }
     Err(format!(

@@ -399,6 +399,31 @@ fn state_dtype_applies_to_models_with_recurrent_state_only() {
     }
 }
 
+/// Regression: Kimi-Linear's KDA layers and RecurrentGemma's RG-LRU layers hold recurrent
+/// state, but `--state-dtype` was refused on both as "no recurrent state" (only linear-attention
+/// and Mamba layers were looked for), so the KDA state could not be sized in bf16 and
+/// RecurrentGemma's own refusal of a non-f32 RG-LRU state never ran.
+#[test]
+fn state_dtype_applies_to_kda_and_rg_lru_layers() {
+    // Kimi-Linear: 20 KDA layers, conv 73,728 B (bf16, unchanged) + temporal 32 x 128 x 128
+    // in bf16 = 32,768 x 2 = 1,048,576 B (f32: 2,097,152): 20 x 1,122,304 = 22,446,080 B.
+    let (code, out, err) = describe(&["--model", "kimi-linear-48b-a3b", "--state-dtype", "bf16"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("state: 20 x (73728 + 1048576) = 22,446,080 B/request"),
+        "{out}"
+    );
+    // RecurrentGemma: f32 is what its RG-LRU keeps (accepted); bf16 is refused by name.
+    let (code, _, err) = describe(&["--model", "recurrentgemma-2b", "--state-dtype", "f32"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = describe(&["--model", "recurrentgemma-2b", "--state-dtype", "bf16"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("--state-dtype: bf16: RecurrentGemma's RG-LRU state is always f32"),
+        "{err}"
+    );
+}
+
 /// Regression: `--index-k` on a model without the DeepSeek indexer was a note ("ignored");
 /// it is an error naming the flag and the model.
 #[test]

@@ -96,7 +96,16 @@ pub fn ratios(name: &str, c: &crate::ModelConfig) -> Result<Vec<u64>, ModelError
 pub(crate) fn kinds(name: &str, c: &crate::ModelConfig) -> Result<Vec<LayerKind>, ModelError> {
     let window = match c.sliding_window {
         Some(w) if w > 0 => w,
-        _ => {
+        Some(w) => {
+            return Err(ModelError::field(
+                name,
+                "sliding_window",
+                format!(
+                    "must be at least 1, got {w} (every DeepSeek-V4 layer keeps a sliding window)"
+                ),
+            ));
+        }
+        None => {
             return Err(ModelError::field(
                 name,
                 "sliding_window",
@@ -185,6 +194,17 @@ pub(crate) fn plan(
         c,
         tp: opts.tp,
     };
+    // One latent row per token shared by all query heads: a config with more KV heads is
+    // no pool this module lays out (it was ignored).
+    if let Some(h) = c.num_key_value_heads.filter(|&h| h != 1) {
+        return Err(ModelError::field(
+            name,
+            "num_key_value_heads",
+            format!(
+                "{h}: SGLang's DeepSeek-V4 pool stores one KV head (a single latent row per token), expected 1"
+            ),
+        ));
+    }
     let head_dim = kv.positive("head_dim", c.head_dim)?;
     let rope = kv.positive("qk_rope_head_dim", c.qk_rope_head_dim)?;
     let nope = head_dim

@@ -336,6 +336,13 @@ impl Model {
 
     /// The buffers of the pool under `opts`.
     pub fn plan(&self, opts: &Options) -> Result<Vec<BufferPlan>, ModelError> {
+        if opts.page_size_tokens == 0 {
+            return Err(ModelError::field(
+                &self.name,
+                "page_size_tokens",
+                "must be at least 1, got 0",
+            ));
+        }
         let kinds = self.layer_kinds()?;
         plan::plan(self, &kinds, opts)
     }

@@ -197,6 +197,34 @@ fn tensor_parallel_ranks_hold_every_buffer_whole() {
     assert_eq!(table(&v4(), &o), table(&v4(), &opts()));
 }
 
+/// The config with one field changed (`"key": old` -> `"key": new`, text replaced once).
+fn v4_with(key: &str, old: &str, new: &str) -> Result<Vec<kvlayout_models::BufferPlan>, String> {
+    let path = format!(
+        "{}/../configs/deepseek-v4-flash-0731.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let (from, to) = (format!("\"{key}\": {old}"), format!("\"{key}\": {new}"));
+    assert_eq!(text.matches(&from).count(), 1, "{from}");
+    let m = Model::parse("v4", "t", &text.replacen(&from, &to, 1)).map_err(|e| e.to_string())?;
+    m.plan(&opts()).map_err(|e| e.to_string())
+}
+
+#[test]
+fn num_key_value_heads_other_than_1_and_window_0_are_refused_by_name() {
+    // num_key_value_heads 2 was dropped silently (the pool is one latent row per token).
+    let e = v4_with("num_key_value_heads", "1", "2").unwrap_err();
+    assert!(e.contains("num_key_value_heads: 2:"), "{e}");
+    assert!(e.contains("expected 1"), "{e}");
+    // sliding_window 0 was called "missing".
+    let e = v4_with("sliding_window", "128", "0").unwrap_err();
+    assert!(
+        e.contains("sliding_window: must be at least 1, got 0"),
+        "{e}"
+    );
+    assert!(v4_with("num_key_value_heads", "1", "1").is_ok());
+}
+
 #[test]
 fn tp_that_does_not_divide_the_query_heads_is_refused() {
     // The KV and indexer rows are replicated, but attention still splits the 64 query heads

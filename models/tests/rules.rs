@@ -268,6 +268,21 @@ fn mla_query_heads_must_split_over_tp() {
 }
 
 #[test]
+fn page_size_0_is_refused_naming_the_model_and_the_value() {
+    // `describe`'s table plans the buffers, then sizes them: the plan took page size 0 and
+    // the sizing said "buffer kv: page_size_tokens must be at least 1" (no model, no value).
+    let opts = Options {
+        page_size_tokens: 0,
+        ..Options::default()
+    };
+    let e = model("").plan(&opts).unwrap_err().to_string();
+    assert!(
+        e.contains("model \"t\": page_size_tokens: must be at least 1, got 0"),
+        "{e}"
+    );
+}
+
+#[test]
 fn mla_with_local_layers_is_refused() {
     let e = err(r#", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "sliding_window": 8"#);
     assert!(

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kvlayout_models::{IndexK, KvDtype, KvLayout, Model, Options, StateDtype, Tp};
+use kvlayout_models::{IndexK, KvDtype, KvLayout, LayerKind, Model, Options, StateDtype, Tp};
 use pyo3::exceptions::{PyTypeError, PyUserWarning};
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBool, PyInt};
@@ -94,6 +94,30 @@ fn load(
     if index_k.is_some() && !m.has_index_k() {
         let msg = format!(
             "index_k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
+            m.name
+        );
+        let warning = py.get_type::<PyUserWarning>();
+        PyErr::warn(
+            py,
+            &warning,
+            &std::ffi::CString::new(msg).expect("no NUL"),
+            1,
+        )?;
+    }
+    // As the CLI's `--state-dtype` (refused there): a model without recurrent state (no
+    // linear-attention, KDA, RG-LRU or Mamba layer) has nothing it applies to. A model whose
+    // layers cannot be read passes here: that error comes with the pool.
+    if state_dtype.is_some()
+        && let Ok(kinds) = m.layer_kinds()
+        && !kinds.iter().any(|k| {
+            matches!(
+                k,
+                LayerKind::Linear | LayerKind::Mamba | LayerKind::Kda | LayerKind::RgLru
+            )
+        })
+    {
+        let msg = format!(
+            "state_dtype ignored: {} has no linear-attention, KDA, RG-LRU or Mamba layers (no recurrent state)",
             m.name
         );
         let warning = py.get_type::<PyUserWarning>();

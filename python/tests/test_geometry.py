@@ -164,6 +164,21 @@ def test_describe_errors_and_warnings():
     assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
 
 
+def test_state_dtype_on_a_model_without_recurrent_state_warns():
+    # Was silently ignored (the CLI refuses --state-dtype there): Llama-3.1-8B has only
+    # full-attention layers, so the pool is the same 32 x 4096 B/token with a UserWarning.
+    with pytest.warns(UserWarning, match="state_dtype ignored: llama-3.1-8b"):
+        g = kvlayout.describe("llama-3.1-8b", state_dtype="bf16")
+    assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
+    # Kimi-Linear's KDA state takes it without a warning: 20 layers x (conv 73,728 B +
+    # temporal 32 x 128 x 128 x 2 B = 1,048,576 B) = 22,446,080 B per request.
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t = kvlayout.totals("kimi-linear-48b-a3b", state_dtype="bf16")
+    assert t["state_bytes_per_request"] == 20 * (73_728 + 32 * 128 * 128 * 2)
+
+
 def test_mirror_takes_every_compared_field_from_the_device():
     device = kvlayout.describe("deepseek-v3.2-exp", index_k="bf16")
     host = device.mirror(4096, "page_first")
