@@ -3,7 +3,7 @@
 //! built and paired (checked, or unverified for `--no-verify`).
 
 use kvlayout_core::{Attention, MemoryLayout, PoolGeometry, compare, file};
-use kvlayout_models::{Model, ModelPool, PoolOptions};
+use kvlayout_models::{Model, PoolOptions};
 use kvlayout_pool::backend::Backend;
 use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode, mirror_geometry};
 
@@ -123,15 +123,35 @@ fn sampled(g: &PoolGeometry, sample: &Sample) -> Result<PoolGeometry, ReplayErro
     Ok(g)
 }
 
+/// What a replay report says about a pairing, whatever the workload: the report fields
+/// `formats`, `host_geometry`, `pairing`, `mismatch` and the two fingerprints.
+pub(crate) struct PairingFacts {
+    /// Each buffer's storage format, `"name: format"`, in the model pool's buffer order.
+    pub formats: Vec<String>,
+    /// Where the host geometry came from: `"mirror of the device pool"` or the file's path.
+    pub host_geometry: String,
+    /// `"checked"` or `"unverified (--no-verify)"`.
+    pub pairing: String,
+    /// The fields in which the full-depth device and host geometries differ (empty when they
+    /// pair).
+    pub mismatch: Vec<String>,
+    /// The full-depth device pool's fingerprint, `{:#018x}`.
+    pub device_fingerprint: String,
+    /// The full-depth host pool's fingerprint, `{:#018x}`.
+    pub host_fingerprint: String,
+}
+
 /// Paired pools and what the report says about them.
 pub(crate) struct Paired<B: Backend> {
-    pub cache: HiCache<B>,
-    pub model_pool: ModelPool,
-    pub mismatch: Vec<String>,
-    pub host_source: String,
-    pub device_fingerprint: String,
-    pub host_fingerprint: String,
-    pub pairing: String,
+    cache: HiCache<B>,
+    facts: PairingFacts,
+}
+
+impl<B: Backend> Paired<B> {
+    /// The paired pools, to run the workload on, and what the report says about them.
+    pub(crate) fn into_parts(self) -> (HiCache<B>, PairingFacts) {
+        (self.cache, self.facts)
+    }
 }
 
 /// Pairing refused: the host geometry source and the differing fields.
@@ -220,14 +240,23 @@ pub(crate) fn pair_pools<B: Backend>(
         TransferMode::Checked => "checked".into(),
         TransferMode::Unverified => "unverified (--no-verify)".into(),
     };
+    let formats = model_pool
+        .geometry
+        .buffers
+        .iter()
+        .zip(&model_pool.formats)
+        .map(|(b, f)| format!("{}: {f}", b.name()))
+        .collect();
     Ok(Ok(Paired {
         cache,
-        model_pool,
-        mismatch,
-        host_source,
-        device_fingerprint,
-        host_fingerprint,
-        pairing,
+        facts: PairingFacts {
+            formats,
+            host_geometry: host_source,
+            pairing,
+            mismatch,
+            device_fingerprint,
+            host_fingerprint,
+        },
     }))
 }
 

@@ -50,7 +50,7 @@ use kvlayout_pool::backend::{Backend, CpuBackend};
 use kvlayout_pool::{ChecksumMode, KvPool};
 
 use crate::error::{Param, ReplayError, workload_err};
-use crate::pairing::{HostSource, Paired, Sample, pair_pools, require_full_attention};
+use crate::pairing::{HostSource, Sample, pair_pools, require_full_attention};
 use crate::report::{Minute, TraceRefusal, TraceReport, share};
 use crate::schedule::{Schedule, ScheduleConfig, WritePolicy};
 use crate::store::{IndexerParams, PoolStore};
@@ -365,16 +365,7 @@ pub fn run_trace_overlapped<B: Backend>(
             }));
         }
     };
-    let Paired {
-        cache,
-        model_pool,
-        mismatch,
-        host_source,
-        device_fingerprint,
-        host_fingerprint,
-        pairing,
-    } = paired;
-    let mut cache = cache;
+    let (mut cache, facts) = paired.into_parts();
     cache
         .set_checksum_mode(input.checksum)
         .map_err(|e| workload_err(Param::Checksum, e.to_string()))?;
@@ -403,13 +394,7 @@ pub fn run_trace_overlapped<B: Backend>(
     let mut per_minute: Vec<Minute> = Vec::new();
     let mut report = TraceReport {
         model: input.model.name.clone(),
-        formats: model_pool
-            .geometry
-            .buffers
-            .iter()
-            .zip(&model_pool.formats)
-            .map(|(b, f)| format!("{}: {f}", b.name()))
-            .collect(),
+        formats: facts.formats,
         trace: input.trace_name.clone(),
         model_layers: input.model.config.num_hidden_layers,
         simulated_layers: input.layers,
@@ -419,11 +404,11 @@ pub fn run_trace_overlapped<B: Backend>(
         host_pages,
         host_pages_source,
         host_memory_layout,
-        host_geometry: host_source,
-        pairing,
-        mismatch,
-        device_fingerprint,
-        host_fingerprint,
+        host_geometry: facts.host_geometry,
+        pairing: facts.pairing,
+        mismatch: facts.mismatch,
+        device_fingerprint: facts.device_fingerprint,
+        host_fingerprint: facts.host_fingerprint,
         write_policy: input.write_policy,
         prefill_tokens_per_s: input.prefill_tokens_per_s,
         decode_ms_per_token: input.decode_ms_per_token,

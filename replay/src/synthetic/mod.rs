@@ -39,7 +39,7 @@ pub use crate::error::ReplayError;
 use crate::error::{Param, workload_err};
 use crate::indexer::top_k;
 pub use crate::pairing::{HostSource, read_host_geometry};
-use crate::pairing::{Paired, Sample, pair_pools};
+use crate::pairing::{Sample, pair_pools};
 use crate::rng::{mix, unit};
 
 mod input;
@@ -175,15 +175,7 @@ pub fn run_with<B: Backend>(
     };
     let model_layers = input.model.config.num_hidden_layers;
     let sim_layers = w.layers;
-    let Paired {
-        cache,
-        model_pool,
-        mismatch,
-        host_source,
-        device_fingerprint,
-        host_fingerprint,
-        pairing,
-    } = paired;
+    let (cache, facts) = paired.into_parts();
     let geometry = cache.device().geometry();
     let kv = geometry.buffer_index("kv").unwrap_or(0);
     let index_k = geometry.buffer_index("index_k");
@@ -192,21 +184,16 @@ pub fn run_with<B: Backend>(
         model: input.model.name.clone(),
         model_layers,
         simulated_layers: sim_layers,
-        formats: geometry
-            .buffers
-            .iter()
-            .zip(&model_pool.formats)
-            .map(|(b, f)| format!("{}: {f}", b.name()))
-            .collect(),
+        formats: facts.formats,
         page_size_tokens: geometry.page_size_tokens,
         device_pages: geometry.pages,
         host_pages,
         host_memory_layout: cache.host().geometry().memory_layout.to_string(),
-        host_geometry: host_source,
-        pairing,
-        mismatch,
-        device_fingerprint,
-        host_fingerprint,
+        host_geometry: facts.host_geometry,
+        pairing: facts.pairing,
+        mismatch: facts.mismatch,
+        device_fingerprint: facts.device_fingerprint,
+        host_fingerprint: facts.host_fingerprint,
         sessions: w.sessions,
         corrupted_sessions: 0,
         sessions_with_loaded_pages: 0,
