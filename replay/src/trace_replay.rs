@@ -50,7 +50,7 @@ use kvlayout_pool::backend::{Backend, CpuBackend};
 use kvlayout_pool::{ChecksumMode, KvPool};
 
 use crate::error::{Param, ReplayError, workload_err};
-use crate::pairing::{HostSource, Sample, pair_pools, require_full_attention};
+use crate::pairing::{HostSource, PairingFacts, Sample, pair_pools, require_full_attention};
 use crate::report::{Minute, TraceRefusal, TraceReport, share};
 use crate::schedule::{Schedule, ScheduleConfig, WritePolicy};
 use crate::store::{IndexerParams, PoolStore};
@@ -234,6 +234,90 @@ pub fn run_trace_overlapped<B: Backend>(
     trace: impl BufRead,
     progress: &mut dyn FnMut(u64),
 ) -> Result<TraceOutcome, ReplayError> {
+    check_indexer_params(input)?;
+    let sizing = size_pools(input)?;
+    let opts = PoolOptions {
+        pages: sizing.device.pages,
+        ..input.pool
+    };
+    let paired = match pair_pools(
+        backend,
+        &input.model,
+        &opts,
+        &sizing.host,
+        input.verify,
+        &sizing.sample,
+    )? {
+        Ok(p) => p,
+        Err(r) => {
+            return Ok(TraceOutcome::Refused(TraceRefusal {
+                model: input.model.name.clone(),
+                trace: input.trace_name.clone(),
+                host_geometry: r.host_source,
+                pairing: "refused",
+                mismatch: r.mismatch,
+                device_pages: sizing.device.pages,
+                host_pages: sizing.host_pages,
+                requests: 0,
+                requests_with_host_hits: 0,
+                corrupted_requests: 0,
+            }));
+        }
+    };
+    let (mut cache, facts) = paired.into_parts();
+    cache
+        .set_checksum_mode(input.checksum)
+        .map_err(|e| workload_err(Param::Checksum, e.to_string()))?;
+    let moved: Vec<String> = (cache.device().geometry().buffers.iter())
+        .map(|b| b.name().to_string())
+        .collect();
+    let host_memory_layout = cache.host().geometry().memory_layout.to_string();
+    let mut store = PoolStore::new(
+        cache,
+        IndexerParams {
+            top_k: input.top_k,
+            heads: input.indexer_heads,
+            seed: input.seed,
+        },
+    )?;
+    if overlap {
+        store = store.with_overlap()?;
+    }
+    let mut schedule = Schedule::new(ScheduleConfig {
+        device_pages: sizing.device.pages,
+        host_pages: sizing.host_pages,
+        page_size_tokens: sizing.page_size_tokens,
+        write_policy: input.write_policy,
+        prefill_tokens_per_s: input.prefill_tokens_per_s,
+        decode_ms_per_token: input.decode_ms_per_token,
+    })
+    .map_err(|e| sizing.device.blame_default(e))?;
+    let mut report = new_report(
+        input,
+        &sizing,
+        facts,
+        host_memory_layout,
+        store.has_indexer(),
+    );
+    report.sampled = sampled_line(input, report.indexer, &moved);
+    let per_minute = admit_requests(
+        input,
+        &sizing.device,
+        trace,
+        &mut schedule,
+        &mut store,
+        &mut report,
+        progress,
+    )?;
+    schedule.drain();
+    store.finish()?;
+    finish_report(&mut report, per_minute, &schedule, &store);
+    Ok(TraceOutcome::Completed(Box::new(report)))
+}
+
+/// Refuses a top-k past the model's indexer (`index_topk`) and a zero layer, top-k or indexer
+/// head count, naming the parameter.
+fn check_indexer_params(input: &TraceInput) -> Result<(), ReplayError> {
     if let Some(topk) = input.model.config.index_topk
         && input.top_k as u64 > topk
     {
@@ -254,6 +338,58 @@ pub fn run_trace_overlapped<B: Backend>(
             return Err(workload_err(field, "must be at least 1, got 0".into()));
         }
     }
+    Ok(())
+}
+
+/// The device pool's pages and where they came from.
+struct DevicePages {
+    pages: u64,
+    /// `"--device-pages"`, or the budget line of [`default_device_pages_source`].
+    source: String,
+    /// The pages are the H200 default (no `--device-pages`).
+    defaulted: bool,
+}
+
+impl DevicePages {
+    /// An error that blames `--device-pages` when the user did not pass it says where the
+    /// default came from; any other error is returned as it is.
+    fn blame_default(&self, e: ReplayError) -> ReplayError {
+        match e {
+            ReplayError::Workload {
+                param: Param::DevicePages,
+                problem,
+                defaulted: None,
+            } if self.defaulted => ReplayError::Workload {
+                param: Param::DevicePages,
+                problem,
+                defaulted: Some(format!(
+                    "the default {} pages came from {}",
+                    self.pages, self.source
+                )),
+            },
+            e => e,
+        }
+    }
+}
+
+/// The pools' capacities and what of them holds real bytes, decided before they are built.
+struct Sizing {
+    /// Tokens per page (the model pool's).
+    page_size_tokens: u64,
+    device: DevicePages,
+    host: HostSource,
+    host_pages: u64,
+    /// `"--host-pages"`, the hicache ratio, or the host geometry file.
+    host_pages_source: String,
+    sample: Sample,
+}
+
+/// Sizes the pools from one model page: the device pages (given, or the H200 budget over the
+/// bytes per page), the host (mirror of `--host-pages` or 2 x device pages, or the geometry
+/// file) and the buffers whose bytes move (given, or the indexer's). Errors: a model buffer
+/// that does not keep every token (DeepSeek-V4 aside), zero device or host pages, host pages
+/// that overflow.
+fn size_pools(input: &TraceInput) -> Result<Sizing, ReplayError> {
     let full = input.model.pool(&PoolOptions {
         pages: 1,
         ..input.pool
@@ -267,37 +403,55 @@ pub fn run_trace_overlapped<B: Backend>(
         .geometry
         .total_bytes()
         .map_err(kvlayout_pool::PoolError::from)?;
-    let page_size = full.geometry.page_size_tokens;
-    let (device_pages, device_pages_source) = match input.device_pages {
-        Some(p) => (p, "--device-pages".to_string()),
-        None => (
-            kv_budget_bytes(&input.model) / bytes_per_page.max(1),
-            default_device_pages_source(&input.model.name, bytes_per_page),
-        ),
-    };
-    // An error that blames `--device-pages` when the user did not pass it says where the
-    // default came from.
-    let blame_default = |e: ReplayError| match e {
-        ReplayError::Workload {
-            param: Param::DevicePages,
-            problem,
-            defaulted: None,
-        } if input.device_pages.is_none() => ReplayError::Workload {
-            param: Param::DevicePages,
-            problem,
-            defaulted: Some(format!(
-                "the default {device_pages} pages came from {device_pages_source}"
-            )),
+    let device = match input.device_pages {
+        Some(p) => DevicePages {
+            pages: p,
+            source: "--device-pages".to_string(),
+            defaulted: false,
         },
-        e => e,
+        None => DevicePages {
+            pages: kv_budget_bytes(&input.model) / bytes_per_page.max(1),
+            source: default_device_pages_source(&input.model.name, bytes_per_page),
+            defaulted: true,
+        },
     };
-    if device_pages == 0 {
-        return Err(blame_default(workload_err(
+    if device.pages == 0 {
+        return Err(device.blame_default(workload_err(
             Param::DevicePages,
             "must be at least 1, got 0".into(),
         )));
     }
-    let (host, host_pages_source) = match &input.host {
+    let (host, host_pages_source) = host_source(&input.host, device.pages)?;
+    let host_pages = match &host {
+        HostSource::Mirror { pages, .. } => *pages,
+        HostSource::Foreign { geometry, .. } => geometry.pages,
+    };
+    let buffers = match &input.buffers {
+        Some(b) => Some(b.clone()),
+        // The buffer the indexer reads: DeepSeek-V3.2's `index_k`, DeepSeek-V4's `c4_index_k`
+        // (its other buffers move with `--buffers`: a C128 state slot is 524,288 B a page).
+        None => ["index_k", "c4_index_k"]
+            .into_iter()
+            .find(|n| full.geometry.buffer_index(n).is_some())
+            .map(|n| vec![n.to_string()]),
+    };
+    Ok(Sizing {
+        page_size_tokens: full.geometry.page_size_tokens,
+        device,
+        host,
+        host_pages,
+        host_pages_source,
+        sample: Sample {
+            layers: input.layers,
+            buffers,
+        },
+    })
+}
+
+/// The host of a trace replay and where its pages came from: a mirror of `--host-pages` (zero
+/// refused) or [`HICACHE_RATIO`] x `device_pages` (an overflow refused), or the geometry file.
+fn host_source(host: &TraceHost, device_pages: u64) -> Result<(HostSource, String), ReplayError> {
+    match host {
         TraceHost::Mirror {
             pages,
             memory_layout,
@@ -317,92 +471,38 @@ pub fn run_trace_overlapped<B: Backend>(
                     "2 x device pages (SGLang --hicache-ratio 2)".to_string(),
                 ),
             };
-            (
+            Ok((
                 HostSource::Mirror {
                     pages,
                     memory_layout: *memory_layout,
                 },
                 source,
-            )
+            ))
         }
-        TraceHost::Foreign(h) => (h.clone(), "the host geometry file's pages".to_string()),
-    };
-    let host_pages = match &host {
-        HostSource::Mirror { pages, .. } => *pages,
-        HostSource::Foreign { geometry, .. } => geometry.pages,
-    };
-    let opts = PoolOptions {
-        pages: device_pages,
-        ..input.pool
-    };
-    let buffers = match &input.buffers {
-        Some(b) => Some(b.clone()),
-        // The buffer the indexer reads: DeepSeek-V3.2's `index_k`, DeepSeek-V4's `c4_index_k`
-        // (its other buffers move with `--buffers`: a C128 state slot is 524,288 B a page).
-        None => ["index_k", "c4_index_k"]
-            .into_iter()
-            .find(|n| full.geometry.buffer_index(n).is_some())
-            .map(|n| vec![n.to_string()]),
-    };
-    let sample = Sample {
-        layers: input.layers,
-        buffers,
-    };
-    let paired = match pair_pools(backend, &input.model, &opts, &host, input.verify, &sample)? {
-        Ok(p) => p,
-        Err(r) => {
-            return Ok(TraceOutcome::Refused(TraceRefusal {
-                model: input.model.name.clone(),
-                trace: input.trace_name.clone(),
-                host_geometry: r.host_source,
-                pairing: "refused",
-                mismatch: r.mismatch,
-                device_pages,
-                host_pages,
-                requests: 0,
-                requests_with_host_hits: 0,
-                corrupted_requests: 0,
-            }));
-        }
-    };
-    let (mut cache, facts) = paired.into_parts();
-    cache
-        .set_checksum_mode(input.checksum)
-        .map_err(|e| workload_err(Param::Checksum, e.to_string()))?;
-    let geometry = cache.device().geometry().clone();
-    let host_memory_layout = cache.host().geometry().memory_layout.to_string();
-    let mut store = PoolStore::new(
-        cache,
-        IndexerParams {
-            top_k: input.top_k,
-            heads: input.indexer_heads,
-            seed: input.seed,
-        },
-    )?;
-    if overlap {
-        store = store.with_overlap()?;
+        TraceHost::Foreign(h) => Ok((h.clone(), "the host geometry file's pages".to_string())),
     }
-    let mut schedule = Schedule::new(ScheduleConfig {
-        device_pages,
-        host_pages,
-        page_size_tokens: page_size,
-        write_policy: input.write_policy,
-        prefill_tokens_per_s: input.prefill_tokens_per_s,
-        decode_ms_per_token: input.decode_ms_per_token,
-    })
-    .map_err(blame_default)?;
-    let mut per_minute: Vec<Minute> = Vec::new();
-    let mut report = TraceReport {
+}
+
+/// The report before the first request: the pools, the pairing and the parameters, every
+/// count zero (`sampled` empty, filled by [`sampled_line`]).
+fn new_report(
+    input: &TraceInput,
+    sizing: &Sizing,
+    facts: PairingFacts,
+    host_memory_layout: String,
+    indexer: bool,
+) -> TraceReport {
+    TraceReport {
         model: input.model.name.clone(),
         formats: facts.formats,
         trace: input.trace_name.clone(),
         model_layers: input.model.config.num_hidden_layers,
         simulated_layers: input.layers,
-        page_size_tokens: page_size,
-        device_pages,
-        device_pages_source: device_pages_source.clone(),
-        host_pages,
-        host_pages_source,
+        page_size_tokens: sizing.page_size_tokens,
+        device_pages: sizing.device.pages,
+        device_pages_source: sizing.device.source.clone(),
+        host_pages: sizing.host_pages,
+        host_pages_source: sizing.host_pages_source.clone(),
         host_memory_layout,
         host_geometry: facts.host_geometry,
         pairing: facts.pairing,
@@ -413,7 +513,7 @@ pub fn run_trace_overlapped<B: Backend>(
         prefill_tokens_per_s: input.prefill_tokens_per_s,
         decode_ms_per_token: input.decode_ms_per_token,
         sampled: String::new(),
-        indexer: store.has_indexer(),
+        indexer,
         indexer_heads: input.indexer_heads,
         top_k: input.top_k as u64,
         requests: 0,
@@ -438,20 +538,21 @@ pub fn run_trace_overlapped<B: Backend>(
         first_checksum_mismatch: None,
         end_ms: 0,
         per_minute: Vec::new(),
-    };
-    let moved: Vec<String> = geometry
-        .buffers
-        .iter()
-        .map(|b| b.name().to_string())
-        .collect();
-    report.sampled = if report.indexer {
+    }
+}
+
+/// The report's `sampled` line: what is exact (the page schedule) and what is sampled (the
+/// layers and `moved` buffers whose bytes move, the indexer's heads and top-k).
+fn sampled_line(input: &TraceInput, indexer: bool, moved: &[String]) -> String {
+    let model_layers = input.model.config.num_hidden_layers;
+    if indexer {
         let cfg = &input.model.config;
         format!(
             "page schedule exact at full scale; bytes of layers 0..{} of {}, buffers {}, move \
              through the pools; indexer: {} of {} heads, top-{} of {}, one query per request \
              per simulated layer, run for each request that loaded pages from the host",
             input.layers,
-            report.model_layers,
+            model_layers,
             moved.join(", "),
             input.indexer_heads,
             cfg.index_n_heads.map_or("?".to_string(), |h| h.to_string()),
@@ -464,11 +565,28 @@ pub fn run_trace_overlapped<B: Backend>(
              through the pools; no indexer: rows of {} sampled tokens compared per request that \
              loaded pages from the host",
             input.layers,
-            report.model_layers,
+            model_layers,
             moved.join(", "),
             input.top_k
         )
-    };
+    }
+}
+
+/// The event loop: admits every request of `trace` in order (time from the first request's
+/// timestamp), counting each into `report` and into its minute, and calls
+/// `progress(bytes_read)` after each. Returns the per-minute series (dense, minute indices not
+/// yet set). Errors: a request past [`MAX_TRACE_SPAN_MS`], an empty trace, and whatever the
+/// reader and [`Schedule::admit`] refuse (a `--device-pages` error names a default's source).
+fn admit_requests<B: Backend>(
+    input: &TraceInput,
+    device: &DevicePages,
+    trace: impl BufRead,
+    schedule: &mut Schedule,
+    store: &mut PoolStore<B>,
+    report: &mut TraceReport,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Vec<Minute>, ReplayError> {
+    let mut per_minute: Vec<Minute> = Vec::new();
     let mut requests = TraceReader::new(Counting {
         inner: trace,
         bytes: 0,
@@ -494,7 +612,9 @@ pub fn run_trace_overlapped<B: Backend>(
         }
         let minute = (since_ms / 60_000) as usize; // at most 44,640
         req.timestamp_ms = since_ms;
-        let out = schedule.admit(&req, &mut store).map_err(blame_default)?;
+        let out = schedule
+            .admit(&req, store)
+            .map_err(|e| device.blame_default(e))?;
         if per_minute.len() <= minute {
             per_minute.resize_with(minute + 1, Minute::default);
         }
@@ -521,8 +641,17 @@ pub fn run_trace_overlapped<B: Backend>(
         }
         .into());
     }
-    schedule.drain();
-    store.finish()?;
+    Ok(per_minute)
+}
+
+/// Fills in what the drained schedule and the finished store counted: pages, bytes and
+/// transfers, refusals and checksums, shares, end time and the numbered per-minute series.
+fn finish_report<B: Backend>(
+    report: &mut TraceReport,
+    mut per_minute: Vec<Minute>,
+    schedule: &Schedule,
+    store: &PoolStore<B>,
+) {
     for (i, m) in per_minute.iter_mut().enumerate() {
         m.minute = i as u64;
     }
@@ -542,5 +671,4 @@ pub fn run_trace_overlapped<B: Backend>(
     report.corrupted_share = share(report.corrupted_requests, report.requests);
     report.end_ms = schedule.now_ms();
     report.per_minute = per_minute;
-    Ok(TraceOutcome::Completed(Box::new(report)))
 }
