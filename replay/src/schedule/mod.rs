@@ -158,6 +158,39 @@ struct Node {
     in_host_lru: bool,
 }
 
+/// The longest cached prefix of a request's blocks ([`Schedule::match_path`]).
+struct PathMatch {
+    /// The path's nodes, root first.
+    matched: Vec<u32>,
+    /// Pages of the host-only nodes on the path (to load).
+    load_pages: u64,
+    /// Pages of the cached blocks the path lacks (to compute).
+    missing_pages: u64,
+}
+
+/// A request whose pages fit: its cached blocks `(hash id, pages)`, the matched path (locked),
+/// the device pages it needs and those private to it.
+struct Admission {
+    blocks: Vec<(u64, u64)>,
+    matched: Vec<u32>,
+    need: u64,
+    private_pages: u64,
+}
+
+/// The host-only nodes of a path loaded back ([`Schedule::load_back`]) and whether the load
+/// went through (false: refused and recomputed; also false when there was none).
+struct LoadBack {
+    nodes: Vec<u32>,
+    ok: bool,
+}
+
+/// A request's blocks in place ([`Schedule::place_blocks`]): its context, `(page, device
+/// page)` in prompt order, and the nodes it holds (locked) while it runs.
+struct Placed {
+    context: Vec<(PageId, u64)>,
+    nodes: Vec<u32>,
+}
+
 /// A running request: its nodes (locked) and its private pages.
 struct Running {
     nodes: Vec<u32>,
@@ -243,7 +276,6 @@ impl Schedule {
         BLOCK_TOKENS / self.cfg.page_size_tokens
     }
 
-    /// Takes node `n` out of the LRU sets (before its state or `last_access` changes).
     /// Finishes every running request that ends at or before `t_ms`.
     fn finish_until(&mut self, t_ms: u64) {
         while let Some(&Reverse((end, id))) = self.running.peek() {
@@ -280,7 +312,6 @@ impl Schedule {
         store: &mut S,
     ) -> Result<RequestOutcome, ReplayError> {
         let page = self.cfg.page_size_tokens;
-        let per_block = self.pages_per_block();
         let cached_pages = req.input_tokens / page;
         let total_pages = req
             .input_tokens
@@ -299,9 +330,59 @@ impl Schedule {
         let private_pages = total_pages - cached_pages;
         self.now_ms = self.now_ms.max(req.timestamp_ms);
         self.finish_until(self.now_ms);
-        // Blocks that cache at least one page, with their page counts.
-        let blocks: Vec<(u64, u64)> = req
-            .hash_ids
+        let blocks = self.cached_blocks(req, cached_pages);
+        loop {
+            let path = self.match_path(req, &blocks)?;
+            let compute_pages = path.missing_pages;
+            let need = path.load_pages + compute_pages + private_pages;
+            for &n in &path.matched {
+                self.lock(n);
+            }
+            let available = self.device_free.len() as u64 + self.evictable_pages;
+            if need > available {
+                for &n in &path.matched {
+                    self.unlock(n);
+                }
+                // Wait for the next request to finish.
+                let Some(Reverse((end, id))) = self.running.pop() else {
+                    return Err(workload_err(
+                        Param::DevicePages,
+                        format!(
+                            "{} pages cannot hold the request of trace line {}: it needs {need} \
+                             pages ({} to load, {compute_pages} to compute, \
+                             {private_pages} private for its {} prompt tokens past the last \
+                             full page and {} decoded tokens)",
+                            self.cfg.device_pages,
+                            req.line,
+                            path.load_pages,
+                            req.input_tokens % page,
+                            req.output_tokens
+                        ),
+                    ));
+                };
+                self.now_ms = self.now_ms.max(end);
+                self.release(id);
+                self.finish_until(self.now_ms);
+                continue;
+            }
+            return self.run_admitted(
+                req,
+                store,
+                Admission {
+                    blocks,
+                    matched: path.matched,
+                    need,
+                    private_pages,
+                },
+            );
+        }
+    }
+
+    /// The prompt's blocks that cache at least one page, `(hash id, pages)`: the first
+    /// `cached_pages` pages of the prompt, [`Self::pages_per_block`] to a block.
+    fn cached_blocks(&self, req: &Request, cached_pages: u64) -> Vec<(u64, u64)> {
+        let per_block = self.pages_per_block();
+        req.hash_ids
             .iter()
             .enumerate()
             .map(|(j, &h)| {
@@ -313,91 +394,69 @@ impl Schedule {
                 )
             })
             .filter(|&(_, p)| p > 0)
-            .collect();
-        loop {
-            // Match: device nodes, then host-only nodes, then missing ones.
-            let mut matched: Vec<u32> = Vec::new();
-            let mut load_pages = 0u64;
-            let mut extend_pages = 0u64;
-            for &(h, p) in &blocks {
-                let Some(&n) = self.by_hash.get(&h) else {
-                    break;
-                };
-                let node = &self.nodes[n as usize];
-                let expected_parent = matched.last().copied().unwrap_or(NONE);
-                if node.parent != expected_parent {
-                    return Err(crate::trace::TraceError::Line {
-                        line: req.line,
-                        field: "hash_ids".into(),
-                        problem: format!(
-                            "block id {h} follows another prefix here than where it was first seen"
-                        ),
-                    }
-                    .into());
-                }
-                let have = u64::from(node.pages);
-                if !node.on_device {
-                    load_pages += have;
-                }
-                extend_pages += p.saturating_sub(have);
-                matched.push(n);
-                if have < p {
-                    break;
-                }
-            }
-            let matched_pages: u64 = matched
-                .iter()
-                .zip(&blocks)
-                .map(|(&n, &(_, p))| u64::from(self.nodes[n as usize].pages).min(p))
-                .sum();
-            let missing_pages = blocks.iter().map(|&(_, p)| p).sum::<u64>() - matched_pages;
-            let compute_pages = missing_pages;
-            let need = load_pages + compute_pages + private_pages;
-            for &n in &matched {
-                self.lock(n);
-            }
-            let available = self.device_free.len() as u64 + self.evictable_pages;
-            if need > available {
-                for &n in &matched {
-                    self.unlock(n);
-                }
-                // Wait for the next request to finish.
-                let Some(Reverse((end, id))) = self.running.pop() else {
-                    return Err(workload_err(
-                        Param::DevicePages,
-                        format!(
-                            "{} pages cannot hold the request of trace line {}: it needs {need} \
-                             pages ({load_pages} to load, {compute_pages} to compute, \
-                             {private_pages} private for its {} prompt tokens past the last \
-                             full page and {} decoded tokens)",
-                            self.cfg.device_pages,
-                            req.line,
-                            req.input_tokens % page,
-                            req.output_tokens
-                        ),
-                    ));
-                };
-                self.now_ms = self.now_ms.max(end);
-                self.release(id);
-                self.finish_until(self.now_ms);
-                continue;
-            }
-            let _ = extend_pages;
-            return self.run_admitted(req, store, &blocks, matched, need, private_pages);
-        }
+            .collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Matches `blocks` against the tree (sglang `match_prefix`): the nodes of the longest
+    /// cached prefix, device and host-only alike, up to the first block missing or cached
+    /// shorter. A block id found under another parent than the previous block is an error
+    /// naming the trace line and `hash_ids`.
+    fn match_path(&self, req: &Request, blocks: &[(u64, u64)]) -> Result<PathMatch, ReplayError> {
+        let mut matched: Vec<u32> = Vec::new();
+        let mut load_pages = 0u64;
+        for &(h, p) in blocks {
+            let Some(&n) = self.by_hash.get(&h) else {
+                break;
+            };
+            let node = &self.nodes[n as usize];
+            let expected_parent = matched.last().copied().unwrap_or(NONE);
+            if node.parent != expected_parent {
+                return Err(crate::trace::TraceError::Line {
+                    line: req.line,
+                    field: "hash_ids".into(),
+                    problem: format!(
+                        "block id {h} follows another prefix here than where it was first seen"
+                    ),
+                }
+                .into());
+            }
+            let have = u64::from(node.pages);
+            if !node.on_device {
+                load_pages += have;
+            }
+            matched.push(n);
+            if have < p {
+                break;
+            }
+        }
+        let matched_pages: u64 = matched
+            .iter()
+            .zip(blocks)
+            .map(|(&n, &(_, p))| u64::from(self.nodes[n as usize].pages).min(p))
+            .sum();
+        let missing_pages = blocks.iter().map(|&(_, p)| p).sum::<u64>() - matched_pages;
+        Ok(PathMatch {
+            matched,
+            load_pages,
+            missing_pages,
+        })
+    }
+
+    /// Runs an admitted request, phase by phase: evict for its pages, load its host-only
+    /// nodes back, place its blocks (reused, loaded or computed), take its private pages,
+    /// check what the indexer reads when it loaded pages, and schedule its end.
     fn run_admitted<S: PageStore>(
         &mut self,
         req: &Request,
         store: &mut S,
-        blocks: &[(u64, u64)],
-        matched: Vec<u32>,
-        need: u64,
-        private_pages: u64,
+        admission: Admission,
     ) -> Result<RequestOutcome, ReplayError> {
-        let page = self.cfg.page_size_tokens;
+        let Admission {
+            blocks,
+            matched,
+            need,
+            private_pages,
+        } = admission;
         if (self.device_free.len() as u64) < need {
             self.evict(need, store)?;
         }
@@ -408,10 +467,42 @@ impl Schedule {
         if self.now_ms > req.timestamp_ms {
             self.counts.delayed_requests += 1;
         }
-        // Load the host-only nodes of the path back, all or nothing.
+        let loaded = self.load_back(&matched, store)?;
+        let placed = self.place_blocks(req, store, &blocks, &matched, &loaded, &mut out)?;
+        // The rest of the prompt (a partial last page) is computed too.
+        out.recomputed_tokens +=
+            req.input_tokens - (out.device_tokens + out.host_tokens + out.recomputed_tokens);
+        for &n in &placed.nodes {
+            self.touch(n);
+        }
+        self.flush_backups(store)?;
+        let private = self.take_private_pages(private_pages)?;
+        if out.loaded_pages > 0 {
+            out.corrupted = store.check(req, &placed.context)?;
+        }
+        let end = self.end_ms(req, out.recomputed_tokens)?;
+        self.running.push(Reverse((end, req.line)));
+        self.running_reqs.insert(
+            req.line,
+            Running {
+                nodes: placed.nodes,
+                private,
+            },
+        );
+        Ok(out)
+    }
+
+    /// Loads the host-only nodes of `matched` back into free device pages, all or nothing
+    /// (sglang `load_back`); a refused load leaves them on the device recomputed from the
+    /// prompt.
+    fn load_back<S: PageStore>(
+        &mut self,
+        matched: &[u32],
+        store: &mut S,
+    ) -> Result<LoadBack, ReplayError> {
         let mut pairs = Vec::new();
         let mut loading = Vec::new();
-        for &n in &matched {
+        for &n in matched {
             let node = &self.nodes[n as usize];
             if node.on_device {
                 continue;
@@ -452,9 +543,29 @@ impl Schedule {
                 }
             }
         }
+        Ok(LoadBack {
+            nodes: loading,
+            ok: loaded_ok,
+        })
+    }
+
+    /// Walks the prompt's `blocks` along the `matched` path, counting into `out` the tokens
+    /// found on the device, loaded from the host or recomputed, and computing what is missing
+    /// (a new node, or the pages a node cached shorter lacks). A block id cached under another
+    /// prefix is an error naming the trace line and `hash_ids`.
+    fn place_blocks<S: PageStore>(
+        &mut self,
+        req: &Request,
+        store: &mut S,
+        blocks: &[(u64, u64)],
+        matched: &[u32],
+        loaded: &LoadBack,
+        out: &mut RequestOutcome,
+    ) -> Result<Placed, ReplayError> {
+        let page = self.cfg.page_size_tokens;
         // Tokens by source, page by page along the prompt's cached pages.
         let mut context: Vec<(PageId, u64)> = Vec::new();
-        let mut nodes_held = matched.clone();
+        let mut nodes_held = matched.to_vec();
         let mut parent = NONE;
         for (j, &(h, p)) in blocks.iter().enumerate() {
             let n = match matched.get(j) {
@@ -477,10 +588,10 @@ impl Schedule {
                 }
             };
             let have = u64::from(self.nodes[n as usize].pages);
-            let from_host = loading.contains(&n);
+            let from_host = loaded.nodes.contains(&n);
             let reused = have.min(p);
             if j < matched.len() {
-                if from_host && loaded_ok {
+                if from_host && loaded.ok {
                     out.host_tokens += reused * page;
                     out.loaded_pages += reused;
                 } else if from_host {
@@ -509,34 +620,37 @@ impl Schedule {
             }
             parent = n;
         }
-        // The rest of the prompt (a partial last page) is computed too.
-        out.recomputed_tokens +=
-            req.input_tokens - (out.device_tokens + out.host_tokens + out.recomputed_tokens);
-        for &n in &nodes_held {
-            self.touch(n);
-        }
-        self.flush_backups(store)?;
+        Ok(Placed {
+            context,
+            nodes: nodes_held,
+        })
+    }
+
+    /// `private_pages` free device pages for the prompt's partial last page and the decoded
+    /// tokens.
+    fn take_private_pages(&mut self, private_pages: u64) -> Result<Vec<u32>, ReplayError> {
         let mut private = Vec::with_capacity(private_pages as usize);
         for _ in 0..private_pages {
             private.push(self.device_free.pop().ok_or_else(|| {
                 workload_err(Param::DevicePages, "no free page for decoding".into())
             })?);
         }
-        if out.loaded_pages > 0 {
-            out.corrupted = store.check(req, &context)?;
-        }
-        // Checked: a time past 2^64 ms is an error naming the line, the field and the flag.
-        let prefill_ms = out
-            .recomputed_tokens
+        Ok(private)
+    }
+
+    /// When a request admitted now ends: its `recomputed_tokens` at `prefill_tokens_per_s`,
+    /// then its output tokens at `decode_ms_per_token`. Checked: a time past 2^64 ms is an
+    /// error naming the line, the field and the flag.
+    fn end_ms(&self, req: &Request, recomputed_tokens: u64) -> Result<u64, ReplayError> {
+        let prefill_ms = recomputed_tokens
             .checked_mul(1000)
             .ok_or_else(|| {
                 line_err(
                     req.line,
                     "input_length",
                     format!(
-                        "{} recomputed tokens x 1000 ms/s overflows 64 bits (prefill time at \
-                         --prefill-tokens-per-s)",
-                        out.recomputed_tokens
+                        "{recomputed_tokens} recomputed tokens x 1000 ms/s overflows 64 bits \
+                         (prefill time at --prefill-tokens-per-s)"
                     ),
                 )
             })?
@@ -554,7 +668,7 @@ impl Schedule {
                     ),
                 )
             })?;
-        let end = self
+        let end_ms = self
             .now_ms
             .checked_add(prefill_ms)
             .and_then(|t| t.checked_add(decode_ms))
@@ -569,15 +683,7 @@ impl Schedule {
                     ),
                 )
             })?;
-        self.running.push(Reverse((end, req.line)));
-        self.running_reqs.insert(
-            req.line,
-            Running {
-                nodes: nodes_held,
-                private,
-            },
-        );
-        Ok(out)
+        Ok(end_ms)
     }
 
     /// Gives node `n` (locked, on the device or new) `p` pages, computing the new ones.

@@ -7,6 +7,7 @@ use super::{NONE, Node, PageStore, Schedule, WritePolicy};
 use crate::error::ReplayError;
 
 impl Schedule {
+    /// Takes node `n` out of the LRU sets (before its state or `last_access` changes).
     pub(super) fn unindex(&mut self, n: u32) {
         let node = &mut self.nodes[n as usize];
         let key = (node.last_access, n);
