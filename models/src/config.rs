@@ -359,6 +359,12 @@ fn refuse_unmodelled(name: &str, outer: &Value, text: &Value) -> Result<(), Mode
 /// Parses `config.json` text: a JSON object (BOM allowed, a key named twice refused); a
 /// `kvlayout` geometry file is refused saying which kind of file was expected; the text config
 /// is the `text_config` object when there is one.
+///
+/// # Errors
+///
+/// ModelError::Parse when the text is not a JSON object (with serde_json's line and column), names
+/// a key twice, lacks a required field or is a `kvlayout` geometry file; ModelError::Field or
+/// ModelError::Unmodelled for a field whose value the mapping cannot use or does not model.
 pub fn parse(name: &str, text: &str) -> Result<ModelConfig, ModelError> {
     let parse_err = |reason: String| ModelError::Parse {
         name: name.to_string(),

@@ -501,6 +501,12 @@ impl Ctx<'_> {
 }
 
 /// The attention kind of every layer (length `num_hidden_layers`).
+///
+/// # Errors
+///
+/// ModelError::Field naming the `config.json` field and its value: `num_hidden_layers` 0, a field
+/// the layer pattern needs missing or zero, a `layer_types` or block-pattern entry of an unknown
+/// kind, or a list whose length or layer numbers do not fit the layer count.
 pub fn layer_kinds(name: &str, c: &ModelConfig) -> Result<Vec<LayerKind>, ModelError> {
     let cx = Ctx { name, c };
     let layers = c.num_hidden_layers;

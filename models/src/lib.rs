@@ -25,6 +25,7 @@
 //! [`totals`](mod@totals), [`builtin`] and [`source`] (where configs come from).
 
 #![warn(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 
 pub mod builtin;
 pub mod config;
@@ -276,11 +277,20 @@ impl Model {
     }
 
     /// A built-in name, else a path to a `config.json` or a model directory.
+    ///
+    /// # Errors
+    ///
+    /// As [`ModelSource::load`]: ModelError::NotFound when the name is neither built in nor a
+    /// readable file, else the errors of [`config::parse`].
     pub fn load(name_or_path: &str) -> Result<Model, ModelError> {
         ModelSource::Name(name_or_path.to_string()).load()
     }
 
     /// Parses config JSON (see [`config::parse`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`config::parse`].
     pub fn parse(name: &str, source: &str, text: &str) -> Result<Model, ModelError> {
         Ok(Model {
             name: name.to_string(),
@@ -330,11 +340,21 @@ impl Model {
     }
 
     /// The attention kind of every layer.
+    ///
+    /// # Errors
+    ///
+    /// As [`layers::layer_kinds`].
     pub fn layer_kinds(&self) -> Result<Vec<LayerKind>, ModelError> {
         layers::layer_kinds(&self.name, &self.config)
     }
 
     /// The buffers of the pool under `opts`.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Model::layer_kinds`]; ModelError::Field naming the field when heads do not
+    /// split over `opts.tp`, a field the plan reads is missing or zero, or a size overflows;
+    /// ModelError::Unmodelled for a value that changes the KV cache and is not modelled.
     pub fn plan(&self, opts: &Options) -> Result<Vec<BufferPlan>, ModelError> {
         if opts.page_size_tokens == 0 {
             return Err(ModelError::field(
@@ -348,6 +368,11 @@ impl Model {
     }
 
     /// The device pool (`layer_first`) under `opts`.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Model::plan`]; ModelError::Geometry when the pool's geometry is invalid or
+    /// its sizes overflow 64 bits.
     pub fn pool(&self, opts: &Options) -> Result<ModelPool, ModelError> {
         let buffers = self.plan(opts)?;
         let formats: Vec<String> = buffers.iter().map(|b| b.format.clone()).collect();
@@ -367,6 +392,10 @@ impl Model {
     }
 
     /// The `--totals` object under `opts`.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Model::pool`]; ModelError::Geometry when a total overflows 64 bits.
     pub fn totals(&self, opts: &Options) -> Result<Totals, ModelError> {
         let kinds = self.layer_kinds()?;
         let pool = self.pool(opts)?;
@@ -375,6 +404,11 @@ impl Model {
 }
 
 /// Per-buffer sizes of `buffers` with pages of `page_size_tokens`.
+///
+/// # Errors
+///
+/// GeometryError naming `bytes per token` when a buffer's bytes per token or per page overflow 64
+/// bits, or the buffer's layout is invalid.
 pub fn summary(
     buffers: &[BufferPlan],
     page_size_tokens: u64,
@@ -414,17 +448,29 @@ pub fn summary(
 
 impl ModelPool {
     /// Per-buffer sizes.
+    ///
+    /// # Errors
+    ///
+    /// As [`summary`].
     pub fn summary(&self) -> Result<Vec<BufferSummary>, GeometryError> {
         summary(&self.buffers, self.geometry.page_size_tokens)
     }
 }
 
 /// The pool geometry of one rank for `source` under `opts`.
+///
+/// # Errors
+///
+/// The errors of [`ModelSource::load`] and [`Model::pool`].
 pub fn describe(source: &ModelSource, opts: &Options) -> Result<PoolGeometry, ModelError> {
     Ok(source.load()?.pool(opts)?.geometry)
 }
 
 /// The `--totals` object for `source` under `opts` (docs/DESIGN.md "describe --totals").
+///
+/// # Errors
+///
+/// The errors of [`ModelSource::load`] and [`Model::totals`].
 pub fn totals(source: &ModelSource, opts: &Options) -> Result<Totals, ModelError> {
     source.load()?.totals(opts)
 }

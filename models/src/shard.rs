@@ -25,6 +25,11 @@ impl Tp {
     pub const SINGLE: Tp = Tp { size: 1, rank: 0 };
 
     /// Checks `size >= 1` and `rank < size`.
+    ///
+    /// # Errors
+    ///
+    /// A message naming `--tp` when `size` is 0, and `--rank` and `--tp` with both values when
+    /// `rank >= size`.
     pub fn new(size: u64, rank: u64) -> Result<Tp, String> {
         if size == 0 {
             return Err("--tp must be at least 1, got 0".into());
@@ -63,6 +68,12 @@ pub enum Shard {
 
 /// The heads rank `tp.rank` holds of `total` heads split over `tp.size` ranks (the engines'
 /// rule above); `field` names the config field of `total` in errors.
+///
+/// # Errors
+///
+/// ModelError::Field naming `field` and both values when `total` heads are not a multiple of the
+/// rank count (`total >= tp.size`) or the rank count is not a multiple of `total` (fewer heads than
+/// ranks).
 pub fn split_heads(name: &str, field: &str, total: u64, tp: Tp) -> Result<Shard, ModelError> {
     let n = tp.size;
     if total >= n {
@@ -117,6 +128,11 @@ impl Shard {
 }
 
 /// Heads that must split evenly (no replication): query heads, linear-attention heads.
+///
+/// # Errors
+///
+/// ModelError::Field naming `field`, `total` and the rank count when `total` heads do not split
+/// evenly over `tp.size` ranks.
 pub fn divide_evenly(name: &str, field: &str, total: u64, tp: Tp) -> Result<u64, ModelError> {
     if !total.is_multiple_of(tp.size) {
         return Err(ModelError::field(

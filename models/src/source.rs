@@ -26,6 +26,12 @@ pub enum ModelSource {
 
 impl ModelSource {
     /// Reads and parses the config.
+    ///
+    /// # Errors
+    ///
+    /// ModelError::NotFound when a name is neither built in nor a readable file (a directory
+    /// without `config.json` names the path looked for), else the errors of
+    /// [`crate::config::parse`].
     pub fn load(&self) -> Result<Model, ModelError> {
         match self {
             ModelSource::Name(name) => match builtin::find(name) {
