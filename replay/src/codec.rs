@@ -168,6 +168,11 @@ fn scale_of(layout: &TokenLayout, target: usize) -> Option<(usize, u64)> {
 
 /// Encodes one token: `value(section, elem)` gives each value section's elements (scale and
 /// byte sections are not asked). Returns each section's bytes, in layout order.
+///
+/// # Errors
+///
+/// CodecError::Unsupported naming the section when a value section's dtype has no codec (or no
+/// finite range to scale into); a layout error when the layout is invalid.
 pub fn encode_token(
     layout: &TokenLayout,
     mut value: impl FnMut(usize, u64) -> f32,
@@ -256,6 +261,12 @@ pub fn encode_token(
 
 /// Decodes value section `section` of one token (`sections`: every section's bytes, as
 /// [`kvlayout_pool::KvPool::read_token`] returns them), multiplied by its block scales if it has any.
+///
+/// # Errors
+///
+/// CodecError::Length naming the section and both byte counts when `sections[section]` or its scale
+/// section holds another number of bytes than the layout gives; CodecError::Unsupported when the
+/// dtype has no codec; a layout error when `section` is out of range.
 pub fn decode_section(
     layout: &TokenLayout,
     section: usize,

@@ -29,6 +29,11 @@ pub enum HostSource {
 }
 
 /// Reads a host geometry file for `--host-geometry`.
+///
+/// # Errors
+///
+/// The file's path and the reader's message (I/O error, JSON error with its path, or the rule the
+/// geometry breaks).
 pub fn read_host_geometry(path: &std::path::Path) -> Result<PoolGeometry, String> {
     file::read_path(path).map_err(|e| format!("{}: {e}", path.display()))
 }
@@ -61,6 +66,11 @@ pub(crate) fn truncate_layers(g: &PoolGeometry, layers: u64) -> PoolGeometry {
 /// buffer one page per 64 tokens of a request and keeps them all, which a sliding-window or
 /// chunked buffer (at most W / C tokens) or a state buffer (one slot per request, no token
 /// axis) does not. The error names each such buffer and what it keeps.
+///
+/// # Errors
+///
+/// [`ReplayError::NotFullAttention`] naming `model` and every buffer whose attention is not `full`,
+/// with what it keeps.
 pub fn require_full_attention(model: &str, g: &PoolGeometry) -> Result<(), ReplayError> {
     let others: Vec<String> = g
         .buffers

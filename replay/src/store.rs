@@ -143,6 +143,11 @@ fn token_sections(
 
 impl<B: Backend> PoolStore<B> {
     /// Builds the templates and reference scores for `cache`'s (simulated) device geometry.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Pool`] when the scratch pool cannot be built or written (a geometry whose
+    /// sizes overflow); [`ReplayError::Codec`] when a section's dtype has no codec.
     pub fn new(cache: HiCache<B>, params: IndexerParams) -> Result<Self, ReplayError> {
         let geometry = cache.device().geometry().clone();
         let page_size = geometry.page_size_tokens;
@@ -236,7 +241,11 @@ impl<B: Backend> PoolStore<B> {
     /// of computed pages run meanwhile), and computed pages are copied into the device pool from
     /// a staging copy of the templates (host memory of the backend) in one call per batch
     /// instead of one write per page. The outcome (transfers, refusals, what the indexer reads)
-    /// is the same as without it. Errors: the staging region cannot be allocated or written.
+    /// is the same as without it.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Pool`] when the staging region cannot be allocated or written.
     pub fn with_overlap(mut self) -> Result<Self, ReplayError> {
         let backend = self.cache.device().backend().clone();
         let geometry = self.cache.device().geometry().clone();
@@ -330,7 +339,12 @@ impl<B: Backend> PoolStore<B> {
     }
 
     /// Every computed page copied and every enqueued transfer finished (overlap on; a no-op
-    /// otherwise). Errors: as a flush, or a transfer that failed while running.
+    /// otherwise).
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Pool`] when copying the computed pages fails, or a transfer failed while
+    /// running.
     pub fn finish(&mut self) -> Result<(), ReplayError> {
         self.flush_computed()?;
         self.cache.complete().map_err(copy_failed)

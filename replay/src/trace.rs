@@ -72,6 +72,12 @@ pub(crate) fn line_err(line: u64, field: &str, problem: String) -> TraceError {
 }
 
 /// Parses line `line` of a trace; `previous_ms` is the previous request's timestamp.
+///
+/// # Errors
+///
+/// [`TraceError::Line`] naming `line`, the field and its value: a line that is not one JSON object
+/// of the trace's fields, a missing field, a zero `input_length`, a timestamp before `previous_ms`,
+/// or `hash_ids` that do not fit the prompt.
 pub fn parse_line(text: &str, line: u64, previous_ms: Option<u64>) -> Result<Request, TraceError> {
     let fields = crate::trace_line::read(text).map_err(|r| line_err(line, &r.field, r.problem))?;
     let present =

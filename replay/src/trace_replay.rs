@@ -179,6 +179,15 @@ pub fn default_device_pages_source(model: &str, bytes_per_page: u64) -> String {
 }
 
 /// Replays `trace` on the CPU backend; `progress(bytes_read)` after each request.
+///
+/// # Errors
+///
+/// [`ReplayError::Workload`] naming the parameter (a zero layer, top-k, indexer head, device or
+/// host page count; a top-k past the model's `index_topk`; a request that cannot fit the device
+/// pages, with where a default came from); [`ReplayError::NotFullAttention`];
+/// [`ReplayError::Trace`] for a bad line, a trace spanning more than 31 days or an empty trace; the
+/// model's and pool's errors. A pairing refused by the check is `Ok(TraceOutcome::Refused)`, not an
+/// error.
 pub fn run_trace(
     input: &TraceInput,
     trace: impl BufRead,
@@ -213,6 +222,10 @@ impl<R: BufRead> BufRead for Counting<R> {
 
 /// Replays `trace` with both pools on `backend`, loads and backups overlapped with the
 /// schedule's work ([`run_trace_overlapped`] with `overlap` true).
+///
+/// # Errors
+///
+/// As [`run_trace_overlapped`].
 pub fn run_trace_with<B: Backend>(
     backend: B,
     input: &TraceInput,
@@ -225,8 +238,12 @@ pub fn run_trace_with<B: Backend>(
 /// Replays `trace` with both pools on `backend`. `overlap` true: loads and backups are enqueued
 /// and waited for only before the device pool's bytes are next read or written, and computed
 /// pages are copied in one call per batch ([`PoolStore::with_overlap`]); false: every transfer
-/// and page write waits. The outcome is the same either way; errors as [`run_trace`]'s, plus a
-/// transfer that failed on the device while running ([`ReplayError::Pool`]).
+/// and page write waits. The outcome is the same either way.
+///
+/// # Errors
+///
+/// As [`run_trace`]'s, plus a transfer that failed on the device while running
+/// ([`ReplayError::Pool`]).
 pub fn run_trace_overlapped<B: Backend>(
     backend: B,
     input: &TraceInput,

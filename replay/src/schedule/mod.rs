@@ -88,14 +88,30 @@ pub struct PageId {
 /// Moves the bytes the schedule decides on.
 pub trait PageStore {
     /// Writes a freshly computed page into device page `device_page`.
+    ///
+    /// # Errors
+    ///
+    /// When the page cannot be written (the implementation's error).
     fn compute(&mut self, page: PageId, device_page: u64) -> Result<(), ReplayError>;
     /// Copies device pages to host pages (one all-layer backup); false when refused.
+    ///
+    /// # Errors
+    ///
+    /// When the copy fails for another reason than a refusal (a refusal is `Ok(false)`).
     fn backup(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError>;
     /// Copies host pages to device pages, layer by layer; false when refused (the pages are
     /// then recomputed).
+    ///
+    /// # Errors
+    ///
+    /// When the copy fails for another reason than a refusal (a refusal is `Ok(false)`).
     fn load(&mut self, pairs: &[PagePair]) -> Result<bool, ReplayError>;
     /// The request's context is `pages` (block pages in order, on the device); it loaded pages
     /// from the host. Returns whether what the model reads differs from the reference.
+    ///
+    /// # Errors
+    ///
+    /// When the pages cannot be read or decoded.
     fn check(&mut self, request: &Request, pages: &[(PageId, u64)]) -> Result<bool, ReplayError>;
 }
 
@@ -221,6 +237,12 @@ pub struct Schedule {
 
 impl Schedule {
     /// An empty cache.
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Workload`] naming the parameter: a page size that does not divide the trace's
+    /// 512-token blocks or gives more than 8 pages a block; device pages, host pages or prefill
+    /// speed of 0 or over `u32::MAX - 1`.
     pub fn new(cfg: ScheduleConfig) -> Result<Schedule, ReplayError> {
         if cfg.page_size_tokens == 0 || !BLOCK_TOKENS.is_multiple_of(cfg.page_size_tokens) {
             return Err(workload_err(
@@ -306,6 +328,13 @@ impl Schedule {
 
     /// Admits `req` (at its timestamp or when pages free up), moves its pages through `store`
     /// and checks it when it loaded pages from the host.
+    ///
+    /// # Errors
+    ///
+    /// A trace-line error naming the line and field when its token counts or end time overflow 64
+    /// bits, or a block id appears under another prefix; [`ReplayError::Workload`] naming the
+    /// device pages when the request cannot fit even with every other request finished; and
+    /// whatever `store` returns.
     pub fn admit<S: PageStore>(
         &mut self,
         req: &Request,

@@ -117,6 +117,10 @@ struct Sim<'a, B: Backend> {
 
 /// Runs the replay on the CPU backend; `progress(done, total)` is called after each batch
 /// (session-turns).
+///
+/// # Errors
+///
+/// As [`run_with`].
 pub fn run(
     input: &ReplayInput,
     progress: &mut dyn FnMut(u64, u64),
@@ -126,6 +130,14 @@ pub fn run(
 
 /// Runs the replay with both pools on `backend` (e.g. the CUDA backend: device pool in GPU
 /// memory, host pool pinned); the workload, checks and report are [`run`]'s.
+///
+/// # Errors
+///
+/// [`ReplayError::Workload`] naming the parameter (zero sessions, layers, turns, prefix groups or
+/// concurrency; sessions that do not fit the device pages; token counts that overflow);
+/// [`ReplayError::NotFullAttention`] for a model with a buffer that does not keep every token; the
+/// model's, pool's and codec's errors. A pairing refused by the check is
+/// `Ok(ReplayOutcome::Refused)`, not an error.
 pub fn run_with<B: Backend>(
     backend: B,
     input: &ReplayInput,
