@@ -162,11 +162,21 @@ fn row_text(b: &BufferGeometry) -> String {
 }
 
 /// Compares two geometries at the `pool` level; `Ok(())` when pages can be exchanged.
+///
+/// # Errors
+///
+/// A [`Mismatch`] listing every field in which the geometries differ at the `pool` level, each with
+/// both values.
 pub fn compare(a: &PoolGeometry, b: &PoolGeometry) -> Result<(), Mismatch> {
     compare_at(a, b, Level::Pool)
 }
 
 /// Compares two geometries at `level` (see [`crate::level`]); `Ok(())` when compatible.
+///
+/// # Errors
+///
+/// A [`Mismatch`] listing every field in which the geometries differ at `level`, each with both
+/// values.
 pub fn compare_at(a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Result<(), Mismatch> {
     let mut diffs = Vec::new();
     let mut push = |field: String, x: String, y: String| {

@@ -171,6 +171,11 @@ impl TokenLayout {
 }
 
 /// Hash of one v1 buffer of a pool: name, layers, page stride and the layout core hash.
+///
+/// # Errors
+///
+/// The layout's errors of [`TokenLayout::page_stride_bytes`]: an invalid layout, a zero page size,
+/// or a stride that overflows (`LayoutError::Overflow`).
 pub const fn buffer_hash(
     name: &str,
     layers: u64,
@@ -221,6 +226,10 @@ const fn fnv_orders(mut h: u64, sections: &[Section]) -> u64 {
 
 /// Hash of a buffer with v2 fields (see the module docs); `pool_page_size_tokens` is the
 /// pool's page size.
+///
+/// # Errors
+///
+/// As [`buffer_hash`], at the buffer's effective page size.
 pub const fn buffer_hash_v2(
     b: &BufferGeometry,
     pool_page_size_tokens: u64,
@@ -282,6 +291,11 @@ const fn fnv_shard(h: u64, shard: Option<crate::Shard>) -> u64 {
 
 /// Hash of a buffer with v3 fields (see the module docs): every v2 item, the compress ratio,
 /// the page stride at `page size / R` rows, and the sections' split groups.
+///
+/// # Errors
+///
+/// As [`buffer_hash_v2`], plus a compress ratio that does not divide the page size
+/// (`LayoutError::RatioDoesNotDivide`).
 pub const fn buffer_hash_v3(
     b: &BufferGeometry,
     pool_page_size_tokens: u64,
@@ -395,6 +409,12 @@ pub const fn token_hash(b: &BufferGeometry, pool_page_size_tokens: u64) -> u64 {
 impl PoolGeometry {
     /// The `pool` fingerprint: exactly the fields the `pool` level compares (see the module
     /// docs). For v1 content it is the v1 value.
+    ///
+    /// # Errors
+    ///
+    /// A buffer's [`buffer_hash`] / [`buffer_hash_v2`] / [`buffer_hash_v3`] error: an invalid
+    /// layout, a zero page size, a compress ratio that does not divide it, or a page stride that
+    /// overflows.
     pub const fn fingerprint(&self) -> Result<u64, LayoutError> {
         let buffers = self.buffers.as_slice();
         let mut sum = 0u64;
@@ -425,6 +445,10 @@ impl PoolGeometry {
     }
 
     /// The `storage` fingerprint: the pool fingerprint and the memory layout.
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::fingerprint`].
     pub const fn storage_fingerprint(&self) -> Result<u64, LayoutError> {
         let pool = tri!(self.fingerprint());
         let h = fnv_str(FNV_OFFSET, "kvlayout.storage/v1");
@@ -454,6 +478,10 @@ pub struct Fingerprints {
 
 impl PoolGeometry {
     /// All fingerprints of this pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::fingerprint`].
     pub fn fingerprints(&self) -> Result<Fingerprints, LayoutError> {
         Ok(Fingerprints {
             pool: self.fingerprint()?,

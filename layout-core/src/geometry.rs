@@ -194,6 +194,11 @@ impl PoolGeometry {
     /// non-empty buffer names, at least one layer each, each token layout valid, page strides
     /// and the pool's total bytes computable without overflow, `page_head` only over buffers
     /// whose sections are all `[heads, ...]` with one head count.
+    ///
+    /// # Errors
+    ///
+    /// A [`GeometryError`] naming the field and its value for the first rule broken (the list
+    /// above).
     pub fn validate(&self) -> Result<(), GeometryError> {
         if self.page_size_tokens == 0 {
             return Err(GeometryError::new(
@@ -262,6 +267,11 @@ impl PoolGeometry {
 
     /// Sizes of a page of buffer `b` (at its effective page size: its own, the pool's, or one
     /// slot for a `state` buffer; `page_size_tokens / compress_ratio` rows).
+    ///
+    /// # Errors
+    ///
+    /// A [`GeometryError`] naming `buffers[b]` when `b` is out of range, the layout is invalid, the
+    /// compress ratio does not divide the page size, or a size overflows.
     pub fn page_geometry(&self, b: usize) -> Result<PageGeometry, GeometryError> {
         let buf = self.buffer(b)?;
         buf.layout
@@ -272,11 +282,19 @@ impl PoolGeometry {
     /// Rows in a page of buffer `b`: [`BufferGeometry::rows_per_page`] (its tokens per page
     /// when `compress_ratio` is 1). In-page indices of the layout arithmetic
     /// ([`crate::TokenLayout::offset_bytes`]) count these rows.
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::page_geometry`].
     pub fn buffer_page_rows(&self, b: usize) -> Result<u64, GeometryError> {
         Ok(self.page_geometry(b)?.rows_per_page)
     }
 
     /// Tokens per page of buffer `b`: [`BufferGeometry::effective_page_size_tokens`].
+    ///
+    /// # Errors
+    ///
+    /// A [`GeometryError`] naming `b` when it is out of range.
     pub fn buffer_page_size_tokens(&self, b: usize) -> Result<u64, GeometryError> {
         Ok(self
             .buffer(b)?
@@ -284,6 +302,10 @@ impl PoolGeometry {
     }
 
     /// Buffer `b`, or an error naming the index.
+    ///
+    /// # Errors
+    ///
+    /// A [`GeometryError`] naming `b` and the buffer count when `b` is out of range.
     pub fn buffer(&self, b: usize) -> Result<&BufferGeometry, GeometryError> {
         self.buffers.get(b).ok_or_else(|| {
             GeometryError::new(
@@ -335,6 +357,10 @@ impl PoolGeometry {
 
     /// Bytes one layer of one page occupies in this pool's memory for buffer `b`: the page
     /// stride, or the payload under `page_head` (which stores no padding).
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::page_geometry`].
     pub fn stored_page_bytes(&self, b: usize) -> Result<u64, GeometryError> {
         let g = self.page_geometry(b)?;
         Ok(match self.memory_layout {
@@ -344,6 +370,11 @@ impl PoolGeometry {
     }
 
     /// Bytes of buffer `b` over all its layers and all pages.
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::page_geometry`], plus a product over layers and pages that overflows 64
+    /// bits.
     pub fn buffer_bytes(&self, b: usize) -> Result<u64, GeometryError> {
         let per = self.stored_page_bytes(b)?;
         let buf = self.buffer(b)?;
@@ -361,6 +392,10 @@ impl PoolGeometry {
     }
 
     /// Bytes of one page of every buffer and layer (`page_first_direct`'s page run).
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::page_geometry`] for any buffer, plus a sum that overflows 64 bits.
     pub fn page_group_bytes(&self) -> Result<u64, GeometryError> {
         let mut total = 0u64;
         for b in 0..self.buffers.len() {
@@ -375,6 +410,10 @@ impl PoolGeometry {
     }
 
     /// Total bytes of the pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::buffer_bytes`] for any buffer, plus a sum that overflows 64 bits.
     pub fn total_bytes(&self) -> Result<u64, GeometryError> {
         let mut total = 0u64;
         for b in 0..self.buffers.len() {
@@ -430,6 +469,11 @@ impl PoolGeometry {
 
     /// Byte offset of page `page` of layer `layer` of buffer `b`. Under `page_head` this is
     /// the start of head 0's run; use [`PoolGeometry::page_segments`] for the whole page.
+    ///
+    /// # Errors
+    ///
+    /// A [`GeometryError`] naming the index and its bound when `b`, `layer` or `page` is out of
+    /// range; the errors of [`PoolGeometry::page_geometry`]; an offset that overflows 64 bits.
     pub fn page_offset_bytes(&self, b: usize, layer: u64, page: u64) -> Result<u64, GeometryError> {
         let buf = self.check_index(b, layer, page)?;
         let per = self.stored_page_bytes(b)?;
@@ -453,6 +497,12 @@ impl PoolGeometry {
     }
 
     /// Head count shared by every section of buffer `b`, required by `page_head`.
+    ///
+    /// # Errors
+    ///
+    /// A [`GeometryError`] naming `b` when it is out of range; naming `memory_layout` when a
+    /// section is not `[heads, ...]` with the head count of the others or splits into partial
+    /// bytes per head.
     pub fn page_head_heads(&self, b: usize) -> Result<u64, GeometryError> {
         let buf = self.buffer(b)?;
         let sections = buf.layout.sections();
@@ -490,6 +540,11 @@ impl PoolGeometry {
     ///
     /// Every offset is checked: a geometry whose byte offsets do not fit in 64 bits (say
     /// `layers = 2^61`, never validated) is an error naming the overflow, never a wrap.
+    ///
+    /// # Errors
+    ///
+    /// As [`PoolGeometry::page_offset_bytes`], plus the errors of [`PoolGeometry::page_head_heads`]
+    /// under `page_head`.
     pub fn page_segments(
         &self,
         b: usize,

@@ -112,6 +112,10 @@ impl TokenLayout {
     }
 
     /// Section `index`, or [`LayoutError::SectionIndex`].
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError::SectionIndex`] when `index` is not below the section count.
     pub const fn section(&self, index: usize) -> Result<&Section, LayoutError> {
         let s = self.sections();
         if index >= s.len() {
@@ -124,6 +128,14 @@ impl TokenLayout {
     }
 
     /// Checks every rule of the model that does not need a page size.
+    ///
+    /// # Errors
+    ///
+    /// The [`LayoutError`] of the first rule broken: no sections, an empty shape or zero dimension,
+    /// bits that do not fill whole bytes, a scale section whose target is missing or is a scale, a
+    /// zero or non-dividing block, a scale count that does not match, planes that miss, repeat or
+    /// leave out a section, a zero alignment, a stride below the payload or off the alignment, or a
+    /// size that overflows.
     pub const fn validate(&self) -> Result<(), LayoutError> {
         let s = self.sections();
         if s.is_empty() {
@@ -237,26 +249,49 @@ impl TokenLayout {
     }
 
     /// Elements per token of section `index`.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError::SectionIndex`] for an `index` out of range; [`LayoutError::Overflow`] when
+    /// the shape's product overflows.
     pub const fn section_elems(&self, index: usize) -> Result<u64, LayoutError> {
         tri!(self.section(index)).elems(index)
     }
 
     /// Bytes per token of section `index`.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenLayout::section_elems`], plus bits that do not fill whole bytes
+    /// ([`LayoutError::SubByteCount`]).
     pub const fn section_bytes(&self, index: usize) -> Result<u64, LayoutError> {
         tri!(self.section(index)).bytes(index)
     }
 
     /// Bytes of one token's entry: the sum of every section's bytes.
+    ///
+    /// # Errors
+    ///
+    /// A section's [`TokenLayout::section_bytes`] error, or a sum that overflows
+    /// ([`LayoutError::Overflow`]).
     pub const fn bytes_per_token(&self) -> Result<u64, LayoutError> {
         self.bytes_per_token_where(0)
     }
 
     /// Bytes per token of the value (non-scale) sections.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenLayout::bytes_per_token`].
     pub const fn value_bytes_per_token(&self) -> Result<u64, LayoutError> {
         self.bytes_per_token_where(1)
     }
 
     /// Bytes per token of the scale sections.
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenLayout::bytes_per_token`].
     pub const fn scale_bytes_per_token(&self) -> Result<u64, LayoutError> {
         self.bytes_per_token_where(2)
     }
@@ -277,6 +312,11 @@ impl TokenLayout {
     }
 
     /// `page_size_tokens * bytes_per_token`.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError::ZeroPageSize`] for a `page_size_tokens` of 0; the errors of
+    /// [`TokenLayout::bytes_per_token`]; a product that overflows.
     pub const fn page_payload_bytes(&self, page_size_tokens: u64) -> Result<u64, LayoutError> {
         if page_size_tokens == 0 {
             return Err(LayoutError::ZeroPageSize);
@@ -290,6 +330,11 @@ impl TokenLayout {
 
     /// Distance between consecutive pages: the explicit stride, or the payload rounded up to
     /// `page_align_bytes` (DeepSeek-V4: 64 x 584 = 37376 -> 37440, a multiple of 576).
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenLayout::page_payload_bytes`], plus a zero alignment, an explicit stride below the
+    /// payload or off the alignment, or a rounding that overflows.
     pub const fn page_stride_bytes(&self, page_size_tokens: u64) -> Result<u64, LayoutError> {
         let payload = tri!(self.page_payload_bytes(page_size_tokens));
         if let Some(stride) = self.page_stride_bytes {
@@ -328,6 +373,10 @@ impl TokenLayout {
 
     /// All sizes of a page of `page_size_tokens` tokens, a row per token, after validating
     /// the layout.
+    ///
+    /// # Errors
+    ///
+    /// Any [`TokenLayout::validate`] error, and those of [`TokenLayout::page_stride_bytes`].
     pub const fn page_geometry(&self, page_size_tokens: u64) -> Result<PageGeometry, LayoutError> {
         self.page_geometry_compressed(page_size_tokens, 1)
     }
@@ -369,6 +418,10 @@ impl TokenLayout {
     }
 
     /// Contiguous runs one token's section is split into: its heads under `head_major`, else 1.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError::SectionIndex`] for an `index` out of range.
     pub const fn runs(&self, index: usize) -> Result<u64, LayoutError> {
         let s = tri!(self.section(index));
         match self.arrangement {
@@ -378,6 +431,11 @@ impl TokenLayout {
     }
 
     /// Bytes of one run of section `index` (the whole section unless `head_major`).
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenLayout::section_bytes`]; under `head_major`, a head row that is not whole bytes
+    /// ([`LayoutError::HeadRowSubByte`]).
     pub const fn run_bytes(&self, index: usize) -> Result<u64, LayoutError> {
         let s = tri!(self.section(index));
         match self.arrangement {
@@ -395,6 +453,12 @@ impl TokenLayout {
 
     /// Byte offset, inside one page of one layer, of run `run` (a head under `head_major`,
     /// else 0) of section `index` of token `token`.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError::ZeroPageSize`]; [`LayoutError::TokenIndex`] when `token >= page_size_tokens`;
+    /// [`LayoutError::SectionIndex`] or [`LayoutError::RunIndex`] for an index out of range; any
+    /// size error of the layout, or an offset that overflows.
     pub const fn offset_bytes(
         &self,
         index: usize,

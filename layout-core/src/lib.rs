@@ -34,6 +34,8 @@
 //! assert_eq!(INDEX_K_FP8.offset_bytes(1, 3, 0, 64), Ok(64 * 128 + 3 * 4));
 //! ```
 
+#![warn(clippy::missing_errors_doc)]
+
 mod align;
 mod buffer;
 pub mod checksum;

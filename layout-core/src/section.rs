@@ -154,6 +154,10 @@ impl Section {
     }
 
     /// Elements per token (product of the shape). `index` is this section's position, for errors.
+    ///
+    /// # Errors
+    ///
+    /// [`LayoutError::Overflow`] when the shape's product overflows 64 bits.
     pub const fn elems(&self, index: usize) -> Result<u64, LayoutError> {
         let shape = self.shape();
         if shape.is_empty() {
@@ -175,6 +179,11 @@ impl Section {
     }
 
     /// Bytes per token; the bits must fill whole bytes.
+    ///
+    /// # Errors
+    ///
+    /// As [`Section::elems`], plus [`LayoutError::SubByteCount`] when the elements' bits do not
+    /// fill whole bytes.
     pub const fn bytes(&self, index: usize) -> Result<u64, LayoutError> {
         let elems = tri!(self.elems(index));
         bits_to_bytes(elems, self.dtype.bits(), index)

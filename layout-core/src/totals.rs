@@ -24,6 +24,11 @@ pub struct Totals {
 
 impl PoolGeometry {
     /// The per-request totals of this pool; an overflow is an error naming the buffer.
+    ///
+    /// # Errors
+    ///
+    /// A [`GeometryError`] naming the buffer when a page size or a total overflows 64 bits, or a
+    /// buffer's layout is invalid.
     pub fn totals(&self) -> Result<Totals, GeometryError> {
         let mut t = Totals::default();
         let mut compressed: Vec<(u64, u64)> = Vec::new();

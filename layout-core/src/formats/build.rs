@@ -27,6 +27,11 @@ fn built(arrangement: Arrangement, sections: Vec<Section>) -> Result<TokenLayout
 /// (`section_major`; vLLM `[blocks, 2, block, heads, dim]`, SGLang MHA pool):
 /// 2 x kv_heads x head_dim x bits / 8 B/token. `mha(8, 128, Bf16)` = [`super::MHA_BF16_8X128`],
 /// `mha(8, 128, F8E4M3)` = [`super::MHA_FP8_8X128`].
+///
+/// # Errors
+///
+/// A [`LayoutError`] when a dimension is 0 (`ZeroDim`), a sub-byte dtype does not fill whole bytes
+/// (`SubByteCount`), or the sizes overflow.
 pub fn mha(kv_heads: u64, head_dim: u64, dtype: Dtype) -> Result<TokenLayout, LayoutError> {
     let shape = vec![kv_heads, head_dim];
     built(
@@ -41,6 +46,10 @@ pub fn mha(kv_heads: u64, head_dim: u64, dtype: Dtype) -> Result<TokenLayout, La
 /// MHA MXFP8 (SGLang `pool_host/mha_mxfp8.py`): e4m3 K and V `[kv_heads, head_dim]`, then one
 /// ue8m0 scale per 32 elements of each, `[kv_heads, head_dim / 32]`. `mha_mxfp8(8, 128)` =
 /// [`super::MHA_MXFP8_8X128`] (2 x 1024 + 2 x 32 = 2112 B/token).
+///
+/// # Errors
+///
+/// As [`mha`], plus `head_dim` not a multiple of the 32-element scale block (`BlockDoesNotDivide`).
 pub fn mha_mxfp8(kv_heads: u64, head_dim: u64) -> Result<TokenLayout, LayoutError> {
     const BLOCK: u64 = 32;
     let values = vec![kv_heads, head_dim];
@@ -67,6 +76,10 @@ pub fn mha_mxfp8(kv_heads: u64, head_dim: u64) -> Result<TokenLayout, LayoutErro
 /// `kv_lora_rank` latent then `rope_dim` RoPE elements, both in `dtype`
 /// (`token_major`): (rank + rope) x bits / 8 B/token. `mla(512, 64, Bf16)` =
 /// [`super::MLA_BF16`] (1152 B), `mla(512, 64, F8E4M3)` = [`super::MLA_FP8`] (576 B).
+///
+/// # Errors
+///
+/// As [`mha`].
 pub fn mla(kv_lora_rank: u64, rope_dim: u64, dtype: Dtype) -> Result<TokenLayout, LayoutError> {
     built(
         Arrangement::TokenMajor,
@@ -80,6 +93,11 @@ pub fn mla(kv_lora_rank: u64, rope_dim: u64, dtype: Dtype) -> Result<TokenLayout
 /// DeepSeek-V3.2 sparse-attention MLA cache (FlashMLA sparse, vLLM `fp8_ds_mla`): per token
 /// `kv_lora_rank` e4m3 NoPE, one f32 scale per 128 of them, `rope_dim` bf16 RoPE, one row:
 /// rank + rank / 128 x 4 + rope x 2 B. `dsa_mla_fp8(512, 64)` = [`super::DSA_MLA_FP8`] (656 B).
+///
+/// # Errors
+///
+/// As [`mha`], plus `kv_lora_rank` not a multiple of the 128-element scale block
+/// (`BlockDoesNotDivide`).
 pub fn dsa_mla_fp8(kv_lora_rank: u64, rope_dim: u64) -> Result<TokenLayout, LayoutError> {
     const BLOCK: u64 = 128;
     if !kv_lora_rank.is_multiple_of(BLOCK) {
@@ -106,6 +124,11 @@ pub fn dsa_mla_fp8(kv_lora_rank: u64, rope_dim: u64) -> Result<TokenLayout, Layo
 /// `index_k(F8E4M3, 128, Some((F32, 128)))` = [`super::INDEX_K_FP8`] (132 B),
 /// `index_k(Bf16, 128, None)` = [`super::INDEX_K_BF16`] (256 B),
 /// `index_k(F4E2M1, 128, Some((Ue8m0, 32)))` = [`super::INDEX_K_FP4`] (68 B).
+///
+/// # Errors
+///
+/// As [`mha`], plus a scale block that is 0 (`ZeroBlock`) or does not divide `head_dim`
+/// (`BlockDoesNotDivide`).
 pub fn index_k(
     values: Dtype,
     dim: u64,
@@ -132,6 +155,10 @@ pub fn index_k(
 /// e4m3 NoPE and `rope_dim` bf16 RoPE, plane 2 per token one ue8m0 scale per 64 NoPE elements
 /// padded with u8 to a multiple of 8 bytes; pages aligned to 576 B.
 /// `dsv4_mla_fp8(448, 64)` = [`super::DSV4_MLA_FP8`] (584 B/token, 37440 B per 64-token page).
+///
+/// # Errors
+///
+/// As [`mha`], plus `nope_dim` not a multiple of the 64-element scale block (`BlockDoesNotDivide`).
 pub fn dsv4_mla_fp8(nope_dim: u64, rope_dim: u64) -> Result<TokenLayout, LayoutError> {
     const BLOCK: u64 = 64;
     const ROW: u64 = 8;
@@ -167,6 +194,10 @@ pub fn dsv4_mla_fp8(nope_dim: u64, rope_dim: u64) -> Result<TokenLayout, LayoutE
 /// A layout of one section `name`, `shape` in `dtype` (`token_major`): a state slot's part
 /// (Qwen3-Next / Mamba conv state `[conv_dim, kernel - 1]`, recurrent state `[heads, k_dim,
 /// v_dim]`, SGLang `MambaPool`) or any single-tensor buffer.
+///
+/// # Errors
+///
+/// As [`mha`]; an empty `shape` is `LayoutError::EmptyShape`.
 pub fn single(name: &str, dtype: Dtype, shape: Vec<u64>) -> Result<TokenLayout, LayoutError> {
     built(
         Arrangement::TokenMajor,
