@@ -77,6 +77,11 @@ impl ConcurrentHiCache {
     /// Shares `cache` between threads. Refuses a cache paired with
     /// [`HiCache::pair_unverified`] (its legacy plans may address other pages, so page claims
     /// would not make transfers disjoint): [`TransferError::Unsupported`] on `mode`.
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::Unsupported`] naming `mode` for a cache paired with
+    /// [`HiCache::pair_unverified`].
     pub fn new(mut cache: HiCache<CpuBackend>) -> Result<Self, TransferError> {
         let Some(routes) = cache.routes().cloned() else {
             return Err(TransferError::Unsupported {
@@ -129,11 +134,19 @@ impl ConcurrentHiCache {
     }
 
     /// Backs up `pairs`, all layers (see [`ConcurrentHiCache::transfer`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ConcurrentHiCache::transfer`].
     pub fn backup(&self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Backup, Layers::All, pairs)
     }
 
     /// Backs up `pairs` for one layer.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConcurrentHiCache::transfer`].
     pub fn backup_layer(
         &self,
         layer: u64,
@@ -143,17 +156,31 @@ impl ConcurrentHiCache {
     }
 
     /// Loads `pairs`, all layers.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConcurrentHiCache::transfer`].
     pub fn load(&self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Load, Layers::All, pairs)
     }
 
     /// Loads `pairs` for one layer.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConcurrentHiCache::transfer`].
     pub fn load_layer(&self, layer: u64, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Load, Layers::One(layer), pairs)
     }
 
     /// The checks of [`HiCache::transfer`], then the page claims, then the copy. Refusals,
     /// including [`TransferError::Busy`], move no byte; an empty list is a no-op.
+    ///
+    /// # Errors
+    ///
+    /// The refusals of [`HiCache::transfer`], and [`TransferError::Busy`] when another transfer or
+    /// a page write holds one of the pages; both move no byte. A backend failure during the copy as
+    /// [`HiCache::transfer`].
     pub fn transfer(
         &self,
         direction: Direction,
@@ -230,6 +257,11 @@ impl ConcurrentHiCache {
     /// `page` (what the model does while transfers run), under an exclusive claim of the
     /// page: [`PoolError::PageBusy`] if a transfer holds it. `data` must be the page payload
     /// (`page_size_tokens * bytes_per_token` bytes).
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::PageBusy`] when a transfer holds the page; the errors of [`KvPool::write_page`]
+    /// (a bad buffer, layer or page, or `data` of another length than the page payload).
     pub fn write_device_page(
         &self,
         buffer: usize,

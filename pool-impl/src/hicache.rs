@@ -91,6 +91,11 @@ impl<B: Backend> HiCache<B> {
     /// [`HostPool::mirror_of`] always pairs with its device pool. The page routes every
     /// transfer uses are laid here, from both geometries, once, and each pool's fingerprint,
     /// page count and region length recorded for the per-transfer checks.
+    ///
+    /// # Errors
+    ///
+    /// [`PairError::Mismatch`] with every differing field when the geometries differ;
+    /// [`PairError::Route`] when the page routes cannot be laid from the two geometries.
     pub fn pair(device: DevicePool<B>, host: HostPool<B>) -> Result<Self, PairError> {
         compare(device.geometry(), host.geometry()).map_err(PairError::Mismatch)?;
         let routes = Routes::new(
@@ -243,9 +248,11 @@ impl<B: Backend> HiCache<B> {
     /// ([`crate::page_copy_runs`] lays the runs of a page). Waits for enqueued transfers
     /// first.
     ///
-    /// Errors: [`BackendError::OutOfRange`] for the first run outside `src` or the device
-    /// region, with no byte moved; the backend's copy errors as [`Backend::host_to_device`];
-    /// a failure of an enqueued transfer found by the wait first (as [`HiCache::complete`]).
+    /// # Errors
+    ///
+    /// [`BackendError::OutOfRange`] for the first run outside `src` or the device region, with no
+    /// byte moved; the backend's copy errors as [`Backend::host_to_device`]; a failure of an
+    /// enqueued transfer found by the wait first (as [`HiCache::complete`]).
     pub fn write_device_runs(
         &mut self,
         src: &B::HostMem,
@@ -268,6 +275,11 @@ impl<B: Backend> HiCache<B> {
 
     /// Writes a canonical page payload into the device pool ([`KvPool::write_page`]), after
     /// waiting for enqueued transfers.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`KvPool::write_page`] on the device pool; a failure of an enqueued transfer
+    /// found by the wait first (as [`HiCache::complete`]).
     pub fn write_page(
         &mut self,
         buffer: usize,
@@ -280,6 +292,11 @@ impl<B: Backend> HiCache<B> {
     }
 
     /// Writes one token's entry into the device pool ([`KvPool::write_token`]).
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`KvPool::write_token`] on the device pool; a failure of an enqueued transfer
+    /// found by the wait first (as [`HiCache::complete`]).
     pub fn write_token(
         &mut self,
         buffer: usize,
@@ -299,10 +316,13 @@ impl<B: Backend> HiCache<B> {
     }
 
     /// Copies `runs` from the device pool's region (`src_offset_bytes`) into `dst`
-    /// (`dst_offset_bytes`, a host region of this cache's backend), in list order, and waits:
-    /// many pages read back in one call instead of one read each. Waits for enqueued transfers
-    /// first. Errors: as [`HiCache::write_device_runs`] (sides named for a backup: `device`
-    /// source, `host` destination).
+    /// (`dst_offset_bytes`, a host region of this cache's backend), in list order, and waits: many
+    /// pages read back in one call instead of one read each. Waits for enqueued transfers first.
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::write_device_runs`] (sides named for a backup: `device` source, `host`
+    /// destination).
     pub fn read_device_runs(
         &mut self,
         dst: &mut B::HostMem,
@@ -346,6 +366,11 @@ impl<B: Backend> HiCache<B> {
     /// comparison, pages, byte ranges). Runs are listed per buffer in (layer, pair, segment)
     /// order; a transfer executes the same runs pair by pair (every buffer and layer of a
     /// pair, then the next pair).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::shim::checked_plan`]: the pools not the paired ones, a geometry mismatch, a bad
+    /// layer or page, or a run outside a region, each named.
     pub fn plan(
         &self,
         direction: Direction,
@@ -377,6 +402,12 @@ impl<B: Backend> HiCache<B> {
     ///   untouched. A driver error of the CUDA backend after the checks
     ///   ([`BackendError::Driver`]) may leave destination pages partly written (see
     ///   [`BackendError`]).
+    ///
+    /// # Errors
+    ///
+    /// Every refusal of the list above ([`TransferError`], naming the field, the pair and both
+    /// values), before any byte moves; [`TransferError::Backend`] when the backend fails after the
+    /// checks.
     pub fn transfer(
         &mut self,
         direction: Direction,
@@ -408,8 +439,10 @@ impl<B: Backend> HiCache<B> {
     /// waits for it first. [`HiCache::complete`] waits and reports a copy that failed while
     /// running ([`TransferError::Backend`]; the transfer stays counted as moved).
     ///
-    /// Errors: [`HiCache::transfer`]'s; [`TransferError::Unsupported`] for an unverified
-    /// pairing; a failure of an earlier enqueued transfer found by a wait before this call.
+    /// # Errors
+    ///
+    /// [`HiCache::transfer`]'s; [`TransferError::Unsupported`] for an unverified pairing; a failure
+    /// of an earlier enqueued transfer found by a wait before this call.
     pub fn enqueue(
         &mut self,
         direction: Direction,
@@ -428,15 +461,22 @@ impl<B: Backend> HiCache<B> {
     /// The failure of an enqueued copy that an earlier wait found, if any (reported once), so a
     /// caller can stop on it before it enqueues more: without it the next
     /// [`HiCache::enqueue`] returns it, in place of its own transfer. Does not wait.
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::Backend`] with the first enqueued copy found failed.
     pub fn copy_failure(&mut self) -> Result<(), TransferError> {
         self.in_flight
             .take_failure()
             .map_err(TransferError::Backend)
     }
 
-    /// Waits for every transfer started by [`HiCache::enqueue`]. Errors:
-    /// [`TransferError::Backend`] with the first copy that failed while running (its bytes,
-    /// and those of transfers enqueued after it, may have moved in part).
+    /// Waits for every transfer started by [`HiCache::enqueue`].
+    ///
+    /// # Errors
+    ///
+    /// [`TransferError::Backend`] with the first copy that failed while running (its bytes, and
+    /// those of transfers enqueued after it, may have moved in part).
     pub fn complete(&mut self) -> Result<(), TransferError> {
         self.in_flight.settle();
         self.in_flight
@@ -446,6 +486,12 @@ impl<B: Backend> HiCache<B> {
 
     /// The checks a transfer makes before it lays any run, alone (see [`crate::shim`]). Moves
     /// nothing; counts nothing. Unverified pairings have no per-transfer checks: `Ok`.
+    ///
+    /// # Errors
+    ///
+    /// The refusal [`HiCache::transfer`] would make for this list, before laying runs: pools not
+    /// the paired ones, a bad layer, too many pairs, a page out of range, a destination page named
+    /// twice.
     pub fn check(
         &self,
         direction: Direction,
@@ -466,6 +512,10 @@ impl<B: Backend> HiCache<B> {
 
     /// Everything a transfer does but the copy: the checks and the runs laid from the routes.
     /// Moves nothing; counts nothing. Returns what the transfer would move.
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::check`], plus a run outside a region.
     pub fn dry_run(
         &mut self,
         direction: Direction,
@@ -602,11 +652,19 @@ impl<B: Backend> HiCache<B> {
     }
 
     /// Backs up `pairs` (device page -> host page), all layers.
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::transfer`].
     pub fn backup(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Backup, Layers::All, pairs)
     }
 
     /// Backs up `pairs` for one layer.
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::transfer`].
     pub fn backup_layer(
         &mut self,
         layer: u64,
@@ -616,11 +674,19 @@ impl<B: Backend> HiCache<B> {
     }
 
     /// Loads `pairs` (host page -> device page), all layers.
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::transfer`].
     pub fn load(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.transfer(Direction::Load, Layers::All, pairs)
     }
 
     /// Loads `pairs` for one layer (SGLang's layer-wise load overlapping the forward pass).
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::transfer`].
     pub fn load_layer(
         &mut self,
         layer: u64,

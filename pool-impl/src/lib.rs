@@ -50,6 +50,7 @@
 //! [`PoolGeometry`]: kvlayout_core::PoolGeometry
 
 #![warn(missing_docs)]
+#![warn(clippy::missing_errors_doc)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 // Offsets and lengths are `u64` (the geometry's unit) and index memory as `usize` after they

@@ -26,11 +26,25 @@ pub trait KvPool {
     /// Length of the memory region in bytes ([`PoolGeometry::total_bytes`]).
     fn len_bytes(&self) -> u64;
     /// Reads `out.len()` raw bytes at `offset_bytes` of the region.
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::Backend`] ([`BackendError::OutOfRange`]) when the range is not inside the
+    /// region.
     fn read_bytes(&self, offset_bytes: u64, out: &mut [u8]) -> Result<(), PoolError>;
     /// Writes raw bytes at `offset_bytes` of the region.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::read_bytes`].
     fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError>;
 
     /// The whole region (tests compare pools byte for byte before and after a transfer).
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::Backend`] ([`BackendError::Alloc`]) when the region does not fit the address
+    /// space; the errors of [`KvPool::read_bytes`].
     fn snapshot(&self) -> Result<Vec<u8>, PoolError> {
         let len = usize::try_from(self.len_bytes()).map_err(|_| {
             PoolError::Backend(BackendError::Alloc {
@@ -47,6 +61,12 @@ pub trait KvPool {
     /// Reads `out.len()` bytes at `page_offset_bytes` of the canonical page (the arrangement's
     /// byte order, as on a `layer_first` device) of `layer`, `page` of buffer `buffer`,
     /// gathering them from the pool's segments (several under `page_head`).
+    ///
+    /// # Errors
+    ///
+    /// [`PoolError::PageRange`] or a geometry error naming the index when `buffer`, `layer` or
+    /// `page` is out of range, or the bytes reach past the page; the errors of
+    /// [`KvPool::read_bytes`].
     fn read_page_bytes(
         &self,
         buffer: usize,
@@ -72,6 +92,10 @@ pub trait KvPool {
 
     /// Writes `data` at `page_offset_bytes` of the canonical page of `layer`, `page` of
     /// `buffer`.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::read_page_bytes`].
     fn write_page_bytes(
         &mut self,
         buffer: usize,
@@ -97,6 +121,10 @@ pub trait KvPool {
 
     /// The canonical page payload (the buffer's page size in tokens x bytes per token; a
     /// `state` buffer's page is one slot).
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::read_page_bytes`].
     fn read_page(&self, buffer: usize, layer: u64, page: u64) -> Result<Vec<u8>, PoolError> {
         let g = self.geometry().page_geometry(buffer)?;
         let mut out = vec![0u8; g.page_payload_bytes as usize];
@@ -105,6 +133,10 @@ pub trait KvPool {
     }
 
     /// Writes a canonical page payload.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::read_page_bytes`], plus `data` of another length than the page payload.
     fn write_page(
         &mut self,
         buffer: usize,
@@ -126,6 +158,10 @@ pub trait KvPool {
 
     /// One token's entry, section by section (each section's bytes in element order; under
     /// `head_major` the heads' runs are concatenated).
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::read_page_bytes`], plus a `token` past the page's rows.
     fn read_token(
         &self,
         buffer: usize,
@@ -161,6 +197,11 @@ pub trait KvPool {
 
     /// Writes one token's entry, one slice per section in layout order, each exactly the
     /// section's bytes per token.
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::read_token`], plus [`PoolError::TokenShape`] when the slices are not one per
+    /// section of the section's bytes per token.
     fn write_token(
         &mut self,
         buffer: usize,
@@ -210,11 +251,13 @@ pub trait KvPool {
     }
 }
 
-/// The runs that copy a canonical page payload held at `src_offset_bytes` of a source region
-/// into `layer`, `page` of buffer `buffer` of a pool of `geometry` (one run per pool segment, in
+/// The runs that copy a canonical page payload held at `src_offset_bytes` of a source region into
+/// `layer`, `page` of buffer `buffer` of a pool of `geometry` (one run per pool segment, in
 /// canonical order: several under `page_head`), for [`crate::HiCache::write_device_runs`].
-/// Errors: as [`KvPool::read_page_bytes`] (a bad buffer, layer or page), or an overflowing
-/// source offset.
+///
+/// # Errors
+///
+/// As [`KvPool::read_page_bytes`] (a bad buffer, layer or page), or an overflowing source offset.
 pub fn page_copy_runs(
     geometry: &PoolGeometry,
     buffer: usize,
@@ -309,11 +352,19 @@ impl<'a, P: KvPool> PoolWriter<'a, P> {
     }
 
     /// [`KvPool::write_bytes`].
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::write_bytes`].
     pub fn write_bytes(&mut self, offset_bytes: u64, data: &[u8]) -> Result<(), PoolError> {
         self.pool.write_bytes(offset_bytes, data)
     }
 
     /// [`KvPool::write_page_bytes`].
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::write_page_bytes`].
     pub fn write_page_bytes(
         &mut self,
         buffer: usize,
@@ -327,6 +378,10 @@ impl<'a, P: KvPool> PoolWriter<'a, P> {
     }
 
     /// [`KvPool::write_page`].
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::write_page`].
     pub fn write_page(
         &mut self,
         buffer: usize,
@@ -338,6 +393,10 @@ impl<'a, P: KvPool> PoolWriter<'a, P> {
     }
 
     /// [`KvPool::write_token`].
+    ///
+    /// # Errors
+    ///
+    /// As [`KvPool::write_token`].
     pub fn write_token(
         &mut self,
         buffer: usize,
@@ -365,8 +424,10 @@ pub struct DevicePool<B: Backend = CpuBackend> {
 impl DevicePool<CpuBackend> {
     /// A device pool in ordinary memory.
     ///
-    /// Errors: an invalid geometry (the field and value), a memory layout other than
-    /// `layer_first`, or an allocation failure.
+    /// # Errors
+    ///
+    /// An invalid geometry (the field and value), a memory layout other than `layer_first`, or an
+    /// allocation failure.
     pub fn new(geometry: PoolGeometry) -> Result<Self, PoolError> {
         DevicePool::new_in(CpuBackend, geometry)
     }
@@ -374,6 +435,10 @@ impl DevicePool<CpuBackend> {
 
 impl<B: Backend> DevicePool<B> {
     /// A device pool on `backend`.
+    ///
+    /// # Errors
+    ///
+    /// As [`DevicePool::new`].
     pub fn new_in(backend: B, geometry: PoolGeometry) -> Result<Self, PoolError> {
         geometry.validate()?;
         if geometry.memory_layout != MemoryLayout::LayerFirst {
@@ -469,8 +534,10 @@ impl<B: Backend> HostPool<B> {
     /// `memory_layout` and `name` changed — no formula of its own, so dtype, sections, page size,
     /// page stride and layer counts are the device instance's.
     ///
-    /// Errors: `host_pages` of 0, `page_head` over a buffer whose sections are not
-    /// `[heads, ...]` (MLA, index-K), overflow, allocation failure.
+    /// # Errors
+    ///
+    /// `host_pages` of 0, `page_head` over a buffer whose sections are not `[heads, ...]` (MLA,
+    /// index-K), overflow, allocation failure.
     pub fn mirror_of(
         device: &DevicePool<B>,
         host_pages: u64,
@@ -484,6 +551,11 @@ impl<B: Backend> HostPool<B> {
 
     /// A host pool from a foreign geometry (a geometry file another engine wrote) on
     /// `backend`. Pairing it with a device pool checks geometry once ([`crate::HiCache::pair`]).
+    ///
+    /// # Errors
+    ///
+    /// An invalid geometry (the field and value), a size that overflows, or an allocation failure
+    /// ([`PoolError`]).
     pub fn from_geometry_in(backend: B, geometry: PoolGeometry) -> Result<Self, PoolError> {
         geometry.validate()?;
         let fingerprint = fingerprint_of(&geometry)?;
@@ -519,6 +591,10 @@ impl<B: Backend> HostPool<B> {
 
 impl HostPool<CpuBackend> {
     /// A host pool in ordinary memory from a foreign geometry.
+    ///
+    /// # Errors
+    ///
+    /// As [`HostPool::from_geometry_in`].
     pub fn from_geometry(geometry: PoolGeometry) -> Result<Self, PoolError> {
         HostPool::from_geometry_in(CpuBackend, geometry)
     }

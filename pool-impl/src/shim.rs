@@ -66,6 +66,10 @@ fn field(field: String, device: &str, host: &str) -> TransferError {
 /// `pool` (page sizes, buffer set, per buffer layers, arrangement, page stride, sections,
 /// attention, shard, `layer_ids` when both sides give them), every differing field in
 /// [`TransferError::Mismatch`].
+///
+/// # Errors
+///
+/// [`TransferError::Mismatch`] with every differing field and both values.
 pub fn check_geometry(device: &PoolGeometry, host: &PoolGeometry) -> Result<(), TransferError> {
     compare(device, host).map_err(TransferError::Mismatch)
 }
@@ -139,6 +143,12 @@ pub fn first_duplicate_destination(
 /// reported problem is the first in list order (a pair out of range before a later
 /// duplicate). Lists longer than the destination's page count are refused first, in O(1)
 /// ([`TransferError::TooManyPairs`]). An empty list passes.
+///
+/// # Errors
+///
+/// [`TransferError::TooManyPairs`], [`TransferError::PageOutOfRange`] or
+/// [`TransferError::DuplicateDestination`], naming the pair, the side, the page and the page count
+/// (the first problem in list order).
 #[inline]
 pub fn check_pair_pages(
     direction: Direction,
@@ -312,6 +322,11 @@ fn out_of_range_error(
 }
 
 /// The layer asked for present in at least one buffer.
+///
+/// # Errors
+///
+/// [`TransferError::Layer`] naming the layer and the deepest buffer's layer count when no buffer
+/// has it.
 #[inline]
 pub fn check_layer(layers: Layers, deepest_layers: u64) -> Result<(), TransferError> {
     match layers {
@@ -342,6 +357,11 @@ pub fn check_pages(
 }
 
 /// Every run inside both regions.
+///
+/// # Errors
+///
+/// [`TransferError::Range`] for the first run outside the device or host region, naming the side,
+/// the run and the region's length.
 pub fn check_ranges(
     plan: &TransferPlan,
     device_len_bytes: u64,
@@ -435,6 +455,11 @@ fn push_page_runs(
 /// The checked plan: for each buffer, layer and pair, the device page's canonical bytes
 /// (`layer_first`: one run at [`PoolGeometry::page_offset_bytes`]) mapped onto the host page's
 /// segments. Each side's offsets come from its own geometry.
+///
+/// # Errors
+///
+/// A geometry error naming the buffer, layer or page when an offset cannot be computed or
+/// overflows.
 pub fn plan(
     direction: Direction,
     device: &PoolGeometry,
@@ -451,6 +476,10 @@ pub fn plan(
 /// Buffers present on one side only are skipped; layers past the host's count are skipped.
 /// Equal geometries give the same runs as [`plan`]; a host sized by another formula truncates
 /// and misaddresses.
+///
+/// # Errors
+///
+/// As [`plan`].
 pub fn legacy_plan(
     direction: Direction,
     device: &PoolGeometry,
@@ -523,6 +552,11 @@ fn plan_buffers(
 /// Checks and plans one transfer (the inspection path, [`crate::HiCache::plan`]): geometry
 /// field by field, pages, then the plan, then its byte ranges, in every build (the opt-out
 /// feature `unchecked` concerns the transfer hot path only).
+///
+/// # Errors
+///
+/// The first refusal found, in the order above: [`TransferError::Mismatch`], the page errors of
+/// [`check_pages`], a plan error, [`TransferError::Range`].
 pub fn checked_plan(
     direction: Direction,
     device: Side<'_>,

@@ -28,6 +28,11 @@ pub struct TypedDevicePool<L: KvLayout> {
 
 impl<L: KvLayout> TypedDevicePool<L> {
     /// `layers` layers of `pages` pages of `page_size_tokens` tokens, `layer_first`.
+    ///
+    /// # Errors
+    ///
+    /// As [`DevicePool::new`] for the geometry of `L` at these sizes (an invalid value, a size
+    /// that overflows, an allocation failure).
     pub fn new(layers: u64, pages: u64, page_size_tokens: u64) -> Result<Self, PoolError> {
         let geometry = PoolGeometry {
             name: format!("device {}", L::NAME),
@@ -75,6 +80,10 @@ pub struct TypedHostPool<L: KvLayout> {
 
 impl<L: KvLayout> TypedHostPool<L> {
     /// [`HostPool::mirror_of`] the typed device pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`HostPool::mirror_of`].
     pub fn mirror_of(
         device: &TypedDevicePool<L>,
         host_pages: u64,
@@ -113,6 +122,10 @@ impl<L: KvLayout> TypedHiCache<L> {
     /// the device), so they match by construction; the geometry is still compared once (an
     /// error here would be a bug in the descriptor's geometry), and the shim still checks every
     /// transfer.
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::pair`] (a descriptor bug only).
     pub fn pair(device: TypedDevicePool<L>, host: TypedHostPool<L>) -> Result<Self, PairError> {
         Ok(TypedHiCache {
             cache: HiCache::pair(device.pool, host.pool)?,
@@ -126,6 +139,10 @@ impl<L: KvLayout> TypedHiCache<L> {
     }
 
     /// [`HiCache::transfer`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::transfer`].
     pub fn transfer(
         &mut self,
         direction: Direction,
@@ -136,11 +153,19 @@ impl<L: KvLayout> TypedHiCache<L> {
     }
 
     /// [`HiCache::backup`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::transfer`].
     pub fn backup(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.cache.backup(pairs)
     }
 
     /// [`HiCache::load`].
+    ///
+    /// # Errors
+    ///
+    /// As [`HiCache::transfer`].
     pub fn load(&mut self, pairs: &[PagePair]) -> Result<Transferred, TransferError> {
         self.cache.load(pairs)
     }

@@ -38,6 +38,11 @@ fn write(side: &'static str, mem: &mut [u8], offset: u64, data: &[u8]) -> Result
 /// (`direction.destination()`) reaches past its slice, with its range computed without
 /// overflow (`end_bytes` saturates). Where destination ranges overlap, the later run wins.
 /// An empty list copies nothing and succeeds.
+///
+/// # Errors
+///
+/// [`BackendError::OutOfRange`] for the first run, in list order, outside its source or destination
+/// slice (the contract above); no byte is written then.
 pub fn copy_runs(
     direction: Direction,
     src: &[u8],

@@ -38,6 +38,11 @@ impl CpuMem {
     /// of which a workload touches a few pages costs only those pages). `side` names the pool
     /// in the error (`device` or `host`): [`BackendError::Alloc`] when the size does not fit
     /// the address space or the allocator refuses, never an abort.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Alloc`] naming `side` and `len_bytes` when the size does not fit the address
+    /// space or the allocator refuses.
     pub fn zeroed(side: &'static str, len_bytes: u64) -> Result<CpuMem, BackendError> {
         let err = |reason: &str| BackendError::Alloc {
             side,

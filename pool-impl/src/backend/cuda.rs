@@ -113,9 +113,11 @@ fn out_of_range(
 impl CudaBackend {
     /// Opens GPU `ordinal` and compiles the kernels (NVRTC, for the device's architecture).
     ///
-    /// Errors: [`KernelError::NoDriver`] when libcuda cannot be loaded (probed first, never a
-    /// panic), [`KernelError::NoNvrtc`] without libnvrtc, [`KernelError::Driver`] when there is
-    /// no such device, [`KernelError::Compile`] when NVRTC fails.
+    /// # Errors
+    ///
+    /// [`KernelError::NoDriver`] when libcuda cannot be loaded (probed first, never a panic),
+    /// [`KernelError::NoNvrtc`] without libnvrtc, [`KernelError::Driver`] when there is no such
+    /// device, [`KernelError::Compile`] when NVRTC fails.
     pub fn new(ordinal: usize) -> Result<CudaBackend, KernelError> {
         let gpu = Gpu::new(ordinal)?;
         gpu.compile()?;

@@ -110,10 +110,24 @@ pub unsafe trait Backend: Clone {
     /// Short name for reports (`cpu`, `cuda`).
     fn name(&self) -> &'static str;
     /// A zeroed device region of `len_bytes`.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::Alloc`] when the region cannot be allocated; a driver error
+    /// ([`BackendError::Driver`]) from a GPU backend.
     fn alloc_device(&self, len_bytes: u64) -> Result<Self::DeviceMem, BackendError>;
     /// A zeroed host region of `len_bytes`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::alloc_device`].
     fn alloc_host(&self, len_bytes: u64) -> Result<Self::HostMem, BackendError>;
     /// Copies `out.len()` bytes at `offset_bytes` of a device region into `out`.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::OutOfRange`] when `[offset_bytes, offset_bytes + out.len())` is not inside
+    /// the region; a driver error from a GPU backend.
     fn read_device(
         &self,
         mem: &Self::DeviceMem,
@@ -121,6 +135,10 @@ pub unsafe trait Backend: Clone {
         out: &mut [u8],
     ) -> Result<(), BackendError>;
     /// Writes `data` at `offset_bytes` of a device region.
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::read_device`], for `data`'s range.
     fn write_device(
         &self,
         mem: &mut Self::DeviceMem,
@@ -128,6 +146,10 @@ pub unsafe trait Backend: Clone {
         data: &[u8],
     ) -> Result<(), BackendError>;
     /// Copies `out.len()` bytes at `offset_bytes` of a host region into `out`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::read_device`].
     fn read_host(
         &self,
         mem: &Self::HostMem,
@@ -135,6 +157,10 @@ pub unsafe trait Backend: Clone {
         out: &mut [u8],
     ) -> Result<(), BackendError>;
     /// Writes `data` at `offset_bytes` of a host region.
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::write_device`].
     fn write_host(
         &self,
         mem: &mut Self::HostMem,
@@ -145,6 +171,12 @@ pub unsafe trait Backend: Clone {
     /// in list order. Checks every run first; on a refusal no byte is moved; see
     /// [`BackendError`] for [`BackendError::Interrupted`] (a prefix of the runs moved) and for
     /// driver errors after the checks.
+    ///
+    /// # Errors
+    ///
+    /// [`BackendError::OutOfRange`] for the first run outside either region (no byte moved);
+    /// [`BackendError::Interrupted`] or [`BackendError::Driver`] after the checks, as
+    /// [`BackendError`] describes.
     fn device_to_host(
         &self,
         src: &Self::DeviceMem,
@@ -155,6 +187,10 @@ pub unsafe trait Backend: Clone {
     /// in list order. Checks every run first; on a refusal no byte is moved; see
     /// [`BackendError`] for [`BackendError::Interrupted`] (a prefix of the runs moved) and for
     /// driver errors after the checks.
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::device_to_host`].
     fn host_to_device(
         &self,
         src: &Self::HostMem,
@@ -171,6 +207,10 @@ pub unsafe trait Backend: Clone {
     /// # Safety
     /// `src` and `dst` must stay alive, and must be neither read nor written by the CPU, until
     /// [`Backend::wait`] returns (the copy may still be reading and writing them).
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::device_to_host`]'s checks, found before the copy starts (no byte moves).
     unsafe fn enqueue_device_to_host(
         &self,
         src: &Self::DeviceMem,
@@ -185,6 +225,10 @@ pub unsafe trait Backend: Clone {
     ///
     /// # Safety
     /// As [`Backend::enqueue_device_to_host`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Backend::enqueue_device_to_host`].
     unsafe fn enqueue_host_to_device(
         &self,
         src: &Self::HostMem,
@@ -194,11 +238,15 @@ pub unsafe trait Backend: Clone {
         self.host_to_device(src, dst, runs)
     }
 
-    /// Waits until every copy enqueued on this backend (and its clones) has finished. Errors:
-    /// the first copy that failed while running ([`BackendError::Driver`], or
+    /// Waits until every copy enqueued on this backend (and its clones) has finished. The
+    /// default has nothing to wait for. Must not panic and must not call back into the cache
+    /// (trait-level `# Safety`).
+    ///
+    /// # Errors
+    ///
+    /// The first copy that failed while running ([`BackendError::Driver`], or
     /// [`BackendError::OutOfRange`] for a run the device refused); bytes of copies enqueued
-    /// since the last wait may then have moved in part. The default has nothing to wait for.
-    /// Must not panic and must not call back into the cache (trait-level `# Safety`).
+    /// since the last wait may then have moved in part.
     fn wait(&self) -> Result<(), BackendError> {
         Ok(())
     }
@@ -213,6 +261,11 @@ pub unsafe trait Backend: Clone {
 }
 
 /// `[start, start + len)` inside a region of `region_bytes`, or [`BackendError::OutOfRange`].
+///
+/// # Errors
+///
+/// [`BackendError::OutOfRange`] when the range reaches past `region_bytes` (its end computed
+/// without overflow).
 #[inline]
 pub fn check_range(
     side: &'static str,
@@ -229,6 +282,11 @@ pub fn check_range(
 /// Every run inside a source of `src_len_bytes` and a destination of `dst_len_bytes`, or
 /// [`BackendError::OutOfRange`] for the first run, in list order, that is not (its source range
 /// checked before its destination range; sides named by `direction`).
+///
+/// # Errors
+///
+/// [`BackendError::OutOfRange`] for the first run, in list order, outside its source or
+/// destination.
 #[inline]
 pub fn check_runs(
     direction: Direction,
