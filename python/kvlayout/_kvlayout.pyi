@@ -176,9 +176,10 @@ def describe(
 ) -> Geometry:
     """The device pool geometry of one tensor-parallel rank of ``model`` (a built-in name, a
     config.json path or a Hugging Face model directory), as ``kvlayout describe --json``.
-    ``kv_dtype`` default fp8 for DSA models, else bf16; ``index_k`` default fp8 (DSA only; a
-    UserWarning otherwise); ``page_size_tokens`` tokens per page (default the engine's: 256 for
-    DeepSeek-V4, else 64); ``pages`` page count. Geometry v3 fields come with the model:
+    ``kv_dtype`` default fp8 for DSA models, else bf16; ``index_k`` default fp8 (DeepSeek
+    indexer models only: given for another model it raises InvalidGeometry, a ValueError,
+    naming ``index_k`` and the model, as the CLI refuses ``--index-k``); ``page_size_tokens``
+    tokens per page (default the engine's: 256 for DeepSeek-V4, else 64); ``pages`` page count. Geometry v3 fields come with the model:
     ``compress_ratio`` (DeepSeek-V4's C4/C128 rows), replicated heads (fewer KV heads than
     ``tp``), ``split_groups`` (a conv state's q|k|v or x|B|C under ``tp``).
     Raises ModelError (unreadable config, or a field that changes the cache and is not modelled,

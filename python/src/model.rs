@@ -91,18 +91,17 @@ fn load(
         ));
     }
     let m = Model::load(name).map_err(|e| errors::model_error(py, e.to_string()))?;
+    // As the CLI refuses `--index-k` there: an option that does not apply is an error naming
+    // it, never dropped.
     if index_k.is_some() && !m.has_index_k() {
-        let msg = format!(
-            "index_k ignored: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
-            m.name
-        );
-        let warning = py.get_type::<PyUserWarning>();
-        PyErr::warn(
+        return Err(errors::invalid_geometry(
             py,
-            &warning,
-            &std::ffi::CString::new(msg).expect("no NUL"),
-            1,
-        )?;
+            "index_k",
+            &format!(
+                "does not apply: {} has no DeepSeek sparse-attention indexer (no index_head_dim)",
+                m.name
+            ),
+        ));
     }
     // As the CLI's `--state-dtype` (refused there): a model without recurrent state (no
     // linear-attention, KDA, RG-LRU or Mamba layer) has nothing it applies to. A model whose
@@ -189,8 +188,9 @@ pub(crate) fn count_arg(py: Python<'_>, field: &str, v: &Bound<'_, PyAny>) -> Py
 /// `model`: a built-in name (`kvlayout describe --help` lists them: deepseek-v3.2-exp,
 /// deepseek-v3, kimi-k2, glm-4.5, llama-3.1-8b, qwen3-8b, gpt-oss-20b, gemma-3-4b-it, ...), a
 /// config.json path or a Hugging Face model directory. `kv_dtype`: "bf16" | "fp8" (default fp8
-/// for DSA models, bf16 otherwise); `index_k`: "fp8" | "bf16" | "fp4" (DSA models, default
-/// fp8; a `UserWarning` on a model without an indexer); `tp`, `rank`: tensor-parallel size and
+/// for DSA models, bf16 otherwise); `index_k`: "fp8" | "bf16" | "fp4" (DeepSeek indexer
+/// models, default fp8; `InvalidGeometry`, a `ValueError`, naming `index_k` and the model on
+/// any other, as the CLI refuses `--index-k`); `tp`, `rank`: tensor-parallel size and
 /// this rank (default one rank, with no `shard`: pass `tp=1` for the TP-1 side of a
 /// token-level `compare` against another TP size's rank); `state_dtype`: recurrent-state dtype ("f32" | "bf16" | "f16");
 /// `page_size_tokens`, `pages`: the pool's page size (default the engine's: 256 for

@@ -153,13 +153,20 @@ def test_fingerprint_equals_the_cli(model, tp, tmp_path):
                 f"{g.storage_fingerprint:#018x}, token {token}") in out.stdout
 
 
-def test_describe_errors_and_warnings():
+def test_describe_refuses_bad_options_naming_them():
     with pytest.raises(kvlayout.ModelError, match="not-a-model"):
         kvlayout.describe("not-a-model")
     with pytest.raises(ValueError, match="kv_dtype"):
         kvlayout.describe("llama-3.1-8b", kv_dtype="fp4")
-    with pytest.warns(UserWarning, match="index_k ignored"):
-        g = kvlayout.describe("llama-3.1-8b", index_k="bf16")
+    # index_k on a model without the DeepSeek indexer is refused, as the CLI refuses
+    # --index-k there (exit 2, "--index-k does not apply: ..."), naming the option and the model
+    with pytest.raises(ValueError, match=r"index_k.*does not apply: llama-3\.1-8b has no "
+                       r"DeepSeek sparse-attention indexer") as e:
+        kvlayout.describe("llama-3.1-8b", index_k="bf16")
+    assert isinstance(e.value, kvlayout.InvalidGeometry)
+    with pytest.raises(ValueError, match="index_k"):
+        kvlayout.totals("llama-3.1-8b", index_k="fp8")
+    g = kvlayout.describe("llama-3.1-8b")
     # Llama-3.1-8B: 32 layers x (K + V) 8 x 128 bf16 = 32 x 4096 B/token
     assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
 
