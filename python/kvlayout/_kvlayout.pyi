@@ -178,7 +178,9 @@ def describe(
     config.json path or a Hugging Face model directory), as ``kvlayout describe --json``.
     ``kv_dtype`` default fp8 for DSA models, else bf16; ``index_k`` default fp8 (DeepSeek
     indexer models only: given for another model it raises InvalidGeometry, a ValueError,
-    naming ``index_k`` and the model, as the CLI refuses ``--index-k``); ``page_size_tokens``
+    naming ``index_k`` and the model, as the CLI refuses ``--index-k``); ``state_dtype``
+    recurrent-state dtype (models with linear-attention, KDA, RG-LRU or Mamba layers only:
+    InvalidGeometry naming ``state_dtype`` otherwise); ``page_size_tokens``
     tokens per page (default the engine's: 256 for DeepSeek-V4, else 64); ``pages`` page count. Geometry v3 fields come with the model:
     ``compress_ratio`` (DeepSeek-V4's C4/C128 rows), replicated heads (fewer KV heads than
     ``tp``), ``split_groups`` (a conv state's q|k|v or x|B|C under ``tp``).

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use kvlayout_models::{IndexK, KvDtype, KvLayout, LayerKind, Model, Options, StateDtype, Tp};
-use pyo3::exceptions::{PyTypeError, PyUserWarning};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyAny, PyBool, PyInt};
 
@@ -103,7 +103,7 @@ fn load(
             ),
         ));
     }
-    // As the CLI's `--state-dtype` (refused there): a model without recurrent state (no
+    // As the CLI refuses `--state-dtype` there: a model without recurrent state (no
     // linear-attention, KDA, RG-LRU or Mamba layer) has nothing it applies to. A model whose
     // layers cannot be read passes here: that error comes with the pool.
     if state_dtype.is_some()
@@ -115,17 +115,14 @@ fn load(
             )
         })
     {
-        let msg = format!(
-            "state_dtype ignored: {} has no linear-attention, KDA, RG-LRU or Mamba layers (no recurrent state)",
-            m.name
-        );
-        let warning = py.get_type::<PyUserWarning>();
-        PyErr::warn(
+        return Err(errors::invalid_geometry(
             py,
-            &warning,
-            &std::ffi::CString::new(msg).expect("no NUL"),
-            1,
-        )?;
+            "state_dtype",
+            &format!(
+                "does not apply: {} has no linear-attention, KDA, RG-LRU or Mamba layers (no recurrent state)",
+                m.name
+            ),
+        ));
     }
     // The engine's page when not given: SGLang's 256 tokens for DeepSeek-V4, else 64.
     let page_size_tokens = page_size_tokens.unwrap_or_else(|| m.engine_page_size_tokens());

@@ -171,12 +171,13 @@ def test_describe_refuses_bad_options_naming_them():
     assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
 
 
-def test_state_dtype_on_a_model_without_recurrent_state_warns():
-    # Was silently ignored (the CLI refuses --state-dtype there): Llama-3.1-8B has only
-    # full-attention layers, so the pool is the same 32 x 4096 B/token with a UserWarning.
-    with pytest.warns(UserWarning, match="state_dtype ignored: llama-3.1-8b"):
-        g = kvlayout.describe("llama-3.1-8b", state_dtype="bf16")
-    assert g.bytes_per_token == 32 * 2 * 8 * 128 * 2
+def test_state_dtype_on_a_model_without_recurrent_state_is_refused():
+    # Was silently ignored; the CLI refuses --state-dtype there, and so does Python now:
+    # Llama-3.1-8B has only full-attention layers, nothing the option applies to.
+    with pytest.raises(kvlayout.InvalidGeometry, match="state_dtype.*llama-3.1-8b"):
+        kvlayout.describe("llama-3.1-8b", state_dtype="bf16")
+    with pytest.raises(ValueError, match="state_dtype"):
+        kvlayout.totals("llama-3.1-8b", state_dtype="f32")
     # Kimi-Linear's KDA state takes it without a warning: 20 layers x (conv 73,728 B +
     # temporal 32 x 128 x 128 x 2 B = 1,048,576 B) = 22,446,080 B per request.
     import warnings
