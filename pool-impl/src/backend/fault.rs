@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{Backend, BackendError, CpuBackend, CpuMem, check_runs, copy_runs};
+use super::{BackendError, CpuBackend, check_runs, copy_runs};
 use crate::plan::{CopyRun, Direction};
 
 /// A [`CpuBackend`] that copies `n_runs` runs in total (over all copies, shared by every clone:
@@ -72,63 +72,12 @@ impl FailingCpuBackend {
     }
 }
 
-/// Everything but the run copies is the CPU backend's.
-// SAFETY: as the CPU backend: copies finish before the call returns; the default `wait` and
-// `shares_waits_with`.
-unsafe impl Backend for FailingCpuBackend {
-    type DeviceMem = CpuMem;
-    type HostMem = CpuMem;
-
-    fn name(&self) -> &'static str {
-        "cpu (failing)"
-    }
-
-    fn alloc_device(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
-        CpuBackend.alloc_device(len_bytes)
-    }
-
-    fn alloc_host(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
-        CpuBackend.alloc_host(len_bytes)
-    }
-
-    fn read_device(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
-        CpuBackend.read_device(mem, offset, out)
-    }
-
-    fn write_device(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        CpuBackend.write_device(mem, offset, data)
-    }
-
-    fn read_host(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
-        CpuBackend.read_host(mem, offset, out)
-    }
-
-    fn write_host(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
-        CpuBackend.write_host(mem, offset, data)
-    }
-
-    fn device_to_host(
-        &self,
-        src: &CpuMem,
-        dst: &mut CpuMem,
-        runs: &[CopyRun],
-    ) -> Result<(), BackendError> {
-        self.copy(Direction::Backup, src, dst, runs)
-    }
-
-    fn host_to_device(
-        &self,
-        src: &CpuMem,
-        dst: &mut CpuMem,
-        runs: &[CopyRun],
-    ) -> Result<(), BackendError> {
-        self.copy(Direction::Load, src, dst, runs)
-    }
-}
+cpu_backend_but_copies!(FailingCpuBackend, "cpu (failing)");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{Backend, CpuMem};
 
     fn run(src: u64, dst: u64, len: u64) -> CopyRun {
         CopyRun {

@@ -8,6 +8,93 @@
 //!
 //! [`TransferPlan`]: crate::plan::TransferPlan
 
+/// `Backend` for a test backend that is the CPU backend but for its run copies: allocation,
+/// reads and writes delegate to [`CpuBackend`]; `device_to_host` / `host_to_device` call the
+/// type's own `copy(direction, src, dst, runs)`. One definition for the fault backends
+/// ([`FailingCpuBackend`], [`ContentFaultBackend`]).
+macro_rules! cpu_backend_but_copies {
+    ($ty:ty, $name:literal) => {
+        // SAFETY: as the CPU backend: copies finish before the call returns; the default
+        // `wait` and `shares_waits_with`.
+        unsafe impl $crate::backend::Backend for $ty {
+            type DeviceMem = $crate::backend::CpuMem;
+            type HostMem = $crate::backend::CpuMem;
+
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn alloc_device(
+                &self,
+                len_bytes: u64,
+            ) -> Result<$crate::backend::CpuMem, $crate::backend::BackendError> {
+                $crate::backend::CpuBackend.alloc_device(len_bytes)
+            }
+
+            fn alloc_host(
+                &self,
+                len_bytes: u64,
+            ) -> Result<$crate::backend::CpuMem, $crate::backend::BackendError> {
+                $crate::backend::CpuBackend.alloc_host(len_bytes)
+            }
+
+            fn read_device(
+                &self,
+                mem: &$crate::backend::CpuMem,
+                offset: u64,
+                out: &mut [u8],
+            ) -> Result<(), $crate::backend::BackendError> {
+                $crate::backend::CpuBackend.read_device(mem, offset, out)
+            }
+
+            fn write_device(
+                &self,
+                mem: &mut $crate::backend::CpuMem,
+                offset: u64,
+                data: &[u8],
+            ) -> Result<(), $crate::backend::BackendError> {
+                $crate::backend::CpuBackend.write_device(mem, offset, data)
+            }
+
+            fn read_host(
+                &self,
+                mem: &$crate::backend::CpuMem,
+                offset: u64,
+                out: &mut [u8],
+            ) -> Result<(), $crate::backend::BackendError> {
+                $crate::backend::CpuBackend.read_host(mem, offset, out)
+            }
+
+            fn write_host(
+                &self,
+                mem: &mut $crate::backend::CpuMem,
+                offset: u64,
+                data: &[u8],
+            ) -> Result<(), $crate::backend::BackendError> {
+                $crate::backend::CpuBackend.write_host(mem, offset, data)
+            }
+
+            fn device_to_host(
+                &self,
+                src: &$crate::backend::CpuMem,
+                dst: &mut $crate::backend::CpuMem,
+                runs: &[$crate::plan::CopyRun],
+            ) -> Result<(), $crate::backend::BackendError> {
+                self.copy($crate::plan::Direction::Backup, src, dst, runs)
+            }
+
+            fn host_to_device(
+                &self,
+                src: &$crate::backend::CpuMem,
+                dst: &mut $crate::backend::CpuMem,
+                runs: &[$crate::plan::CopyRun],
+            ) -> Result<(), $crate::backend::BackendError> {
+                self.copy($crate::plan::Direction::Load, src, dst, runs)
+            }
+        }
+    };
+}
+
 mod content_fault;
 mod cpu;
 mod cpu_mem;
