@@ -2,26 +2,26 @@
 //! that inputs are never zeros and a failing case can be replayed from its seed.
 
 use half::bf16;
+use rand_core::{Rng, SeedableRng};
 
-/// SplitMix64 (Steele, Lea, Flood 2014): a 64-bit state, one multiply-xorshift output.
+/// SplitMix64 (Steele, Lea, Flood 2014; `rand_xoshiro`'s implementation) with the helpers the
+/// tests and the benchmark draw their data through.
 #[derive(Clone, Debug)]
 pub struct SplitMix64 {
-    state: u64,
+    inner: rand_xoshiro::SplitMix64,
 }
 
 impl SplitMix64 {
-    /// A generator seeded with `seed`.
+    /// A generator seeded with `seed` (the state starts at `seed`).
     pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64 { state: seed }
+        SplitMix64 {
+            inner: rand_xoshiro::SplitMix64::seed_from_u64(seed),
+        }
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.inner.next_u64()
     }
 
     /// A value in `0..n` (`n` at least 1; modulo bias is irrelevant for test data).

@@ -1,32 +1,13 @@
-//! Deterministic values from keys: SplitMix64 (Steele, Lea, Flood 2014; the same generator as
-//! the kernels' test data, written here so the replay needs no CUDA crate) used as a stateless
-//! hash: `mix(z)` is the first output of a generator seeded with `z`.
+//! Deterministic values from keys: SplitMix64 (Steele, Lea, Flood 2014; `rand_xoshiro`'s
+//! implementation, the generator of the kernels' test data too) used as a stateless hash:
+//! `mix(z)` is the first output of a generator seeded with `z`.
 
-/// SplitMix64: a 64-bit state, one multiply-xorshift output per step.
-#[derive(Clone, Debug)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64 { state: seed }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
+use rand_core::{Rng, SeedableRng};
+use rand_xoshiro::SplitMix64;
 
 /// The first SplitMix64 output for seed `z`: a 64-bit mix of `z`.
 pub fn mix(z: u64) -> u64 {
-    SplitMix64::new(z).next_u64()
+    SplitMix64::seed_from_u64(z).next_u64()
 }
 
 /// The top 24 bits of `h` as an f32 in `[-1, 1)` (the same map as the kernels' test data
