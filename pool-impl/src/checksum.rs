@@ -124,6 +124,16 @@ pub(crate) struct ChecksumTable {
     scratch: Vec<u8>,
 }
 
+/// The checksum of one device page payload of one (buffer, layer) of a transfer's pair, to
+/// record (backup) or to compare (load).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PageSum {
+    buffer: usize,
+    layer: u64,
+    pair: PagePair,
+    sum: u64,
+}
+
 impl ChecksumTable {
     /// A table for `mode` (`None` when off) over the device geometry and `host_pages` host pages.
     pub(crate) fn new(
@@ -175,23 +185,6 @@ impl ChecksumTable {
         self.mode
     }
 
-    /// The checksum of device page `page` of buffer `b`, layer `l`.
-    fn device_checksum(
-        &mut self,
-        device: &impl KvPool,
-        b: usize,
-        l: u64,
-        page: u64,
-    ) -> Result<u64, TransferError> {
-        let key = self.keys[b][l as usize];
-        // A page payload fits in memory: the pool holds it.
-        self.scratch.resize(key.payload_bytes as usize, 0);
-        device
-            .read_page_bytes(b, l, page, 0, &mut self.scratch)
-            .map_err(pool_error)?;
-        Ok(key.checksum(&self.scratch)?)
-    }
-
     fn layer_range(&self, b: usize, layers: Layers) -> std::ops::Range<u64> {
         let n = self.keys[b].len() as u64;
         match layers {
@@ -201,70 +194,116 @@ impl ChecksumTable {
         }
     }
 
-    /// The device pages' checksums of a backup about to copy `pairs`, to record once it ran.
-    pub(crate) fn backup_checksums(
-        &mut self,
-        device: &impl KvPool,
+    fn slot(&self, s: &PageSum) -> usize {
+        // In range: the layer is one of the buffer's and the host page one of the pool's
+        // (checked before the transfer), and the table's size fits a usize (checked in `new`).
+        (s.layer * self.host_pages + s.pair.host_page) as usize
+    }
+
+    /// The checksums of the device pages of the covered pairs of `pairs`, every buffer and the
+    /// layers of `layers`: `checksum(key, buffer, layer, device page)` computes one (the
+    /// caller reads the device page payload). For `only_recorded`, the (buffer, layer, host
+    /// page)s never backed up with a checksum are skipped (a load verifies only those).
+    pub(crate) fn sums(
+        &self,
         layers: Layers,
         pairs: &[PagePair],
-    ) -> Result<Vec<(usize, usize, u64)>, TransferError> {
+        only_recorded: bool,
+        mut checksum: impl FnMut(&PageChecksumKey, usize, u64, u64) -> Result<u64, TransferError>,
+    ) -> Result<Vec<PageSum>, TransferError> {
         let mut out = Vec::new();
-        let mode = self.mode;
-        for pair in pairs.iter().filter(|p| mode.covers(p.host_page)) {
+        for &pair in pairs.iter().filter(|p| self.mode.covers(p.host_page)) {
             for b in 0..self.keys.len() {
-                for l in self.layer_range(b, layers) {
-                    let sum = self.device_checksum(device, b, l, pair.device_page)?;
-                    let at = (l * self.host_pages + pair.host_page) as usize;
-                    out.push((b, at, sum));
+                for layer in self.layer_range(b, layers) {
+                    let mut s = PageSum {
+                        buffer: b,
+                        layer,
+                        pair,
+                        sum: 0,
+                    };
+                    if only_recorded && self.recorded[b][self.slot(&s)].is_none() {
+                        continue;
+                    }
+                    s.sum = checksum(&self.keys[b][layer as usize], b, layer, pair.device_page)?;
+                    out.push(s);
                 }
             }
         }
         Ok(out)
     }
 
-    /// Records checksums from [`ChecksumTable::backup_checksums`].
-    pub(crate) fn record(&mut self, sums: &[(usize, usize, u64)]) {
-        for &(b, at, sum) in sums {
-            self.recorded[b][at] = Some(sum);
-        }
-    }
-
-    /// Verifies the device pages a load wrote against the checksums recorded for its host
-    /// pages: the pages verified (one per buffer, layer and page; pages never backed up with a
-    /// checksum are skipped) and the mismatches.
-    pub(crate) fn verify_load(
+    /// [`ChecksumTable::sums`] reading the device pages from `device`.
+    pub(crate) fn device_sums(
         &mut self,
         device: &impl KvPool,
         layers: Layers,
         pairs: &[PagePair],
-    ) -> Result<(u64, Vec<PageMismatch>), TransferError> {
+        only_recorded: bool,
+    ) -> Result<Vec<PageSum>, TransferError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let out = self.sums(layers, pairs, only_recorded, |key, b, l, page| {
+            // A page payload fits in memory: the pool holds it.
+            scratch.resize(key.payload_bytes as usize, 0);
+            device
+                .read_page_bytes(b, l, page, 0, &mut scratch)
+                .map_err(pool_error)?;
+            Ok(key.checksum(&scratch)?)
+        });
+        self.scratch = scratch;
+        out
+    }
+
+    /// Records the checksums of a backup (device pages' checksums, under their host pages).
+    pub(crate) fn record(&mut self, sums: &[PageSum]) {
+        for s in sums {
+            let at = self.slot(s);
+            self.recorded[s.buffer][at] = Some(s.sum);
+        }
+    }
+
+    /// Compares the checksums of the device pages a load wrote with those recorded for their
+    /// host pages: the pages verified (one per buffer, layer and page; pages never backed up
+    /// with a checksum are skipped) and the mismatches.
+    pub(crate) fn compare(&self, sums: &[PageSum]) -> (u64, Vec<PageMismatch>) {
         let mut verified = 0u64;
         let mut mismatches = Vec::new();
-        let mode = self.mode;
-        for pair in pairs.iter().filter(|p| mode.covers(p.host_page)) {
-            for b in 0..self.keys.len() {
-                for l in self.layer_range(b, layers) {
-                    let at = (l * self.host_pages + pair.host_page) as usize;
-                    let Some(recorded) = self.recorded[b][at] else {
-                        continue;
-                    };
-                    let loaded = self.device_checksum(device, b, l, pair.device_page)?;
-                    verified += 1;
-                    if loaded != recorded {
-                        mismatches.push(PageMismatch {
-                            buffer: self.names[b].clone(),
-                            layer: l,
-                            layer_id: self.keys[b][l as usize].layer_id,
-                            host_page: pair.host_page,
-                            device_page: pair.device_page,
-                            recorded,
-                            loaded,
-                        });
-                    }
-                }
+        for s in sums {
+            let Some(recorded) = self.recorded[s.buffer][self.slot(s)] else {
+                continue;
+            };
+            verified += 1;
+            if s.sum != recorded {
+                mismatches.push(PageMismatch {
+                    buffer: self.names[s.buffer].clone(),
+                    layer: s.layer,
+                    layer_id: self.keys[s.buffer][s.layer as usize].layer_id,
+                    host_page: s.pair.host_page,
+                    device_page: s.pair.device_page,
+                    recorded,
+                    loaded: s.sum,
+                });
             }
         }
-        Ok((verified, mismatches))
+        (verified, mismatches)
+    }
+}
+
+/// The result of a load whose pages were verified: `transferred` when every verified page
+/// matched, else [`TransferError::ChecksumMismatch`] (counted in `stats`).
+pub(crate) fn load_verdict(
+    stats: &mut crate::TransferStats,
+    transferred: crate::plan::Transferred,
+    (checksummed_pages, mismatches): (u64, Vec<PageMismatch>),
+) -> Result<crate::plan::Transferred, TransferError> {
+    stats.record_checksums(checksummed_pages, mismatches.len() as u64);
+    if mismatches.is_empty() {
+        Ok(transferred)
+    } else {
+        Err(TransferError::ChecksumMismatch {
+            transferred,
+            checksummed_pages,
+            mismatches,
+        })
     }
 }
 
