@@ -14,12 +14,13 @@
 //! the page under another layout (the seed bug, with the geometry check off).
 
 use std::num::NonZeroU64;
+use std::sync::Mutex;
 
 use kvlayout_core::checksum::PageChecksumKey;
 use kvlayout_core::{GeometryError, PoolGeometry};
 
 use crate::error::{PoolError, TransferError};
-use crate::plan::{Layers, PagePair};
+use crate::plan::{Direction, Layers, PagePair, Transferred};
 use crate::pool::KvPool;
 
 /// Which pages a pairing checksums.
@@ -118,8 +119,10 @@ pub(crate) struct ChecksumTable {
     keys: Vec<Vec<PageChecksumKey>>,
     names: Vec<String>,
     host_pages: u64,
-    /// `[buffer][layer][host page]`, flattened per buffer.
-    recorded: Vec<Vec<Option<u64>>>,
+    /// `[buffer][layer][host page]`, flattened per buffer. Behind a lock so a concurrent cache
+    /// ([`crate::ConcurrentHiCache`]) shares the table: an entry is written by a backup holding
+    /// its host page exclusively and read by a load holding it shared.
+    recorded: Mutex<Vec<Vec<Option<u64>>>>,
     /// One page payload, read back from the device pool.
     scratch: Vec<u8>,
 }
@@ -176,7 +179,7 @@ impl ChecksumTable {
                 .map(|b| b.name().to_string())
                 .collect(),
             host_pages,
-            recorded,
+            recorded: Mutex::new(recorded),
             scratch: Vec::new(),
         }))
     }
@@ -221,7 +224,7 @@ impl ChecksumTable {
                         pair,
                         sum: 0,
                     };
-                    if only_recorded && self.recorded[b][self.slot(&s)].is_none() {
+                    if only_recorded && self.recorded_at(&s).is_none() {
                         continue;
                     }
                     s.sum = checksum(&self.keys[b][layer as usize], b, layer, pair.device_page)?;
@@ -253,11 +256,19 @@ impl ChecksumTable {
         out
     }
 
+    fn recorded(&self) -> std::sync::MutexGuard<'_, Vec<Vec<Option<u64>>>> {
+        self.recorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn recorded_at(&self, s: &PageSum) -> Option<u64> {
+        self.recorded()[s.buffer][self.slot(s)]
+    }
+
     /// Records the checksums of a backup (device pages' checksums, under their host pages).
-    pub(crate) fn record(&mut self, sums: &[PageSum]) {
+    pub(crate) fn record(&self, sums: &[PageSum]) {
+        let mut recorded = self.recorded();
         for s in sums {
-            let at = self.slot(s);
-            self.recorded[s.buffer][at] = Some(s.sum);
+            recorded[s.buffer][self.slot(s)] = Some(s.sum);
         }
     }
 
@@ -268,7 +279,7 @@ impl ChecksumTable {
         let mut verified = 0u64;
         let mut mismatches = Vec::new();
         for s in sums {
-            let Some(recorded) = self.recorded[s.buffer][self.slot(s)] else {
+            let Some(recorded) = self.recorded_at(s) else {
                 continue;
             };
             verified += 1;
@@ -288,13 +299,24 @@ impl ChecksumTable {
     }
 }
 
+/// Whether a transfer's bytes moved, so its pages are checksummed: a copy that ran, and a
+/// backup torn part way (its host pages hold old and new bytes; recording the device pages'
+/// checksums makes a later load of them mismatch, never pass).
+pub(crate) fn copied(direction: Direction, result: &Result<Transferred, TransferError>) -> bool {
+    match result {
+        Ok(t) => t.pairs > 0,
+        Err(TransferError::Interrupted { .. }) => direction == Direction::Backup,
+        Err(_) => false,
+    }
+}
+
 /// The result of a load whose pages were verified: `transferred` when every verified page
 /// matched, else [`TransferError::ChecksumMismatch`] (counted in `stats`).
 pub(crate) fn load_verdict(
     stats: &mut crate::TransferStats,
-    transferred: crate::plan::Transferred,
+    transferred: Transferred,
     (checksummed_pages, mismatches): (u64, Vec<PageMismatch>),
-) -> Result<crate::plan::Transferred, TransferError> {
+) -> Result<Transferred, TransferError> {
     stats.record_checksums(checksummed_pages, mismatches.len() as u64);
     if mismatches.is_empty() {
         Ok(transferred)

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory, check_runs};
-use crate::checksum::{ChecksumMode, ChecksumTable, load_verdict};
+use crate::checksum::{ChecksumMode, ChecksumTable, copied, load_verdict};
 pub use crate::error::PairError;
 use crate::error::{PoolError, TransferError};
 use crate::plan::{CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
@@ -251,8 +251,7 @@ impl<B: Backend> HiCache<B> {
                             bytes: 0,
                             verified: true,
                         });
-                        load_verdict(&mut self.stats, transferred, table.compare(&sums))
-                            .map(|_| ())
+                        load_verdict(&mut self.stats, transferred, table.compare(&sums)).map(|_| ())
                     }),
             };
             if let Err(e) = outcome {
@@ -806,6 +805,17 @@ impl<B: Backend> HiCache<B> {
         (&mut self.device, &mut self.host)
     }
 
+    /// The checksum table (pending checksums made first), for [`crate::ConcurrentHiCache`].
+    pub(crate) fn take_checksums(&mut self) -> Option<ChecksumTable> {
+        self.settle_checksums();
+        self.checksums.take()
+    }
+
+    /// Puts back a table [`HiCache::take_checksums`] took.
+    pub(crate) fn put_checksums(&mut self, table: Option<ChecksumTable>) {
+        self.checksums = table;
+    }
+
     /// Adds a concurrent cache's counters.
     pub(crate) fn add_stats(&mut self, other: TransferStats) {
         self.stats.add(other);
@@ -814,17 +824,6 @@ impl<B: Backend> HiCache<B> {
 
 #[cfg(test)]
 mod tests;
-
-/// Whether a transfer's bytes moved, so its pages are checksummed: a copy that ran, and a
-/// backup torn part way (its host pages hold old and new bytes; recording the device pages'
-/// checksums makes a later load of them mismatch, never pass).
-fn copied(direction: Direction, result: &Result<Transferred, TransferError>) -> bool {
-    match result {
-        Ok(t) => t.pairs > 0,
-        Err(TransferError::Interrupted { .. }) => direction == Direction::Backup,
-        Err(_) => false,
-    }
-}
 
 /// What a routed transfer does with its runs.
 #[derive(Clone, Copy)]

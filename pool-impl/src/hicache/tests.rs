@@ -649,16 +649,25 @@ fn a_stale_enqueued_load_is_reported_at_complete_naming_its_pages_and_counted() 
     assert_eq!(*checksummed_pages, 2);
     assert_eq!(crate::checksum::refused_pairs(mismatches), pairs);
     let m = &mismatches[0];
-    assert_eq!((m.buffer.as_str(), m.layer, m.host_page, m.device_page), ("index_k", 0, 3, 1));
+    assert_eq!(
+        (m.buffer.as_str(), m.layer, m.host_page, m.device_page),
+        ("index_k", 0, 3, 1)
+    );
     let key = c.device().geometry().page_checksum_key(0, 0).unwrap();
-    assert_eq!(m.loaded, key.checksum(&[7; PAGE_LAYER_BYTES as usize]).unwrap());
+    assert_eq!(
+        m.loaded,
+        key.checksum(&[7; PAGE_LAYER_BYTES as usize]).unwrap()
+    );
     let at = 3 * PAGE_LAYER_BYTES as usize;
     let backed_up: Vec<u8> = (at..at + PAGE_LAYER_BYTES as usize)
         .map(|i| 1 + (i % 251) as u8)
         .collect();
     assert_eq!(m.recorded, key.checksum(&backed_up).unwrap());
     let s = c.stats();
-    assert_eq!((s.checksummed_pages, s.checksum_mismatches, s.loads), (2, 2, 1));
+    assert_eq!(
+        (s.checksummed_pages, s.checksum_mismatches, s.loads),
+        (2, 2, 1)
+    );
     // Reported once.
     c.complete().unwrap();
 }
