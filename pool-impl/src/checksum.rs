@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use kvlayout_core::checksum::PageChecksumKey;
 use kvlayout_core::{GeometryError, PoolGeometry};
 
+use crate::backend::BackendError;
 use crate::error::{PoolError, TransferError};
 use crate::plan::{Direction, Layers, PagePair, Transferred};
 use crate::pool::KvPool;
@@ -300,12 +301,17 @@ impl ChecksumTable {
 }
 
 /// Whether a transfer's bytes moved, so its pages are checksummed: a copy that ran, and a
-/// backup torn part way (its host pages hold old and new bytes; recording the device pages'
-/// checksums makes a later load of them mismatch, never pass).
+/// backup that failed part way (torn: its host pages hold old and new bytes; recording the
+/// device pages' checksums makes a later load of them mismatch, never pass). A checked
+/// pairing reports a torn copy as [`TransferError::Interrupted`], an unverified one as
+/// [`TransferError::Backend`]; a refusal (nothing moved) records nothing.
 pub(crate) fn copied(direction: Direction, result: &Result<Transferred, TransferError>) -> bool {
     match result {
         Ok(t) => t.pairs > 0,
-        Err(TransferError::Interrupted { .. }) => direction == Direction::Backup,
+        Err(
+            TransferError::Interrupted { .. }
+            | TransferError::Backend(BackendError::Interrupted { .. } | BackendError::Driver(_)),
+        ) => direction == Direction::Backup,
         Err(_) => false,
     }
 }
