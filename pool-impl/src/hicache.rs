@@ -93,11 +93,10 @@ pub struct HiCache<B: Backend = CpuBackend> {
 
 /// An enqueued transfer's pages, to checksum once its copy is waited for.
 struct PendingChecksums {
-    direction: Direction,
     layers: Layers,
     pairs: Vec<PagePair>,
-    /// What the transfer moved (`None` for a backup torn part way).
-    transferred: Option<Transferred>,
+    /// A backup's checksums are recorded; a load's (with what it moved) verified.
+    load: Option<Transferred>,
 }
 
 impl<B: Backend> HiCache<B> {
@@ -234,23 +233,13 @@ impl<B: Backend> HiCache<B> {
             return;
         };
         for p in pending {
-            let outcome = match p.direction {
-                Direction::Backup => table
+            let outcome = match p.load {
+                None => table
                     .device_sums(&self.device, p.layers, &p.pairs, false)
                     .map(|sums| table.record(&sums)),
-                Direction::Load => table
+                Some(transferred) => table
                     .device_sums(&self.device, p.layers, &p.pairs, true)
                     .and_then(|sums| {
-                        // A load's entry always has what it moved (only a torn backup has
-                        // none).
-                        let transferred = p.transferred.unwrap_or(Transferred {
-                            direction: p.direction,
-                            layers: p.layers,
-                            pairs: p.pairs.len() as u64,
-                            runs: 0,
-                            bytes: 0,
-                            verified: true,
-                        });
                         load_verdict(&mut self.stats, transferred, table.compare(&sums)).map(|_| ())
                     }),
             };
@@ -299,7 +288,8 @@ impl<B: Backend> HiCache<B> {
 
     /// The device pool (read only: a paired pool cannot be replaced or resized). Waits for
     /// enqueued transfers first ([`HiCache::enqueue`]; a failure is kept for
-    /// [`HiCache::complete`]).
+    /// [`HiCache::complete`]). With checksums on, enqueued loads' pages are verified by
+    /// [`HiCache::complete`], not here: call it before handing their layers to the model.
     pub fn device(&self) -> &DevicePool<B> {
         self.in_flight.settle();
         &self.device
@@ -489,7 +479,10 @@ impl<B: Backend> HiCache<B> {
     ///
     /// Every refusal of the list above ([`TransferError`], naming the field, the pair and both
     /// values), before any byte moves; [`TransferError::Backend`] when the backend fails after the
-    /// checks.
+    /// checks; with checksums on, [`TransferError::ChecksumMismatch`] for a load whose pages
+    /// differ from their backup's. A failure or checksum mismatch of an earlier enqueued
+    /// transfer that a wait found and no [`HiCache::complete`] reported is returned first, in
+    /// place of this transfer (nothing moved).
     pub fn transfer(
         &mut self,
         direction: Direction,
@@ -543,10 +536,13 @@ impl<B: Backend> HiCache<B> {
         let result = self.transfer_routed(direction, layers, pairs, CopyMode::Enqueue);
         if self.checksums.is_some() && copied(direction, &result) {
             self.pending.push(PendingChecksums {
-                direction,
                 layers,
                 pairs: pairs.to_vec(),
-                transferred: result.as_ref().ok().copied(),
+                // A load that copied is `Ok` (only a backup counts as copied when torn).
+                load: match direction {
+                    Direction::Backup => None,
+                    Direction::Load => result.as_ref().ok().copied(),
+                },
             });
         }
         self.stats.record(direction, layers, &result);
