@@ -260,6 +260,8 @@ impl<B: Backend> HiCache<B> {
                         *checksummed_pages = checksummed_pages.saturating_add(more_pages);
                         mismatches.extend(more);
                     }
+                    // A failure to checksum (a device read failing) is kept first; a mismatch
+                    // beside it is still counted in the stats.
                     (Some(_), _) => {}
                     (kept @ None, e) => *kept = Some(e),
                 }
