@@ -14,12 +14,14 @@
 //! the page under another layout (the seed bug, with the geometry check off).
 
 use std::num::NonZeroU64;
+use std::sync::Mutex;
 
 use kvlayout_core::checksum::PageChecksumKey;
 use kvlayout_core::{GeometryError, PoolGeometry};
 
+use crate::backend::BackendError;
 use crate::error::{PoolError, TransferError};
-use crate::plan::{Layers, PagePair};
+use crate::plan::{Direction, Layers, PagePair, Transferred};
 use crate::pool::KvPool;
 
 /// Which pages a pairing checksums.
@@ -118,10 +120,22 @@ pub(crate) struct ChecksumTable {
     keys: Vec<Vec<PageChecksumKey>>,
     names: Vec<String>,
     host_pages: u64,
-    /// `[buffer][layer][host page]`, flattened per buffer.
-    recorded: Vec<Vec<Option<u64>>>,
+    /// `[buffer][layer][host page]`, flattened per buffer. Behind a lock so a concurrent cache
+    /// ([`crate::ConcurrentHiCache`]) shares the table: an entry is written by a backup holding
+    /// its host page exclusively and read by a load holding it shared.
+    recorded: Mutex<Vec<Vec<Option<u64>>>>,
     /// One page payload, read back from the device pool.
     scratch: Vec<u8>,
+}
+
+/// The checksum of one device page payload of one (buffer, layer) of a transfer's pair, to
+/// record (backup) or to compare (load).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PageSum {
+    buffer: usize,
+    layer: u64,
+    pair: PagePair,
+    sum: u64,
 }
 
 impl ChecksumTable {
@@ -166,30 +180,13 @@ impl ChecksumTable {
                 .map(|b| b.name().to_string())
                 .collect(),
             host_pages,
-            recorded,
+            recorded: Mutex::new(recorded),
             scratch: Vec::new(),
         }))
     }
 
     pub(crate) fn mode(&self) -> ChecksumMode {
         self.mode
-    }
-
-    /// The checksum of device page `page` of buffer `b`, layer `l`.
-    fn device_checksum(
-        &mut self,
-        device: &impl KvPool,
-        b: usize,
-        l: u64,
-        page: u64,
-    ) -> Result<u64, TransferError> {
-        let key = self.keys[b][l as usize];
-        // A page payload fits in memory: the pool holds it.
-        self.scratch.resize(key.payload_bytes as usize, 0);
-        device
-            .read_page_bytes(b, l, page, 0, &mut self.scratch)
-            .map_err(pool_error)?;
-        Ok(key.checksum(&self.scratch)?)
     }
 
     fn layer_range(&self, b: usize, layers: Layers) -> std::ops::Range<u64> {
@@ -201,70 +198,140 @@ impl ChecksumTable {
         }
     }
 
-    /// The device pages' checksums of a backup about to copy `pairs`, to record once it ran.
-    pub(crate) fn backup_checksums(
-        &mut self,
-        device: &impl KvPool,
+    fn slot(&self, s: &PageSum) -> usize {
+        // In range: the layer is one of the buffer's and the host page one of the pool's
+        // (checked before the transfer), and the table's size fits a usize (checked in `new`).
+        (s.layer * self.host_pages + s.pair.host_page) as usize
+    }
+
+    /// The checksums of the device pages of the covered pairs of `pairs`, every buffer and the
+    /// layers of `layers`: `checksum(key, buffer, layer, device page)` computes one (the
+    /// caller reads the device page payload). For `only_recorded`, the (buffer, layer, host
+    /// page)s never backed up with a checksum are skipped (a load verifies only those).
+    pub(crate) fn sums(
+        &self,
         layers: Layers,
         pairs: &[PagePair],
-    ) -> Result<Vec<(usize, usize, u64)>, TransferError> {
+        only_recorded: bool,
+        mut checksum: impl FnMut(&PageChecksumKey, usize, u64, u64) -> Result<u64, TransferError>,
+    ) -> Result<Vec<PageSum>, TransferError> {
         let mut out = Vec::new();
-        let mode = self.mode;
-        for pair in pairs.iter().filter(|p| mode.covers(p.host_page)) {
+        for &pair in pairs.iter().filter(|p| self.mode.covers(p.host_page)) {
             for b in 0..self.keys.len() {
-                for l in self.layer_range(b, layers) {
-                    let sum = self.device_checksum(device, b, l, pair.device_page)?;
-                    let at = (l * self.host_pages + pair.host_page) as usize;
-                    out.push((b, at, sum));
+                for layer in self.layer_range(b, layers) {
+                    let mut s = PageSum {
+                        buffer: b,
+                        layer,
+                        pair,
+                        sum: 0,
+                    };
+                    if only_recorded && self.recorded_at(&s).is_none() {
+                        continue;
+                    }
+                    s.sum = checksum(&self.keys[b][layer as usize], b, layer, pair.device_page)?;
+                    out.push(s);
                 }
             }
         }
         Ok(out)
     }
 
-    /// Records checksums from [`ChecksumTable::backup_checksums`].
-    pub(crate) fn record(&mut self, sums: &[(usize, usize, u64)]) {
-        for &(b, at, sum) in sums {
-            self.recorded[b][at] = Some(sum);
-        }
-    }
-
-    /// Verifies the device pages a load wrote against the checksums recorded for its host
-    /// pages: the pages verified (one per buffer, layer and page; pages never backed up with a
-    /// checksum are skipped) and the mismatches.
-    pub(crate) fn verify_load(
+    /// [`ChecksumTable::sums`] reading the device pages from `device`.
+    pub(crate) fn device_sums(
         &mut self,
         device: &impl KvPool,
         layers: Layers,
         pairs: &[PagePair],
-    ) -> Result<(u64, Vec<PageMismatch>), TransferError> {
+        only_recorded: bool,
+    ) -> Result<Vec<PageSum>, TransferError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let out = self.sums(layers, pairs, only_recorded, |key, b, l, page| {
+            // A page payload fits in memory: the pool holds it.
+            scratch.resize(key.payload_bytes as usize, 0);
+            device
+                .read_page_bytes(b, l, page, 0, &mut scratch)
+                .map_err(pool_error)?;
+            Ok(key.checksum(&scratch)?)
+        });
+        self.scratch = scratch;
+        out
+    }
+
+    fn recorded(&self) -> std::sync::MutexGuard<'_, Vec<Vec<Option<u64>>>> {
+        self.recorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn recorded_at(&self, s: &PageSum) -> Option<u64> {
+        self.recorded()[s.buffer][self.slot(s)]
+    }
+
+    /// Records the checksums of a backup (device pages' checksums, under their host pages).
+    pub(crate) fn record(&self, sums: &[PageSum]) {
+        let mut recorded = self.recorded();
+        for s in sums {
+            recorded[s.buffer][self.slot(s)] = Some(s.sum);
+        }
+    }
+
+    /// Compares the checksums of the device pages a load wrote with those recorded for their
+    /// host pages: the pages verified (one per buffer, layer and page; pages never backed up
+    /// with a checksum are skipped) and the mismatches.
+    pub(crate) fn compare(&self, sums: &[PageSum]) -> (u64, Vec<PageMismatch>) {
         let mut verified = 0u64;
         let mut mismatches = Vec::new();
-        let mode = self.mode;
-        for pair in pairs.iter().filter(|p| mode.covers(p.host_page)) {
-            for b in 0..self.keys.len() {
-                for l in self.layer_range(b, layers) {
-                    let at = (l * self.host_pages + pair.host_page) as usize;
-                    let Some(recorded) = self.recorded[b][at] else {
-                        continue;
-                    };
-                    let loaded = self.device_checksum(device, b, l, pair.device_page)?;
-                    verified += 1;
-                    if loaded != recorded {
-                        mismatches.push(PageMismatch {
-                            buffer: self.names[b].clone(),
-                            layer: l,
-                            layer_id: self.keys[b][l as usize].layer_id,
-                            host_page: pair.host_page,
-                            device_page: pair.device_page,
-                            recorded,
-                            loaded,
-                        });
-                    }
-                }
+        for s in sums {
+            let Some(recorded) = self.recorded_at(s) else {
+                continue;
+            };
+            verified += 1;
+            if s.sum != recorded {
+                mismatches.push(PageMismatch {
+                    buffer: self.names[s.buffer].clone(),
+                    layer: s.layer,
+                    layer_id: self.keys[s.buffer][s.layer as usize].layer_id,
+                    host_page: s.pair.host_page,
+                    device_page: s.pair.device_page,
+                    recorded,
+                    loaded: s.sum,
+                });
             }
         }
-        Ok((verified, mismatches))
+        (verified, mismatches)
+    }
+}
+
+/// Whether a transfer's bytes moved, so its pages are checksummed: a copy that ran, and a
+/// backup that failed part way (torn: its host pages hold old and new bytes; recording the
+/// device pages' checksums makes a later load of them mismatch, never pass). A checked
+/// pairing reports a torn copy as [`TransferError::Interrupted`], an unverified one as
+/// [`TransferError::Backend`]; a refusal (nothing moved) records nothing.
+pub(crate) fn copied(direction: Direction, result: &Result<Transferred, TransferError>) -> bool {
+    match result {
+        Ok(t) => t.pairs > 0,
+        Err(
+            TransferError::Interrupted { .. }
+            | TransferError::Backend(BackendError::Interrupted { .. } | BackendError::Driver(_)),
+        ) => direction == Direction::Backup,
+        Err(_) => false,
+    }
+}
+
+/// The result of a load whose pages were verified: `transferred` when every verified page
+/// matched, else [`TransferError::ChecksumMismatch`] (counted in `stats`).
+pub(crate) fn load_verdict(
+    stats: &mut crate::TransferStats,
+    transferred: Transferred,
+    (checksummed_pages, mismatches): (u64, Vec<PageMismatch>),
+) -> Result<Transferred, TransferError> {
+    stats.record_checksums(checksummed_pages, mismatches.len() as u64);
+    if mismatches.is_empty() {
+        Ok(transferred)
+    } else {
+        Err(TransferError::ChecksumMismatch {
+            transferred,
+            checksummed_pages,
+            mismatches,
+        })
     }
 }
 

@@ -12,6 +12,10 @@
 //! lies in that pair's pages, so claimed-disjoint transfers touch disjoint bytes and run in
 //! parallel without locks.
 //!
+//! Checksums ([`ConcurrentHiCache::set_checksum_mode`], as the pairing's): a backup records its
+//! device pages' checksums and a load verifies its device pages, each while it still holds its
+//! page claims, so before the call returns and the layer is handed to the model.
+//!
 //! CPU backend only: there is no concurrent path for the CUDA backend (it has one context and
 //! one stream; transfers on it go through [`HiCache`], one at a time).
 
@@ -20,6 +24,7 @@ use std::sync::Mutex;
 use kvlayout_core::PoolGeometry;
 
 use crate::backend::{BackendError, CpuBackend, check_range, check_runs};
+use crate::checksum::{ChecksumMode, ChecksumTable, copied, load_verdict};
 use crate::claim::{AtomicU32, Claims};
 use crate::error::{PoolError, TransferError};
 use crate::hicache::HiCache;
@@ -43,6 +48,12 @@ pub struct ConcurrentHiCache {
     device_claims: Box<[AtomicU32]>,
     host_claims: Box<[AtomicU32]>,
     stats: Mutex<TransferStats>,
+    /// Page checksums, taken from the cache (and given back by `into_inner`); `None` when off.
+    checksums: Option<ChecksumTable>,
+    /// A content fault the next copy of its direction makes (unit tests: the concurrent path
+    /// copies through the regions, not a backend, so a fault backend cannot inject it).
+    #[cfg(test)]
+    fault: Mutex<Option<crate::ContentFault>>,
 }
 
 /// A pool's bytes, shared: written only under an exclusive page claim.
@@ -74,7 +85,8 @@ fn claim_words(pages: u64, side: &'static str) -> Result<Box<[AtomicU32]>, Trans
 }
 
 impl ConcurrentHiCache {
-    /// Shares `cache` between threads. Refuses a cache paired with
+    /// Shares `cache` between threads, with its checksum mode and the checksums it recorded
+    /// ([`HiCache::set_checksum_mode`]). Refuses a cache paired with
     /// [`HiCache::pair_unverified`] (its legacy plans may address other pages, so page claims
     /// would not make transfers disjoint): [`TransferError::Unsupported`] on `mode`.
     ///
@@ -92,6 +104,7 @@ impl ConcurrentHiCache {
         };
         let device_claims = claim_words(routes.device.pages, "device")?;
         let host_claims = claim_words(routes.host.pages, "host")?;
+        let checksums = cache.take_checksums();
         let (d, h) = cache.parts_mut();
         let device = Region {
             len_bytes: d.len_bytes(),
@@ -109,12 +122,39 @@ impl ConcurrentHiCache {
             device_claims,
             host_claims,
             stats: Mutex::new(TransferStats::default()),
+            checksums,
+            #[cfg(test)]
+            fault: Mutex::new(None),
         })
+    }
+
+    /// Sets which pages are checksummed, as [`HiCache::set_checksum_mode`] (`&mut`: no transfer
+    /// runs meanwhile). A backup records each covered page's checksum (of the device page,
+    /// under the device geometry) in the host-side table, while it holds the page claims; a
+    /// load verifies each covered device page it wrote against its host page's entry before it
+    /// releases its claims and returns, and refuses mismatching pages with
+    /// [`TransferError::ChecksumMismatch`] (the copy ran: the caller treats them as a miss),
+    /// counted in [`TransferStats::checksum_mismatches`]. Setting a mode clears the table.
+    ///
+    /// # Errors
+    /// As [`HiCache::set_checksum_mode`].
+    pub fn set_checksum_mode(&mut self, mode: ChecksumMode) -> Result<(), TransferError> {
+        self.checksums =
+            ChecksumTable::new(mode, self.cache.device().geometry(), self.routes.host.pages)?;
+        Ok(())
+    }
+
+    /// The checksum mode ([`ConcurrentHiCache::set_checksum_mode`]).
+    pub fn checksum_mode(&self) -> ChecksumMode {
+        self.checksums
+            .as_ref()
+            .map_or(ChecksumMode::Off, ChecksumTable::mode)
     }
 
     /// The cache back, with this one's transfer counters added to its stats.
     pub fn into_inner(self) -> HiCache<CpuBackend> {
         let mut cache = self.cache;
+        cache.put_checksums(self.checksums);
         let stats = self
             .stats
             .into_inner()
@@ -247,10 +287,65 @@ impl ConcurrentHiCache {
         }
         let mut runs: Vec<CopyRun> = Vec::new();
         let done = run_transfer(&self.routes, direction, layers, pairs, &mut runs, |runs| {
+            #[cfg(test)]
+            if let Some(fault) = self.take_fault(direction) {
+                return fault_copy(fault, direction, src, dst, runs);
+            }
             copy_shared(direction, src, dst, runs)
         });
+        // Checksummed under the claims: no other transfer or page write touches these pages.
+        let done = self.checksum_claimed(direction, layers, pairs, done);
         drop(claims);
         done
+    }
+
+    /// [`HiCache`]'s checksum step on the shared regions: a backup that copied records its
+    /// device pages' checksums, a load that copied verifies them. The caller holds the claims
+    /// of every page of `pairs`.
+    fn checksum_claimed(
+        &self,
+        direction: Direction,
+        layers: Layers,
+        pairs: &[PagePair],
+        result: Result<Transferred, TransferError>,
+    ) -> Result<Transferred, TransferError> {
+        let Some(table) = &self.checksums else {
+            return result;
+        };
+        if !copied(direction, &result) {
+            return result;
+        }
+        let geometry = self.cache.device().geometry();
+        let only_recorded = direction == Direction::Load;
+        let sums = table.sums(layers, pairs, only_recorded, |key, b, layer, page| {
+            // Device pools are `layer_first`: a page payload is one run at its offset.
+            let off = geometry
+                .page_offset_bytes(b, layer, page)
+                .map_err(TransferError::Geometry)?;
+            check_range("device", off, key.payload_bytes, self.device.len_bytes)
+                .map_err(TransferError::Backend)?;
+            // SAFETY: `[off, off + payload)` is inside the device region (checked) and inside
+            // device page `page`, which this transfer holds (a backup's source shared, a
+            // load's destination exclusive), so no other thread writes it meanwhile.
+            let payload = unsafe {
+                std::slice::from_raw_parts(
+                    self.device.ptr.add(off as usize),
+                    key.payload_bytes as usize,
+                )
+            };
+            Ok(key.checksum(payload)?)
+        })?;
+        match direction {
+            Direction::Backup => {
+                table.record(&sums);
+                result
+            }
+            Direction::Load => {
+                let verdict = table.compare(&sums);
+                let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+                load_verdict(&mut stats, result?, verdict)
+            }
+        }
     }
 
     /// Writes one canonical page payload of `layer` of buffer `buffer` into device page
@@ -327,3 +422,60 @@ fn copy_shared(
     }
     Ok(())
 }
+
+#[cfg(test)]
+impl ConcurrentHiCache {
+    /// Arms `fault` for the next copy of its direction ([`crate::ContentFault`]'s meanings).
+    fn arm(&self, fault: crate::ContentFault) {
+        *self.fault.lock().unwrap() = Some(fault);
+    }
+
+    fn take_fault(&self, direction: Direction) -> Option<crate::ContentFault> {
+        let mut armed = self.fault.lock().unwrap();
+        match *armed {
+            Some(f) if f.direction() == direction => armed.take(),
+            _ => None,
+        }
+    }
+}
+
+/// [`copy_shared`] making `fault` ([`crate::ContentFault`]'s meanings, as the fault backend).
+#[cfg(test)]
+fn fault_copy(
+    fault: crate::ContentFault,
+    direction: Direction,
+    src: &Region,
+    dst: &Region,
+    runs: &[CopyRun],
+) -> Result<(), BackendError> {
+    use crate::ContentFault::*;
+    check_runs(direction, src.len_bytes, dst.len_bytes, runs)?;
+    match fault {
+        StaleDestination => Ok(()),
+        ShortCopy { kept_bytes } => {
+            let short: Vec<CopyRun> = runs
+                .iter()
+                .map(|r| CopyRun {
+                    len_bytes: r.len_bytes.min(kept_bytes),
+                    ..*r
+                })
+                .collect();
+            copy_shared(direction, src, dst, &short)
+        }
+        HostOverwrittenAfterBackup => {
+            copy_shared(direction, src, dst, runs)?;
+            for r in runs.iter().filter(|r| r.len_bytes > 0) {
+                // SAFETY: inside the run (checked above), so inside a page this transfer
+                // holds exclusively.
+                unsafe {
+                    let at = dst.ptr.add((r.dst_offset_bytes + r.len_bytes / 2) as usize);
+                    *at = !*at;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

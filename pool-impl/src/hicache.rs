@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::{Backend, BackendError, CpuBackend, Memory, check_runs};
-use crate::checksum::{ChecksumMode, ChecksumTable};
+use crate::checksum::{ChecksumMode, ChecksumTable, copied, load_verdict};
 pub use crate::error::PairError;
 use crate::error::{PoolError, TransferError};
 use crate::plan::{CopyRun, Direction, Layers, PagePair, TransferPlan, Transferred};
@@ -83,6 +83,20 @@ pub struct HiCache<B: Backend = CpuBackend> {
     /// Page checksums recorded at backup and verified at load ([`HiCache::set_checksum_mode`]);
     /// `None` when off.
     checksums: Option<ChecksumTable>,
+    /// Enqueued transfers whose checksums are recorded (backups) or verified (loads) once
+    /// their copies are waited for ([`HiCache::complete`]), in enqueue order.
+    pending: Vec<PendingChecksums>,
+    /// The mismatch (or checksum failure) a wait found, reported once by
+    /// [`HiCache::complete`] (or the next transfer).
+    checksum_failure: Option<TransferError>,
+}
+
+/// An enqueued transfer's pages, to checksum once its copy is waited for.
+struct PendingChecksums {
+    layers: Layers,
+    pairs: Vec<PagePair>,
+    /// A backup's checksums are recorded; a load's (with what it moved) verified.
+    load: Option<Transferred>,
 }
 
 impl<B: Backend> HiCache<B> {
@@ -112,6 +126,8 @@ impl<B: Backend> HiCache<B> {
             routes: Some(routes),
             scratch: Vec::new(),
             checksums: None,
+            pending: Vec::new(),
+            checksum_failure: None,
         })
     }
 
@@ -129,6 +145,8 @@ impl<B: Backend> HiCache<B> {
             routes: None,
             scratch: Vec::new(),
             checksums: None,
+            pending: Vec::new(),
+            checksum_failure: None,
         }
     }
 
@@ -146,15 +164,21 @@ impl<B: Backend> HiCache<B> {
     /// [`TransferError::ChecksumMismatch`] (the copy ran: the caller treats those pages as a miss
     /// and recomputes them), counted in [`TransferStats::checksum_mismatches`]. A host page
     /// never backed up with a checksum is not verified. Setting a mode clears the table (pages
-    /// backed up before are not verified). Enqueued transfers ([`HiCache::enqueue`]) are waited
-    /// for before their pages are checksummed. Costs one read of every covered page payload per
-    /// backup and load (benchmark: BENCHMARKS.md, "Page checksum").
+    /// backed up before are not verified). Enqueued transfers ([`HiCache::enqueue`]) are
+    /// checksummed when they are waited for, not at enqueue, so they still overlap the caller's
+    /// work: [`HiCache::complete`] records the backups' checksums and verifies the loads', and
+    /// reports a mismatch there (the pages are refused as for [`HiCache::transfer`]); an
+    /// enqueued load into a device page that an earlier enqueued transfer still has to checksum
+    /// waits for it first. Costs one read of every covered page payload per backup and load
+    /// (benchmark: BENCHMARKS.md, "Page checksum").
     ///
     /// # Errors
     /// [`TransferError::Geometry`] when the table's size (layers x host pages per buffer)
     /// overflows, or a buffer's checksum key cannot be computed.
     pub fn set_checksum_mode(&mut self, mode: ChecksumMode) -> Result<(), TransferError> {
-        self.in_flight.settle();
+        // Pending checksums are made under the old mode (a mismatch stays kept for
+        // `complete`), then the table is replaced.
+        self.settle_checksums();
         self.checksums =
             ChecksumTable::new(mode, self.device.geometry(), self.host.geometry().pages)?;
         Ok(())
@@ -167,8 +191,8 @@ impl<B: Backend> HiCache<B> {
             .map_or(ChecksumMode::Off, ChecksumTable::mode)
     }
 
-    /// After a transfer: a backup that copied records its pages' checksums; a load that copied
-    /// verifies them (see [`HiCache::set_checksum_mode`]).
+    /// After a transfer whose copy was waited for: a backup that copied records its pages'
+    /// checksums; a load that copied verifies them (see [`HiCache::set_checksum_mode`]).
     fn checksum_after(
         &mut self,
         direction: Direction,
@@ -179,45 +203,95 @@ impl<B: Backend> HiCache<B> {
         let Some(table) = self.checksums.as_mut() else {
             return result;
         };
-        let copied = match &result {
-            Ok(t) => t.pairs > 0,
-            // A backup torn part way: its host pages hold old and new bytes; recording the
-            // device pages' checksums makes a later load of them mismatch, never pass.
-            Err(TransferError::Interrupted { .. }) => direction == Direction::Backup,
-            Err(_) => false,
-        };
-        if !copied {
+        if !copied(direction, &result) {
             return result;
         }
-        self.in_flight.settle();
         match direction {
             Direction::Backup => {
-                let sums = table.backup_checksums(&self.device, layers, pairs)?;
+                let sums = table.device_sums(&self.device, layers, pairs, false)?;
                 table.record(&sums);
                 result
             }
             Direction::Load => {
                 let transferred = result?;
-                let (checksummed_pages, mismatches) =
-                    table.verify_load(&self.device, layers, pairs)?;
-                self.stats
-                    .record_checksums(checksummed_pages, mismatches.len() as u64);
-                if mismatches.is_empty() {
-                    Ok(transferred)
-                } else {
-                    Err(TransferError::ChecksumMismatch {
-                        transferred,
-                        checksummed_pages,
-                        mismatches,
-                    })
+                let sums = table.device_sums(&self.device, layers, pairs, true)?;
+                load_verdict(&mut self.stats, transferred, table.compare(&sums))
+            }
+        }
+    }
+
+    /// Waits for enqueued copies, then records (backups) and verifies (loads) the checksums of
+    /// the enqueued transfers that wait for them, in enqueue order; a mismatch (or a failure to
+    /// checksum) is kept for [`HiCache::complete`], later loads' mismatches added to it.
+    fn settle_checksums(&mut self) {
+        self.in_flight.settle();
+        if self.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let Some(table) = self.checksums.as_mut() else {
+            return;
+        };
+        for p in pending {
+            let outcome = match p.load {
+                None => table
+                    .device_sums(&self.device, p.layers, &p.pairs, false)
+                    .map(|sums| table.record(&sums)),
+                Some(transferred) => table
+                    .device_sums(&self.device, p.layers, &p.pairs, true)
+                    .and_then(|sums| {
+                        load_verdict(&mut self.stats, transferred, table.compare(&sums)).map(|_| ())
+                    }),
+            };
+            if let Err(e) = outcome {
+                match (&mut self.checksum_failure, e) {
+                    (
+                        Some(TransferError::ChecksumMismatch {
+                            checksummed_pages,
+                            mismatches,
+                            ..
+                        }),
+                        TransferError::ChecksumMismatch {
+                            checksummed_pages: more_pages,
+                            mismatches: more,
+                            ..
+                        },
+                    ) => {
+                        *checksummed_pages = checksummed_pages.saturating_add(more_pages);
+                        mismatches.extend(more);
+                    }
+                    // A failure to checksum (a device read failing) is kept first; a mismatch
+                    // beside it is still counted in the stats.
+                    (Some(_), _) => {}
+                    (kept @ None, e) => *kept = Some(e),
                 }
             }
         }
     }
 
+    /// Whether an enqueued load into the device pages of `pairs` must first wait for the
+    /// enqueued transfers whose checksums are pending: it would overwrite a device page one of
+    /// them checksums at the wait (a backup's source, a load's destination).
+    fn load_overwrites_pending(&self, pairs: &[PagePair]) -> bool {
+        self.pending.iter().any(|p| {
+            p.pairs
+                .iter()
+                .any(|q| pairs.iter().any(|n| n.device_page == q.device_page))
+        })
+    }
+
+    /// The failure an enqueued copy or its checksums showed at a wait, once (the copy's first).
+    fn take_wait_failure(&mut self) -> Result<(), TransferError> {
+        self.in_flight
+            .take_failure()
+            .map_err(TransferError::Backend)?;
+        self.checksum_failure.take().map_or(Ok(()), Err)
+    }
+
     /// The device pool (read only: a paired pool cannot be replaced or resized). Waits for
     /// enqueued transfers first ([`HiCache::enqueue`]; a failure is kept for
-    /// [`HiCache::complete`]).
+    /// [`HiCache::complete`]). With checksums on, enqueued loads' pages are verified by
+    /// [`HiCache::complete`], not here: call it before handing their layers to the model.
     pub fn device(&self) -> &DevicePool<B> {
         self.in_flight.settle();
         &self.device
@@ -232,13 +306,13 @@ impl<B: Backend> HiCache<B> {
     /// Writes into the device pool's bytes, pages and tokens (what the model does); the pool
     /// itself stays paired. Waits as [`HiCache::device`] does.
     pub fn device_writer(&mut self) -> PoolWriter<'_, DevicePool<B>> {
-        self.in_flight.settle();
+        self.settle_checksums();
         PoolWriter::new(&mut self.device)
     }
 
     /// Writes into the host pool's bytes, pages and tokens; waits as [`HiCache::device`] does.
     pub fn host_writer(&mut self) -> PoolWriter<'_, HostPool<B>> {
-        self.in_flight.settle();
+        self.settle_checksums();
         PoolWriter::new(&mut self.host)
     }
 
@@ -258,7 +332,7 @@ impl<B: Backend> HiCache<B> {
         src: &B::HostMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
-        self.in_flight.settle();
+        self.settle_checksums();
         self.in_flight.take_failure()?;
         check_runs(
             Direction::Load,
@@ -287,7 +361,7 @@ impl<B: Backend> HiCache<B> {
         page: u64,
         data: &[u8],
     ) -> Result<(), PoolError> {
-        self.in_flight.settle();
+        self.settle_checksums();
         self.device.write_page(buffer, layer, page, data)
     }
 
@@ -305,7 +379,7 @@ impl<B: Backend> HiCache<B> {
         token: u64,
         sections: &[&[u8]],
     ) -> Result<(), PoolError> {
-        self.in_flight.settle();
+        self.settle_checksums();
         self.device
             .write_token(buffer, layer, page, token, sections)
     }
@@ -328,7 +402,7 @@ impl<B: Backend> HiCache<B> {
         dst: &mut B::HostMem,
         runs: &[CopyRun],
     ) -> Result<(), BackendError> {
-        self.in_flight.settle();
+        self.settle_checksums();
         self.in_flight.take_failure()?;
         check_runs(
             Direction::Backup,
@@ -407,17 +481,18 @@ impl<B: Backend> HiCache<B> {
     ///
     /// Every refusal of the list above ([`TransferError`], naming the field, the pair and both
     /// values), before any byte moves; [`TransferError::Backend`] when the backend fails after the
-    /// checks.
+    /// checks; with checksums on, [`TransferError::ChecksumMismatch`] for a load whose pages
+    /// differ from their backup's. A failure or checksum mismatch of an earlier enqueued
+    /// transfer that a wait found and no [`HiCache::complete`] reported is returned first, in
+    /// place of this transfer (nothing moved).
     pub fn transfer(
         &mut self,
         direction: Direction,
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
-        self.in_flight.settle();
-        self.in_flight
-            .take_failure()
-            .map_err(TransferError::Backend)?;
+        self.settle_checksums();
+        self.take_wait_failure()?;
         let result = match self.routes.is_some() {
             true => self.transfer_routed(direction, layers, pairs, CopyMode::Wait),
             false => self.transfer_legacy(direction, layers, pairs),
@@ -439,21 +514,39 @@ impl<B: Backend> HiCache<B> {
     /// waits for it first. [`HiCache::complete`] waits and reports a copy that failed while
     /// running ([`TransferError::Backend`]; the transfer stays counted as moved).
     ///
+    /// With checksums on ([`HiCache::set_checksum_mode`]) this does not wait either: the
+    /// transfer's pages are checksummed when [`HiCache::complete`] (or any other wait) waits
+    /// for the copy; a backup's are recorded then, a load's verified then, and a mismatch is
+    /// reported by `complete` ([`TransferError::ChecksumMismatch`]). Only a load into a device
+    /// page that an earlier enqueued transfer still has to checksum waits for it at enqueue.
+    ///
     /// # Errors
     ///
     /// [`HiCache::transfer`]'s; [`TransferError::Unsupported`] for an unverified pairing; a failure
-    /// of an earlier enqueued transfer found by a wait before this call.
+    /// of an earlier enqueued transfer, or a checksum mismatch of an earlier enqueued load, found
+    /// by a wait before this call.
     pub fn enqueue(
         &mut self,
         direction: Direction,
         layers: Layers,
         pairs: &[PagePair],
     ) -> Result<Transferred, TransferError> {
-        self.in_flight
-            .take_failure()
-            .map_err(TransferError::Backend)?;
+        if direction == Direction::Load && self.load_overwrites_pending(pairs) {
+            self.settle_checksums();
+        }
+        self.take_wait_failure()?;
         let result = self.transfer_routed(direction, layers, pairs, CopyMode::Enqueue);
-        let result = self.checksum_after(direction, layers, pairs, result);
+        if self.checksums.is_some() && copied(direction, &result) {
+            self.pending.push(PendingChecksums {
+                layers,
+                pairs: pairs.to_vec(),
+                // A load that copied is `Ok` (only a backup counts as copied when torn).
+                load: match direction {
+                    Direction::Backup => None,
+                    Direction::Load => result.as_ref().ok().copied(),
+                },
+            });
+        }
         self.stats.record(direction, layers, &result);
         result
     }
@@ -464,24 +557,27 @@ impl<B: Backend> HiCache<B> {
     ///
     /// # Errors
     ///
-    /// [`TransferError::Backend`] with the first enqueued copy found failed.
+    /// [`TransferError::Backend`] with the first enqueued copy found failed; else a
+    /// [`TransferError::ChecksumMismatch`] of enqueued loads that an earlier wait verified.
     pub fn copy_failure(&mut self) -> Result<(), TransferError> {
-        self.in_flight
-            .take_failure()
-            .map_err(TransferError::Backend)
+        self.take_wait_failure()
     }
 
-    /// Waits for every transfer started by [`HiCache::enqueue`].
+    /// Waits for every transfer started by [`HiCache::enqueue`]; with checksums on, then
+    /// records the enqueued backups' checksums and verifies the enqueued loads' pages (in
+    /// enqueue order) before it returns, so before the caller hands their layers to the model.
     ///
     /// # Errors
     ///
     /// [`TransferError::Backend`] with the first copy that failed while running (its bytes, and
-    /// those of transfers enqueued after it, may have moved in part).
+    /// those of transfers enqueued after it, may have moved in part); else
+    /// [`TransferError::ChecksumMismatch`] naming every refused page of the enqueued loads
+    /// (`transferred`: the first mismatching load's; `checksummed_pages` and `mismatches` over
+    /// all of them), each counted in [`TransferStats::checksum_mismatches`]. A checksum mismatch
+    /// found beside a copy failure is kept for the next call.
     pub fn complete(&mut self) -> Result<(), TransferError> {
-        self.in_flight.settle();
-        self.in_flight
-            .take_failure()
-            .map_err(TransferError::Backend)
+        self.settle_checksums();
+        self.take_wait_failure()
     }
 
     /// The checks a transfer makes before it lays any run, alone (see [`crate::shim`]). Moves
@@ -703,8 +799,19 @@ impl<B: Backend> HiCache<B> {
     /// Both pools, mutable (for [`crate::ConcurrentHiCache`], which keeps them paired), after
     /// waiting for enqueued transfers.
     pub(crate) fn parts_mut(&mut self) -> (&mut DevicePool<B>, &mut HostPool<B>) {
-        self.in_flight.settle();
+        self.settle_checksums();
         (&mut self.device, &mut self.host)
+    }
+
+    /// The checksum table (pending checksums made first), for [`crate::ConcurrentHiCache`].
+    pub(crate) fn take_checksums(&mut self) -> Option<ChecksumTable> {
+        self.settle_checksums();
+        self.checksums.take()
+    }
+
+    /// Puts back a table [`HiCache::take_checksums`] took.
+    pub(crate) fn put_checksums(&mut self, table: Option<ChecksumTable>) {
+        self.checksums = table;
     }
 
     /// Adds a concurrent cache's counters.

@@ -16,10 +16,22 @@ fingerprints: the vLLM #49440 collision, shared case 19); a body whose checksum 
 length is not the reader's page payload, is a miss naming the key (the caller recomputes the
 page); an absent key is a miss.
 
+A reader places an object's body into its page slot and verifies the slot (``load_into``), so a
+fault between the store and the slot (a stale slot, a torn copy) is caught too. With
+``check_geometry=False`` (an engine without kvlayout) the storage fingerprint and the body length
+are not compared: the body's bytes are copied over the slot as they come, and only the checksum
+of the slot can refuse them.
+
 ``python -m kvlayout.store selftest``: starts ``mooncake_master`` (from the Mooncake wheel) on
 127.0.0.1, a store client in this process, and prints one JSON line per case
 (``{"case", "verdict", "pages", "lines"}``): ``round-trip`` (stored, read back, verified),
-``other-geometry`` (refused, 0 pages used) and ``corrupted-body`` (a miss naming the key); exit 0
+``other-geometry`` (refused, 0 pages used) and ``corrupted-body`` (a miss naming the key); and,
+with the reader's geometry check off (cases named ``...-no-geometry-check``), each fault caught by
+content alone, a miss naming every key: the seed bug
+(``seed-index-k-fp8-sized-writer-no-geometry-check``: the writer's index-K buffer sized by the
+fp8 formula, 132 B/token, stores 64 x 132 = 8,448 of each bf16 page's 16,384 B), a stale slot
+(``stale-slot-no-geometry-check``: the body never reaches the reader's slot, which keeps another
+page's bytes) and a torn copy (``torn-copy-no-geometry-check``: half the body reaches it). Exit 0
 iff every verdict is the expected one.
 """
 
@@ -35,7 +47,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import kvlayout
 
@@ -68,8 +80,28 @@ def pack(geometry: kvlayout.Geometry, buffer: str, layer: int, payload: bytes) -
 
 
 def unpack(geometry: kvlayout.Geometry, key: str, buffer: str, layer: int, obj: bytes) -> Read:
-    """Checks one stored object for `geometry`: raises `StoreRefused` on another schema or
-    storage fingerprint; a short, mis-sized or mismatching body is a miss naming the key."""
+    """Checks one stored object for `geometry` (`load_into` a fresh slot of the reader's page
+    payload, the geometry check on): raises `StoreRefused` on another schema or storage
+    fingerprint; a short, mis-sized or mismatching body is a miss naming the key."""
+    slot_bytes = next((b["bytes_per_page"] for b in geometry.buffers if b["name"] == buffer), 0)
+    return load_into(geometry, key, buffer, layer, obj, bytearray(slot_bytes))
+
+
+def _place(body: bytes, slot: bytearray) -> None:
+    n = min(len(body), len(slot))
+    slot[:n] = body[:n]
+
+
+def load_into(geometry: kvlayout.Geometry, key: str, buffer: str, layer: int, obj: bytes,
+              slot: bytearray, check_geometry: bool = True,
+              place: Callable[[bytes, bytearray], None] = _place) -> Read:
+    """Reads one stored object into `slot` (the reader's page payload of `buffer`, `layer`:
+    its `bytes_per_page`) and verifies the slot against the header's checksum, under
+    `geometry`. Raises `StoreRefused` on another schema, and (with `check_geometry`) on another
+    storage fingerprint; with `check_geometry` a body whose length is not the header's or the
+    slot's is a miss before any byte is placed. `place(body, slot)` copies the body in (default:
+    its first `min(len(body), len(slot))` bytes; the rest of the slot keeps what it held). A
+    slot whose checksum differs is a miss naming the key (the caller recomputes the page)."""
     if not obj:
         return Read(key, None, f"{key}: absent")
     if len(obj) < HEADER.size:
@@ -77,21 +109,25 @@ def unpack(geometry: kvlayout.Geometry, key: str, buffer: str, layer: int, obj: 
     magic, fingerprint, checksum, length = HEADER.unpack_from(obj)
     if magic != MAGIC:
         raise StoreRefused(key, [f"schema: {magic!r}, expected {MAGIC!r} (kvlayout.store/v1)"])
-    mine = geometry.storage_fingerprint
-    if fingerprint != mine:
-        raise StoreRefused(key, [f"storage fingerprint: object {fingerprint:#018x}, reader {mine:#018x} "
-                                 "(another layout or memory layout wrote it)"])
     body = obj[HEADER.size:]
-    if len(body) != length:
-        return Read(key, None, f"{key}: body {len(body)} bytes, header says {length}")
+    if check_geometry:
+        mine = geometry.storage_fingerprint
+        if fingerprint != mine:
+            raise StoreRefused(key, [f"storage fingerprint: object {fingerprint:#018x}, reader "
+                                     f"{mine:#018x} (another layout or memory layout wrote it)"])
+        if len(body) != length or length != len(slot):
+            return Read(key, None, f"{key}: body {len(body)} bytes, header says {length}, the "
+                                   f"reader's page payload is {len(slot)}")
+    place(body, slot)
     try:
-        found = kvlayout.page_checksum(geometry, buffer, layer, body)
+        found = kvlayout.page_checksum(geometry, buffer, layer, slot)
     except ValueError as e:
         return Read(key, None, f"{key}: {e}")
     if found != checksum:
         return Read(key, None, f"{key}: checksum mismatch: {checksum:#018x} stored, "
-                               f"{found:#018x} read (corrupted body: a miss, recompute)")
-    return Read(key, body)
+                               f"{found:#018x} read (the page is not the one stored: a miss, "
+                               "recompute it)")
+    return Read(key, bytes(slot))
 
 
 def key_of(prefix: str, buffer: str, layer: int, page: int) -> str:
@@ -102,6 +138,9 @@ def key_of(prefix: str, buffer: str, layer: int, page: int) -> str:
 
 CASE19_WRITER = "cli/tests/shared-cases/19-storage-cross-layer-vs-per-layer/a.json"
 CASE19_READER = "cli/tests/shared-cases/19-storage-cross-layer-vs-per-layer/b.json"
+SEED_DEVICE = "cli/tests/shared-cases/00-dsa-index-k-bf16-vs-fp8-host/a.json"  # bf16 index-K
+# The fp8 formula's index-K bytes per token (128 fp8 values + 1 f32 scale: shared case 00 b.json).
+FP8_FORMULA_BYTES_PER_TOKEN = 128 + 4
 PAGES = [0, 3, 5, 6]
 LAYERS = [0, 1]
 
@@ -114,13 +153,27 @@ class Case:
     expect: str  # "verified" | "refused" | "miss"
     corrupt: bool = False
     lines: list = field(default_factory=list)
+    buffer: Optional[str] = None  # default: the writer's first buffer
+    # False: the reader compares no storage fingerprint and no length (only the checksum).
+    check_geometry: bool = True
+    # A content fault: "fp8-sized-writer" (every object), "stale-slot" / "torn-copy" (one).
+    fault: Optional[str] = None
 
 
 CASES = [
     Case("round-trip", CASE19_WRITER, CASE19_WRITER, "verified"),
     Case("other-geometry", CASE19_WRITER, CASE19_READER, "refused"),
     Case("corrupted-body", CASE19_WRITER, CASE19_WRITER, "miss", corrupt=True),
+    Case("seed-index-k-fp8-sized-writer-no-geometry-check", SEED_DEVICE, SEED_DEVICE, "miss",
+         buffer="index_k", check_geometry=False, fault="fp8-sized-writer"),
+    Case("stale-slot-no-geometry-check", CASE19_WRITER, CASE19_WRITER, "miss",
+         check_geometry=False, fault="stale-slot"),
+    Case("torn-copy-no-geometry-check", CASE19_WRITER, CASE19_WRITER, "miss",
+         check_geometry=False, fault="torn-copy"),
 ]
+
+# The object (layer, page) a one-object fault hits: the last layer's second page.
+FAULTY = (LAYERS[-1], PAGES[1])
 
 
 def _free_port() -> int:
@@ -153,25 +206,55 @@ def _payload(geometry: kvlayout.Geometry, buffer: str, layer: int, page: int) ->
     return rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
 
 
+def _faulty(case: Case, layer: int, page: int) -> bool:
+    return case.fault == "fp8-sized-writer" or (layer, page) == FAULTY
+
+
+def _object(case: Case, writer: kvlayout.Geometry, buffer: str, layer: int, page: int) -> bytes:
+    payload = _payload(writer, buffer, layer, page)
+    if case.fault == "fp8-sized-writer":
+        # The checksum is the bf16 page's (taken on the device); the writer's buffer, sized by
+        # the fp8 formula, holds and stores only its first 64 x 132 B.
+        kept = writer.page_size_tokens * FP8_FORMULA_BYTES_PER_TOKEN
+        checksum = kvlayout.page_checksum(writer, buffer, layer, payload)
+        return HEADER.pack(MAGIC, writer.storage_fingerprint, checksum, kept) + payload[:kept]
+    obj = bytearray(pack(writer, buffer, layer, payload))
+    if case.corrupt and (layer, page) == FAULTY:
+        obj[HEADER.size + len(obj[HEADER.size:]) // 2] ^= 0xFF  # the body, not the header
+    return bytes(obj)
+
+
+def _placer(case: Case, layer: int, page: int) -> Callable[[bytes, bytearray], None]:
+    if case.fault == "stale-slot" and (layer, page) == FAULTY:
+        return lambda body, slot: None  # the body never lands: the slot keeps its bytes
+    if case.fault == "torn-copy" and (layer, page) == FAULTY:
+        return lambda body, slot: _place(body[:len(body) // 2], slot)
+    return _place
+
+
 def run_case(store: Any, repo: Path, case: Case, index: int) -> dict:
     writer = kvlayout.Geometry.from_file(str(repo / case.writer))
     reader = kvlayout.Geometry.from_file(str(repo / case.reader))
-    buffer = writer.buffers[0]["name"]
+    buffer = case.buffer or writer.buffers[0]["name"]
     prefix = f"kvlayout-selftest-{os.getpid()}-{index}"
     for layer in LAYERS:
         for page in PAGES:
-            obj = bytearray(pack(writer, buffer, layer, _payload(writer, buffer, layer, page)))
-            if case.corrupt and (layer, page) == (LAYERS[-1], PAGES[1]):
-                obj[HEADER.size + len(obj[HEADER.size:]) // 2] ^= 0xFF  # the body, not the header
-            if store.put(key_of(prefix, buffer, layer, page), bytes(obj)) != 0:
+            key = key_of(prefix, buffer, layer, page)
+            if store.put(key, _object(case, writer, buffer, layer, page)) != 0:
                 return {"case": case.name, "verdict": "error", "pages": 0,
-                        "lines": [f"put {key_of(prefix, buffer, layer, page)} failed"]}
+                        "lines": [f"put {key} failed"]}
+    slot_bytes = next(b["bytes_per_page"] for b in reader.buffers if b["name"] == buffer)
     used, lines, verdict = 0, [], "verified"
     for layer in LAYERS:
         for page in PAGES:
             key = key_of(prefix, buffer, layer, page)
+            # The reader's slot holds what an earlier request left there: another page's bytes.
+            slot = bytearray(_payload(reader, buffer, layer, page + 1000))
+            assert len(slot) == slot_bytes
             try:
-                r = unpack(reader, key, buffer, layer, store.get(key))
+                r = load_into(reader, key, buffer, layer, store.get(key), slot,
+                              check_geometry=case.check_geometry,
+                              place=_placer(case, layer, page))
             except StoreRefused as e:
                 return {"case": case.name, "verdict": "refused", "pages": 0, "lines": e.lines}
             if r.payload is None:
@@ -186,11 +269,13 @@ def run_case(store: Any, repo: Path, case: Case, index: int) -> dict:
 
 
 def judge(case: Case, result: dict) -> bool:
-    expected_pages = {"verified": len(LAYERS) * len(PAGES), "refused": 0,
-                      "miss": len(LAYERS) * len(PAGES) - 1}[case.expect]
+    written = len(LAYERS) * len(PAGES)
+    faulty = sum(_faulty(case, layer, page) for layer in LAYERS for page in PAGES)
+    expected_pages = {"verified": written, "refused": 0, "miss": written - faulty}[case.expect]
     ok = result["verdict"] == case.expect and result["pages"] == expected_pages
     if case.expect == "miss":
-        ok = ok and len(result["lines"]) == 1 and "checksum mismatch" in result["lines"][0]
+        ok = ok and len(result["lines"]) == faulty and all(
+            "checksum mismatch" in ln for ln in result["lines"])
     if case.expect == "refused":
         ok = ok and any("storage fingerprint" in ln for ln in result["lines"])
     return ok

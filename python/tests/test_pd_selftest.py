@@ -50,7 +50,17 @@ CONTENT_REFUSED = {
     "stale-destination": "source page 1 -> destination page 0",
     # one byte of the last destination page (7) flipped
     "corrupted-in-flight": "source page 6 -> destination page 7",
+    # the geometry check off: only the content check stands (a reused slot's old bytes; a copy
+    # that stopped half way)
+    "stale-slot-no-geometry-check": "source page 1 -> destination page 0",
+    "torn-copy-no-geometry-check": "source page 6 -> destination page 7",
 }
+# The seed bug with the geometry check off: the receiver's index-K buffer sized by the fp8
+# formula (128 fp8 values + 1 f32 scale = 132 B/token, shared case 00 b.json) assumes the bf16
+# sender (256 B/token) mirrors it: 4 pages x 61 layers x 64 tokens x (656 + 132) B move, and
+# every index_k payload (4 x 61) mismatches; kv's 4 x 61 verify.
+SEED_NO_CHECK = "seed-index-k-fp8-sized-receiver-no-geometry-check"
+SEED_NO_CHECK_BYTES = 4 * 61 * 64 * ((512 + 4 * 4 + 64 * 2) + (128 + 4))
 
 
 def _need(engine: str) -> None:
@@ -88,7 +98,15 @@ def test_selftest_cases(engine):
     for line in r.stdout.splitlines():
         obj = json.loads(line)
         results[obj["case"]] = obj
-    assert set(results) == set(EXPECTED) | set(CONTENT_REFUSED), r.stderr[-2000:]
+    assert set(results) == set(EXPECTED) | set(CONTENT_REFUSED) | {SEED_NO_CHECK}, r.stderr[-2000:]
+    seed = results[SEED_NO_CHECK]
+    assert (seed["verdict"], seed["level"], seed["bytes_moved"], seed["geometry_check"]) == (
+        "refused", "checksum", SEED_NO_CHECK_BYTES, False), seed
+    assert (seed["checksummed_pages"], seed["checksum_mismatches"]) == (4 * 61 * 2, 4 * 61), seed
+    assert len(seed["lines"]) == 4 * 61
+    assert all(ln.startswith("checksum mismatch: index_k layer ") for ln in seed["lines"]), seed
+    assert "index_k layer 60, source page 6 -> destination page 7" in seed["lines"][-1]
+    assert seed["ok"] is True
     for case, names in CONTENT_REFUSED.items():
         got = results[case]
         assert (got["verdict"], got["bytes_moved"], got["level"]) == (
@@ -96,6 +114,7 @@ def test_selftest_cases(engine):
         # 4 pages x 61 layers x 2 buffers checked, one mismatching.
         assert (got["checksummed_pages"], got["checksum_mismatches"]) == (4 * 61 * 2, 1), got
         assert len(got["lines"]) == 1 and "kv layer 0, " + names in got["lines"][0], got
+        assert got.get("geometry_check", True) is not case.endswith("-no-geometry-check"), got
         assert got["ok"] is True
     # Moved whole pages verify by content too: 4 pages x 61 layers x 2 buffers.
     assert (results["compatible"]["checksummed_pages"],

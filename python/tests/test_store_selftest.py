@@ -41,6 +41,36 @@ def test_header_is_32_bytes_of_magic_fingerprint_checksum_length():
     assert store.unpack(WRITER, "k", "kv", 1, b"").reason == "k: absent"
 
 
+SEED = kvlayout.Geometry.from_file(str(ROOT / store.SEED_DEVICE))
+
+
+def test_with_the_geometry_check_off_a_short_body_is_caught_by_the_slot_checksum():
+    # bf16 index-K: 64 tokens x 256 B = 16,384 B per page; the fp8 formula's buffer holds
+    # 64 x 132 = 8,448 B of it.
+    page = bytes(range(256)) * 64
+    assert len(page) == 16_384
+    obj = store.HEADER.pack(store.MAGIC, SEED.storage_fingerprint,
+                            kvlayout.page_checksum(SEED, "index_k", 0, page), 8_448) + page[:8_448]
+    # Geometry check on: a miss on the length, before a byte is placed.
+    slot = bytearray(b"\x07" * 16_384)
+    r = store.load_into(SEED, "k", "index_k", 0, obj, slot)
+    assert r.payload is None and "body 8448 bytes" in r.reason and "16384" in r.reason
+    assert slot == b"\x07" * 16_384
+    # Off: 8,448 B land over the slot, the rest keeps its 7s; the checksum refuses the slot.
+    r = store.load_into(SEED, "k", "index_k", 0, obj, slot, check_geometry=False)
+    assert r.payload is None and "k: checksum mismatch" in r.reason
+    assert slot == page[:8_448] + b"\x07" * (16_384 - 8_448)
+    # A whole body verifies with the check off too.
+    whole = store.pack(SEED, "index_k", 0, page)
+    assert store.load_into(SEED, "k", "index_k", 0, whole, bytearray(16_384),
+                           check_geometry=False).payload == page
+    # A slot the body never reached (stale) or half reached (torn) is a miss.
+    for place in (lambda body, slot: None, lambda body, slot: store._place(body[:100], slot)):
+        r = store.load_into(SEED, "k", "index_k", 0, whole, bytearray(16_384),
+                            check_geometry=False, place=place)
+        assert r.payload is None and "checksum mismatch" in r.reason
+
+
 def test_selftest_on_mooncake_store():
     try:
         import mooncake.store  # noqa: F401
@@ -51,11 +81,24 @@ def test_selftest_on_mooncake_store():
     r = subprocess.run([sys.executable, "-m", "kvlayout.store", "selftest"], cwd=ROOT,
                        capture_output=True, text=True, timeout=300, check=False)
     results = {json.loads(line)["case"]: json.loads(line) for line in r.stdout.splitlines()}
-    assert set(results) == {"round-trip", "other-geometry", "corrupted-body"}, r.stderr[-2000:]
+    assert set(results) == {"round-trip", "other-geometry", "corrupted-body",
+                            "seed-index-k-fp8-sized-writer-no-geometry-check",
+                            "stale-slot-no-geometry-check",
+                            "torn-copy-no-geometry-check"}, r.stderr[-2000:]
     # 2 layers x 4 pages written per case.
     assert (results["round-trip"]["verdict"], results["round-trip"]["pages"]) == ("verified", 8)
     assert (results["other-geometry"]["verdict"], results["other-geometry"]["pages"]) == ("refused", 0)
     bad = results["corrupted-body"]
     assert (bad["verdict"], bad["pages"]) == ("miss", 7)
     assert "/kv/1/3: checksum mismatch" in bad["lines"][0]
+    # The geometry check off: every index_k object of the fp8-sized writer (2 layers x 4 pages)
+    # is a miss by content; a stale slot and a torn copy each miss the one object hit (layer 1,
+    # page 3).
+    seed = results["seed-index-k-fp8-sized-writer-no-geometry-check"]
+    assert (seed["verdict"], seed["pages"], len(seed["lines"])) == ("miss", 0, 8)
+    assert all("/index_k/" in ln and "checksum mismatch" in ln for ln in seed["lines"])
+    for case in ("stale-slot-no-geometry-check", "torn-copy-no-geometry-check"):
+        got = results[case]
+        assert (got["verdict"], got["pages"], len(got["lines"])) == ("miss", 7, 1), got
+        assert "/kv/1/3: checksum mismatch" in got["lines"][0], got
     assert r.returncode == 0, r.stderr[-2000:]

@@ -24,7 +24,7 @@ pub enum ContentFault {
 }
 
 impl ContentFault {
-    fn direction(self) -> Direction {
+    pub(crate) fn direction(self) -> Direction {
         match self {
             ContentFault::HostOverwrittenAfterBackup => Direction::Backup,
             ContentFault::ShortCopy { .. } | ContentFault::StaleDestination => Direction::Load,

@@ -4,7 +4,7 @@
 use kvlayout_core::{BufferGeometry, MemoryLayout, PoolGeometry, TokenLayout, formats};
 
 use super::*;
-use crate::backend::{BackendError, CpuMem};
+use crate::backend::{BackendError, CpuMem, check_runs, copy_runs};
 use crate::error::PoolFact;
 use crate::shim::CHECKS_COMPILED;
 
@@ -450,4 +450,263 @@ fn stats_add_saturates_every_counter() {
         (a.backups, a.loads, a.refused, a.interrupted),
         (u64::MAX, u64::MAX, u64::MAX, 3)
     );
+}
+
+// ---- Checksums on enqueued transfers (issue 23): verified at the wait, not at enqueue ----
+
+/// A CPU backend whose enqueued copies run only when waited for (released): an enqueue checks
+/// its runs and queues them; [`Backend::wait`] copies every queued list, in order. So a test
+/// sees whether an enqueue waited (`waits`) and whether its copy ran (`queued`). `stale_next`
+/// drops the next queued load at the release (its destination keeps its old bytes: a stale
+/// slot).
+#[derive(Clone, Default)]
+struct Gated(std::sync::Arc<Mutex<GatedState>>);
+
+#[derive(Default)]
+struct GatedState {
+    /// (direction, source address and length, destination address and length, runs).
+    queued: Vec<(Direction, usize, usize, usize, usize, Vec<CopyRun>)>,
+    waits: u64,
+    stale_next: bool,
+}
+
+impl Gated {
+    fn state(&self) -> std::sync::MutexGuard<'_, GatedState> {
+        self.0.lock().unwrap()
+    }
+
+    fn queue(
+        &self,
+        direction: Direction,
+        src: &CpuMem,
+        dst: &mut CpuMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        check_runs(direction, src.len() as u64, dst.len() as u64, runs)?;
+        let entry = (
+            direction,
+            src.as_ptr() as usize,
+            src.len(),
+            dst.as_mut_ptr() as usize,
+            dst.len(),
+            runs.to_vec(),
+        );
+        self.state().queued.push(entry);
+        Ok(())
+    }
+
+    fn waits(&self) -> u64 {
+        self.state().waits
+    }
+
+    fn queued(&self) -> usize {
+        self.state().queued.len()
+    }
+}
+
+// SAFETY: `wait` runs every queued copy before it returns and calls nothing of the cache; the
+// queued regions stay alive and untouched until then (the enqueue contract); a wait on one
+// clone runs the copies queued on every clone, in enqueue order.
+unsafe impl Backend for Gated {
+    type DeviceMem = CpuMem;
+    type HostMem = CpuMem;
+    fn name(&self) -> &'static str {
+        "cpu (gated)"
+    }
+    fn alloc_device(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
+        CpuBackend.alloc_device(len_bytes)
+    }
+    fn alloc_host(&self, len_bytes: u64) -> Result<CpuMem, BackendError> {
+        CpuBackend.alloc_host(len_bytes)
+    }
+    fn read_device(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        CpuBackend.read_device(mem, offset, out)
+    }
+    fn write_device(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        CpuBackend.write_device(mem, offset, data)
+    }
+    fn read_host(&self, mem: &CpuMem, offset: u64, out: &mut [u8]) -> Result<(), BackendError> {
+        CpuBackend.read_host(mem, offset, out)
+    }
+    fn write_host(&self, mem: &mut CpuMem, offset: u64, data: &[u8]) -> Result<(), BackendError> {
+        CpuBackend.write_host(mem, offset, data)
+    }
+    fn device_to_host(
+        &self,
+        src: &CpuMem,
+        dst: &mut CpuMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        CpuBackend.device_to_host(src, dst, runs)
+    }
+    fn host_to_device(
+        &self,
+        src: &CpuMem,
+        dst: &mut CpuMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        CpuBackend.host_to_device(src, dst, runs)
+    }
+    unsafe fn enqueue_device_to_host(
+        &self,
+        src: &CpuMem,
+        dst: &mut CpuMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.queue(Direction::Backup, src, dst, runs)
+    }
+    unsafe fn enqueue_host_to_device(
+        &self,
+        src: &CpuMem,
+        dst: &mut CpuMem,
+        runs: &[CopyRun],
+    ) -> Result<(), BackendError> {
+        self.queue(Direction::Load, src, dst, runs)
+    }
+    fn wait(&self) -> Result<(), BackendError> {
+        let mut state = self.state();
+        state.waits += 1;
+        for (direction, src, src_len, dst, dst_len, runs) in std::mem::take(&mut state.queued) {
+            if direction == Direction::Load && std::mem::take(&mut state.stale_next) {
+                continue;
+            }
+            // SAFETY: the regions outlive the wait and nothing else touches them until it
+            // returns (the enqueue contract); the runs were checked against both lengths.
+            let (src, dst) = unsafe {
+                (
+                    std::slice::from_raw_parts(src as *const u8, src_len),
+                    std::slice::from_raw_parts_mut(dst as *mut u8, dst_len),
+                )
+            };
+            copy_runs(direction, src, dst, &runs)?;
+        }
+        Ok(())
+    }
+}
+
+/// The gated cache of `filled_cache` (device bytes `1 + i % 251`, host zero), checksums on
+/// every page, device pages 0..4 backed up to host pages 0..4 (waited for), then device pages
+/// 0 and 1 overwritten with 7s (so a load's bytes show).
+fn gated_cache() -> (HiCache<Gated>, Gated) {
+    let gated = Gated::default();
+    let mut c = filled_cache(gated.clone());
+    c.set_checksum_mode(ChecksumMode::All).unwrap();
+    let pairs: Vec<PagePair> = (0..4).map(|p| PagePair::new(p, p)).collect();
+    c.backup(&pairs).unwrap();
+    for layer in 0..2 {
+        for page in 0..2 {
+            c.write_page(0, layer, page, &[7; PAGE_LAYER_BYTES as usize])
+                .unwrap();
+        }
+    }
+    (c, gated)
+}
+
+#[test]
+fn an_enqueued_load_with_checksums_does_not_wait_at_enqueue_and_verifies_at_complete() {
+    let (mut c, gated) = gated_cache();
+    let waits = gated.waits();
+    // Host pages 2 and 3 (device pages 2 and 3's bytes) into device pages 0 and 1.
+    let pairs = [PagePair::new(0, 2), PagePair::new(1, 3)];
+    let moved = c.enqueue(Direction::Load, Layers::All, &pairs).unwrap();
+    assert_eq!(moved.bytes, 2 * 2 * PAGE_LAYER_BYTES);
+    // Not blocked: no wait, the copy still queued, nothing verified yet.
+    assert_eq!((gated.waits(), gated.queued()), (waits, 1));
+    assert_eq!(c.stats().checksummed_pages, 0);
+    c.complete().unwrap();
+    assert_eq!(gated.queued(), 0);
+    // 2 pages x 1 buffer x 2 layers verified, after the copy.
+    let s = c.stats();
+    assert_eq!((s.checksummed_pages, s.checksum_mismatches), (4, 0));
+    // Device page 0, layer 0 holds device page 2's original bytes (layer_first: at 2 x 8,448).
+    let at = 2 * PAGE_LAYER_BYTES as usize;
+    let want: Vec<u8> = (at..at + PAGE_LAYER_BYTES as usize)
+        .map(|i| 1 + (i % 251) as u8)
+        .collect();
+    assert_eq!(c.device().read_page(0, 0, 0).unwrap(), want);
+}
+
+#[test]
+fn a_stale_enqueued_load_is_reported_at_complete_naming_its_pages_and_counted() {
+    let (mut c, gated) = gated_cache();
+    let waits = gated.waits();
+    gated.state().stale_next = true;
+    let pairs = [PagePair::new(1, 3)];
+    c.enqueue(Direction::Load, Layers::All, &pairs).unwrap();
+    assert_eq!((gated.waits(), gated.queued()), (waits, 1));
+    let err = c.complete().unwrap_err();
+    let TransferError::ChecksumMismatch {
+        transferred,
+        checksummed_pages,
+        mismatches,
+    } = &err
+    else {
+        panic!("{err}");
+    };
+    // The load moved (enqueued) 1 pair x 2 layers; both layers' payloads mismatch: device
+    // page 1 kept its 7s.
+    assert_eq!(transferred.bytes, 2 * PAGE_LAYER_BYTES);
+    assert_eq!(*checksummed_pages, 2);
+    assert_eq!(crate::checksum::refused_pairs(mismatches), pairs);
+    let m = &mismatches[0];
+    assert_eq!(
+        (m.buffer.as_str(), m.layer, m.host_page, m.device_page),
+        ("index_k", 0, 3, 1)
+    );
+    let key = c.device().geometry().page_checksum_key(0, 0).unwrap();
+    assert_eq!(
+        m.loaded,
+        key.checksum(&[7; PAGE_LAYER_BYTES as usize]).unwrap()
+    );
+    let at = 3 * PAGE_LAYER_BYTES as usize;
+    let backed_up: Vec<u8> = (at..at + PAGE_LAYER_BYTES as usize)
+        .map(|i| 1 + (i % 251) as u8)
+        .collect();
+    assert_eq!(m.recorded, key.checksum(&backed_up).unwrap());
+    let s = c.stats();
+    assert_eq!(
+        (s.checksummed_pages, s.checksum_mismatches, s.loads),
+        (2, 2, 1)
+    );
+    // Reported once.
+    c.complete().unwrap();
+}
+
+#[test]
+fn an_enqueued_backup_with_checksums_records_at_the_wait() {
+    let (mut c, gated) = gated_cache();
+    let waits = gated.waits();
+    // Device page 0 (7s) backed up to host page 5, enqueued: not waited for.
+    c.enqueue(Direction::Backup, Layers::All, &[PagePair::new(0, 5)])
+        .unwrap();
+    assert_eq!((gated.waits(), gated.queued()), (waits, 1));
+    c.complete().unwrap();
+    // Loaded back into device page 3: verifies against the 7s' checksum recorded at the wait.
+    c.load(&[PagePair::new(3, 5)]).unwrap();
+    assert_eq!(c.stats().checksummed_pages, 2);
+    assert_eq!(
+        c.device().read_page(0, 1, 3).unwrap(),
+        vec![7; PAGE_LAYER_BYTES as usize]
+    );
+}
+
+#[test]
+fn an_enqueued_load_into_a_page_still_to_verify_waits_for_it_first() {
+    let (mut c, gated) = gated_cache();
+    let waits = gated.waits();
+    c.enqueue(Direction::Load, Layers::All, &[PagePair::new(0, 2)])
+        .unwrap();
+    // Another device page: no wait.
+    c.enqueue(Direction::Load, Layers::All, &[PagePair::new(1, 3)])
+        .unwrap();
+    assert_eq!((gated.waits(), gated.queued()), (waits, 2));
+    // Device page 0 again: the first two are waited for and verified before it is enqueued
+    // (else the first load's verification would read this one's bytes).
+    c.enqueue(Direction::Load, Layers::All, &[PagePair::new(0, 3)])
+        .unwrap();
+    assert!(gated.waits() > waits);
+    assert_eq!(gated.queued(), 1);
+    assert_eq!(c.stats().checksummed_pages, 4);
+    c.complete().unwrap();
+    assert_eq!(c.stats().checksummed_pages, 6);
 }

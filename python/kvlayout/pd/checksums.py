@@ -75,7 +75,9 @@ def inject(fault: str, geometry: kvlayout.Geometry, regions: dict, dst_pages: li
     """A content-only fault on the first buffer's layer 0 after the transfer (self-test):
     `stale-destination` puts back what the first destination page held before (zeros: its
     bytes never arrived, a reused slot); `corrupted-in-flight` inverts one byte in the middle of
-    the last destination page (a wire or DMA error the engine did not report)."""
+    the last destination page (a wire or DMA error the engine did not report); `torn-copy` puts
+    back what the second half of the last destination page held before (zeros: the copy stopped
+    half way)."""
     name, (region, offset, _layer_step, page_step, payload, _layers) = next(
         iter(_places(geometry).items()))
     data = regions[region]
@@ -85,8 +87,12 @@ def inject(fault: str, geometry: kvlayout.Geometry, regions: dict, dst_pages: li
     elif fault == "corrupted-in-flight":
         at = offset + dst_pages[-1] * page_step + payload // 2
         data[at] ^= 0xFF
+    elif fault == "torn-copy":
+        at = offset + dst_pages[-1] * page_step
+        data[at + payload // 2:at + payload] = 0
     else:
-        raise ValueError(f"fault {fault!r}: expected stale-destination or corrupted-in-flight")
+        raise ValueError(
+            f"fault {fault!r}: expected stale-destination, corrupted-in-flight or torn-copy")
 
 
 __all__ = ["inject", "mismatches", "page_checksums"]

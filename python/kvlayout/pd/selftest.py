@@ -5,6 +5,15 @@ pool untouched).
 
 The cases' geometries are the repository's files (the public bug reports turned into geometry
 pairs); `pages` is set to the small pool each side allocates here (`pages` is never compared).
+
+Content checks (issue 23): the sender's page checksums travel with its notification and the
+receiver verifies the pages it wrote before any is used. The cases whose names end in
+`-no-geometry-check` switch the receiver's geometry check off (the case option
+`geometry_check=False`: the receiver ignores the peer's geometry and assumes the peer mirrors its
+own, as an engine without kvlayout does), so only the content check stands between a fault and
+the model: the seed bug (the receiver's index-K buffer sized by the fp8 formula, 132 B/token, while
+the sender's data is bf16, 256 B/token: 132 of 256 bytes per token move), a stale slot and a torn
+copy are each refused by content, naming the pages.
 """
 
 from __future__ import annotations
@@ -72,6 +81,11 @@ class Case:
     src_pages: list = field(default_factory=lambda: list(SRC_PAGES))
     dst_pages: list = field(default_factory=lambda: list(DST_PAGES))
     fault: str | None = None  # a content-only fault the decode side injects after the move
+    # False: the decode side skips the geometry check (and assumes the peer mirrors it), so
+    # only the content check can refuse.
+    geometry_check: bool = True
+    # Page payloads a content-refused case mismatches (its `checksum_mismatches`).
+    mismatches: int = 1
 
 
 CASES = [
@@ -219,6 +233,40 @@ CASES = [
         "the move: refused by content, naming the page",
         fault="corrupted-in-flight",
     ),
+    Case(
+        "seed-index-k-fp8-sized-receiver-no-geometry-check",
+        SEED_A,
+        SEED_B,
+        "refused",
+        "the seed bug with the geometry check off: the sender holds bf16 index-K (256 B/token), "
+        "the receiver's index-K buffer is sized by the fp8 formula (132 B/token) and assumes the "
+        "peer mirrors it, so 132 of each token's 256 bytes move (64 x 132 = 8,448 of 16,384 B "
+        "per page); every index_k page payload (4 pages x 61 layers) is refused by content, kv "
+        "(laid alike) verifies",
+        decode_edits=[_set(("memory_layout",), "layer_first")],
+        geometry_check=False,
+        mismatches=4 * 61,
+    ),
+    Case(
+        "stale-slot-no-geometry-check",
+        DSV32,
+        DSV32,
+        "refused",
+        "geometry check off; the first destination page of kv layer 0 keeps its old bytes (a "
+        "reused slot whose bytes never arrived): refused by content alone, naming the page",
+        fault="stale-destination",
+        geometry_check=False,
+    ),
+    Case(
+        "torn-copy-no-geometry-check",
+        DSV32,
+        DSV32,
+        "refused",
+        "geometry check off; the copy into the last destination page of kv layer 0 stopped half "
+        "way (its second half keeps its old bytes): refused by content alone, naming the page",
+        fault="torn-copy",
+        geometry_check=False,
+    ),
 ]
 
 
@@ -311,6 +359,7 @@ def run_case(case: Case, engine: str, repo: Path, opts, index: int, logdir: Path
         "geometry": load_geometry(repo, case.decode, case.decode_edits),
         "require": case.require,
         "fault": case.fault,
+        "geometry_check": case.geometry_check,
     }
     server = prefill = decode = None
     try:
@@ -363,12 +412,14 @@ def run_case(case: Case, engine: str, repo: Path, opts, index: int, logdir: Path
 def judge(case: Case, result: dict) -> bool:
     if result.get("verdict") != case.expect:
         return False
-    if case.fault:
-        # Refused by content: bytes moved, exactly one page payload mismatched and named.
+    if case.fault or not case.geometry_check:
+        # Refused by content: bytes moved, the expected page payloads mismatched, each named.
         return (
             result.get("level") == "checksum"
-            and result.get("checksum_mismatches") == 1
-            and any("page" in line for line in result["lines"])
+            and result.get("bytes_moved", 0) > 0
+            and result.get("checksum_mismatches") == case.mismatches
+            and len(result["lines"]) == case.mismatches
+            and all("destination page" in line for line in result["lines"])
         )
     if case.expect == "moved":
         return (

@@ -101,7 +101,13 @@ def decode(cfg: dict) -> dict:
         msg = handshake.parse_message(raw)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            verdict = handshake.check_peer(geometry, msg, require=cfg.get("require", False))
+            if cfg.get("geometry_check", True):
+                verdict = handshake.check_peer(geometry, msg, require=cfg.get("require", False))
+            else:
+                # The geometry check off (self-test switch): the peer's geometry is ignored and
+                # assumed to mirror ours, as an engine without kvlayout assumes; only the
+                # content check below can refuse.
+                verdict = handshake.Verdict(None, msg, None)
     except handshake.PeerRefused as e:
         stray = sum(int(np.count_nonzero(a)) for a in regions.values())
         side.close()
@@ -129,6 +135,8 @@ def decode(cfg: dict) -> dict:
             "level": e.level,
             "stray_bytes": 0,
         }
+    if not cfg.get("geometry_check", True):
+        result["geometry_check"] = False
     build = kvlayout.token_plan if verdict.level == "token" else kvlayout.page_plan
     plan = build(peer_geometry, geometry, cfg["src_pages"], cfg["dst_pages"])
     local, remote = _descriptors(plan, msg["regions"], regions)
