@@ -30,7 +30,8 @@ TINY_LLAMA = {
 }
 
 
-def vllm_config(tmp: pathlib.Path, layout: str = "LBNHC", *, cache_dtype: str = "auto"):
+def vllm_config(tmp: pathlib.Path, layout: str = "LBNHC", *, cache_dtype: str = "auto",
+                block_tokens: int = BLOCK_TOKENS):
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
 
     model = tmp / "model"
@@ -39,7 +40,7 @@ def vllm_config(tmp: pathlib.Path, layout: str = "LBNHC", *, cache_dtype: str = 
     vc = VllmConfig(
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, max_model_len=512,
                                  dtype="bfloat16"),
-        cache_config=CacheConfig(block_size=BLOCK_TOKENS, cache_dtype=cache_dtype))
+        cache_config=CacheConfig(block_size=block_tokens, cache_dtype=cache_dtype))
     vc.cache_config.kv_cache_layout = layout  # vLLM: preset "for tests and standalone tools"
     return vc
 
@@ -58,10 +59,10 @@ def allocate(vc, specs: dict):
     return cfg, allocate_kv_cache(cfg, torch.device("cpu"), layout)
 
 
-def full(heads=2, head=64, dtype=torch.bfloat16, **kw):
+def full(heads=2, head=64, dtype=torch.bfloat16, *, block_tokens=BLOCK_TOKENS, **kw):
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-    return FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=heads, head_size=head,
+    return FullAttentionSpec(block_size=block_tokens, num_kv_heads=heads, head_size=head,
                              dtype=dtype, **kw)
 
 
