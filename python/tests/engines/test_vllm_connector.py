@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import warnings
 
 import msgspec
@@ -36,12 +35,6 @@ from kvlayout.pd import PeerRefused, UncheckedPeerWarning
 
 warnings.filterwarnings("ignore", category=UserWarning)
 from vllm.config import KVTransferConfig, set_current_vllm_config  # noqa: E402
-from vllm.distributed import (  # noqa: E402
-    destroy_distributed_environment,
-    destroy_model_parallel,
-    ensure_model_parallel_initialized,
-    init_distributed_environment,
-)
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import (  # noqa: E402
@@ -60,54 +53,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import ( 
 from vllm.v1.kv_offload.base import GPULoadStoreSpec, OffloadingWorker  # noqa: E402
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
 
-from vllm_build import BLOCKS, allocate, attn, full, vllm_config  # noqa: E402
-
-BLOCK_TOKENS = 32  # the CPU attention backend's block multiple
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """One model directory for every instance (the model path is in vLLM's compatibility hash),
-    and vLLM's tensor-parallel group of one rank (gloo), which the NIXL worker reads."""
-    tmp = tmp_path_factory.mktemp("vllm-nixl")
-    with set_current_vllm_config(vllm_config(tmp, block_tokens=BLOCK_TOKENS)):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://{HOST}:{free_port()}")
-        ensure_model_parallel_initialized(1, 1)
-    yield tmp
-    destroy_model_parallel()
-    destroy_distributed_environment()
-
-
-def connector(cls, model_dir, role, engine_id, kv_role, *, heads=2, extra=None, register=True):
-    """A connector built by its own constructor; a worker has registered its KV caches
-    (2 layers, ``FullAttentionSpec(32 tokens, heads, 64)`` bf16, 10 blocks, layout LBHNC, the
-    one ``NixlConnector.get_required_kvcache_layout`` asks for)."""
-    vc = vllm_config(model_dir, "LBHNC", block_tokens=BLOCK_TOKENS)
-    vc.kv_transfer_config = KVTransferConfig(
-        kv_connector=cls.__name__,
-        kv_connector_module_path="kvlayout.vllm" if cls.__module__ == "kvlayout.vllm" else None,
-        kv_role=kv_role, kv_buffer_device="cpu", engine_id=engine_id,
-        kv_connector_extra_config=extra or {})
-    spec = full(heads=heads, block_tokens=BLOCK_TOKENS)
-    with set_current_vllm_config(vc):
-        cfg, kv = allocate(vc, {attn(0): spec, attn(1): spec})
-        affinity = os.sched_getaffinity(0)
-        try:
-            conn = cls(vc, role, cfg)
-        finally:
-            # vLLM's CPU worker pins the process to one core per NUMA node (base_worker.py).
-            os.sched_setaffinity(0, affinity)
-        if role == KVConnectorRole.WORKER and register:
-            conn.register_kv_caches(kv)
-    return conn, kv
+from vllm_build import BLOCKS, LOOPBACK as HOST, NIXL_BLOCK_TOKENS as BLOCK_TOKENS  # noqa: E402
+from vllm_build import attn, connector, free_port  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -130,6 +77,11 @@ def handshake(decode, port, engine_id):
     ``{(pp_rank, tp_rank): remote agent name}``."""
     agents, _clock_offset = decode.connector_worker._nixl_handshake(HOST, port, 1, engine_id)
     return agents
+
+
+@pytest.fixture
+def model_dir(vllm_tp_group):
+    return vllm_tp_group
 
 
 def registered(decode, prefill, engine_id) -> bool:
