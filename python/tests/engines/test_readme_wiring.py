@@ -11,6 +11,7 @@ import shlex
 import warnings
 
 import kvlayout
+import kvlayout.vllm as kv_vllm
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -60,10 +61,4 @@ def test_vllm_snippet(vllm_tp_group):
                         transfer=config)
     assert type(conn).__name__ == "KvlayoutNixlConnector" and isinstance(conn, NixlConnector)
     assert isinstance(conn.kvlayout_geometry, kvlayout.Geometry)
-    assert kv_vllm_require(conn) is True
-
-
-def kv_vllm_require(conn) -> bool:
-    import kvlayout.vllm as kv_vllm
-
-    return kv_vllm._require(conn._vllm_config)
+    assert kv_vllm._require(conn._vllm_config) is True  # "kvlayout_require": true

@@ -23,7 +23,6 @@ asserted here; for the guard, only that CUDA worker is stood in (a recording sub
 from __future__ import annotations
 
 import contextlib
-import os
 import warnings
 
 import msgspec
