@@ -40,6 +40,7 @@ from sglang.srt.mem_cache.pool_host import dsa as pool_dsa  # noqa: E402
 from sglang.srt.mem_cache.pool_host import mha as pool_mha  # noqa: E402
 from sglang.srt.mem_cache.pool_host import mla as pool_mla  # noqa: E402
 from sglang.srt.mem_cache.pool_host.group import HostPoolGroup, PoolEntry  # noqa: E402
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool  # noqa: E402
 
 from sglang_build import PAGE_TOKENS, SIZE_TOKENS, dsa, indexer_host, mha, mha_host, mla_host  # noqa: E402
 
@@ -164,14 +165,17 @@ def test_hicache_controller_refuses_a_host_that_does_not_mirror():
                for line in e.value.lines)
 
 
-def dsa_group(device, layout="page_first"):
+def dsa_group(device, layout="page_first", *, host_from=None):
     """The DSA host as SGLang's DSA stack builds it: a HostPoolGroup of the MLA host (anchor)
-    and the ``DSAIndexerPoolHost`` (``pool_host/group.py``)."""
-    host = mla_host(device, layout)
+    and the ``DSAIndexerPoolHost`` (``pool_host/group.py``), both entries with ``device`` as
+    their device pool (what ``HybridCacheController._l2_transfers`` moves between); the hosts
+    are sized from ``host_from`` (default ``device``)."""
+    source = device if host_from is None else host_from
+    host = mla_host(source, layout)
     return HostPoolGroup([
         PoolEntry(name=PoolName.KV, host_pool=host, device_pool=device, layer_mapper=lambda x: x,
                   is_primary_index_anchor=True),
-        PoolEntry(name=PoolName.INDEXER, host_pool=indexer_host(device, host),
+        PoolEntry(name=PoolName.INDEXER, host_pool=indexer_host(source, host),
                   device_pool=device, layer_mapper=lambda x: x)])
 
 
@@ -183,10 +187,11 @@ def test_hybrid_controller_dsa_fp8_with_indexer():
     backup, load = round_trip(controller)
     assert backup == ["transfer_kv_all_layer_mla_lf_pf"]
     assert load == ["transfer_kv_per_layer_mla_pf_lf"] * 3
-    # A group built for a 2-layer pool under a 3-layer device: SGLang does not start.
-    with pytest.raises(kvlayout.Incompatible, match="layers"):
-        hicache(device, dsa_group(dsa(layers=2)), cls=HybridCacheController,
+    # Hosts sized for a 2-layer pool paired with the 3-layer device: SGLang does not start.
+    with pytest.raises(kvlayout.Incompatible) as e:
+        hicache(device, dsa_group(device, host_from=dsa(layers=2)), cls=HybridCacheController,
                 transfer_layer_id_max=device.layer_num)
+    assert "kv.layers: 3, 2" in e.value.lines and "index_k.layers: 3, 2" in e.value.lines
 
 
 def test_jit_one_layer_rows_checked():
@@ -206,6 +211,53 @@ def test_jit_one_layer_rows_checked():
         pool_mha.jit_transfer_hicache_all_layer(None, None, None, None, None, None,
                                                 kv_cache_src_stride_bytes=256,
                                                 kv_cache_dst_stride_bytes=256, element_size=512)
+
+
+def swa_group(device, full_host=None):
+    """A SWA hybrid's host as ``build_hybrid_swa_group`` pairs it: the full-attention host (KV,
+    anchor) with ``full_kv_pool``, the sliding-window host with ``swa_kv_pool``."""
+    if full_host is None:
+        full_host = mha_host(device.full_kv_pool, "layer_first")
+    return HostPoolGroup([
+        PoolEntry(name=PoolName.KV, host_pool=full_host,
+                  device_pool=device.full_kv_pool, layer_mapper=lambda x: x,
+                  is_primary_index_anchor=True),
+        PoolEntry(name=PoolName.SWA, host_pool=mha_host(device.swa_kv_pool, "layer_first"),
+                  device_pool=device.swa_kv_pool, layer_mapper=lambda x: x)])
+
+
+def swa_device():
+    """SGLang's ``SWAKVPool``: layer 0 full attention, layer 1 sliding window, 2 heads x 64."""
+    return SWAKVPool(size=SIZE_TOKENS, size_swa=SIZE_TOKENS, page_size=PAGE_TOKENS,
+                     dtype=torch.bfloat16, head_num=2, head_dim=64, swa_attention_layer_ids=[1],
+                     full_attention_layer_ids=[0], device="cpu")
+
+
+def test_hybrid_controller_swa_pairs_each_half():
+    # Regression: the controller's device pool is the SWAKVPool, which holds no k_buffer itself;
+    # pairing it with the anchor host refused every SWA model's HiCache start
+    # ("SWAKVPool: neither k_buffer/v_buffer (MHA) nor kv_buffer (MLA)").
+    device = swa_device()
+    controller = hicache(device, swa_group(device), cls=HybridCacheController,
+                         transfer_layer_id_max=2)
+    assert set(controller.kvlayout_guards) == {"kv", "swa"}
+    assert controller.kvlayout_guard is controller.kvlayout_guards["kv"]
+    # one layer per half: 2 heads x 64 x 2 B = 256 B per token and layer, K and V.
+    for guard in controller.kvlayout_guards.values():
+        assert guard.device.bytes_per_token == 2 * 256
+    wrong = mha_host(mha(layers=1, heads=4), "layer_first")  # a full host sized for 4 heads
+    with pytest.raises(kvlayout.Incompatible):
+        hicache(device, swa_group(device, wrong), cls=HybridCacheController,
+                transfer_layer_id_max=2)
+
+
+def test_a_pool_the_adapter_does_not_read_is_named_not_passed_silently():
+    device = swa_device()
+    group = swa_group(device)
+    group.entries[1].device_pool = device  # the SWAKVPool wrapper itself: no k_buffer of its own
+    with pytest.warns(UserWarning, match=r"HiCache pools not checked .*: swa \(SWAKVPool\)"):
+        controller = hicache(device, group, cls=HybridCacheController, transfer_layer_id_max=2)
+    assert set(controller.kvlayout_guards) == {"kv"}
 
 
 def registration_frames(extra=()):
