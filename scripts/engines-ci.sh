@@ -3,11 +3,12 @@
 #
 # Makes a virtual environment under target/engines-venv holding torch (the CPU build from
 # download.pytorch.org when that index answers, else PyPI's default build, used on the CPU), the
-# pinned engine releases installed with --no-deps (SGLang 0.5.23, vLLM 0.33.0) plus the packages
-# their imports need, vLLM 0.20.0 unpacked into a side folder (put first on PYTHONPATH for its own
-# pytest run), and ./python. Then runs python/tests/engines twice: once over SGLang 0.5.23 and
-# vLLM 0.33.0, once over vLLM 0.20.0. KVLAYOUT_ENGINES_REQUIRED=1 is set for both: a skipped test
-# fails the run (python/tests/engines/conftest.py), so nothing passes by not running.
+# pinned engine releases installed with --no-deps (SGLang 0.5.23, vLLM 0.33.0, NIXL 1.5.1) plus
+# the packages their imports need, vLLM 0.20.0 unpacked into a side folder (put first on
+# PYTHONPATH for its own pytest run), and ./python. Then runs python/tests/engines twice: once
+# over SGLang 0.5.23 and vLLM 0.33.0, once over vLLM 0.20.0. KVLAYOUT_ENGINES_REQUIRED=1 is set
+# for both: a skipped test fails the run (python/tests/engines/conftest.py), so nothing passes by
+# not running.
 #
 # Environment: PYTHON (default python3, >= 3.10), KVLAYOUT_ENGINES_VENV (default
 # target/engines-venv), KVLAYOUT_ENGINES_WHEELS (download folder, default target/engines-wheels).
@@ -21,6 +22,7 @@ TORCH_VERSION=2.14.0          # vllm 0.33.0 pins torch==2.14.0 (sglang 0.5.23 as
 SGLANG_VERSION=0.5.23
 VLLM_VERSION=0.33.0
 VLLM_OLD_VERSION=0.20.0
+NIXL_VERSION=1.5.1            # vLLM 0.33.0's NixlConnector asks NIXL >= 1.5.0 (check_nixl_version)
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 started=$(date +%s)
 
@@ -48,6 +50,10 @@ fi
     huggingface_hub safetensors cbor2 openai-harmony openai uvloop prometheus-client xgrammar \
     fastapi partial-json-parser llguidance
 "${PIP[@]}" install --quiet --no-deps "torchvision==0.29.0"
+# NIXL for vLLM's real NixlConnector worker (python/tests/engines/test_vllm_connector.py): vLLM
+# imports `nixl._api`; the `nixl` meta package loads `nixl_cu13` (or cu12) and declares both, so
+# --no-deps with the one backend. It links no CUDA library: UCX on host memory runs on the CPU.
+"${PIP[@]}" install --quiet --no-deps "nixl==$NIXL_VERSION" "nixl-cu13==$NIXL_VERSION"
 
 # vLLM 0.20.0 beside 0.33.0: unpacked, not installed; its tests run with it first on PYTHONPATH.
 OLD="$VENV/side/vllm-$VLLM_OLD_VERSION"

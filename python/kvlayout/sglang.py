@@ -12,12 +12,15 @@ Nothing in SGLang is edited; ``install`` wraps, in the running process:
    ``sgl_kernel.kvcacheio`` ops and the JIT ``jit_transfer_hicache_*`` kernels
    (:func:`kvlayout.adapters.sglang.guard_transfer_ops`): a call whose item size or rows
    disagree with its tensors is refused before the kernel runs;
-2. ``HiCacheController.__init__`` (``sglang/srt/managers/cache_controller.py``): once the device
-   and host pools are paired, :func:`kvlayout.adapters.sglang.transfer_guard` and
-   ``check_item_sizes`` run on them (the DSA index-K host, ``DSAIndexerPoolHost``, found on the
-   host pool group and passed as ``indexer=``); the guard is kept as
-   ``controller.kvlayout_guard``. A pair that does not mirror raises ``Incompatible`` and SGLang
-   does not start;
+2. ``HiCacheController.__init__`` (``sglang/srt/managers/cache_controller.py``, also run by its
+   subclass ``HybridCacheController``): once the device and host pools are paired,
+   :func:`kvlayout.adapters.sglang.transfer_guard` and ``check_item_sizes`` run on each pair
+   (:func:`pairs`: each entry of a host pool group with its own device pool, so both halves of
+   a SWA hybrid; the DSA index-K host, ``DSAIndexerPoolHost``, passed as ``indexer=``); the
+   guards are kept as ``controller.kvlayout_guards`` (by pool name) and the KV pair's as
+   ``controller.kvlayout_guard``. A pair that does not mirror raises ``Incompatible`` and
+   SGLang does not start; a pool the adapter does not read (a Mamba state pool) is named in a
+   ``UserWarning``;
 3. the prefill/decode bootstrap (``sglang/srt/disaggregation``, Mooncake): the decode rank's
    registration message (``build_receiver_registration_message``) gets one more frame, the
    ``kvlayout.pd`` handshake message with its geometry; the prefill rank reads it
@@ -47,7 +50,7 @@ from .adapters import sglang as _adapter
 from .errors import KvLayoutError
 
 __all__ = ["TESTED_SGLANG", "HOST_POOL_MODULES", "check_version", "install", "set_pd_geometry",
-           "pd_frame", "read_pd_frame"]
+           "pd_frame", "read_pd_frame", "pairs", "guard_pairs", "guard_pair"]
 
 TESTED_SGLANG = ("0.5.23",)
 HOST_POOL_MODULES = ("sglang.srt.mem_cache.pool_host.mha", "sglang.srt.mem_cache.pool_host.mla",
@@ -128,26 +131,59 @@ def _wrapped(obj: Any, name: str, make) -> bool:
     return True
 
 
-def _host_pools(host: Any) -> tuple[Any, Any]:
-    """The KV host pool and the ``DSAIndexerPoolHost`` (or ``None``) of a host pool, or of a
-    ``HostPoolGroup`` (``pool_host/group.py``: ``entries`` of ``PoolEntry(host_pool=...)``,
-    ``anchor_entry`` the KV pool)."""
+_INDEXER_HOST = "DSAIndexerPoolHost"
+
+
+def _modelled(device: Any) -> bool:
+    """Whether :mod:`kvlayout.adapters.sglang` reads this device pool: an MHA pool
+    (``k_buffer`` / ``v_buffer``) or an MLA/DSA pool (``kv_buffer``)."""
+    return hasattr(device, "k_buffer") or hasattr(device, "kv_buffer")
+
+
+def pairs(device: Any, host: Any) -> list[tuple[str, Any, Any, Any]]:
+    """The device/host pairs of a controller, as ``(name, device pool, host pool, indexer host
+    or None)``, the KV (anchor) pair first. A plain host pool pairs with ``device``. A
+    ``HostPoolGroup`` (``pool_host/group.py``: ``entries`` of ``PoolEntry(name, host_pool,
+    device_pool)``, ``anchor_entry`` the KV pool) pairs each entry's host with the entry's own
+    device pool, so a hybrid (SWA: ``full_kv_pool`` and ``swa_kv_pool`` under one
+    ``SWAKVPool``) pairs each half; a ``DSAIndexerPoolHost`` entry goes with the pair of its
+    device pool as ``indexer=``."""
     entries = getattr(host, "entries", None)
     if entries is None:
-        return host, None
-    anchor = host.anchor_entry.host_pool
-    indexer = next((e.host_pool for e in entries
-                    if type(e.host_pool).__name__ == "DSAIndexerPoolHost"), None)
-    return anchor, indexer
+        return [("kv", device, host, None)]
+    indexers = [e for e in entries if type(e.host_pool).__name__ == _INDEXER_HOST]
+    ordered = [host.anchor_entry] + [e for e in entries if e is not host.anchor_entry]
+    return [(str(getattr(e.name, "value", e.name)), e.device_pool, e.host_pool,
+             next((i.host_pool for i in indexers if i.device_pool is e.device_pool), None))
+            for e in ordered if all(e is not i for i in indexers)]
 
 
-def guard_pair(controller: Any) -> kvlayout.TransferGuard:
-    """The guard for a ``HiCacheController``'s device/host pair (raises ``Incompatible``)."""
-    device, host = controller.mem_pool_device, controller.mem_pool_host
-    anchor, indexer = _host_pools(host)
-    guard = _adapter.transfer_guard(device, anchor, indexer=indexer)
-    _adapter.check_item_sizes(device, anchor, indexer=indexer)
-    return guard
+def guard_pairs(controller: Any) -> dict[str, kvlayout.TransferGuard]:
+    """A guard per device/host pair of a ``HiCacheController`` (:func:`pairs`), after
+    ``transfer_guard`` and ``check_item_sizes`` (raise ``Incompatible``). A pair whose device
+    pool the adapter does not read (a Mamba state pool, say) is named in one ``UserWarning``
+    and left unchecked, never passed over in silence."""
+    guards, unchecked = {}, []
+    for name, device, host, indexer in pairs(controller.mem_pool_device,
+                                             controller.mem_pool_host):
+        if not _modelled(device):
+            unchecked.append(f"{name} ({type(device).__name__})")
+            continue
+        guards[name] = _adapter.transfer_guard(device, host, indexer=indexer)
+        _adapter.check_item_sizes(device, host, indexer=indexer)
+    if unchecked:
+        warnings.warn("kvlayout.sglang: HiCache pools not checked (not modelled by "
+                      f"kvlayout.adapters.sglang): {', '.join(unchecked)}", UserWarning,
+                      stacklevel=2)
+    return guards
+
+
+def guard_pair(controller: Any) -> Optional[kvlayout.TransferGuard]:
+    """The guard of a ``HiCacheController``'s KV (anchor) pair, or ``None`` when the adapter
+    does not read that pool (:func:`guard_pairs` checks every pair; raises ``Incompatible``)."""
+    guards = guard_pairs(controller)
+    anchor = pairs(controller.mem_pool_device, controller.mem_pool_host)[0][0]
+    return guards.get(anchor)
 
 
 def _wrap_hicache() -> list[str]:
@@ -159,7 +195,9 @@ def _wrap_hicache() -> list[str]:
         @functools.wraps(original)
         def __init__(self, *args, **kwargs):
             original(self, *args, **kwargs)
-            self.kvlayout_guard = guard_pair(self)
+            self.kvlayout_guards = guard_pairs(self)
+            self.kvlayout_guard = self.kvlayout_guards.get(
+                pairs(self.mem_pool_device, self.mem_pool_host)[0][0])
 
         return __init__
 

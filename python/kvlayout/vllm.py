@@ -96,8 +96,18 @@ def _agent_metadata_class():
 
 
 def _install_metadata():
-    """Points the NIXL worker modules' ``NixlAgentMetadata`` at the subclass with the kvlayout
-    fields, so the handshake decoder keeps them (a peer without kvlayout decodes as ``None``)."""
+    """Points ``base_worker.NixlAgentMetadata``, the name vLLM's NIXL worker encodes and decodes
+    the handshake with, at the subclass with the kvlayout fields, so the decoder keeps them (a
+    peer without kvlayout decodes as ``None``).
+
+    Process-wide rather than per worker because vLLM offers no narrower hook:
+    ``_nixl_handshake`` builds ``msgspec.msgpack.Decoder(NixlAgentMetadata)`` from that module
+    global inside the method, between receiving the bytes and calling ``add_remote_agent``
+    (msgspec drops the fields a dataclass does not declare), and ``restore_kv_caches`` decodes
+    and re-encodes the payload with it too. The change is confined to that one name: vLLM's
+    class (``metadata.NixlAgentMetadata``) and the compatibility hash are untouched, a plain
+    ``NixlConnector`` in the same process sends the two fields as ``None``, and a vLLM without
+    kvlayout decodes a payload carrying them (msgspec skips unknown fields)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
     cls = _agent_metadata_class()

@@ -134,15 +134,6 @@ def kv_cache_config(num_blocks, groups):
         kv_cache_groups=[types.SimpleNamespace(layer_names=names, kv_cache_spec=s) for names, s in groups])
 
 
-def flash_attn_cache(num_blocks, s, hnd=False):
-    """FlashAttention: [2, num_blocks, block_size, num_kv_heads, head_size]; HND strides put
-    heads outside the block's tokens (allocated [2, blocks, heads, block, dim], then permuted)."""
-    if hnd:
-        a = np.zeros((2, num_blocks, s.num_kv_heads, s.block_size, s.head_size), s.dtype)
-        return a.transpose(0, 1, 3, 2, 4)
-    return np.zeros((2, num_blocks, s.block_size, s.num_kv_heads, s.head_size), s.dtype)
-
-
 def flashinfer_cache(num_blocks, s):
     """FlashInfer: [num_blocks, 2, block_size, num_kv_heads, head_size]."""
     return np.zeros((num_blocks, 2, s.block_size, s.num_kv_heads, s.head_size), s.dtype)

@@ -34,3 +34,17 @@ def row_bytes(t) -> int:
 
 def nbytes(t) -> int:
     return t.numel() * t.element_size()
+
+
+@pytest.fixture(scope="session")
+def vllm_tp_group(tmp_path_factory):
+    """A model directory shared by every vLLM instance of the session (the model path is in
+    vLLM's NIXL compatibility hash), and vLLM's tensor-parallel group of one rank."""
+    from vllm.distributed import destroy_distributed_environment, destroy_model_parallel
+    from vllm_build import init_tp_group
+
+    model_dir = tmp_path_factory.mktemp("vllm-model")
+    init_tp_group(model_dir)
+    yield model_dir
+    destroy_model_parallel()
+    destroy_distributed_environment()

@@ -11,6 +11,7 @@ import shlex
 import warnings
 
 import kvlayout
+import kvlayout.vllm as kv_vllm
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -45,13 +46,19 @@ def test_sglang_pools_snippet():
     assert isinstance(ns["guard"], kvlayout.TransferGuard)
 
 
-def test_vllm_snippet():
-    from vllm.config import KVTransferConfig
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+def test_vllm_snippet(vllm_tp_group):
+    """The README's ``--kv-transfer-config`` JSON, as given, through vLLM's connector factory:
+    the worker connector is built and registers its KV caches (plus ``kv_buffer_device="cpu"``
+    and an ``engine_id``, which vLLM's CPU platform and a server would add)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector
+    from vllm_build import connector
 
     words = shlex.split(snippet("vllm"))
+    assert words[:3] == ["vllm", "serve", "MODEL"]
     config = json.loads(words[words.index("--kv-transfer-config") + 1])
-    cls = KVConnectorFactory.get_connector_class(KVTransferConfig(**config))
-    assert cls.__name__ == "KvlayoutNixlConnector" and issubclass(cls, NixlConnector)
-    assert config["kv_connector_extra_config"] == {"kvlayout_require": True}
+    conn, _ = connector(None, vllm_tp_group, KVConnectorRole.WORKER, "readme-0", None,
+                        transfer=config)
+    assert type(conn).__name__ == "KvlayoutNixlConnector" and isinstance(conn, NixlConnector)
+    assert isinstance(conn.kvlayout_geometry, kvlayout.Geometry)
+    assert kv_vllm._require(conn._vllm_config) is True  # "kvlayout_require": true
