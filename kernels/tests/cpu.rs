@@ -284,18 +284,30 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
         .map(|i| ByteRun::new(i * 132, i * 132, 132))
         .collect();
     assert_eq!(TransferPath::choose(&tokens, D::Backup, Some(5)), sm(5, 3));
+    // (Three runs are fewer than CARVEOUT_MIN_RUNS = 64: not gathered.)
     assert_eq!(TransferPath::choose(&tokens, D::Load, Some(5)), sm(5, 3));
     assert_eq!(
         TransferPath::choose(&tokens, D::Load, None),
         sm(SM_BUDGET, 3)
     );
     assert_eq!(TransferPath::choose(&tokens, D::Other, Some(5)), sm(5, 3));
-    // 64 token runs (2,048 B: Llama-3.1-8B's K of one token and layer at page size 1): the
-    // kernel on the carve-out both ways (not gathered, unlike page runs).
+    // 64 token runs (2,048 B: Llama-3.1-8B's K of one token and layer at page size 1): a
+    // load on the carve-out's kernel, a backup gathered on the carve-out (as page runs are:
+    // SM stores to the host slowed the GEMM); 63 runs, a backup too, the kernel.
     let llama: Vec<ByteRun> = (0..64)
         .map(|i| ByteRun::new(i * 2048, i * 4096, 2048))
         .collect();
-    assert_eq!(TransferPath::choose(&llama, D::Backup, Some(2)), sm(2, 64));
+    assert_eq!(
+        TransferPath::choose(&llama, D::Backup, Some(2)),
+        TransferPath::GatheredBackup {
+            max_sms: 2,
+            runs: 64
+        }
+    );
+    assert_eq!(
+        TransferPath::choose(&llama[..63], D::Backup, Some(2)),
+        sm(2, 63)
+    );
     assert_eq!(TransferPath::choose(&llama, D::Load, Some(2)), sm(2, 64));
     assert_eq!(
         TransferPath::choose(&llama, D::Backup, None),

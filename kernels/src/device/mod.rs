@@ -84,6 +84,7 @@ struct Kernels {
     validate_runs: CudaFunction,
     copy_runs: CudaFunction,
     copy_runs_uniform: CudaFunction,
+    copy_runs_uniform_deep: CudaFunction,
 }
 
 /// One kernel argument: a 64-bit word (an address or a count).
@@ -116,6 +117,8 @@ pub struct Gpu {
     gathered: gathered::GatherCell,
     /// Multiprocessors the model leaves free ([`Gpu::set_model_carveout_sms`]); 0: none.
     model_carveout_sms: AtomicU32,
+    /// Experiment: the token kernel's variant with a second group in shared memory.
+    token_deep: std::sync::atomic::AtomicBool,
 }
 
 impl Gpu {
@@ -163,6 +166,7 @@ impl Gpu {
             run_ring: Mutex::new(None),
             gathered: Mutex::new(gathered::GatherState::Untried),
             model_carveout_sms: AtomicU32::new(0),
+            token_deep: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -174,9 +178,9 @@ impl Gpu {
     /// run-list kernel on those SMs (a grid of `SPLIT_KERNEL_BLOCKS_PER_SM` blocks of
     /// 256 threads per SM, on a side stream, its run list read from pinned host memory; CUDA
     /// places blocks itself, so on an idle GPU they may spread wider) and the copy engines,
-    /// both at once; token-granular runs, both ways, use a grid for those SMs
+    /// both at once; token-granular loads use a grid for those SMs
     /// ([`LaunchShape::sm_budget`]) instead of `SM_BUDGET`'s. Backups of at least as many page
-    /// runs are gathered on those SMs into device staging (device to device), then copied to
+    /// or token runs are gathered on those SMs into device staging (device to device), then copied to
     /// the host one host-contiguous stretch at a time by the copy engines
     /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): SM stores to
     /// host memory slowed the GEMM 31-237% at every launch shape measured, on the free SMs too,
@@ -204,6 +208,13 @@ impl Gpu {
         }
         self.model_carveout_sms.store(sms, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Experiment (session 9): token runs go to `copy_runs_uniform_deep` (a second group of
+    /// runs per warp in flight through shared memory) instead of `copy_runs_uniform`.
+    #[doc(hidden)]
+    pub fn set_token_kernel_deep(&self, on: bool) {
+        self.token_deep.store(on, Ordering::Relaxed);
     }
 
     /// The model's SM carve-out ([`Gpu::set_model_carveout_sms`]); `None` when unset or 0.
@@ -294,6 +305,7 @@ impl Gpu {
             validate_runs: f("validate_runs")?,
             copy_runs: f("copy_runs")?,
             copy_runs_uniform: f("copy_runs_uniform")?,
+            copy_runs_uniform_deep: f("copy_runs_uniform_deep")?,
             _module: module,
         })
     }
@@ -305,6 +317,10 @@ impl Gpu {
             ("validate_runs".to_string(), &k.validate_runs),
             ("copy_runs".to_string(), &k.copy_runs),
             ("copy_runs_uniform".to_string(), &k.copy_runs_uniform),
+            (
+                "copy_runs_uniform_deep".to_string(),
+                &k.copy_runs_uniform_deep,
+            ),
         ];
         fs.into_iter()
             .map(|(name, f)| {

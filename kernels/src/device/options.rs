@@ -315,9 +315,11 @@ impl TransferPath {
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
-    ///   `SM_BUDGET` SMs without one, both ways (at page size 1 the kernel's stores to the
-    ///   host on the 2 carved-out SMs slowed the GEMM 1.3-2.7%, where gathering token runs
-    ///   first cost the host 25-55 ms of planning per backup, BENCHMARKS.md).
+    ///   `SM_BUDGET` SMs without one; with a carve-out, a backup of at least
+    ///   `CARVEOUT_MIN_RUNS` of them is gathered on it as page runs are (at page size 1 the
+    ///   kernel's stores to the host slowed the GEMM 1.5-3.3% on 2 carved-out SMs at 0.45-0.70
+    ///   of memcpy, and 24-53% on 4, where the copy engines' copies out of the gathered host
+    ///   stretches cost it what memcpy does; BENCHMARKS.md, "page size 1").
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,
@@ -327,7 +329,7 @@ impl TransferPath {
         let long = TransferPath::mean_is_long(runs);
         let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
-            Some(k) if long && many && direction == TransferDirection::Backup => {
+            Some(k) if many && direction == TransferDirection::Backup => {
                 TransferPath::GatheredBackup {
                     max_sms: k,
                     runs: count,

@@ -258,7 +258,9 @@ impl Gpu {
     /// average, or number fewer than `CARVEOUT_MIN_RUNS`, or whose staging or list
     /// memory cannot be allocated, keeps the copy engines);
     /// token-granular runs go to the
-    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one.
+    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one, except
+    /// backups on a carve-out, gathered as page runs are (one host stretch per token and
+    /// buffer when the host pool is `page_first`; a backup not gathered keeps the kernel).
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
