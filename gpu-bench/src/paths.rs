@@ -108,6 +108,19 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
         paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384, false)]);
         paths.extend(variants);
         paths.extend([Path::Batch(true, true, 8, 2048, false), Path::Auto]);
+    } else if shape.token_granular
+        && shape.name.starts_with("page size 1")
+        && std::env::args().any(|a| a == "--token-ceiling")
+    {
+        // `--token-ceiling`: the token kernel over contiguous runs (the SM path's ceiling) and
+        // over the scattered ones on 4 and all SMs, the peer at its default launch, the chooser.
+        paths.extend([Path::SmContiguous(Some(4)), Path::SmContiguous(None)]);
+        paths.extend([
+            Path::RunKernel(Some(4)),
+            Path::RunKernel(None),
+            Path::Peer(2),
+        ]);
+        paths.push(Path::Auto);
     } else if shape.token_granular && shape.name.starts_with("page size 1") {
         // Page size 1: the peer at its default launch and at block_quota 8, the token kernel
         // on a few SM budgets, the chooser.
