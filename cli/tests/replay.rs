@@ -865,7 +865,13 @@ fn checksum_flag_on_the_trace_replay() {
 /// code and stdout + stderr.
 fn replay_page_size_1(device_pages: &str, extra: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args(["replay", "--workload", "synthetic", "--page-size-tokens", "1"])
+        .args([
+            "replay",
+            "--workload",
+            "synthetic",
+            "--page-size-tokens",
+            "1",
+        ])
         .args(["--sessions", "4", "--layers", "2", "--concurrency", "2"])
         .args(["--device-pages", device_pages, "--host-pages", "2000"])
         .args(extra)
@@ -890,7 +896,9 @@ fn page_size_1_pages_are_tokens() {
     let (code, text) = replay_page_size_1("340", &[]);
     assert_eq!(code, 2, "{text}");
     assert!(
-        text.contains("2 sessions at once need 2 x 171 pages = 342, more than the device pool's 340 pages"),
+        text.contains(
+            "2 sessions at once need 2 x 171 pages = 342, more than the device pool's 340 pages"
+        ),
         "{text}"
     );
     let (code, text) = replay_page_size_1("400", &["--json"]);
@@ -902,7 +910,10 @@ fn page_size_1_pages_are_tokens() {
     let count = |k: &str| v[k].as_u64().expect(k);
     // 400 pages hold 2 sessions of 171: the second batch evicts (backs up) the first's pages,
     // and the next turn loads them back.
-    assert!(count("backed_up_pages") > 0 && count("loaded_pages") > 0, "{text}");
+    assert!(
+        count("backed_up_pages") > 0 && count("loaded_pages") > 0,
+        "{text}"
+    );
     assert_eq!(count("backed_up_bytes"), count("backed_up_pages") * 1576);
     assert_eq!(count("loaded_bytes"), count("loaded_pages") * 1576);
 }

@@ -248,22 +248,6 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                 };
                 gpu.enqueue_copy_runs(src, dst, &call.dev_runs, shape)
             }
-            Path::RunKernelDeep(sms) => {
-                let shape = LaunchShape {
-                    blocks_per_sm: 4,
-                    ..sms.map_or(LaunchShape::default(), LaunchShape::sm_budget)
-                };
-                gpu.set_token_kernel_deep(true);
-                let queued = gpu.enqueue_copy_runs(src, dst, &call.dev_runs, shape);
-                gpu.set_token_kernel_deep(false);
-                queued
-            }
-            Path::AutoDeep => {
-                gpu.set_token_kernel_deep(true);
-                let queued = gpu.enqueue_transfer_runs(src, dst, &call.runs, order);
-                gpu.set_token_kernel_deep(false);
-                queued.map(|_| ())
-            }
             Path::SmContiguous(sms) => {
                 let shape = LaunchShape {
                     blocks_per_sm: 4,
@@ -593,8 +577,8 @@ fn hold_phases(
         None,
     ];
     // `--token-variants` (page size 1, loads): the token kernel with an uploaded list on 2 and
-    // 4 SMs, its shared-memory variant (uploaded list on 2 and 4 SMs, and through the chooser),
-    // and over contiguous runs on 4 and all SMs, between the peer and the second chooser phase.
+    // 4 SMs, and over contiguous runs on 4 and all SMs, between the peer and the second chooser
+    // phase.
     let variants = [
         None,
         Some(Path::Memcpy),
@@ -603,9 +587,6 @@ fn hold_phases(
         Some(Path::Peer(8)),
         Some(Path::RunKernel(Some(2))),
         Some(Path::RunKernel(Some(4))),
-        Some(Path::RunKernelDeep(Some(2))),
-        Some(Path::RunKernelDeep(Some(4))),
-        Some(Path::AutoDeep),
         Some(Path::SmContiguous(Some(4))),
         Some(Path::SmContiguous(None)),
         Some(Path::Auto),

@@ -18,11 +18,6 @@ pub enum Path {
     Batch(bool, bool, usize, usize, bool),
     /// kvlayout's run-list kernel on at most this many SMs (`None`: all).
     RunKernel(Option<u32>),
-    /// Experiment: [`Path::RunKernel`] with the token kernel's shared-memory variant
-    /// (`Gpu::set_token_kernel_deep`).
-    RunKernelDeep(Option<u32>),
-    /// Experiment: [`Path::Auto`] with the token kernel's shared-memory variant.
-    AutoDeep,
     /// The token kernel on at most this many SMs over contiguous runs of the same count and
     /// length (page size 1: the SM path's ceiling without the scatter).
     SmContiguous(Option<u32>),
@@ -73,8 +68,6 @@ impl Path {
                 if pitched { ", pitched runs as 2D" } else { "" }
             ),
             Path::RunKernel(s) => format!("kvlayout run-list kernel, {}", sms(s)),
-            Path::RunKernelDeep(s) => format!("token kernel, smem variant, {}", sms(s)),
-            Path::AutoDeep => "kvlayout chooser, token kernel's smem variant".into(),
             Path::SmContiguous(s) => {
                 format!("token kernel on contiguous runs (SM ceiling), {}", sms(s))
             }

@@ -898,3 +898,33 @@ fn index_k_spec_takes_the_buffers_own_page_size() {
     assert!(cache[8_192..8_320].iter().all(|&b| b == 0));
     assert_eq!(&cache[16_384..16_388], &(2.0 * INV_E4M3_MAX).to_le_bytes());
 }
+
+#[test]
+fn gather_chunks_planned_into_one_reused_chunk_match_the_iterator() {
+    use kvlayout_kernels::{GatherChunk, gather_chunks};
+    // 40 token runs of 1,152 B (an MLA latent) into slots of 4,096 B with a first chunk of
+    // 1,024 B: chunks of at most 1,024, 2,048, then 4,096 B, runs cut at their edges. The same
+    // plan into one reused chunk (cleared each time) as from the iterator, chunk by chunk.
+    let runs: Vec<ByteRun> = (0..40u64)
+        .map(|i| ByteRun::new(i * 4096, (39 - i) * 1152, 1152))
+        .collect();
+    let expected: Vec<_> = gather_chunks(&runs, 4096, 3, 1024).collect();
+    let mut planner = gather_chunks(&runs, 4096, 3, 1024);
+    let mut chunk = GatherChunk::default();
+    let mut got = Vec::new();
+    while planner.next_into(&mut chunk) {
+        got.push(chunk.clone());
+    }
+    assert_eq!(got, expected);
+    // 40 x 1,152 = 46,080 B: 1,024 + 2,048 + 4,096 x 10 = 44,032, then 2,048 B: 1 + 1 + 10
+    // + 1 = 13 chunks.
+    assert_eq!(got.len(), 13);
+    let bytes: u64 = got
+        .iter()
+        .flat_map(|c| &c.gather)
+        .map(|r| r.len_bytes)
+        .sum();
+    assert_eq!(bytes, 46_080);
+    // Fused: nothing more, and the chunk left as the last one planned.
+    assert!(!planner.next_into(&mut chunk));
+}

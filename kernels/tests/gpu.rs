@@ -1166,7 +1166,7 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
     }
 }
 
-/// The token kernel (`copy_runs_uniform`, and its shared-memory variant) on lists of one run
+/// The token kernel (`copy_runs_uniform`) on lists of one run
 /// length from 128 B to 4 KiB (8 to 256 vectors: 32 down to 1 run per warp, 1,152 B with
 /// idle slots) between random 16-byte-aligned slots, both ways, bit for bit against the CPU
 /// reference; 1,001 runs, not a multiple of any group, so the last group is cut short.
@@ -1188,8 +1188,7 @@ fn uniform_run_lists_of_every_group_size_match_the_cpu_reference() {
             .map(|(&a, &b)| ByteRun::new(a * 4096, b * 4096, len))
             .collect();
         for h2d in [true, false] {
-            for deep in [false, true] {
-                gpu.set_token_kernel_deep(deep);
+            {
                 let src_bytes = rng.bytes(region_bytes as usize);
                 let poison = rng.bytes(region_bytes as usize);
                 let src = Buf::new(&gpu, h2d, &src_bytes);
@@ -1201,10 +1200,9 @@ fn uniform_run_lists_of_every_group_size_match_the_cpu_reference() {
                 };
                 gpu.copy_runs(src.bytes(), dst.bytes_mut(), &uploaded, shape)
                     .unwrap();
-                gpu.set_token_kernel_deep(false);
                 assert!(
                     dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &runs),
-                    "len {len} h2d {h2d} deep {deep}"
+                    "len {len} h2d {h2d}"
                 );
             }
         }

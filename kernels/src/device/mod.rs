@@ -84,7 +84,6 @@ struct Kernels {
     validate_runs: CudaFunction,
     copy_runs: CudaFunction,
     copy_runs_uniform: CudaFunction,
-    copy_runs_uniform_deep: CudaFunction,
 }
 
 /// One kernel argument: a 64-bit word (an address or a count).
@@ -117,8 +116,6 @@ pub struct Gpu {
     gathered: gathered::GatherCell,
     /// Multiprocessors the model leaves free ([`Gpu::set_model_carveout_sms`]); 0: none.
     model_carveout_sms: AtomicU32,
-    /// Experiment: the token kernel's variant with a second group in shared memory.
-    token_deep: std::sync::atomic::AtomicBool,
 }
 
 impl Gpu {
@@ -166,7 +163,6 @@ impl Gpu {
             run_ring: Mutex::new(None),
             gathered: Mutex::new(gathered::GatherState::Untried),
             model_carveout_sms: AtomicU32::new(0),
-            token_deep: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -208,13 +204,6 @@ impl Gpu {
         }
         self.model_carveout_sms.store(sms, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Experiment (session 9): token runs go to `copy_runs_uniform_deep` (a second group of
-    /// runs per warp in flight through shared memory) instead of `copy_runs_uniform`.
-    #[doc(hidden)]
-    pub fn set_token_kernel_deep(&self, on: bool) {
-        self.token_deep.store(on, Ordering::Relaxed);
     }
 
     /// The model's SM carve-out ([`Gpu::set_model_carveout_sms`]); `None` when unset or 0.
@@ -305,7 +294,6 @@ impl Gpu {
             validate_runs: f("validate_runs")?,
             copy_runs: f("copy_runs")?,
             copy_runs_uniform: f("copy_runs_uniform")?,
-            copy_runs_uniform_deep: f("copy_runs_uniform_deep")?,
             _module: module,
         })
     }
@@ -317,10 +305,6 @@ impl Gpu {
             ("validate_runs".to_string(), &k.validate_runs),
             ("copy_runs".to_string(), &k.copy_runs),
             ("copy_runs_uniform".to_string(), &k.copy_runs_uniform),
-            (
-                "copy_runs_uniform_deep".to_string(),
-                &k.copy_runs_uniform_deep,
-            ),
         ];
         fs.into_iter()
             .map(|(name, f)| {

@@ -110,6 +110,21 @@ impl RunOrder {
     }
 }
 
+/// True when [`RunOrder::AsGiven`]'s [`RunOrder::sorted_and_merged`] would change `runs`: an
+/// empty run (dropped), or a run that continues the one before it on both sides (merged, the
+/// sum of lengths fitting a `u64`). Otherwise the list is used as given, with no copy: token
+/// lists between random slots rarely merge, and copying a layer's 32,768 runs (786 KB, page
+/// faults included) was most of the chooser's host time per load call on the H200
+/// (BENCHMARKS.md, "page size 1").
+pub(crate) fn changed_by_merging(runs: &[ByteRun]) -> bool {
+    runs.iter().any(|r| r.len_bytes == 0)
+        || runs.windows(2).any(|w| {
+            w[0].src_offset_bytes.checked_add(w[0].len_bytes) == Some(w[1].src_offset_bytes)
+                && w[0].dst_offset_bytes.checked_add(w[0].len_bytes) == Some(w[1].dst_offset_bytes)
+                && w[0].len_bytes.checked_add(w[1].len_bytes).is_some()
+        })
+}
+
 /// `runs` sorted by `key`: on rayon's threads from `PARALLEL_SORT_MIN_RUNS` runs (unstable),
 /// else on this one (stable).
 fn sort_runs_by<K: Fn(&ByteRun) -> u64 + Sync>(runs: &mut [ByteRun], key: K) {
@@ -361,4 +376,36 @@ pub enum CopyEngineHint {
     Default,
     /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: keep the copy off the SMs.
     PreferOverlapWithCompute,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RunOrder, changed_by_merging};
+    use crate::copy_runs::ByteRun;
+
+    #[test]
+    fn a_list_is_changed_by_merging_exactly_when_as_given_merging_changes_it() {
+        // Two Llama-3.1-8B token runs (2,048 B) between unrelated slots: nothing merges.
+        let apart = [ByteRun::new(0, 8192, 2048), ByteRun::new(4096, 0, 2048)];
+        // Continuing on the source only (2,048 = 0 + 2,048) but not on the destination.
+        let src_only = [ByteRun::new(0, 8192, 2048), ByteRun::new(2048, 0, 2048)];
+        // Continuing on both sides: one run of 4,096 B.
+        let both = [ByteRun::new(0, 0, 2048), ByteRun::new(2048, 2048, 2048)];
+        // An empty run is dropped.
+        let empty = [ByteRun::new(0, 8192, 2048), ByteRun::new(64, 64, 0)];
+        // Continuing on both sides, but 10 + (u64::MAX - 9) passes u64::MAX: left as two.
+        let wraps = [ByteRun::new(0, 0, 10), ByteRun::new(10, 10, u64::MAX - 9)];
+        for (runs, changed) in [
+            (&apart[..], false),
+            (&src_only[..], false),
+            (&both[..], true),
+            (&empty[..], true),
+            (&wraps[..], false),
+            (&[][..], false),
+        ] {
+            assert_eq!(changed_by_merging(runs), changed, "{runs:?}");
+            let merged = RunOrder::AsGiven.sorted_and_merged(runs);
+            assert_eq!(merged != runs, changed, "{runs:?}");
+        }
+    }
 }

@@ -117,13 +117,7 @@ impl Gpu {
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
         let group = runs_per_warp(vectors_per_run);
-        let deep = self.token_deep.load(std::sync::atomic::Ordering::Relaxed);
-        let (f, per_warp) = if deep {
-            (&self.kernels()?.copy_runs_uniform_deep, 2 * group)
-        } else {
-            (f, group)
-        };
-        let threads = n.div_ceil(per_warp) * 32;
+        let threads = n.div_ceil(group) * 32;
         let args = [
             Arg::Word(list),
             Arg::Word(n),
