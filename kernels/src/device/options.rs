@@ -116,7 +116,7 @@ impl RunOrder {
 /// lists between random slots rarely merge, and copying a layer's 32,768 runs (786 KB, page
 /// faults included) was most of the chooser's host time per load call on the H200
 /// (BENCHMARKS.md, "page size 1").
-pub(crate) fn changed_by_merging(runs: &[ByteRun]) -> bool {
+pub fn changed_by_merging(runs: &[ByteRun]) -> bool {
     runs.iter().any(|r| r.len_bytes == 0)
         || runs.windows(2).any(|w| {
             w[0].src_offset_bytes.checked_add(w[0].len_bytes) == Some(w[1].src_offset_bytes)
