@@ -860,3 +860,78 @@ fn checksum_flag_on_the_trace_replay() {
         String::from_utf8_lossy(&out.stderr).contains("--checksum belongs to --workload trace")
     );
 }
+
+/// The synthetic workload at `--page-size-tokens 1` (issue 25) with `extra` arguments: exit
+/// code and stdout + stderr.
+fn replay_page_size_1(device_pages: &str, extra: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--workload",
+            "synthetic",
+            "--page-size-tokens",
+            "1",
+        ])
+        .args(["--sessions", "4", "--layers", "2", "--concurrency", "2"])
+        .args(["--device-pages", device_pages, "--host-pages", "2000"])
+        .args(extra)
+        .output()
+        .expect("run kvlayout");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().expect("exit code"), text)
+}
+
+/// Issue 25: at `--page-size-tokens 1` (SGLang's `--page-size 1`) a page is one token. A
+/// session ends at 3 prefix pages (3 tokens) + 3 turns x (48 + 8) = 171 tokens = 171 pages
+/// (172 would be a page too many: 2 at once need 342 of 340); every page moved carries one
+/// token of each of the 2 simulated layers: DeepSeek-V3.2's MLA fp8 token, 656 B (512 fp8 +
+/// 4 f32 scales + 64 bf16), and its index-K fp8 token, 132 B (128 fp8 + 1 f32 scale):
+/// 2 x 788 = 1,576 B per page.
+#[test]
+fn page_size_1_pages_are_tokens() {
+    let (code, text) = replay_page_size_1("340", &[]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains(
+            "2 sessions at once need 2 x 171 pages = 342, more than the device pool's 340 pages"
+        ),
+        "{text}"
+    );
+    let (code, text) = replay_page_size_1("400", &["--json"]);
+    assert_eq!(code, 0, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+    assert_eq!(v["page_size_tokens"], 1, "{text}");
+    assert_eq!(v["device_pages"], 400, "{text}");
+    assert_eq!(v["corrupted_sessions"], 0, "{text}");
+    let count = |k: &str| v[k].as_u64().expect(k);
+    // 400 pages hold 2 sessions of 171: the second batch evicts (backs up) the first's pages,
+    // and the next turn loads them back.
+    assert!(
+        count("backed_up_pages") > 0 && count("loaded_pages") > 0,
+        "{text}"
+    );
+    assert_eq!(count("backed_up_bytes"), count("backed_up_pages") * 1576);
+    assert_eq!(count("loaded_bytes"), count("loaded_pages") * 1576);
+}
+
+/// The trace workload models at most 8 pages per 512-token block: page size 1 (512 pages a
+/// block) is refused naming the flag, exit 2.
+#[test]
+fn trace_at_page_size_1_is_refused_naming_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--page-size-tokens", "1", "--layers", "1"])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains(
+            "--page-size-tokens: 1 gives 512 pages per 512-token block; at most 8 are modelled"
+        ),
+        "{text}"
+    );
+}

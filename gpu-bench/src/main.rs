@@ -20,7 +20,10 @@
 //! by page pair, as the pool shim lays them; else buffer by buffer, layer by layer);
 //! `--hold SECONDS` (instead of windows, long phases of the GEMM loop alone, beside memcpy,
 //! beside the chooser and, at page size 1, beside the peer, each stream fed without a pause,
-//! with wall-clock intervals to read an `nvidia-smi` log by).
+//! with wall-clock intervals to read an `nvidia-smi` log by); `--token-variants` (with `--hold`
+//! and `--page-size-1`: phases of the token kernel on 2 and 4 SMs and over contiguous runs, the
+//! SM path's ceiling, too); `--token-ceiling` (windows at page size 1: memcpy, the token kernel
+//! over contiguous runs and over the scattered ones on 4 and all SMs, the peer, the chooser).
 //!
 //! The exploration modes of sessions 3 to 7 (`--explore` and its candidates, the item-copy and
 //! quantizer rows of the first benchmark) were removed with the code they measured or once
@@ -46,7 +49,7 @@ fn main() -> Result<(), KernelError> {
     eprintln!(
         "usage: gpu_bench --overlap | --overlap-small | --dma-sweep [--page-size-1] \
          [--sm-carveout K] [--auto-only] [--loads-only | --backups-only] [--pair-major] \
-         [--hold SECONDS]"
+         [--hold SECONDS] [--token-variants] [--token-ceiling]"
     );
     std::process::exit(2);
 }

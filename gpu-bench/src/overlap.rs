@@ -248,6 +248,18 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                 };
                 gpu.enqueue_copy_runs(src, dst, &call.dev_runs, shape)
             }
+            Path::SmContiguous(sms) => {
+                let shape = LaunchShape {
+                    blocks_per_sm: 4,
+                    ..sms.map_or(LaunchShape::default(), LaunchShape::sm_budget)
+                };
+                match &call.contiguous_runs {
+                    Some(runs) => gpu.enqueue_copy_runs(src, dst, runs, shape),
+                    None => Err(KernelError::Unsupported(
+                        "contiguous runs are laid at page size 1 only".to_string(),
+                    )),
+                }
+            }
             Path::Staged => gpu.enqueue_staged_runs(src, dst, &call.runs).map(|_| ()),
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
@@ -564,11 +576,29 @@ fn hold_phases(
         Some(Path::Memcpy),
         None,
     ];
+    // `--token-variants` (page size 1, loads): the token kernel with an uploaded list on 2 and
+    // 4 SMs, and over contiguous runs on 4 and all SMs, between the peer and the second chooser
+    // phase.
+    let variants = [
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        Some(Path::Peer(2)),
+        Some(Path::Peer(8)),
+        Some(Path::RunKernel(Some(2))),
+        Some(Path::RunKernel(Some(4))),
+        Some(Path::SmContiguous(Some(4))),
+        Some(Path::SmContiguous(None)),
+        Some(Path::Auto),
+        Some(Path::Memcpy),
+        None,
+    ];
+    let token_variants = std::env::args().any(|a| a == "--token-variants");
     for shape in shapes {
-        let phases: &[Option<Path>] = if shape.name.starts_with("page size 1") {
-            &page1
-        } else {
-            &order
+        let phases: &[Option<Path>] = match shape.name.starts_with("page size 1") {
+            true if token_variants && shape.h2d => &variants,
+            true => &page1,
+            false => &order,
         };
         for &path in phases {
             hold(cx, shape, path, seconds, gemm_ms)?;

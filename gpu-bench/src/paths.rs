@@ -18,6 +18,9 @@ pub enum Path {
     Batch(bool, bool, usize, usize, bool),
     /// kvlayout's run-list kernel on at most this many SMs (`None`: all).
     RunKernel(Option<u32>),
+    /// The token kernel on at most this many SMs over contiguous runs of the same count and
+    /// length (page size 1: the SM path's ceiling without the scatter).
+    SmContiguous(Option<u32>),
     /// kvlayout's staged path (`Gpu::enqueue_staged_runs`): host threads gather or scatter,
     /// one contiguous copy per chunk, the run-list kernel on a few SMs on the device side.
     Staged,
@@ -65,6 +68,9 @@ impl Path {
                 if pitched { ", pitched runs as 2D" } else { "" }
             ),
             Path::RunKernel(s) => format!("kvlayout run-list kernel, {}", sms(s)),
+            Path::SmContiguous(s) => {
+                format!("token kernel on contiguous runs (SM ceiling), {}", sms(s))
+            }
             Path::Staged => {
                 "kvlayout staged: host threads, 1 copy per 16 MiB chunk, 8 slots".into()
             }
@@ -95,6 +101,19 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
         paths.extend([BATCH_DEFAULT, Path::Batch(true, true, 1, 16384, false)]);
         paths.extend(variants);
         paths.extend([Path::Batch(true, true, 8, 2048, false), Path::Auto]);
+    } else if shape.token_granular
+        && shape.name.starts_with("page size 1")
+        && std::env::args().any(|a| a == "--token-ceiling")
+    {
+        // `--token-ceiling`: the token kernel over contiguous runs (the SM path's ceiling) and
+        // over the scattered ones on 4 and all SMs, the peer at its default launch, the chooser.
+        paths.extend([Path::SmContiguous(Some(4)), Path::SmContiguous(None)]);
+        paths.extend([
+            Path::RunKernel(Some(4)),
+            Path::RunKernel(None),
+            Path::Peer(2),
+        ]);
+        paths.push(Path::Auto);
     } else if shape.token_granular && shape.name.starts_with("page size 1") {
         // Page size 1: the peer at its default launch and at block_quota 8, the token kernel
         // on a few SM budgets, the chooser.

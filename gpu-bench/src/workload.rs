@@ -42,6 +42,9 @@ pub struct Call {
     pub peer_items: DeviceRuns,
     pub peer_item_count: u64,
     pub bytes: u64,
+    /// At page size 1: as many runs of the same length, laid one after the other from offset 0
+    /// on both sides (the token kernel's ceiling: the same launches, no scatter).
+    pub contiguous_runs: Option<DeviceRuns>,
 }
 
 /// A transfer: its calls, direction, and how many back-to-back repetitions make one timed
@@ -236,7 +239,19 @@ fn call(gpu: &Gpu, runs: Vec<ByteRun>, peer: Vec<ByteRun>, h2d: bool) -> Result<
         peer_items: gpu.upload_runs(&peer, RunOrder::AsGiven)?,
         runs,
         bytes,
+        contiguous_runs: None,
     })
+}
+
+/// `call` with its [`Call::contiguous_runs`]: as many runs as it has, each as long as its
+/// first, laid one after the other from offset 0 on both sides.
+fn with_contiguous(gpu: &Gpu, mut call: Call) -> Result<Call, KernelError> {
+    let len = call.runs.first().map_or(0, |r| r.len_bytes);
+    let runs: Vec<ByteRun> = (0..call.runs.len() as u64)
+        .map(|i| ByteRun::new(i * len, i * len, len))
+        .collect();
+    call.contiguous_runs = Some(gpu.upload_runs(&runs, RunOrder::AsGiven)?);
+    Ok(call)
 }
 
 /// Tokens of each page-size-1 pool (`--page-size-1`): twice the tokens moved.
@@ -313,7 +328,7 @@ pub fn page1_shape(
                 }
             }
             let peer = runs.clone();
-            calls.push(call(gpu, runs, peer, true)?);
+            calls.push(with_contiguous(gpu, call(gpu, runs, peer, true)?)?);
         }
     } else {
         let mut runs = Vec::new();
@@ -325,7 +340,7 @@ pub fn page1_shape(
             }
         }
         let peer = runs.clone();
-        calls.push(call(gpu, runs, peer, false)?);
+        calls.push(with_contiguous(gpu, call(gpu, runs, peer, false)?)?);
     }
     Ok(Shape {
         name: format!(

@@ -10,14 +10,21 @@
 //! 2,048 runs; host pool `page_first` (a page's 61 layers of both buffers, 3,073,024 B, one
 //! after the other), device pool `layer_first`. The baseline, in the same run: sorting the
 //! 2,048 host offsets alone as plain `u64`s (`sort_unstable`).
+//!
+//! Page size 1 ([`page_size_1`]): what the chooser's host path did and does with a token list
+//! (BENCHMARKS.md, "GPU at page size 1"): a load's layer call copied as listed before the
+//! change, checked for merges without a copy after; a gathered backup planned into fresh
+//! vectors per chunk before, into one reused chunk after; baseline in the same run: a plain copy
+//! of the list.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use kvlayout_kernels::device::options::changed_by_merging;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    ByteRun, RunOrder, TransferDirection, TransferPath, kernel_share_permille, split_load,
-    validate_runs,
+    ByteRun, GatherChunk, RunOrder, TransferDirection, TransferPath, gather_chunks, host_stretches,
+    kernel_share_permille, split_load, validate_runs,
 };
 
 const POOL_PAGES: u64 = 4096;
@@ -138,5 +145,86 @@ fn host_plan(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, host_plan);
+/// Page size 1 (BENCHMARKS.md, "GPU at page size 1"): Llama-3.1-8B pools of 32,768 one-token
+/// pages, K and V buffers of 32 layers, 2,048 B per token, layer and buffer; 16,384 random host
+/// slots paired with random device slots. Host `page_first` (per buffer, a slot's 32 layers one
+/// after the other: 64 KiB), device `layer_first`. A load's layer call lists each token's K
+/// then V run (32,768 runs); the backup lists each token's K layers, then its V layers
+/// (1,048,576 runs, 32,768 host stretches of 64 KiB).
+const PAGE1_SLOTS: u64 = 32 * 1024;
+const PAGE1_TOKENS: usize = 16 * 1024;
+const PAGE1_LAYERS: u64 = 32;
+const PAGE1_RUN_BYTES: u64 = 2048;
+
+fn page1_runs(load_layer: Option<u64>) -> Vec<ByteRun> {
+    let mut rng = SplitMix64::new(25);
+    let host_slots = rng.distinct_below(PAGE1_SLOTS, PAGE1_TOKENS);
+    let dev_slots = rng.distinct_below(PAGE1_SLOTS, PAGE1_TOKENS);
+    let buffer_bytes = PAGE1_SLOTS * PAGE1_LAYERS * PAGE1_RUN_BYTES;
+    let host = |b: u64, l: u64, h: u64| b * buffer_bytes + (h * PAGE1_LAYERS + l) * PAGE1_RUN_BYTES;
+    let dev = |b: u64, l: u64, d: u64| b * buffer_bytes + (l * PAGE1_SLOTS + d) * PAGE1_RUN_BYTES;
+    let mut runs = Vec::new();
+    for (&h, &d) in host_slots.iter().zip(&dev_slots) {
+        for b in 0..2 {
+            match load_layer {
+                Some(l) => runs.push(ByteRun::new(host(b, l, h), dev(b, l, d), PAGE1_RUN_BYTES)),
+                None => runs.extend(
+                    (0..PAGE1_LAYERS)
+                        .map(|l| ByteRun::new(dev(b, l, d), host(b, l, h), PAGE1_RUN_BYTES)),
+                ),
+            }
+        }
+    }
+    runs
+}
+
+fn page_size_1(c: &mut Criterion) {
+    let layer = page1_runs(Some(7));
+    assert!(!changed_by_merging(&layer), "random slots: nothing merges");
+    let mut g = c.benchmark_group("page size 1, one layer's load, 32,768 runs");
+    g.bench_function("baseline: copy the list (Vec clone)", |b| {
+        b.iter(|| black_box(&layer).to_vec())
+    });
+    g.bench_function("before: merged as listed (a copy)", |b| {
+        b.iter(|| RunOrder::AsGiven.sorted_and_merged(black_box(&layer)))
+    });
+    g.bench_function("after: changed_by_merging (no copy)", |b| {
+        b.iter(|| changed_by_merging(black_box(&layer)))
+    });
+    g.finish();
+
+    let backup = page1_runs(None);
+    let stretches = host_stretches(&backup).expect("no overlap");
+    assert_eq!(stretches.stretches, 32 * 1024);
+    let (slot_bytes, slots, first_bytes) = (64 << 20, 4, 8 << 20);
+    let mut g = c.benchmark_group("page size 1, gathered backup plan, 1,048,576 runs");
+    g.sample_size(10);
+    g.bench_function("baseline: copy the list (Vec clone)", |b| {
+        b.iter(|| black_box(&backup).to_vec())
+    });
+    g.bench_function("host_stretches", |b| {
+        b.iter(|| host_stretches(black_box(&backup)))
+    });
+    g.bench_function("before: gather_chunks, fresh vectors per chunk", |b| {
+        b.iter(|| {
+            gather_chunks(black_box(&backup), slot_bytes, slots, first_bytes)
+                .map(|c| c.gather.len())
+                .sum::<usize>()
+        })
+    });
+    let mut chunk = GatherChunk::default();
+    g.bench_function("after: next_into one reused chunk", |b| {
+        b.iter(|| {
+            let mut planner = gather_chunks(black_box(&backup), slot_bytes, slots, first_bytes);
+            let mut pieces = 0;
+            while planner.next_into(&mut chunk) {
+                pieces += chunk.gather.len();
+            }
+            pieces
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, host_plan, page_size_1);
 criterion_main!(benches);

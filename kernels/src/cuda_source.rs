@@ -8,7 +8,8 @@
 //!   the error record and returns without writing if any validation on the stream has failed,
 //!   so a bad list moves no byte; short lists (`self_check`) are checked by every block itself.
 //! - `copy_runs_uniform`: runs of one length (the token-granular path,
-//!   `device::token_runs`), the list's 16-byte vectors spread over the whole grid.
+//!   `device::token_runs`), a warp copying `256 / vectors per run` runs at a time, 8 loads of
+//!   16 bytes in flight per lane.
 
 /// Threads per block of every kernel (the copy kernels declare it in `__launch_bounds__`).
 pub(crate) const THREADS_PER_BLOCK: u32 = 256;
@@ -110,44 +111,81 @@ extern "C" __global__ void __launch_bounds__(256) copy_runs(
     }
 }
 
-// Runs of one length, `vpr` 16-byte vectors each (at most 256: runs of at most 4 KiB; every
+// Runs of one length, `vpr` 16-byte vectors each (8 to 256: runs of 128 B to 4 KiB; every
 // offset and both bases 16-byte aligned; checked on the host): the token-granular path (a token
 // of one layer per run: 2,048 B for Llama-3.1-8B's K or V in bf16, 1,152 B for an MLA latent).
-// A warp copies 8 >> lane_shift runs at a time; lane l loads vector l + 32 i of each
-// (i < 1 << lane_shift, the power of two at or above vpr / 32): 8 independent 16-byte loads
-// per lane issued before any store, one descriptor per run read by the whole warp. The lists
+// A warp copies `group` = 256 / vpr runs at a time: its 256 load slots (8 per lane) hold the
+// group's vectors one after the other, slot lane + 32 j holding vector (lane + 32 j) % vpr of
+// run (lane + 32 j) / vpr of the group (slots past group * vpr idle: 40 of 256 for 1,152-byte
+// runs, none for 2,048), so every lane issues up to 8 independent 16-byte loads before any
+// store. Each slot's run is walked from the lane's first (`uniform_next`), with no division
+// and no array per slot (64 registers, no spills at 4 blocks of 256 threads per SM). The lists
 // are checked before the launch (on the host, or by validate_runs on the stream); this kernel
 // only reads the error record.
+
+// From slot lane + 32 j (run g, vector v) to slot lane + 32 (j + 1): 32 vectors on (vpr >= 8:
+// at most 4 runs on).
+__device__ __forceinline__ void uniform_next(u32& g, u32& v, u32 vpr)
+{
+    v += 32u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (v >= vpr) { v -= vpr; ++g; }
+    }
+}
+
+// Loads the slots of the group of runs at `first` whose run is below `lim` into `buf`.
+__device__ __forceinline__ void uniform_load(
+    uint4* buf, u32 g0, u32 v0, u32 vpr, u32 lim, const Run* runs, u64 first,
+    const unsigned char* src)
+{
+    u32 g = g0, v = v0;
+#pragma unroll
+    for (u32 j = 0; j < 8; ++j) {
+        if (g < lim) {
+            buf[j] = reinterpret_cast<const uint4*>(src + runs[first + g].src)[v];
+        }
+        uniform_next(g, v, vpr);
+    }
+}
+
+// Stores `buf` to the group (as `uniform_load`).
+__device__ __forceinline__ void uniform_store(
+    const uint4* buf, u32 g0, u32 v0, u32 vpr, u32 lim, const Run* runs, u64 first,
+    unsigned char* dst)
+{
+    u32 g = g0, v = v0;
+#pragma unroll
+    for (u32 j = 0; j < 8; ++j) {
+        if (g < lim) {
+            reinterpret_cast<uint4*>(dst + runs[first + g].dst)[v] = buf[j];
+        }
+        uniform_next(g, v, vpr);
+    }
+}
+
+// The runs of the group at `first` that exist (at most `per_group`).
+__device__ __forceinline__ u32 uniform_lim(u64 first, u64 n, u32 per_group)
+{
+    return first >= n ? 0u : (u32)((n - first) < (u64)per_group ? (n - first) : (u64)per_group);
+}
+
 extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
-    const Run* __restrict__ runs, u64 n, u64 vpr, u64 lane_shift, const unsigned char* src,
+    const Run* __restrict__ runs, u64 n, u64 vpr, u64 group, const unsigned char* src,
     unsigned char* dst, unsigned long long* err)
 {
     if (*((volatile const u64*)err) != 0) return;
     const u32 lane = threadIdx.x & 31u;
-    const u32 shift = (u32)lane_shift;
-    const u32 mask = (1u << shift) - 1u;
-    const u64 per_warp = 8u >> shift;
+    const u32 per_group = (u32)group;
     const u32 vectors = (u32)vpr;
+    const u32 g0 = lane / vectors, v0 = lane % vectors;
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
-    for (u64 first = warp * per_warp; first < n; first += warps * per_warp) {
+    for (u64 first = warp * per_group; first < n; first += warps * per_group) {
+        const u32 lim = uniform_lim(first, n, per_group);
         uint4 buf[8];
-#pragma unroll
-        for (u32 j = 0; j < 8; ++j) {
-            const u64 r = first + (j >> shift);
-            const u32 v = lane + 32u * (j & mask);
-            if (r < n && v < vectors) {
-                buf[j] = reinterpret_cast<const uint4*>(src + runs[r].src)[v];
-            }
-        }
-#pragma unroll
-        for (u32 j = 0; j < 8; ++j) {
-            const u64 r = first + (j >> shift);
-            const u32 v = lane + 32u * (j & mask);
-            if (r < n && v < vectors) {
-                reinterpret_cast<uint4*>(dst + runs[r].dst)[v] = buf[j];
-            }
-        }
+        uniform_load(buf, g0, v0, vectors, lim, runs, first, src);
+        uniform_store(buf, g0, v0, vectors, lim, runs, first, dst);
     }
 }
 "#;

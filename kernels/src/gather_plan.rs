@@ -17,7 +17,7 @@
 use crate::copy_runs::ByteRun;
 
 /// One slot's worth of a gathered backup.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GatherChunk {
     /// The staging slot (chunk number modulo the slot count).
     pub slot: usize,
@@ -177,31 +177,40 @@ impl Iterator for GatherChunks<'_> {
     type Item = GatherChunk;
 
     fn next(&mut self) -> Option<GatherChunk> {
-        let chunk = self.next_chunk();
-        if chunk.is_none() {
-            // The end, or an offset past u64::MAX: nothing more, ever (fused).
-            self.runs = &[];
-        }
-        chunk
+        let mut chunk = GatherChunk::default();
+        self.next_into(&mut chunk).then_some(chunk)
     }
 }
 
 impl std::iter::FusedIterator for GatherChunks<'_> {}
 
 impl GatherChunks<'_> {
-    /// The next chunk; `None` at the end or when an offset would pass `u64::MAX`.
-    fn next_chunk(&mut self) -> Option<GatherChunk> {
+    /// [`Iterator::next`] into `chunk` (its vectors cleared first, their memory kept): true
+    /// when a chunk was planned. A caller planning backup after backup into one `GatherChunk`
+    /// allocates no memory once it has held the largest chunk (the gathered backup's ring
+    /// keeps one: a 1,048,576-run token backup planned into fresh vectors spent most of its
+    /// host time in allocation and page faults, BENCHMARKS.md "page size 1").
+    pub fn next_into(&mut self, chunk: &mut GatherChunk) -> bool {
+        let planned = self.fill(chunk).is_some();
+        if !planned {
+            // The end, or an offset past u64::MAX: nothing more, ever (fused).
+            self.runs = &[];
+        }
+        planned
+    }
+
+    /// Plans the next chunk into `chunk`; `None` at the end or when an offset would pass
+    /// `u64::MAX`.
+    fn fill(&mut self, chunk: &mut GatherChunk) -> Option<()> {
+        chunk.gather.clear();
+        chunk.stretches.clear();
         while self.runs.get(self.next_run)?.len_bytes == 0 {
             self.next_run += 1;
         }
         let slot = (self.chunks % self.slots as u64) as usize;
         let limit_bytes = self.limit_bytes(self.chunks);
         let slot_base_bytes = (slot as u64).checked_mul(self.slot_bytes)?;
-        let mut chunk = GatherChunk {
-            slot,
-            gather: Vec::new(),
-            stretches: Vec::new(),
-        };
+        chunk.slot = slot;
         let mut used_bytes = 0u64;
         while used_bytes < limit_bytes {
             let Some(r) = self.runs.get(self.next_run) else {
@@ -244,7 +253,7 @@ impl GatherChunks<'_> {
             }
         }
         self.chunks += 1;
-        (!chunk.gather.is_empty()).then_some(chunk)
+        (!chunk.gather.is_empty()).then_some(())
     }
 }
 

@@ -284,18 +284,30 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
         .map(|i| ByteRun::new(i * 132, i * 132, 132))
         .collect();
     assert_eq!(TransferPath::choose(&tokens, D::Backup, Some(5)), sm(5, 3));
+    // (Three runs are fewer than CARVEOUT_MIN_RUNS = 64: not gathered.)
     assert_eq!(TransferPath::choose(&tokens, D::Load, Some(5)), sm(5, 3));
     assert_eq!(
         TransferPath::choose(&tokens, D::Load, None),
         sm(SM_BUDGET, 3)
     );
     assert_eq!(TransferPath::choose(&tokens, D::Other, Some(5)), sm(5, 3));
-    // 64 token runs (2,048 B: Llama-3.1-8B's K of one token and layer at page size 1): the
-    // kernel on the carve-out both ways (not gathered, unlike page runs).
+    // 64 token runs (2,048 B: Llama-3.1-8B's K of one token and layer at page size 1): a
+    // load on the carve-out's kernel, a backup gathered on the carve-out (as page runs are:
+    // SM stores to the host slowed the GEMM); 63 runs, a backup too, the kernel.
     let llama: Vec<ByteRun> = (0..64)
         .map(|i| ByteRun::new(i * 2048, i * 4096, 2048))
         .collect();
-    assert_eq!(TransferPath::choose(&llama, D::Backup, Some(2)), sm(2, 64));
+    assert_eq!(
+        TransferPath::choose(&llama, D::Backup, Some(2)),
+        TransferPath::GatheredBackup {
+            max_sms: 2,
+            runs: 64
+        }
+    );
+    assert_eq!(
+        TransferPath::choose(&llama[..63], D::Backup, Some(2)),
+        sm(2, 63)
+    );
     assert_eq!(TransferPath::choose(&llama, D::Load, Some(2)), sm(2, 64));
     assert_eq!(
         TransferPath::choose(&llama, D::Backup, None),
@@ -885,4 +897,34 @@ fn index_k_spec_takes_the_buffers_own_page_size() {
     // token 64's values (64 x 128 = 8,192..8,320) stay untouched; token 0's scale at 16,384
     assert!(cache[8_192..8_320].iter().all(|&b| b == 0));
     assert_eq!(&cache[16_384..16_388], &(2.0 * INV_E4M3_MAX).to_le_bytes());
+}
+
+#[test]
+fn gather_chunks_planned_into_one_reused_chunk_match_the_iterator() {
+    use kvlayout_kernels::{GatherChunk, gather_chunks};
+    // 40 token runs of 1,152 B (an MLA latent) into slots of 4,096 B with a first chunk of
+    // 1,024 B: chunks of at most 1,024, 2,048, then 4,096 B, runs cut at their edges. The same
+    // plan into one reused chunk (cleared each time) as from the iterator, chunk by chunk.
+    let runs: Vec<ByteRun> = (0..40u64)
+        .map(|i| ByteRun::new(i * 4096, (39 - i) * 1152, 1152))
+        .collect();
+    let expected: Vec<_> = gather_chunks(&runs, 4096, 3, 1024).collect();
+    let mut planner = gather_chunks(&runs, 4096, 3, 1024);
+    let mut chunk = GatherChunk::default();
+    let mut got = Vec::new();
+    while planner.next_into(&mut chunk) {
+        got.push(chunk.clone());
+    }
+    assert_eq!(got, expected);
+    // 40 x 1,152 = 46,080 B: 1,024 + 2,048 + 4,096 x 10 = 44,032, then 2,048 B: 1 + 1 + 10
+    // + 1 = 13 chunks.
+    assert_eq!(got.len(), 13);
+    let bytes: u64 = got
+        .iter()
+        .flat_map(|c| &c.gather)
+        .map(|r| r.len_bytes)
+        .sum();
+    assert_eq!(bytes, 46_080);
+    // Fused: nothing more, and the chunk left as the last one planned.
+    assert!(!planner.next_into(&mut chunk));
 }

@@ -1048,7 +1048,8 @@ fn page1_runs(
 /// MLA latent) through the chooser, without and with a carve-out, against the pool crate's
 /// CPU backend bit for bit: loads layer by layer go to the token kernel (`copy_runs_uniform`)
 /// on `SM_BUDGET` SMs or on the carve-out, a backup of all layers too (18,300 runs of 1,152 B
-/// for MLA). A list with one run past the end is refused with both sides unchanged.
+/// for MLA) without a carve-out; with one, the backup is gathered on it (device staging, then
+/// the copy engines per host stretch of a token's layers). A list with one run past the end is refused with both sides unchanged.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn page_size_1_token_runs_match_the_pool_cpu_backend() {
@@ -1097,7 +1098,13 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
                             max_sms: SM_BUDGET,
                             runs: n,
                         },
-                        (Some(k), _) => TransferPath::SmKernel {
+                        (Some(k), true) => TransferPath::SmKernel {
+                            max_sms: k,
+                            runs: n,
+                        },
+                        // A backup laid token by token (each buffer's layers together on
+                        // the host) is gathered on the carve-out.
+                        (Some(k), false) => TransferPath::GatheredBackup {
                             max_sms: k,
                             runs: n,
                         },
@@ -1154,6 +1161,49 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
                     "{err:?}"
                 );
                 assert!(dst.read(&gpu) == before, "a refused list moved bytes");
+            }
+        }
+    }
+}
+
+/// The token kernel (`copy_runs_uniform`) on lists of one run
+/// length from 128 B to 4 KiB (8 to 256 vectors: 32 down to 1 run per warp, 1,152 B with
+/// idle slots) between random 16-byte-aligned slots, both ways, bit for bit against the CPU
+/// reference; 1,001 runs, not a multiple of any group, so the last group is cut short.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn uniform_run_lists_of_every_group_size_match_the_cpu_reference() {
+    let gpu = gpu();
+    let mut rng = SplitMix64::new(909);
+    let region_bytes = 8 << 20;
+    for len in [128u64, 144, 656, 1152, 2048, 4096] {
+        let slots = region_bytes / 4096;
+        let (s, d) = (
+            rng.distinct_below(slots, 1001),
+            rng.distinct_below(slots, 1001),
+        );
+        let runs: Vec<ByteRun> = s
+            .iter()
+            .zip(&d)
+            .map(|(&a, &b)| ByteRun::new(a * 4096, b * 4096, len))
+            .collect();
+        for h2d in [true, false] {
+            {
+                let src_bytes = rng.bytes(region_bytes as usize);
+                let poison = rng.bytes(region_bytes as usize);
+                let src = Buf::new(&gpu, h2d, &src_bytes);
+                let mut dst = Buf::new(&gpu, !h2d, &poison);
+                let uploaded = gpu.upload_runs(&runs, RunOrder::AsGiven).unwrap();
+                let shape = LaunchShape {
+                    blocks_per_sm: 4,
+                    ..LaunchShape::sm_budget(2)
+                };
+                gpu.copy_runs(src.bytes(), dst.bytes_mut(), &uploaded, shape)
+                    .unwrap();
+                assert!(
+                    dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &runs),
+                    "len {len} h2d {h2d}"
+                );
             }
         }
     }

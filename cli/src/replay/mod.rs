@@ -91,6 +91,15 @@ pub struct ReplayArgs {
     /// from the workload: the trace, or sessions, turns, prefixes and batches).
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
+    /// Tokens per page of both pools [default: the engine's page for the model: SGLang's 256
+    /// for DeepSeek-V4, else 64]. 1 is SGLang's `--page-size 1` (its default for the
+    /// FlashAttention-3 and FlashInfer backends): every transfer is token-granular (one run per
+    /// token, layer and buffer), which `--device cuda` moves with the token kernel (loads) and,
+    /// on a model SM carve-out, gathered backups. `--device-pages` and `--host-pages` count
+    /// pages of this size (at 1, pages are tokens). The trace workload models at most 8 pages
+    /// per 512-token block (64 tokens or more); the synthetic one any size.
+    #[arg(long)]
+    pub page_size_tokens: Option<u64>,
     /// Layers whose bytes move (the first ones; the pairing check covers all of them)
     /// [default: 1 for a trace, 4 synthetic].
     #[arg(long)]
@@ -455,12 +464,9 @@ fn param_flag(param: kvlayout_replay::Param) -> &'static str {
         Param::PrefillTokensPerS => "--prefill-tokens-per-s",
         Param::DecodeMsPerToken => "--decode-ms-per-token",
         Param::Checksum => "--checksum",
+        Param::PageSizeTokens => "--page-size-tokens",
         // Set by the CLI or the model, not by an option.
-        Param::PrefixGroups
-        | Param::IndexerHeads
-        | Param::PageSizeTokens
-        | Param::HostPool
-        | Param::Pages => param.name(),
+        Param::PrefixGroups | Param::IndexerHeads | Param::HostPool | Param::Pages => param.name(),
     }
 }
 
@@ -520,8 +526,10 @@ pub fn run(args: &ReplayArgs) -> u8 {
     let pool = PoolOptions {
         kv_dtype: args.kv_dtype,
         index_k,
-        // The engine's page: SGLang's 256 tokens for DeepSeek-V4, else 64.
-        page_size_tokens: model.engine_page_size_tokens(),
+        // The engine's page unless given: SGLang's 256 tokens for DeepSeek-V4, else 64.
+        page_size_tokens: args
+            .page_size_tokens
+            .unwrap_or_else(|| model.engine_page_size_tokens()),
         ..PoolOptions::default()
     };
     match args.workload {
@@ -662,8 +670,8 @@ mod tests {
             }
         }
         // --sessions, --layers, --turns, --concurrency, --device-pages, --host-pages, --top-k,
-        // --buffers, --prefill-tokens-per-s, --decode-ms-per-token.
-        assert_eq!(flags, 10);
+        // --buffers, --page-size-tokens, --prefill-tokens-per-s, --decode-ms-per-token.
+        assert_eq!(flags, 11);
     }
 
     /// The library says `device_pages`; the CLI says the flag, the default's origin included.

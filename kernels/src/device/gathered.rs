@@ -40,7 +40,7 @@ use super::{CopyEngineHint, Gpu, LaunchShape, copy_engine};
 use crate::copy_runs::ByteRun;
 use crate::device_memory::{DeviceBytes, GpuBytes, PinnedBytes, driver_err};
 use crate::error::KernelError;
-use crate::gather_plan::{GatherChunk, gather_chunks, host_stretches};
+use crate::gather_plan::{GatherChunk, GatherChunks, gather_chunks, host_stretches};
 
 /// Staging slots (chunks in flight).
 pub(crate) const GATHER_SLOTS: usize = 4;
@@ -62,6 +62,8 @@ pub(super) struct GatherRing {
     out_stream: Arc<CudaStream>,
     copied: Vec<Option<CudaEvent>>,
     lists: Vec<GatherList>,
+    /// The chunk each call plans into, its memory kept from call to call.
+    chunk: GatherChunk,
 }
 
 /// Pinned host memory holding a whole call's gather lists, read by the gather kernel in place
@@ -217,6 +219,7 @@ impl Gpu {
             out_stream,
             copied: (0..GATHER_SLOTS).map(|_| None).collect(),
             lists: vec![first_list],
+            chunk: GatherChunk::default(),
         })
     }
 
@@ -261,7 +264,31 @@ impl Gpu {
         list_at: usize,
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
-        chunks: impl Iterator<Item = GatherChunk>,
+        mut chunks: GatherChunks<'_>,
+        shape: LaunchShape,
+    ) -> Result<u64, KernelError> {
+        let mut chunk = std::mem::take(&mut ring.chunk);
+        // SAFETY: forwarded to the caller.
+        let planned = unsafe {
+            self.enqueue_planned(ring, list_at, src, dst, &mut chunks, &mut chunk, shape)
+        };
+        ring.chunk = chunk;
+        planned
+    }
+
+    /// The loop of [`Gpu::enqueue_chunks`], planning each chunk into `chunk`.
+    ///
+    /// # Safety
+    /// As [`Gpu::enqueue_gathered_backup`].
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn enqueue_planned(
+        &self,
+        ring: &mut GatherRing,
+        list_at: usize,
+        src: &dyn GpuBytes,
+        dst: &mut dyn GpuBytes,
+        chunks: &mut GatherChunks<'_>,
+        chunk: &mut GatherChunk,
         shape: LaunchShape,
     ) -> Result<u64, KernelError> {
         for stream in [&ring.gather_stream, &ring.out_stream] {
@@ -273,7 +300,7 @@ impl Gpu {
         let k = self.kernels()?;
         let mut planned_bytes = 0u64;
         let mut list_used_bytes = 0usize;
-        for chunk in chunks {
+        while chunks.next_into(chunk) {
             if let Some(done) = &ring.copied[chunk.slot] {
                 // The slot's previous copies out must have read it before the gather rewrites it.
                 ring.gather_stream

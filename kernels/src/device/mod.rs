@@ -174,10 +174,10 @@ impl Gpu {
     /// run-list kernel on those SMs (a grid of `SPLIT_KERNEL_BLOCKS_PER_SM` blocks of
     /// 256 threads per SM, on a side stream, its run list read from pinned host memory; CUDA
     /// places blocks itself, so on an idle GPU they may spread wider) and the copy engines,
-    /// both at once; token-granular runs, both ways, use a grid for those SMs
+    /// both at once; token-granular loads use a grid for those SMs
     /// ([`LaunchShape::sm_budget`]) instead of `SM_BUDGET`'s. Backups of at least as many page
-    /// runs are gathered on those SMs into device staging (device to device), then copied to
-    /// the host one host-contiguous stretch at a time by the copy engines
+    /// or token runs are gathered on those SMs into device staging (device to device), then
+    /// copied to the host one host-contiguous stretch at a time by the copy engines
     /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): SM stores to
     /// host memory slowed the GEMM 31-237% at every launch shape measured, on the free SMs too,
     /// while the gather left it within noise.

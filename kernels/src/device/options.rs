@@ -110,6 +110,21 @@ impl RunOrder {
     }
 }
 
+/// True when [`RunOrder::AsGiven`]'s [`RunOrder::sorted_and_merged`] would change `runs`: an
+/// empty run (dropped), or a run that continues the one before it on both sides (merged, the
+/// sum of lengths fitting a `u64`). Otherwise the list is used as given, with no copy: token
+/// lists between random slots rarely merge, and copying a layer's 32,768 runs (786 KB, page
+/// faults included) was most of the chooser's host time per load call on the H200
+/// (BENCHMARKS.md, "page size 1").
+pub fn changed_by_merging(runs: &[ByteRun]) -> bool {
+    runs.iter().any(|r| r.len_bytes == 0)
+        || runs.windows(2).any(|w| {
+            w[0].src_offset_bytes.checked_add(w[0].len_bytes) == Some(w[1].src_offset_bytes)
+                && w[0].dst_offset_bytes.checked_add(w[0].len_bytes) == Some(w[1].dst_offset_bytes)
+                && w[0].len_bytes.checked_add(w[1].len_bytes).is_some()
+        })
+}
+
 /// `runs` sorted by `key`: on rayon's threads from `PARALLEL_SORT_MIN_RUNS` runs (unstable),
 /// else on this one (stable).
 fn sort_runs_by<K: Fn(&ByteRun) -> u64 + Sync>(runs: &mut [ByteRun], key: K) {
@@ -315,9 +330,11 @@ impl TransferPath {
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
-    ///   `SM_BUDGET` SMs without one, both ways (at page size 1 the kernel's stores to the
-    ///   host on the 2 carved-out SMs slowed the GEMM 1.3-2.7%, where gathering token runs
-    ///   first cost the host 25-55 ms of planning per backup, BENCHMARKS.md).
+    ///   `SM_BUDGET` SMs without one; with a carve-out, a backup of at least
+    ///   `CARVEOUT_MIN_RUNS` of them is gathered on it as page runs are (at page size 1 the
+    ///   kernel's stores to the host slowed the GEMM 1.5-3.3% on 2 carved-out SMs at 0.45-0.70
+    ///   of memcpy, and 24-53% on 4, where the copy engines' copies out of the gathered host
+    ///   stretches cost it what memcpy does; BENCHMARKS.md, "page size 1").
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,
@@ -327,7 +344,7 @@ impl TransferPath {
         let long = TransferPath::mean_is_long(runs);
         let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
-            Some(k) if long && many && direction == TransferDirection::Backup => {
+            Some(k) if many && direction == TransferDirection::Backup => {
                 TransferPath::GatheredBackup {
                     max_sms: k,
                     runs: count,
@@ -359,4 +376,36 @@ pub enum CopyEngineHint {
     Default,
     /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`: keep the copy off the SMs.
     PreferOverlapWithCompute,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RunOrder, changed_by_merging};
+    use crate::copy_runs::ByteRun;
+
+    #[test]
+    fn a_list_is_changed_by_merging_exactly_when_as_given_merging_changes_it() {
+        // Two Llama-3.1-8B token runs (2,048 B) between unrelated slots: nothing merges.
+        let apart = [ByteRun::new(0, 8192, 2048), ByteRun::new(4096, 0, 2048)];
+        // Continuing on the source only (2,048 = 0 + 2,048) but not on the destination.
+        let src_only = [ByteRun::new(0, 8192, 2048), ByteRun::new(2048, 0, 2048)];
+        // Continuing on both sides: one run of 4,096 B.
+        let both = [ByteRun::new(0, 0, 2048), ByteRun::new(2048, 2048, 2048)];
+        // An empty run is dropped.
+        let empty = [ByteRun::new(0, 8192, 2048), ByteRun::new(64, 64, 0)];
+        // Continuing on both sides, but 10 + (u64::MAX - 9) passes u64::MAX: left as two.
+        let wraps = [ByteRun::new(0, 0, 10), ByteRun::new(10, 10, u64::MAX - 9)];
+        for (runs, changed) in [
+            (&apart[..], false),
+            (&src_only[..], false),
+            (&both[..], true),
+            (&empty[..], true),
+            (&wraps[..], false),
+            (&[][..], false),
+        ] {
+            assert_eq!(changed_by_merging(runs), changed, "{runs:?}");
+            let merged = RunOrder::AsGiven.sorted_and_merged(runs);
+            assert_eq!(merged != runs, changed, "{runs:?}");
+        }
+    }
 }

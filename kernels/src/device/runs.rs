@@ -3,10 +3,12 @@
 //! `cuMemcpyBatchAsync`, checked on the host), and the chooser between them
 //! ([`Gpu::transfer_runs`]) that leaves the SMs to the model whenever the runs allow.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
+use super::options::changed_by_merging;
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
     PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferDirection, TransferPath, copy_engine,
@@ -258,7 +260,9 @@ impl Gpu {
     /// average, or number fewer than `CARVEOUT_MIN_RUNS`, or whose staging or list
     /// memory cannot be allocated, keeps the copy engines);
     /// token-granular runs go to the
-    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one.
+    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one, except
+    /// backups on a carve-out, gathered as page runs are (one host stretch per token and
+    /// buffer when the host pool is `page_first`; a backup not gathered keeps the kernel).
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
@@ -303,14 +307,19 @@ impl Gpu {
         // host longer than the GPU takes to move them (BENCHMARKS.md, "Session 4"). Page runs,
         // and lists of at most SORT_ALWAYS_MAX_RUNS runs, are put in `order` and merged.
         // Merging never shortens the mean run: a list long before merging is long after.
-        let merged = if runs.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(runs) {
-            order.sorted_and_merged(runs)
+        // A long token list that merges nowhere is used as given, not copied.
+        let merged: Cow<[ByteRun]> = if runs.len() <= SORT_ALWAYS_MAX_RUNS
+            || TransferPath::mean_is_long(runs)
+        {
+            Cow::Owned(order.sorted_and_merged(runs))
+        } else if !changed_by_merging(runs) {
+            Cow::Borrowed(runs)
         } else {
             let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
             if as_listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&as_listed) {
-                order.sorted_and_merged(runs)
+                Cow::Owned(order.sorted_and_merged(runs))
             } else {
-                as_listed
+                Cow::Owned(as_listed)
             }
         };
         if merged.is_empty() {
@@ -328,7 +337,7 @@ impl Gpu {
                 RunOrder::DstAscending => None,
                 _ => Some(RunOrder::DstAscending.sorted_and_merged(runs)),
             };
-            let in_host_order = host_order.as_deref().unwrap_or(&merged);
+            let in_host_order = host_order.as_deref().unwrap_or(&*merged);
             // SAFETY: forwarded to the caller; every run was checked just above.
             let gathered = unsafe { self.try_gathered_backup(src, dst, in_host_order, max_sms)? };
             if let Some(path) = gathered {

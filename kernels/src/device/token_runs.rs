@@ -1,10 +1,14 @@
 //! The token-granular kernel: run lists whose runs all have one length (a token of one layer
 //! per run, as HiCache moves a pool of page size 1: 2,048 B for Llama-3.1-8B's K or V in bf16,
-//! 1,152 B for a DeepSeek-V3 MLA latent in bf16) go to `copy_runs_uniform`, which spreads the
-//! 16-byte vectors of several runs over each warp, `LOADS_PER_LANE` loads in flight per lane
-//! before any store (one descriptor per run), instead of `copy_runs`' warp per run with 4 loads
-//! per lane. Any other list (runs of several lengths, unaligned, or longer than 4 KiB) keeps
-//! `copy_runs`.
+//! 1,152 B for a DeepSeek-V3 MLA latent in bf16) go to `copy_runs_uniform`, which lays the
+//! 16-byte vectors of [`runs_per_warp`] runs one after the other over each warp's
+//! `LOADS_PER_LANE` x 32 load slots, up to `LOADS_PER_LANE` loads in flight per lane before any
+//! store, instead of `copy_runs`' warp per run with 4 loads per lane. Any other list (runs of
+//! several lengths, unaligned, or longer than 4 KiB) keeps `copy_runs`.
+//!
+//! Session 8's kernel gave each run a power of two of slots per lane (2 runs of 1,152 B per
+//! warp: 144 of 256 slots busy); laying the runs one after the other keeps 216 busy (3 runs).
+//! Runs shorter than 128 B keep `copy_runs` (a warp then walks at most 32 runs at a time).
 
 use cudarc::driver::{CudaFunction, CudaStream};
 
@@ -24,10 +28,14 @@ const VECTOR_BYTES: u64 = 16;
 /// Most vectors of one run `copy_runs_uniform` takes: 8 loads of 32 lanes (4 KiB runs).
 const MAX_RUN_VECTORS: u64 = LOADS_PER_LANE * 32;
 
+/// Fewest vectors of one run `copy_runs_uniform` takes (128 B): a warp then copies at most 32
+/// runs at a time, and walks a lane's slots at most 4 runs on per load.
+const MIN_RUN_VECTORS: u64 = 8;
+
 /// Vectors per run when `runs` can go to `copy_runs_uniform` between buffers at device
-/// addresses `bases` (source, destination): every run `len` bytes long, `len` a non-zero
-/// multiple of 16 of at most 4,096 (256 vectors), every offset and both bases 16-byte aligned.
-/// `None` otherwise (and for an empty list).
+/// addresses `bases` (source, destination): every run `len` bytes long, `len` a multiple of 16
+/// from 128 to 4,096 (8 to 256 vectors), every offset and both bases 16-byte aligned. `None`
+/// otherwise (and for an empty list).
 pub(crate) fn uniform_vectors(runs: &[ByteRun], bases: (u64, u64)) -> Option<u64> {
     let len = runs.first()?.len_bytes;
     let aligned = |x: u64| x.is_multiple_of(VECTOR_BYTES);
@@ -38,19 +46,14 @@ pub(crate) fn uniform_vectors(runs: &[ByteRun], bases: (u64, u64)) -> Option<u64
         .iter()
         .all(|r| r.len_bytes == len && aligned(r.src_offset_bytes) && aligned(r.dst_offset_bytes));
     let vectors_per_run = len / VECTOR_BYTES;
-    (all && vectors_per_run <= MAX_RUN_VECTORS).then_some(vectors_per_run)
+    let fits = (MIN_RUN_VECTORS..=MAX_RUN_VECTORS).contains(&vectors_per_run);
+    (all && fits).then_some(vectors_per_run)
 }
 
-/// For runs of `vectors_per_run` vectors (1 to 256): log2 of the loads each lane makes per run
-/// (the power of two at or above `vectors_per_run / 32`) and the runs a warp copies at a time
-/// (`8 >> shift`).
-pub(crate) fn lanes_for(vectors_per_run: u64) -> (u64, u64) {
-    let per_lane = vectors_per_run
-        .div_ceil(32)
-        .next_power_of_two()
-        .min(LOADS_PER_LANE);
-    let shift = u64::from(per_lane.trailing_zeros());
-    (shift, LOADS_PER_LANE >> shift)
+/// Runs a warp of `copy_runs_uniform` copies at a time, for runs of `vectors_per_run` vectors
+/// (8 to 256): as many whole runs as its `LOADS_PER_LANE` x 32 load slots hold (1 to 32).
+pub(crate) fn runs_per_warp(vectors_per_run: u64) -> u64 {
+    (LOADS_PER_LANE * 32 / vectors_per_run.max(1)).max(1)
 }
 
 impl Gpu {
@@ -113,13 +116,13 @@ impl Gpu {
         dst: &mut dyn GpuBytes,
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
-        let (lane_shift, runs_per_warp) = lanes_for(vectors_per_run);
-        let threads = n.div_ceil(runs_per_warp) * 32;
+        let group = runs_per_warp(vectors_per_run);
+        let threads = n.div_ceil(group) * 32;
         let args = [
             Arg::Word(list),
             Arg::Word(n),
             Arg::Word(vectors_per_run),
-            Arg::Word(lane_shift),
+            Arg::Word(group),
             Arg::Word(src.device_address()),
             Arg::Word(dst.device_address()),
             Arg::Word(self.err_address()),
@@ -139,7 +142,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{lanes_for, uniform_vectors};
+    use super::{runs_per_warp, uniform_vectors};
     use crate::copy_runs::ByteRun;
 
     #[test]
@@ -174,6 +177,9 @@ mod tests {
         assert_eq!(uniform_vectors(&[ByteRun::new(664, 0, 656)], (0, 0)), None);
         // A length that is not a multiple of 16 (132 B), an unaligned base, nothing.
         assert_eq!(uniform_vectors(&[ByteRun::new(0, 0, 132)], (0, 0)), None);
+        // Runs shorter than 128 B (8 vectors): the warp-per-run kernel; 128 B itself: uniform.
+        assert_eq!(uniform_vectors(&[ByteRun::new(0, 0, 112)], (0, 0)), None);
+        assert_eq!(uniform_vectors(&[ByteRun::new(0, 0, 128)], (0, 0)), Some(8));
         assert_eq!(uniform_vectors(&[a], (8, 0)), None);
         assert_eq!(uniform_vectors(&[], (0, 0)), None);
         assert_eq!(uniform_vectors(&[ByteRun::new(0, 0, 0)], (0, 0)), None);
@@ -186,14 +192,46 @@ mod tests {
     }
 
     #[test]
-    fn a_lane_takes_a_power_of_two_of_loads_per_run_and_a_warp_eight_loads() {
-        // 2,048 B = 128 vectors: 4 per lane (shift 2), 2 runs per warp; 1,152 B = 72 vectors:
-        // 3 rounded up to 4 (lanes 8-31 idle in the fourth), 2 runs; 656 B = 41 vectors: 2, 4
-        // runs; 16 B: 1, 8 runs; 4,096 B = 256 vectors: 8, 1 run.
-        assert_eq!(lanes_for(128), (2, 2));
-        assert_eq!(lanes_for(72), (2, 2));
-        assert_eq!(lanes_for(41), (1, 4));
-        assert_eq!(lanes_for(1), (0, 8));
-        assert_eq!(lanes_for(256), (3, 1));
+    fn a_warp_takes_as_many_whole_runs_as_its_256_slots_hold() {
+        // 8 loads x 32 lanes = 256 slots of 16 B. 2,048 B = 128 vectors: 2 runs; 1,152 B (an
+        // MLA latent) = 72 vectors: 3 runs (216 slots busy; session 8's kernel took 2); 656 B =
+        // 41 vectors: 6 (246 slots); 128 B = 8 vectors: 32 runs; 4,096 B = 256 vectors: 1.
+        assert_eq!(runs_per_warp(128), 2);
+        assert_eq!(runs_per_warp(72), 3);
+        assert_eq!(runs_per_warp(41), 6);
+        assert_eq!(runs_per_warp(8), 32);
+        assert_eq!(runs_per_warp(256), 1);
+    }
+
+    #[test]
+    fn the_kernels_slot_walk_covers_each_vector_of_a_warps_runs_once() {
+        // The kernel (cuda_source.rs) walks lane l's slots from run l / vpr, vector l % vpr,
+        // 32 vectors on per load (`uniform_next`: add 32, then subtract vpr while the vector is
+        // past the run, at most 4 times), each slot busy while its run is below the group.
+        // Done here as the kernel does it, for every run length it takes: each (run, vector) of
+        // the group exactly once, the 4 subtractions always enough, the group as many runs as
+        // fit 256 slots.
+        for vpr in 8..=256u64 {
+            let group = runs_per_warp(vpr);
+            assert!(group * vpr <= 256 && (group + 1) * vpr > 256, "vpr {vpr}");
+            let mut seen = vec![0u32; (group * vpr) as usize];
+            for lane in 0..32u64 {
+                let (mut g, mut v) = (lane / vpr, lane % vpr);
+                for _load in 0..8 {
+                    if g < group {
+                        seen[(g * vpr + v) as usize] += 1;
+                    }
+                    v += 32;
+                    for _ in 0..4 {
+                        if v >= vpr {
+                            v -= vpr;
+                            g += 1;
+                        }
+                    }
+                    assert!(v < vpr, "vpr {vpr}: 4 steps fell short");
+                }
+            }
+            assert!(seen.iter().all(|&c| c == 1), "vpr {vpr}");
+        }
     }
 }
