@@ -54,3 +54,15 @@ fn gpu_checksums_equal_the_cpu_reference_bit_for_bit() {
         .unwrap_err();
     assert!(e.to_string().contains("past the"), "{e}");
 }
+
+#[test]
+fn the_kernel_compiles_for_hopper_where_nvrtc_is_present() {
+    if !kvlayout_kernels::nvrtc_present() {
+        println!("skipped: libnvrtc not found (the GPU test compiles it on the device machine)");
+        return;
+    }
+    let ptx = kvlayout_kernels::checksum_gpu::compile("sm_90").expect("NVRTC compile");
+    let text = ptx.to_src();
+    // The full-chunk path's 16-byte streaming loads are in the PTX.
+    assert!(text.contains("ld.global.cs.v4.u32"), "no 16-byte loads in the PTX");
+}
