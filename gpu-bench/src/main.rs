@@ -20,7 +20,9 @@
 //! by page pair, as the pool shim lays them; else buffer by buffer, layer by layer);
 //! `--hold SECONDS` (instead of windows, long phases of the GEMM loop alone, beside memcpy,
 //! beside the chooser and, at page size 1, beside the peer, each stream fed without a pause,
-//! with wall-clock intervals to read an `nvidia-smi` log by).
+//! with wall-clock intervals to read an `nvidia-smi` log by); `--verify` (the 1,024-page load
+//! only, also verified layer by layer on the device by the page checksum and by SGLang's
+//! Adler-32 as the peer, `verify.rs`; each verifier alone first).
 //!
 //! The exploration modes of sessions 3 to 7 (`--explore` and its candidates, the item-copy and
 //! quantizer rows of the first benchmark) were removed with the code they measured or once
@@ -29,6 +31,7 @@
 mod overlap;
 mod paths;
 mod report;
+mod verify;
 mod workload;
 
 use kvlayout_kernels::KernelError;
@@ -46,7 +49,7 @@ fn main() -> Result<(), KernelError> {
     eprintln!(
         "usage: gpu_bench --overlap | --overlap-small | --dma-sweep [--page-size-1] \
          [--sm-carveout K] [--auto-only] [--loads-only | --backups-only] [--pair-major] \
-         [--hold SECONDS]"
+         [--hold SECONDS] [--verify]"
     );
     std::process::exit(2);
 }

@@ -23,7 +23,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use half::bf16;
-use kvlayout_core::MemoryLayout;
+use kvlayout_core::{MemoryLayout, PoolGeometry};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
     CopyEngineHint, CopyEngineOptions, DeviceBytes, Gpu, GpuBytes, KernelError, LaunchShape,
@@ -31,6 +31,7 @@ use kvlayout_kernels::{
 };
 
 use crate::paths::{self, Mode, Path};
+use crate::verify::{self, Verifier, Verify};
 use crate::report::{self, Row, Stat, print_row, stat};
 use crate::workload::{Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, token_shape};
 
@@ -76,6 +77,8 @@ struct Ctx<'a> {
     dev: DeviceBytes,
     peer: CudaFunction,
     gemm: GemmLoop,
+    /// `--verify`: the loads' verification ([`crate::verify`]).
+    verify: Option<Verify>,
 }
 
 struct GemmLoop {
@@ -173,6 +176,13 @@ fn enqueue(cx: &mut Ctx<'_>, shape: &Shape, path: Path) -> Result<(), KernelErro
 }
 
 fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<(), KernelError> {
+    if let Path::Verified(v) = path {
+        enqueue_call(cx, h2d, call, Path::Auto)?;
+        let Some(verify) = cx.verify.as_mut() else {
+            return Err(KernelError::Unsupported("a verified path without --verify".into()));
+        };
+        return verify.enqueue_after(cx.gpu, call, v);
+    }
     let gpu = cx.gpu;
     let (h, d) = (cx.host.device_address(), cx.dev.device_address());
     let (src_base, dst_base) = if h2d { (h, d) } else { (d, h) };
@@ -252,6 +262,7 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
                 .map(|_| ()),
+            Path::Verified(_) => unreachable!("handled above"),
         }
     }
 }
@@ -564,14 +575,33 @@ fn hold_phases(
         Some(Path::Memcpy),
         None,
     ];
+    // `--verify`: the load alone, verified by kvlayout on 2 and 1 SMs and by the peer.
+    let verified = [
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        Some(Path::Verified(Verifier::Kvlayout(2))),
+        Some(Path::Verified(Verifier::Kvlayout(1))),
+        Some(Path::Verified(Verifier::Adler32(None))),
+        Some(Path::Verified(Verifier::Kvlayout(2))),
+        Some(Path::Auto),
+        Some(Path::Memcpy),
+        None,
+    ];
     for shape in shapes {
-        let phases: &[Option<Path>] = if shape.name.starts_with("page size 1") {
+        let phases: &[Option<Path>] = if cx.verify.is_some() {
+            &verified
+        } else if shape.name.starts_with("page size 1") {
             &page1
         } else {
             &order
         };
         for &path in phases {
             hold(cx, shape, path, seconds, gemm_ms)?;
+            if let (Some(Path::Verified(Verifier::Kvlayout(_))), Some(v)) = (path, cx.verify.as_mut()) {
+                let (pages, bad) = v.take_counts()?;
+                println!("    verified on the device: {pages} pages, {bad} mismatched");
+            }
         }
     }
     Ok(())
@@ -835,6 +865,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         dev,
         peer,
         gemm,
+        verify: None,
     };
 
     let mut gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
@@ -909,7 +940,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             } else {
                 !page1
             };
-            shown && direction_wanted(h2d)
+            let verify_only = !std::env::args().any(|a| a == "--verify") || i == 0;
+            shown && direction_wanted(h2d) && verify_only
         });
     for (_, (pages, layers, h2d, lbl, burst, consecutive)) in picked {
         shapes.push(page_shape(
@@ -925,10 +957,14 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             consecutive,
         )?);
     }
-    if !sweep && !small && !page1 && direction_wanted(true) {
+    let verifying = std::env::args().any(|a| a == "--verify");
+    if !sweep && !small && !page1 && !verifying && direction_wanted(true) {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
 
+    if verifying {
+        verify_alone(&mut cx, &shapes, &dev_pool)?;
+    }
     if let Some(seconds) = hold_seconds()? {
         return hold_phases(&mut cx, &shapes, seconds, gemm_ms.median);
     }
@@ -972,6 +1008,53 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         }
     }
     report::print_table(&name, gpu.sm_count(), gemm_ms.median, &rows);
+    Ok(())
+}
+
+/// `--verify`: plans the verification of the load in `shapes`, loads it once (the chooser),
+/// checks the peer's Adler-32 of its first layer against the `adler2` crate's, then times each
+/// verifier alone over the whole load (every page of 61 layers, both buffers; no copy beside
+/// it), the kvlayout ones counting mismatches against the recorded checksums on the device.
+fn verify_alone(cx: &mut Ctx<'_>, shapes: &[Shape], dev_pool: &PoolGeometry) -> Result<(), KernelError> {
+    let module = load_module(cx.gpu, verify::ADLER_SOURCE)?;
+    let f = |n| module.load_function(n).map_err(drv("cuModuleGetFunction"));
+    let adler = (f("adler_items")?, f("adler_reduce")?);
+    let host = cx
+        .host
+        .host_bytes()
+        .ok_or_else(|| KernelError::Unsupported("--verify needs host-visible pinned memory".into()))?;
+    let mut v = Verify::new(cx.gpu, shapes, dev_pool, cx.dev.device_address(), host, adler)?;
+    for shape in shapes.iter().filter(|s| s.h2d) {
+        alone_ms(cx, shape, Path::Auto)?; // the device pool now holds the loaded pages
+        let host = cx.host.host_bytes().unwrap_or(&[]);
+        let (got, want) = v.check_adler(shape, host)?;
+        println!(
+            "VERIFY {} | SGLang Adler-32 of layer 0 on the device {got:#010x}, adler2 on the host bytes {want:#010x}: {}",
+            shape.name,
+            if got == want { "equal" } else { "DIFFERENT" }
+        );
+        let sms = cx.gpu.sm_count();
+        for ver in [
+            Verifier::Kvlayout(1),
+            Verifier::Kvlayout(2),
+            Verifier::Kvlayout(4),
+            Verifier::Kvlayout(sms),
+            Verifier::Adler32(None),
+            Verifier::Adler32(Some(1)),
+            Verifier::Adler32(Some(2)),
+            Verifier::Adler32(Some(8)),
+        ] {
+            let ms = v.alone_ms(cx.gpu, shape, ver)?;
+            let (pages, bad) = v.take_counts()?;
+            println!(
+                "VERIFY ALONE {} | {} | {ms:.3} ms, {:.1} GB/s of payload | {pages} pages checked on the device, {bad} mismatched",
+                shape.name,
+                ver.label(),
+                report::gbps(shape.bytes(), ms),
+            );
+        }
+    }
+    cx.verify = Some(v);
     Ok(())
 }
 
