@@ -32,6 +32,7 @@ use kvlayout_kernels::{
 
 use crate::paths::{self, Mode, Path};
 use crate::verify::{self, Verifier, Verify};
+use kvlayout_kernels::checksum_gpu::ChecksumLaunch;
 use crate::report::{self, Row, Stat, print_row, stat};
 use crate::workload::{Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, token_shape};
 
@@ -575,15 +576,26 @@ fn hold_phases(
         Some(Path::Memcpy),
         None,
     ];
-    // `--verify`: the load alone, verified by kvlayout on 2 and 1 SMs and by the peer.
+    // `--verify`: the load alone, verified by kvlayout at several launches on the carve-out
+    // (blocks of fewer threads share an SM with the split load's copy blocks) and by the peer.
+    let kvl = |blocks, threads_per_block| {
+        Some(Path::Verified(Verifier::Kvlayout(ChecksumLaunch {
+            blocks,
+            threads_per_block,
+        })))
+    };
     let verified = [
         None,
         Some(Path::Memcpy),
         Some(Path::Auto),
-        Some(Path::Verified(Verifier::Kvlayout(2))),
-        Some(Path::Verified(Verifier::Kvlayout(1))),
+        kvl(2, 1024),
+        kvl(2, 512),
+        kvl(4, 256),
+        kvl(2, 256),
+        kvl(16, 256),
         Some(Path::Verified(Verifier::Adler32(None))),
-        Some(Path::Verified(Verifier::Kvlayout(2))),
+        kvl(4, 256),
+        kvl(2, 512),
         Some(Path::Auto),
         Some(Path::Memcpy),
         None,
@@ -1035,10 +1047,18 @@ fn verify_alone(cx: &mut Ctx<'_>, shapes: &[Shape], dev_pool: &PoolGeometry) -> 
         );
         let sms = cx.gpu.sm_count();
         for ver in [
-            Verifier::Kvlayout(1),
-            Verifier::Kvlayout(2),
-            Verifier::Kvlayout(4),
-            Verifier::Kvlayout(sms),
+            Verifier::Kvlayout(ChecksumLaunch::sms(1)),
+            Verifier::Kvlayout(ChecksumLaunch::sms(2)),
+            Verifier::Kvlayout(ChecksumLaunch::sms(4)),
+            Verifier::Kvlayout(ChecksumLaunch::sms(sms)),
+            Verifier::Kvlayout(ChecksumLaunch {
+                blocks: 2,
+                threads_per_block: 512,
+            }),
+            Verifier::Kvlayout(ChecksumLaunch {
+                blocks: 4,
+                threads_per_block: 256,
+            }),
             Verifier::Adler32(None),
             Verifier::Adler32(Some(1)),
             Verifier::Adler32(Some(2)),

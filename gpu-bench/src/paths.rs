@@ -84,7 +84,8 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
     let huge = shape.bytes() > 5_000_000_000;
     let mut paths = vec![Path::Memcpy];
     if std::env::args().any(|a| a == "--verify") {
-        paths.extend([Path::Auto, Path::Verified(Verifier::Kvlayout(2))]);
+        let launch = kvlayout_kernels::checksum_gpu::ChecksumLaunch::sms(2);
+        paths.extend([Path::Auto, Path::Verified(Verifier::Kvlayout(launch))]);
         paths.push(Path::Verified(Verifier::Adler32(None)));
         return paths;
     }

@@ -138,9 +138,9 @@ const ADLER_THREADS: u32 = 256;
 /// Who verifies a load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verifier {
-    /// The kvlayout page checksum on this many blocks of 1,024 threads (an SM budget), each
-    /// page compared on the device with its recorded checksum.
-    Kvlayout(u32),
+    /// The kvlayout page checksum at this launch (its blocks the SM budget), each page
+    /// compared on the device with its recorded checksum.
+    Kvlayout(ChecksumLaunch),
     /// SGLang's Adler-32 on this many blocks of 256 threads (`None`: its own launch, one
     /// block per 256 items).
     Adler32(Option<u32>),
@@ -149,7 +149,10 @@ pub enum Verifier {
 impl Verifier {
     pub fn label(self) -> String {
         match self {
-            Verifier::Kvlayout(b) => format!("kvlayout checksum/v1 on {b} block(s) of 1024"),
+            Verifier::Kvlayout(l) => format!(
+                "kvlayout checksum/v1 on {} block(s) of {}",
+                l.blocks, l.threads_per_block
+            ),
             Verifier::Adler32(None) => "SGLang Adler-32 (its launch: a 256-thread block per 256 pages)".into(),
             Verifier::Adler32(Some(b)) => format!("SGLang Adler-32 on {b} block(s) of 256"),
         }
@@ -282,7 +285,7 @@ impl Verify {
             .ok_or_else(|| KernelError::Unsupported("a call the verify plan does not know".into()))?;
         let s = &self.stream;
         match v {
-            Verifier::Kvlayout(blocks) => {
+            Verifier::Kvlayout(launch) => {
                 let (mismatches, _gm) = self.mismatches.device_ptr_mut(s);
                 for b in &mut plan.buffers {
                     let (offsets_address, _g1) = b.offsets.device_ptr(s);
@@ -302,7 +305,7 @@ impl Verify {
                     // SAFETY: the offsets are the call's device destinations inside the device
                     // pool (planned from its runs, checked by the copy); the plan's buffers
                     // hold `pages` words each; the counter is one word.
-                    unsafe { self.kernels.enqueue(s, &job, ChecksumLaunch::sms(blocks)) }
+                    unsafe { self.kernels.enqueue(s, &job, launch) }
                         .map_err(|e| KernelError::Driver {
                             call: "kvl_checksum_pages",
                             message: e.to_string(),
