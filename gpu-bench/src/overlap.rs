@@ -31,10 +31,10 @@ use kvlayout_kernels::{
 };
 
 use crate::paths::{self, Mode, Path};
-use crate::verify::{self, Verifier, Verify};
-use kvlayout_kernels::checksum_gpu::ChecksumLaunch;
 use crate::report::{self, Row, Stat, print_row, stat};
+use crate::verify::{self, Verifier, Verify};
 use crate::workload::{Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, token_shape};
+use kvlayout_kernels::checksum_gpu::ChecksumLaunch;
 
 const GEMM_N: usize = 8192;
 const WINDOWS: usize = 5;
@@ -180,7 +180,9 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
     if let Path::Verified(v) = path {
         enqueue_call(cx, h2d, call, Path::Auto)?;
         let Some(verify) = cx.verify.as_mut() else {
-            return Err(KernelError::Unsupported("a verified path without --verify".into()));
+            return Err(KernelError::Unsupported(
+                "a verified path without --verify".into(),
+            ));
         };
         return verify.enqueue_after(cx.gpu, call, v);
     }
@@ -610,7 +612,9 @@ fn hold_phases(
         };
         for &path in phases {
             hold(cx, shape, path, seconds, gemm_ms)?;
-            if let (Some(Path::Verified(Verifier::Kvlayout(_))), Some(v)) = (path, cx.verify.as_mut()) {
+            if let (Some(Path::Verified(Verifier::Kvlayout(_))), Some(v)) =
+                (path, cx.verify.as_mut())
+            {
                 let (pages, bad) = v.take_counts()?;
                 println!("    verified on the device: {pages} pages, {bad} mismatched");
             }
@@ -1027,15 +1031,25 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
 /// checks the peer's Adler-32 of its first layer against the `adler2` crate's, then times each
 /// verifier alone over the whole load (every page of 61 layers, both buffers; no copy beside
 /// it), the kvlayout ones counting mismatches against the recorded checksums on the device.
-fn verify_alone(cx: &mut Ctx<'_>, shapes: &[Shape], dev_pool: &PoolGeometry) -> Result<(), KernelError> {
+fn verify_alone(
+    cx: &mut Ctx<'_>,
+    shapes: &[Shape],
+    dev_pool: &PoolGeometry,
+) -> Result<(), KernelError> {
     let module = load_module(cx.gpu, verify::ADLER_SOURCE)?;
     let f = |n| module.load_function(n).map_err(drv("cuModuleGetFunction"));
     let adler = (f("adler_items")?, f("adler_reduce")?);
-    let host = cx
-        .host
-        .host_bytes()
-        .ok_or_else(|| KernelError::Unsupported("--verify needs host-visible pinned memory".into()))?;
-    let mut v = Verify::new(cx.gpu, shapes, dev_pool, cx.dev.device_address(), host, adler)?;
+    let host = cx.host.host_bytes().ok_or_else(|| {
+        KernelError::Unsupported("--verify needs host-visible pinned memory".into())
+    })?;
+    let mut v = Verify::new(
+        cx.gpu,
+        shapes,
+        dev_pool,
+        cx.dev.device_address(),
+        host,
+        adler,
+    )?;
     for shape in shapes.iter().filter(|s| s.h2d) {
         alone_ms(cx, shape, Path::Auto)?; // the device pool now holds the loaded pages
         let host = cx.host.host_bytes().unwrap_or(&[]);

@@ -153,7 +153,9 @@ impl Verifier {
                 "kvlayout checksum/v1 on {} block(s) of {}",
                 l.blocks, l.threads_per_block
             ),
-            Verifier::Adler32(None) => "SGLang Adler-32 (its launch: a 256-thread block per 256 pages)".into(),
+            Verifier::Adler32(None) => {
+                "SGLang Adler-32 (its launch: a 256-thread block per 256 pages)".into()
+            }
             Verifier::Adler32(Some(b)) => format!("SGLang Adler-32 on {b} block(s) of 256"),
         }
     }
@@ -263,10 +265,17 @@ impl Verify {
     /// Enqueues the verification of `call` (whose copy was just enqueued on `gpu`'s stream)
     /// on the verify stream, after that copy; after the last call of its shape, `gpu`'s stream
     /// waits for the verify stream (the window ends verified).
-    pub fn enqueue_after(&mut self, gpu: &Gpu, call: &Call, v: Verifier) -> Result<(), KernelError> {
+    pub fn enqueue_after(
+        &mut self,
+        gpu: &Gpu,
+        call: &Call,
+        v: Verifier,
+    ) -> Result<(), KernelError> {
         let copied = ev(gpu)?;
         copied.record(gpu.stream()).map_err(drv("cuEventRecord"))?;
-        self.stream.wait(&copied).map_err(drv("cuStreamWaitEvent"))?;
+        self.stream
+            .wait(&copied)
+            .map_err(drv("cuStreamWaitEvent"))?;
         let last = self.enqueue(call.runs[0].dst_offset_bytes, v)?;
         if last {
             let done = ev(gpu)?;
@@ -279,10 +288,9 @@ impl Verify {
     /// Enqueues the verification of the call planned under `key` on the verify stream;
     /// whether it is the last call of its shape.
     fn enqueue(&mut self, key: u64, v: Verifier) -> Result<bool, KernelError> {
-        let plan = self
-            .plans
-            .get_mut(&key)
-            .ok_or_else(|| KernelError::Unsupported("a call the verify plan does not know".into()))?;
+        let plan = self.plans.get_mut(&key).ok_or_else(|| {
+            KernelError::Unsupported("a call the verify plan does not know".into())
+        })?;
         let s = &self.stream;
         match v {
             Verifier::Kvlayout(launch) => {
@@ -305,11 +313,12 @@ impl Verify {
                     // SAFETY: the offsets are the call's device destinations inside the device
                     // pool (planned from its runs, checked by the copy); the plan's buffers
                     // hold `pages` words each; the counter is one word.
-                    unsafe { self.kernels.enqueue(s, &job, launch) }
-                        .map_err(|e| KernelError::Driver {
+                    unsafe { self.kernels.enqueue(s, &job, launch) }.map_err(|e| {
+                        KernelError::Driver {
                             call: "kvl_checksum_pages",
                             message: e.to_string(),
-                        })?;
+                        }
+                    })?;
                     self.pages += b.pages;
                 }
             }
@@ -344,9 +353,13 @@ impl Verify {
                 self.enqueue(call.runs[0].dst_offset_bytes, v)?;
             }
             b.record(&self.stream).map_err(drv("cuEventRecord"))?;
-            self.stream.synchronize().map_err(drv("cuStreamSynchronize"))?;
+            self.stream
+                .synchronize()
+                .map_err(drv("cuStreamSynchronize"))?;
             if i > 0 {
-                times.push(f64::from(a.elapsed_ms(&b).map_err(drv("cuEventElapsedTime"))?));
+                times.push(f64::from(
+                    a.elapsed_ms(&b).map_err(drv("cuEventElapsedTime"))?,
+                ));
             }
         }
         times.sort_by(f64::total_cmp);
@@ -359,11 +372,18 @@ impl Verify {
     pub fn check_adler(&mut self, shape: &Shape, host: &[u8]) -> Result<(u32, u32), KernelError> {
         let call = &shape.calls[0];
         self.enqueue(call.runs[0].dst_offset_bytes, Verifier::Adler32(None))?;
-        let got = self.stream.clone_dtoh(&self.result).map_err(drv("cuMemcpyDtoH"))?[0] as u32;
+        let got = self
+            .stream
+            .clone_dtoh(&self.result)
+            .map_err(drv("cuMemcpyDtoH"))?[0] as u32;
         let mut a = adler2::Adler32::new();
         // The plan's order: buffer by buffer, each in run order.
         for b in 0..2u64 {
-            let len = if b == 0 { call.runs.iter().map(|r| r.len_bytes).max() } else { call.runs.iter().map(|r| r.len_bytes).min() };
+            let len = if b == 0 {
+                call.runs.iter().map(|r| r.len_bytes).max()
+            } else {
+                call.runs.iter().map(|r| r.len_bytes).min()
+            };
             for r in call.runs.iter().filter(|r| Some(r.len_bytes) == len) {
                 let s = r.src_offset_bytes as usize;
                 a.write_slice(&host[s..s + r.len_bytes as usize]);
@@ -375,11 +395,16 @@ impl Verify {
     /// Pages checksummed by kvlayout and mismatches counted since the last call (waits for
     /// the verify stream); resets both.
     pub fn take_counts(&mut self) -> Result<(u64, u64), KernelError> {
-        let bad = self.stream.clone_dtoh(&self.mismatches).map_err(drv("cuMemcpyDtoH"))?[0];
+        let bad = self
+            .stream
+            .clone_dtoh(&self.mismatches)
+            .map_err(drv("cuMemcpyDtoH"))?[0];
         self.stream
             .memset_zeros(&mut self.mismatches)
             .map_err(drv("cuMemsetD8"))?;
-        self.stream.synchronize().map_err(drv("cuStreamSynchronize"))?;
+        self.stream
+            .synchronize()
+            .map_err(drv("cuStreamSynchronize"))?;
         let pages = std::mem::take(&mut self.pages);
         Ok((pages, bad))
     }
@@ -422,7 +447,11 @@ fn plan_call(
             .iter()
             .map(|r| {
                 let s = r.src_offset_bytes as usize;
-                page_checksum(key.token_fingerprint, key.layer_id, &host[s..s + r.len_bytes as usize])
+                page_checksum(
+                    key.token_fingerprint,
+                    key.layer_id,
+                    &host[s..s + r.len_bytes as usize],
+                )
             })
             .collect();
         for r in &runs {
@@ -436,7 +465,9 @@ fn plan_call(
             token_fingerprint: key.token_fingerprint,
             layer_id: key.layer_id,
             expected: stream.clone_htod(&expected).map_err(drv("cuMemcpyHtoD"))?,
-            out: stream.alloc_zeros(offsets.len()).map_err(drv("cuMemAlloc"))?,
+            out: stream
+                .alloc_zeros(offsets.len())
+                .map_err(drv("cuMemAlloc"))?,
         });
     }
     Ok(CallPlan {
@@ -499,8 +530,11 @@ mod tests {
             options: vec!["--gpu-architecture=sm_90".into()],
             ..Default::default()
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(super::ADLER_SOURCE, opts)
-            .expect("NVRTC compile");
-        assert!(ptx.to_src().contains(".entry adler_items"), "no adler_items entry");
+        let ptx =
+            cudarc::nvrtc::compile_ptx_with_opts(super::ADLER_SOURCE, opts).expect("NVRTC compile");
+        assert!(
+            ptx.to_src().contains(".entry adler_items"),
+            "no adler_items entry"
+        );
     }
 }

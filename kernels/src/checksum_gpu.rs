@@ -22,7 +22,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use kvlayout_core::checksum::{CHUNK_BYTES, DOMAIN, KEY_STEP, LANE_STEP};
 
@@ -432,7 +434,13 @@ impl ChecksumKernels {
             };
             // SAFETY: every page lies inside `address .. address + len_bytes` (checked above,
             // live by the caller's word); `offsets` and `out` hold `pages` words each.
-            unsafe { self.enqueue(stream, &job, launch.unwrap_or(ChecksumLaunch::for_pages(pages))) }?;
+            unsafe {
+                self.enqueue(
+                    stream,
+                    &job,
+                    launch.unwrap_or(ChecksumLaunch::for_pages(pages)),
+                )
+            }?;
         }
         stream
             .clone_dtoh(&out)

@@ -64,5 +64,8 @@ fn the_kernel_compiles_for_hopper_where_nvrtc_is_present() {
     let ptx = kvlayout_kernels::checksum_gpu::compile("sm_90").expect("NVRTC compile");
     let text = ptx.to_src();
     // The full-chunk path's 16-byte streaming loads are in the PTX.
-    assert!(text.contains("ld.global.cs.v4.u32"), "no 16-byte loads in the PTX");
+    assert!(
+        text.contains("ld.global.cs.v4.u32"),
+        "no 16-byte loads in the PTX"
+    );
 }

@@ -103,7 +103,9 @@ pub fn layer_sums(
     if let Some(t) = checksum_cuda::cuda_tensor(data)? {
         return checksum_cuda::page_sums(&t, key, stride_bytes, pages, what);
     }
-    with_data(data, what, |bytes| page_sums(key, stride_bytes, bytes, pages, what))
+    with_data(data, what, |bytes| {
+        page_sums(key, stride_bytes, bytes, pages, what)
+    })
 }
 
 /// The checksum of one page payload of `buffer`, layer `layer` (a layer index `0..layers`;

@@ -20,7 +20,7 @@ use pyo3::types::PyBool;
 use crate::checksum::{self, key_of, layer_sums, mode_arg};
 use crate::errors;
 use crate::geometry::{Geometry, header};
-use crate::pages::{PageList, with_bytes, with_pages};
+use crate::pages::{PageList, with_pages};
 use kvlayout_pool::ChecksumMode;
 
 /// A checked device/host pool pair.

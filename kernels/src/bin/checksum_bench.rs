@@ -97,9 +97,7 @@ fn main() {
     for launch in shapes {
         let mut times = Vec::new();
         for i in 0..6 {
-            stream
-                .memset_zeros(&mut out)
-                .expect("poison the results");
+            stream.memset_zeros(&mut out).expect("poison the results");
             let (a, b) = (ev(), ev());
             a.record(&stream).expect("record");
             {
@@ -128,7 +126,10 @@ fn main() {
         }
         let got = stream.clone_dtoh(&out).expect("read back");
         let bad = got.iter().zip(&want).filter(|(g, w)| g != w).count();
-        assert_eq!(bad, 0, "{bad} pages differ from the CPU reference ({launch:?})");
+        assert_eq!(
+            bad, 0,
+            "{bad} pages differ from the CPU reference ({launch:?})"
+        );
         let ms = median(times);
         println!(
             "checksum on {} block(s) of {} threads: {ms:.3} ms, {:.1} GB/s of payload; all {PAGES} equal to the CPU reference",
