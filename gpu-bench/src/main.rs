@@ -22,7 +22,8 @@
 //! beside the chooser and, at page size 1, beside the peer, each stream fed without a pause,
 //! with wall-clock intervals to read an `nvidia-smi` log by); `--verify` (the 1,024-page load
 //! only, also verified layer by layer on the device by the page checksum and by SGLang's
-//! Adler-32 as the peer, `verify.rs`; each verifier alone first).
+//! Adler-32 as the peer, `verify.rs`; each verifier alone first); `--verify-sms V` (with
+//! `--sm-carveout K`: the GEMM leaves K + V SMs, the chooser is told K).
 //!
 //! The exploration modes of sessions 3 to 7 (`--explore` and its candidates, the item-copy and
 //! quantizer rows of the first benchmark) were removed with the code they measured or once

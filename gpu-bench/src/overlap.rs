@@ -509,6 +509,15 @@ fn sm_carveout() -> Option<u32> {
     args.get(at + 1)?.parse().ok()
 }
 
+/// `--verify-sms V`: SMs the GEMM leaves beyond the carve-out, for the verification alone.
+fn verify_sms() -> u32 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--verify-sms")
+        .and_then(|at| args.get(at + 1)?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// `--hold SECONDS`: the seconds of each phase of [`hold_phases`].
 fn hold_seconds() -> Result<Option<f64>, KernelError> {
     let args: Vec<String> = std::env::args().collect();
@@ -890,7 +899,9 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         // (`cublasSetSmCountTarget`), leaving K to a copy kernel; the chooser is told.
         gpu.set_model_carveout_sms(k)?;
         let full = gemm_ms.median;
-        let target = gpu.sm_count().saturating_sub(k) as i32;
+        // `--verify-sms V`: the GEMM leaves V more SMs, for the verification alone (the
+        // chooser is told K only).
+        let target = gpu.sm_count().saturating_sub(k + verify_sms()) as i32;
         // SAFETY: a live cuBLAS handle; the call only sets a field of it.
         let st =
             unsafe { cudarc::cublas::sys::cublasSetSmCountTarget(*cx.gemm.blas.handle(), target) };
@@ -902,7 +913,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         }
         gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
         println!(
-            "GEMM with an SM target of {target} (carve-out {k}): {:.3} ms, {:+.1}% against all SMs ({full:.3} ms); GEMM slowed below is against this",
+            "GEMM with an SM target of {target} (carve-out {k}, verify SMs {}): {:.3} ms, {:+.1}% against all SMs ({full:.3} ms); GEMM slowed below is against this",
+            verify_sms(),
             gemm_ms.median,
             (gemm_ms.median / full - 1.0) * 100.0
         );

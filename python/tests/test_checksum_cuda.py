@@ -63,8 +63,8 @@ def test_cuda_pages_at_an_unaligned_address_equal_the_cpu():
     shifted = gpu[8:]
     assert shifted.data_ptr() % 16 == 8
     guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY)
-    assert guard.page_checksums("kv", 0, shifted, range(PAGES)) == \
-        guard.page_checksums("kv", 0, cpu, range(PAGES))
+    assert guard.page_checksums("kv", 0, shifted, list(range(PAGES))) == \
+        guard.page_checksums("kv", 0, cpu, list(range(PAGES)))
 
 
 def test_a_corrupted_cuda_load_is_refused_naming_the_page():
