@@ -252,7 +252,9 @@ impl TransferGuard {
     /// The checksum (`kvlayout.checksum/v1`) of each device page of `pages` of `buffer`, layer
     /// `layer` (an index `0..layers`), read from `data`: that layer's device region of the
     /// buffer laid `[page][page stride]` (an SGLang per-layer tensor): a C-contiguous numpy
-    /// array or buffer of any dtype, or a CPU torch tensor, read in place in Rust. Raises
+    /// array or buffer of any dtype, or a CPU torch tensor, read in place in Rust, or a CUDA
+    /// torch tensor, read in place on its device by the Rust kernel on PyTorch's current stream
+    /// (`crate::checksum_cuda`; `ValueError` naming `data` when libcuda cannot be loaded). Raises
     /// `InvalidGeometry` (unknown buffer, layer out of range), `ValueError` (a page past the end
     /// of `data`, a negative page).
     fn page_checksums(
