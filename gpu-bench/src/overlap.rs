@@ -23,7 +23,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use half::bf16;
-use kvlayout_core::{MemoryLayout, PoolGeometry};
+use kvlayout_core::MemoryLayout;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
     CopyEngineHint, CopyEngineOptions, DeviceBytes, Gpu, GpuBytes, KernelError, LaunchShape,
@@ -34,7 +34,6 @@ use crate::paths::{self, Mode, Path};
 use crate::report::{self, Row, Stat, print_row, stat};
 use crate::verify::{self, Verifier, Verify};
 use crate::workload::{Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, token_shape};
-use kvlayout_kernels::checksum_gpu::ChecksumLaunch;
 
 const GEMM_N: usize = 8192;
 const WINDOWS: usize = 5;
@@ -148,7 +147,10 @@ fn gemm_alone(gpu: &Gpu, gemm: &mut GemmLoop) -> Result<Stat, KernelError> {
 }
 
 /// A bench-local CUDA source compiled for the device and loaded.
-fn load_module(gpu: &Gpu, source: &str) -> Result<Arc<cudarc::driver::CudaModule>, KernelError> {
+pub(crate) fn load_module(
+    gpu: &Gpu,
+    source: &str,
+) -> Result<Arc<cudarc::driver::CudaModule>, KernelError> {
     let arch = gpu.arch();
     let ptx = compile_ptx_with_opts(
         source,
@@ -587,30 +589,7 @@ fn hold_phases(
         Some(Path::Memcpy),
         None,
     ];
-    // `--verify`: the load alone, verified by kvlayout at several launches on the carve-out
-    // (blocks of fewer threads share an SM with the split load's copy blocks) and by the peer.
-    let kvl = |blocks, threads_per_block| {
-        Some(Path::Verified(Verifier::Kvlayout(ChecksumLaunch {
-            blocks,
-            threads_per_block,
-        })))
-    };
-    let verified = [
-        None,
-        Some(Path::Memcpy),
-        Some(Path::Auto),
-        kvl(2, 1024),
-        kvl(2, 512),
-        kvl(4, 256),
-        kvl(2, 256),
-        kvl(16, 256),
-        Some(Path::Verified(Verifier::Adler32(None))),
-        kvl(4, 256),
-        kvl(2, 512),
-        Some(Path::Auto),
-        Some(Path::Memcpy),
-        None,
-    ];
+    let verified = verify::hold_phases();
     for shape in shapes {
         let phases: &[Option<Path>] = if cx.verify.is_some() {
             &verified
@@ -991,7 +970,28 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     }
 
     if verifying {
-        verify_alone(&mut cx, &shapes, &dev_pool)?;
+        // The verification planned, the load done once (the device pool then holds the loaded
+        // pages), each verifier timed alone over it.
+        let adler = verify::adler_kernels(&load_module(&gpu, verify::ADLER_SOURCE)?)?;
+        let host = || {
+            cx.host.host_bytes().ok_or_else(|| {
+                KernelError::Unsupported("--verify needs host-visible pinned memory".into())
+            })
+        };
+        let mut v = Verify::new(
+            &gpu,
+            &shapes,
+            &dev_pool,
+            cx.dev.device_address(),
+            host()?,
+            adler,
+        )?;
+        for shape in shapes.iter().filter(|s| s.h2d) {
+            alone_ms(&mut cx, shape, Path::Auto)?;
+            let host = cx.host.host_bytes().unwrap_or(&[]);
+            v.report_alone(&gpu, shape, host)?;
+        }
+        cx.verify = Some(v);
     }
     if let Some(seconds) = hold_seconds()? {
         return hold_phases(&mut cx, &shapes, seconds, gemm_ms.median);
@@ -1036,71 +1036,6 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         }
     }
     report::print_table(&name, gpu.sm_count(), gemm_ms.median, &rows);
-    Ok(())
-}
-
-/// `--verify`: plans the verification of the load in `shapes`, loads it once (the chooser),
-/// checks the peer's Adler-32 of its first layer against the `adler2` crate's, then times each
-/// verifier alone over the whole load (every page of 61 layers, both buffers; no copy beside
-/// it), the kvlayout ones counting mismatches against the recorded checksums on the device.
-fn verify_alone(
-    cx: &mut Ctx<'_>,
-    shapes: &[Shape],
-    dev_pool: &PoolGeometry,
-) -> Result<(), KernelError> {
-    let module = load_module(cx.gpu, verify::ADLER_SOURCE)?;
-    let f = |n| module.load_function(n).map_err(drv("cuModuleGetFunction"));
-    let adler = (f("adler_items")?, f("adler_reduce")?);
-    let host = cx.host.host_bytes().ok_or_else(|| {
-        KernelError::Unsupported("--verify needs host-visible pinned memory".into())
-    })?;
-    let mut v = Verify::new(
-        cx.gpu,
-        shapes,
-        dev_pool,
-        cx.dev.device_address(),
-        host,
-        adler,
-    )?;
-    for shape in shapes.iter().filter(|s| s.h2d) {
-        alone_ms(cx, shape, Path::Auto)?; // the device pool now holds the loaded pages
-        let host = cx.host.host_bytes().unwrap_or(&[]);
-        let (got, want) = v.check_adler(shape, host)?;
-        println!(
-            "VERIFY {} | SGLang Adler-32 of layer 0 on the device {got:#010x}, adler2 on the host bytes {want:#010x}: {}",
-            shape.name,
-            if got == want { "equal" } else { "DIFFERENT" }
-        );
-        let sms = cx.gpu.sm_count();
-        for ver in [
-            Verifier::Kvlayout(ChecksumLaunch::sms(1)),
-            Verifier::Kvlayout(ChecksumLaunch::sms(2)),
-            Verifier::Kvlayout(ChecksumLaunch::sms(4)),
-            Verifier::Kvlayout(ChecksumLaunch::sms(sms)),
-            Verifier::Kvlayout(ChecksumLaunch {
-                blocks: 2,
-                threads_per_block: 512,
-            }),
-            Verifier::Kvlayout(ChecksumLaunch {
-                blocks: 4,
-                threads_per_block: 256,
-            }),
-            Verifier::Adler32(None),
-            Verifier::Adler32(Some(1)),
-            Verifier::Adler32(Some(2)),
-            Verifier::Adler32(Some(8)),
-        ] {
-            let ms = v.alone_ms(cx.gpu, shape, ver)?;
-            let (pages, bad) = v.take_counts()?;
-            println!(
-                "VERIFY ALONE {} | {} | {ms:.3} ms, {:.1} GB/s of payload | {pages} pages checked on the device, {bad} mismatched",
-                shape.name,
-                ver.label(),
-                report::gbps(shape.bytes(), ms),
-            );
-        }
-    }
-    cx.verify = Some(v);
     Ok(())
 }
 

@@ -25,6 +25,8 @@ use kvlayout_core::checksum::page_checksum;
 use kvlayout_kernels::checksum_gpu::{ChecksumJob, ChecksumKernels, ChecksumLaunch};
 use kvlayout_kernels::{Gpu, KernelError};
 
+use crate::paths::Path;
+use crate::report;
 use crate::workload::{Call, Shape};
 
 /// SGLang's Adler-32 GPU checksum algorithm (sglang #39500): `adler_items` gives each thread
@@ -159,6 +161,42 @@ impl Verifier {
             Verifier::Adler32(Some(b)) => format!("SGLang Adler-32 on {b} block(s) of 256"),
         }
     }
+}
+
+/// The kernels of [`ADLER_SOURCE`] from its loaded module: `adler_items`, `adler_reduce`.
+pub fn adler_kernels(
+    module: &Arc<cudarc::driver::CudaModule>,
+) -> Result<(CudaFunction, CudaFunction), KernelError> {
+    let f = |n| module.load_function(n).map_err(drv("cuModuleGetFunction"));
+    Ok((f("adler_items")?, f("adler_reduce")?))
+}
+
+/// The `--hold` phases of `--verify`, in order: GEMM only, memcpy, the chooser, the load
+/// verified by kvlayout at several launches (blocks of fewer threads share an SM with the split
+/// load's copy blocks) and by the peer, then back (a drift over the run weighs on both sides).
+pub fn hold_phases() -> Vec<Option<Path>> {
+    let kvl = |blocks, threads_per_block| {
+        Some(Path::Verified(Verifier::Kvlayout(ChecksumLaunch {
+            blocks,
+            threads_per_block,
+        })))
+    };
+    vec![
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        kvl(2, 1024),
+        kvl(2, 512),
+        kvl(4, 256),
+        kvl(2, 256),
+        kvl(16, 256),
+        Some(Path::Verified(Verifier::Adler32(None))),
+        kvl(4, 256),
+        kvl(2, 512),
+        Some(Path::Auto),
+        Some(Path::Memcpy),
+        None,
+    ]
 }
 
 /// One buffer's pages of one layer's load.
@@ -339,7 +377,7 @@ impl Verify {
 
     /// The verification alone (no copy beside it) of every call of `shape` by `v`: median
     /// milliseconds of 5 after a warm-up, CUDA events on the verify stream.
-    pub fn alone_ms(&mut self, gpu: &Gpu, shape: &Shape, v: Verifier) -> Result<f64, KernelError> {
+    fn alone_ms(&mut self, gpu: &Gpu, shape: &Shape, v: Verifier) -> Result<f64, KernelError> {
         let timed = |gpu: &Gpu| {
             gpu.context()
                 .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
@@ -366,10 +404,56 @@ impl Verify {
         Ok(times[times.len() / 2])
     }
 
+    /// After a load of `shape` (the device pool holds the pages): the peer's Adler-32 of its
+    /// first layer against the `adler2` crate's, then each verifier timed alone over the whole
+    /// load (every page of every layer, both buffers; no copy beside it), the kvlayout ones
+    /// counting mismatches against the recorded checksums on the device. Prints a line each.
+    pub fn report_alone(
+        &mut self,
+        gpu: &Gpu,
+        shape: &Shape,
+        host: &[u8],
+    ) -> Result<(), KernelError> {
+        let (got, want) = self.check_adler(shape, host)?;
+        println!(
+            "VERIFY {} | SGLang Adler-32 of layer 0 on the device {got:#010x}, adler2 on the host bytes {want:#010x}: {}",
+            shape.name,
+            if got == want { "equal" } else { "DIFFERENT" }
+        );
+        let launch = |blocks, threads_per_block| {
+            Verifier::Kvlayout(ChecksumLaunch {
+                blocks,
+                threads_per_block,
+            })
+        };
+        for ver in [
+            launch(1, 1024),
+            launch(2, 1024),
+            launch(4, 1024),
+            launch(gpu.sm_count(), 1024),
+            launch(2, 512),
+            launch(4, 256),
+            Verifier::Adler32(None),
+            Verifier::Adler32(Some(1)),
+            Verifier::Adler32(Some(2)),
+            Verifier::Adler32(Some(8)),
+        ] {
+            let ms = self.alone_ms(gpu, shape, ver)?;
+            let (pages, bad) = self.take_counts()?;
+            println!(
+                "VERIFY ALONE {} | {} | {ms:.3} ms, {:.1} GB/s of payload | {pages} pages checked on the device, {bad} mismatched",
+                shape.name,
+                ver.label(),
+                report::gbps(shape.bytes(), ms),
+            );
+        }
+        Ok(())
+    }
+
     /// The peer's Adler-32 of the first call of `shape` (its pages in order, as loaded) on
     /// the device against the `adler2` crate's on the host bytes the pages were copied from;
     /// run after a load of `shape`.
-    pub fn check_adler(&mut self, shape: &Shape, host: &[u8]) -> Result<(u32, u32), KernelError> {
+    fn check_adler(&mut self, shape: &Shape, host: &[u8]) -> Result<(u32, u32), KernelError> {
         let call = &shape.calls[0];
         self.enqueue(call.runs[0].dst_offset_bytes, Verifier::Adler32(None))?;
         let got = self
