@@ -2,9 +2,12 @@
 # Every GPU test and the GPU benchmark, with the GPU required.
 #
 #   scripts/gpu-check.sh build            build (release) and stage into .dev/: the kernels'
-#                                         GPU tests, the CUDA pool tests (tests/cuda_pools.rs),
-#                                         the CUDA backend's unit tests, gpu_bench (package
-#                                         kvlayout-gpu-bench), this script.
+#                                         GPU tests (tests/gpu.rs, tests/checksum_gpu.rs), the
+#                                         CUDA pool tests (tests/cuda_pools.rs), the CUDA
+#                                         backend's unit tests, gpu_bench (package
+#                                         kvlayout-gpu-bench), checksum_bench, this script, and
+#                                         the Python wheel with the CUDA-tensor checksum test
+#                                         (python/tests/test_checksum_cuda.py) when pip is here.
 #                                         Needs the Rust toolchain, not a GPU (nothing CUDA is
 #                                         linked: cudarc loads libcuda/libnvrtc/libcublas at run
 #                                         time), so it runs on a CPU-only build machine.
@@ -67,8 +70,11 @@ build() {
     local json
     json=$(mktemp)
     cargo build --release -p kvlayout-gpu-bench --bin gpu_bench
+    cargo build --release -p kvlayout-kernels --bin checksum_bench
     cargo test --release --no-run --message-format=json \
         -p kvlayout-kernels --test gpu >"$json"
+    cargo test --release --no-run --message-format=json \
+        -p kvlayout-kernels --test checksum_gpu >>"$json"
     cargo test --release --no-run --message-format=json \
         -p kvlayout-tests --test cuda_pools >>"$json"
     cargo test --release --no-run --message-format=json \
@@ -78,14 +84,24 @@ build() {
             | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -1
     }
     cp "$(exe gpu test)" "$stage/kernels_gpu"
+    cp "$(exe checksum_gpu test)" "$stage/checksum_gpu"
+    cp "${CARGO_TARGET_DIR:-target}/release/checksum_bench" "$stage/checksum_bench"
     cp "$(exe cuda_pools test)" "$stage/cuda_pools"
     cp "$(exe kvlayout_pool lib)" "$stage/pool_unit"
     cp "${CARGO_TARGET_DIR:-target}/release/gpu_bench" "$stage/gpu_bench"
     cp "$0" "$stage/gpu-check.sh"
     # Debug info off: the staged binaries travel to the device machine (64 MiB in all).
     command -v strip >/dev/null && strip --strip-debug "$stage"/kernels_gpu "$stage"/cuda_pools \
-        "$stage"/pool_unit "$stage"/gpu_bench
+        "$stage"/pool_unit "$stage"/gpu_bench "$stage"/checksum_gpu "$stage"/checksum_bench
     rm -f "$json"
+    # The abi3 wheel and the CUDA-tensor test (the device machine has torch and pytest).
+    rm -rf "$stage/wheels" && mkdir -p "$stage/wheels"
+    if python3 -m pip --version >/dev/null 2>&1; then
+        python3 -m pip wheel --no-deps ./python -w "$stage/wheels"
+        cp python/tests/test_checksum_cuda.py "$stage/wheels/"
+    else
+        echo "gpu-check: no pip here: the Python CUDA-tensor test is not staged"
+    fi
     ls -l "$stage"
 }
 
@@ -107,6 +123,18 @@ run() {
     done
     echo "== kernels: GPU tests (every path against its CPU reference, bit for bit)"
     "$stage/kernels_gpu" --ignored --test-threads 1
+    echo "== kernels: the page checksum kernel against the CPU reference, bit for bit"
+    "$stage/checksum_gpu" --ignored --test-threads 1
+    if ls "$stage"/wheels/*.whl >/dev/null 2>&1; then
+        echo "== python: CUDA-tensor page checksums against the CPU (the staged wheel)"
+        rm -rf /tmp/kvlayout-site
+        python3 -m pip install -q --no-index --no-deps --target /tmp/kvlayout-site "$stage"/wheels/*.whl
+        PYTHONPATH=/tmp/kvlayout-site python3 -m pytest -rs -p no:cacheprovider \
+            "$stage/wheels/test_checksum_cuda.py"
+    else
+        echo "gpu-check: no staged wheel: the Python CUDA-tensor test did not run" >&2
+        exit 1
+    fi
     echo "== pools: CUDA backend unit tests"
     "$stage/pool_unit" backend::cuda --test-threads 1
     echo "== pools: CUDA pool tests (tests/cuda_pools.rs)"
@@ -140,6 +168,7 @@ case "${1:-}" in
             log_header
             cargo build -p kvlayout-gpu-bench --bin gpu_bench
             cargo test --no-run -p kvlayout-kernels --test gpu
+            cargo test --no-run -p kvlayout-kernels --test checksum_gpu
             cargo test --no-run -p kvlayout-tests --test cuda_pools
             cargo test --no-run -p kvlayout-pool --features cuda --lib
             echo "gpu-check: GPU run skipped: no CUDA driver (libcuda) or no /dev/nvidia0 on this machine; the GPU tests and gpu_bench compiled"

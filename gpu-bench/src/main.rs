@@ -23,7 +23,10 @@
 //! with wall-clock intervals to read an `nvidia-smi` log by); `--token-variants` (with `--hold`
 //! and `--page-size-1`: phases of the token kernel on 2 and 4 SMs and over contiguous runs, the
 //! SM path's ceiling, too); `--token-ceiling` (windows at page size 1: memcpy, the token kernel
-//! over contiguous runs and over the scattered ones on 4 and all SMs, the peer, the chooser).
+//! over contiguous runs and over the scattered ones on 4 and all SMs, the peer, the chooser);
+//! `--verify` (the 1,024-page load only, also verified layer by layer on the device by the page
+//! checksum and by SGLang's Adler-32 as the peer, `verify.rs`; each verifier alone first);
+//! `--verify-sms V` (with `--sm-carveout K`: the GEMM leaves K + V SMs, the chooser is told K).
 //!
 //! The exploration modes of sessions 3 to 7 (`--explore` and its candidates, the item-copy and
 //! quantizer rows of the first benchmark) were removed with the code they measured or once
@@ -32,6 +35,7 @@
 mod overlap;
 mod paths;
 mod report;
+mod verify;
 mod workload;
 
 use kvlayout_kernels::KernelError;
@@ -49,7 +53,7 @@ fn main() -> Result<(), KernelError> {
     eprintln!(
         "usage: gpu_bench --overlap | --overlap-small | --dma-sweep [--page-size-1] \
          [--sm-carveout K] [--auto-only] [--loads-only | --backups-only] [--pair-major] \
-         [--hold SECONDS] [--token-variants] [--token-ceiling]"
+         [--hold SECONDS] [--token-variants] [--token-ceiling] [--verify [--verify-sms V]]"
     );
     std::process::exit(2);
 }

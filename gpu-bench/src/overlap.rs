@@ -32,6 +32,7 @@ use kvlayout_kernels::{
 
 use crate::paths::{self, Mode, Path};
 use crate::report::{self, Row, Stat, print_row, stat};
+use crate::verify::{self, Verifier, Verify};
 use crate::workload::{Call, Shape, dsa_pool, page_shape, page1_pool, page1_shape, token_shape};
 
 const GEMM_N: usize = 8192;
@@ -76,6 +77,8 @@ struct Ctx<'a> {
     dev: DeviceBytes,
     peer: CudaFunction,
     gemm: GemmLoop,
+    /// `--verify`: the loads' verification ([`crate::verify`]).
+    verify: Option<Verify>,
 }
 
 struct GemmLoop {
@@ -144,7 +147,10 @@ fn gemm_alone(gpu: &Gpu, gemm: &mut GemmLoop) -> Result<Stat, KernelError> {
 }
 
 /// A bench-local CUDA source compiled for the device and loaded.
-fn load_module(gpu: &Gpu, source: &str) -> Result<Arc<cudarc::driver::CudaModule>, KernelError> {
+pub(crate) fn load_module(
+    gpu: &Gpu,
+    source: &str,
+) -> Result<Arc<cudarc::driver::CudaModule>, KernelError> {
     let arch = gpu.arch();
     let ptx = compile_ptx_with_opts(
         source,
@@ -173,6 +179,15 @@ fn enqueue(cx: &mut Ctx<'_>, shape: &Shape, path: Path) -> Result<(), KernelErro
 }
 
 fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<(), KernelError> {
+    if let Path::Verified(v) = path {
+        enqueue_call(cx, h2d, call, Path::Auto)?;
+        let Some(verify) = cx.verify.as_mut() else {
+            return Err(KernelError::Unsupported(
+                "a verified path without --verify".into(),
+            ));
+        };
+        return verify.enqueue_after(cx.gpu, call, v);
+    }
     let gpu = cx.gpu;
     let (h, d) = (cx.host.device_address(), cx.dev.device_address());
     let (src_base, dst_base) = if h2d { (h, d) } else { (d, h) };
@@ -264,6 +279,7 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
                 .map(|_| ()),
+            Path::Verified(_) => unreachable!("handled above"),
         }
     }
 }
@@ -507,6 +523,15 @@ fn sm_carveout() -> Option<u32> {
     args.get(at + 1)?.parse().ok()
 }
 
+/// `--verify-sms V`: SMs the GEMM leaves beyond the carve-out, for the verification alone.
+fn verify_sms() -> u32 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--verify-sms")
+        .and_then(|at| args.get(at + 1)?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// `--hold SECONDS`: the seconds of each phase of [`hold_phases`].
 fn hold_seconds() -> Result<Option<f64>, KernelError> {
     let args: Vec<String> = std::env::args().collect();
@@ -594,14 +619,27 @@ fn hold_phases(
         None,
     ];
     let token_variants = std::env::args().any(|a| a == "--token-variants");
+    let verified = verify::hold_phases();
     for shape in shapes {
-        let phases: &[Option<Path>] = match shape.name.starts_with("page size 1") {
-            true if token_variants && shape.h2d => &variants,
-            true => &page1,
-            false => &order,
+        let phases: &[Option<Path>] = if cx.verify.is_some() {
+            &verified
+        } else if shape.name.starts_with("page size 1") {
+            if token_variants && shape.h2d {
+                &variants
+            } else {
+                &page1
+            }
+        } else {
+            &order
         };
         for &path in phases {
             hold(cx, shape, path, seconds, gemm_ms)?;
+            if let (Some(Path::Verified(Verifier::Kvlayout(_))), Some(v)) =
+                (path, cx.verify.as_mut())
+            {
+                let (pages, bad) = v.take_counts()?;
+                println!("    verified on the device: {pages} pages, {bad} mismatched");
+            }
         }
     }
     Ok(())
@@ -865,6 +903,7 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         dev,
         peer,
         gemm,
+        verify: None,
     };
 
     let mut gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
@@ -873,7 +912,9 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         // (`cublasSetSmCountTarget`), leaving K to a copy kernel; the chooser is told.
         gpu.set_model_carveout_sms(k)?;
         let full = gemm_ms.median;
-        let target = gpu.sm_count().saturating_sub(k) as i32;
+        // `--verify-sms V`: the GEMM leaves V more SMs, for the verification alone (the
+        // chooser is told K only).
+        let target = gpu.sm_count().saturating_sub(k + verify_sms()) as i32;
         // SAFETY: a live cuBLAS handle; the call only sets a field of it.
         let st =
             unsafe { cudarc::cublas::sys::cublasSetSmCountTarget(*cx.gemm.blas.handle(), target) };
@@ -885,7 +926,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         }
         gemm_ms = gemm_alone(&gpu, &mut cx.gemm)?;
         println!(
-            "GEMM with an SM target of {target} (carve-out {k}): {:.3} ms, {:+.1}% against all SMs ({full:.3} ms); GEMM slowed below is against this",
+            "GEMM with an SM target of {target} (carve-out {k}, verify SMs {}): {:.3} ms, {:+.1}% against all SMs ({full:.3} ms); GEMM slowed below is against this",
+            verify_sms(),
             gemm_ms.median,
             (gemm_ms.median / full - 1.0) * 100.0
         );
@@ -939,7 +981,8 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             } else {
                 !page1
             };
-            shown && direction_wanted(h2d)
+            let verify_only = !std::env::args().any(|a| a == "--verify") || i == 0;
+            shown && direction_wanted(h2d) && verify_only
         });
     for (_, (pages, layers, h2d, lbl, burst, consecutive)) in picked {
         shapes.push(page_shape(
@@ -955,10 +998,35 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
             consecutive,
         )?);
     }
-    if !sweep && !small && !page1 && direction_wanted(true) {
+    let verifying = std::env::args().any(|a| a == "--verify");
+    if !sweep && !small && !page1 && !verifying && direction_wanted(true) {
         shapes.push(token_shape(&gpu, &mut rng, &host_pool, &dev_pool, 256)?);
     }
 
+    if verifying {
+        // The verification planned, the load done once (the device pool then holds the loaded
+        // pages), each verifier timed alone over it.
+        let adler = verify::adler_kernels(&load_module(&gpu, verify::ADLER_SOURCE)?)?;
+        let host = || {
+            cx.host.host_bytes().ok_or_else(|| {
+                KernelError::Unsupported("--verify needs host-visible pinned memory".into())
+            })
+        };
+        let mut v = Verify::new(
+            &gpu,
+            &shapes,
+            &dev_pool,
+            cx.dev.device_address(),
+            host()?,
+            adler,
+        )?;
+        for shape in shapes.iter().filter(|s| s.h2d) {
+            alone_ms(&mut cx, shape, Path::Auto)?;
+            let host = cx.host.host_bytes().unwrap_or(&[]);
+            v.report_alone(&gpu, shape, host)?;
+        }
+        cx.verify = Some(v);
+    }
     if let Some(seconds) = hold_seconds()? {
         return hold_phases(&mut cx, &shapes, seconds, gemm_ms.median);
     }

@@ -1,6 +1,7 @@
 //! The rows of `gpu_bench --overlap`: the transfer paths, and which of them each shape is
 //! measured with in each mode.
 
+use crate::verify::Verifier;
 use crate::workload::Shape;
 
 #[derive(Clone, Copy, Debug)]
@@ -26,6 +27,8 @@ pub enum Path {
     Staged,
     /// kvlayout's chooser (`Gpu::enqueue_transfer_runs`), what the CUDA pool backend calls.
     Auto,
+    /// The chooser's load, each layer verified on the device after its copy (`--verify`).
+    Verified(Verifier),
 }
 
 /// What a run measures.
@@ -75,6 +78,7 @@ impl Path {
                 "kvlayout staged: host threads, 1 copy per 16 MiB chunk, 8 slots".into()
             }
             Path::Auto => "kvlayout chooser (CUDA pool backend)".into(),
+            Path::Verified(v) => format!("kvlayout chooser + verify: {}", v.label()),
         }
     }
 }
@@ -85,6 +89,12 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
     let big = shape.calls.len() > 1 || shape.bytes() > 100_000_000;
     let huge = shape.bytes() > 5_000_000_000;
     let mut paths = vec![Path::Memcpy];
+    if std::env::args().any(|a| a == "--verify") {
+        let launch = kvlayout_kernels::checksum_gpu::ChecksumLaunch::sms(2);
+        paths.extend([Path::Auto, Path::Verified(Verifier::Kvlayout(launch))]);
+        paths.push(Path::Verified(Verifier::Adler32(None)));
+        return paths;
+    }
     if std::env::args().any(|a| a == "--auto-only") {
         // The ceiling and the chooser only.
         paths.push(Path::Auto);

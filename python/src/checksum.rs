@@ -1,5 +1,6 @@
 //! Page checksums from Python (`kvlayout.checksum/v1`, `kvlayout_core::checksum`), computed in
-//! Rust on the bytes of a numpy array or CPU tensor in place: `page_checksum` of one payload,
+//! Rust on the bytes of a numpy array or CPU tensor in place, or on the device of a CUDA tensor
+//! ([`crate::checksum_cuda`]): `page_checksum` of one payload,
 //! and the host-side table of a [`crate::guard::TransferGuard`] with a checksum mode
 //! (`record_backup` / `verify_load`).
 
@@ -11,6 +12,7 @@ use kvlayout_pool::ChecksumMode;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use crate::checksum_cuda;
 use crate::errors;
 use crate::geometry::{Geometry, geometry_err};
 use crate::pages::with_bytes;
@@ -70,10 +72,47 @@ pub fn page_sums(
         .collect()
 }
 
+/// The bytes of `data`: a buffer-protocol object in place, or a CPU torch tensor through
+/// `kvlayout.tensors._host_bytes` (a zero-copy uint8 view).
+fn with_data<R>(
+    data: &Bound<'_, PyAny>,
+    what: &str,
+    f: impl FnOnce(&[u8]) -> PyResult<R>,
+) -> PyResult<R> {
+    if data.hasattr(pyo3::intern!(data.py(), "__dlpack__"))?
+        && !data.hasattr(pyo3::intern!(data.py(), "__array_interface__"))?
+    {
+        let view = data
+            .py()
+            .import("kvlayout.tensors")?
+            .call_method1("_host_bytes", (data,))?;
+        return with_bytes(&view, what, f);
+    }
+    with_bytes(data, what, f)
+}
+
+/// The checksum of each page of `pages` in `data` (one layer of one buffer laid `[page][page
+/// stride]`): on the device for a CUDA torch tensor, else in Rust on the CPU, in place.
+pub fn layer_sums(
+    data: &Bound<'_, PyAny>,
+    key: &PageChecksumKey,
+    stride_bytes: u64,
+    pages: &[u64],
+    what: &str,
+) -> PyResult<Vec<u64>> {
+    if let Some(t) = checksum_cuda::cuda_tensor(data)? {
+        return checksum_cuda::page_sums(&t, key, stride_bytes, pages, what);
+    }
+    with_data(data, what, |bytes| {
+        page_sums(key, stride_bytes, bytes, pages, what)
+    })
+}
+
 /// The checksum of one page payload of `buffer`, layer `layer` (a layer index `0..layers`;
 /// the checksum is seeded with the model layer id) of `geometry` (`kvlayout.checksum/v1`): 64
 /// bits, equal to the Rust core's and the CLI's. `payload`: exactly one page payload
-/// (`page_size_tokens x bytes_per_token` bytes, no padding), any C-contiguous buffer.
+/// (`page_size_tokens x bytes_per_token` bytes, no padding), any C-contiguous buffer, a CPU
+/// torch tensor, or a CUDA torch tensor (checksummed on its device, on PyTorch's current stream).
 ///
 /// Raises `InvalidGeometry` for an unknown buffer or a layer out of range, `ValueError` when
 /// `payload` is not one page payload (naming both lengths).
@@ -86,7 +125,16 @@ pub fn page_checksum(
     payload: &Bound<'_, PyAny>,
 ) -> PyResult<u64> {
     let (_, key, _) = key_of(py, &geometry.inner, buffer, layer)?;
-    with_bytes(payload, "payload", |bytes| {
+    if let Some(t) = checksum_cuda::cuda_tensor(payload)? {
+        if t.len_bytes != key.payload_bytes {
+            return Err(PyValueError::new_err(format!(
+                "payload bytes: {} bytes given to a checksum of a {}-byte page payload",
+                t.len_bytes, key.payload_bytes
+            )));
+        }
+        return Ok(checksum_cuda::page_sums(&t, &key, key.payload_bytes, &[0], "payload")?[0]);
+    }
+    with_data(payload, "payload", |bytes| {
         key.checksum(bytes)
             .map_err(|e| PyValueError::new_err(e.to_string()))
     })

@@ -17,10 +17,10 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
-use crate::checksum::{self, key_of, mode_arg, page_sums};
+use crate::checksum::{self, key_of, layer_sums, mode_arg};
 use crate::errors;
 use crate::geometry::{Geometry, header};
-use crate::pages::{PageList, with_bytes, with_pages};
+use crate::pages::{PageList, with_pages};
 use kvlayout_pool::ChecksumMode;
 
 /// A checked device/host pool pair.
@@ -206,21 +206,6 @@ fn covered(
         .unzip())
 }
 
-/// The bytes of `data`: a buffer-protocol object in place, or a CPU torch tensor through
-/// `kvlayout.tensors._host_bytes` (a zero-copy uint8 view; a CUDA tensor is refused there).
-fn with_data<R>(data: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> PyResult<R>) -> PyResult<R> {
-    if data.hasattr(pyo3::intern!(data.py(), "__dlpack__"))?
-        && !data.hasattr(pyo3::intern!(data.py(), "__array_interface__"))?
-    {
-        let view = data
-            .py()
-            .import("kvlayout.tensors")?
-            .call_method1("_host_bytes", (data,))?;
-        return with_bytes(&view, "data", f);
-    }
-    with_bytes(data, "data", f)
-}
-
 #[pymethods]
 impl TransferGuard {
     /// Pairs `device` with `host`; raises `Incompatible` when their geometries differ in any
@@ -267,7 +252,9 @@ impl TransferGuard {
     /// The checksum (`kvlayout.checksum/v1`) of each device page of `pages` of `buffer`, layer
     /// `layer` (an index `0..layers`), read from `data`: that layer's device region of the
     /// buffer laid `[page][page stride]` (an SGLang per-layer tensor): a C-contiguous numpy
-    /// array or buffer of any dtype, or a CPU torch tensor, read in place in Rust. Raises
+    /// array or buffer of any dtype, or a CPU torch tensor, read in place in Rust, or a CUDA
+    /// torch tensor, read in place on its device by the Rust kernel on PyTorch's current stream
+    /// (`crate::checksum_cuda`; `ValueError` naming `data` when libcuda cannot be loaded). Raises
     /// `InvalidGeometry` (unknown buffer, layer out of range), `ValueError` (a page past the end
     /// of `data`, a negative page).
     fn page_checksums(
@@ -280,7 +267,7 @@ impl TransferGuard {
     ) -> PyResult<Vec<u64>> {
         let (_, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let pages = page_vec(pages, "pages")?;
-        with_data(data, |bytes| page_sums(&key, stride, bytes, &pages, "data"))
+        layer_sums(data, &key, stride, &pages, "data")
     }
 
     /// Records the checksums of a backup (device pages -> host pages) of `buffer`, layer
@@ -301,7 +288,7 @@ impl TransferGuard {
         }
         let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let (dev, host) = covered(self.checksum, device_pages, host_pages, "device_pages")?;
-        let sums = with_data(data, |bytes| page_sums(&key, stride, bytes, &dev, "data"))?;
+        let sums = layer_sums(data, &key, stride, &dev, "data")?;
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         for (&h, sum) in host.iter().zip(sums) {
             table.recorded.insert((b, layer, h), sum);
@@ -346,7 +333,7 @@ impl TransferGuard {
             }
             out
         };
-        let sums = with_data(data, |bytes| page_sums(&key, stride, bytes, &dev, "data"))?;
+        let sums = layer_sums(data, &key, stride, &dev, "data")?;
         let bad: Vec<(u64, u64, u64, u64)> = (0..dev.len())
             .filter(|&i| sums[i] != recorded[i])
             .map(|i| (host[i], dev[i], recorded[i], sums[i]))

@@ -10,6 +10,7 @@
 use pyo3::prelude::*;
 
 mod checksum;
+mod checksum_cuda;
 mod errors;
 mod geometry;
 mod guard;
