@@ -33,7 +33,7 @@
 //! check. With a host sized by the fp8 formula (8448 B/page) and a bf16 device (16384 B/page) it
 //! truncates and misaddresses — the seed bug, reproduced.
 
-use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, compare};
+use kvlayout_core::{GeometryError, PoolGeometry, compare};
 
 pub use crate::error::{PoolFact, TransferError};
 
