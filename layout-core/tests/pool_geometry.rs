@@ -559,6 +559,8 @@ fn new_memory_layouts_in_geometry_files() {
         2,
     );
     assert_eq!(g.storage_fingerprint(), Ok(storage));
+    // The value layout-core/tests/fingerprint_reference.py recomputes in Python.
+    assert_eq!(storage, 0x4a87_4bbd_0034_75ad);
     let mut one_group = g.clone();
     one_group.memory_layout = MemoryLayout::PageUnified { heads_per_group: 4 };
     assert_ne!(one_group.storage_fingerprint(), g.storage_fingerprint());

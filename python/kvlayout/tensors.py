@@ -172,7 +172,7 @@ EXTRA_FIELDS = ("attention", "layer_ids", "page_size_tokens", "page_stride_bytes
 def _splits_pages(memory_layout: Any) -> bool:
     """Whether the memory layout stores a page of one layer as pieces (heads or head groups):
     ``page_head``, ``layer_head``, ``{"page_unified": {...}}``. Their strides are checked
-    against the geometry's placement (:func:`_check_pieces`)."""
+    against the geometry's placement (:func:`check_pieces`)."""
     return memory_layout in ("page_head", "layer_head") or isinstance(memory_layout, dict)
 
 
@@ -288,7 +288,7 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
         row_bytes = page_payload // page_size_tokens
         row_elems = dims["page_bytes"] * content_elems // page_size_tokens
         content_shape = [row_elems * values_per_elem]
-        page_stride = layer_share("page")
+        page_stride: Optional[int] = layer_share("page")
         pages = dims["page"]
     else:
         pieced = _splits_pages(memory_layout)
@@ -316,7 +316,7 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
             pages = dims["page"]
             # A layout that splits pages into heads or groups (page_head, layer_head,
             # page_unified): page, layer, head and token strides are checked against the
-            # geometry's placement once it is built (_check_pieces).
+            # geometry's placement once it is built (check_pieces).
             page_stride = None if pieced else layer_share("page")
             token_stride = row_bytes if page_head or pieced else layer_share("page_token")
         else:
@@ -497,7 +497,7 @@ def geometry_from_tensors(
     if memory_layout == "layer_head" or isinstance(memory_layout, dict):
         # page_head keeps its older check (the page's total only): SGLang's page_head tensor
         # is [page][head][token][layer][dim], not the core's [page][head][layer][token][row].
-        _check_pieces(g, buffers)
+        check_pieces(g, buffers)
     return g
 
 
@@ -511,7 +511,7 @@ def _address(t: Any) -> Optional[int]:
     return int(face["data"][0]) if face else None
 
 
-def _check_pieces(g: Geometry, buffers: Sequence[TensorBuffer]) -> None:
+def check_pieces(g: Geometry, buffers: Sequence[TensorBuffer]) -> None:
     """Under ``layer_head`` and ``page_unified`` the tensors' strides must be the
     geometry's placement (``Geometry.regions()``): ``page`` its page step, ``layer`` its layer
     step, ``head`` its head step (``page_unified``: ``group`` the group step and ``head`` one

@@ -97,14 +97,55 @@ def test_mha_fp8_host_without_its_device_is_refused_naming_the_fix():
         kvl.host_geometry(host)
 
 
-def test_mha_page_unified_host_is_refused_by_name():
-    """kvlayout models no memory layout with a layer's K and V side by side in a page (SGLang's
-    own page_unified.py byte order (page, head_group, layer, 2, page_size, heads, dim))."""
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_mha_page_unified_host(dtype, groups):
+    """SGLang's ``page_unified`` host (``pool_host/page_unified.py``): ``kv_buffer`` of shape
+    ``(page_num, head_group_num, layer_num, 2, page_size, heads_per_group, head_dim)``, read as
+    kvlayout's ``page_unified`` with ``heads_per_group = head_num // head_group_num``. The
+    placement is checked against the tensor's own strides; fp8 through the paired device pool."""
+    device = mha(dtype)
+    host = mha_host(device, "page_unified", head_group_num=groups)
+    kv = host.kv_buffer
+    item = kv.element_size()
+    per_group = 2 // groups
+    assert tuple(kv.shape) == (host.page_num, groups, 2, 2, 64, per_group, 64)
+    dev_g, host_g = assert_pair(device, host)
+    assert host_g.memory_layout == "page_unified" and host_g.heads_per_group == per_group
+    strides = [s * item for s in kv.stride()]  # page, group, layer, K|V, token, head, dim
+    # By hand: a token's group row per_group x 64 x item; a (group, layer) cell K then V of 64
+    # tokens; a group all 2 layers' cells; a page every group.
+    row = per_group * 64 * item
+    assert strides[4:] == [row, 64 * item, item]
+    assert strides[:4] == [groups * 2 * 2 * 64 * row, 2 * 2 * 64 * row, 2 * 64 * row, 64 * row]
+    (region,) = host_g.regions()
+    k, v = region["buffers"]
+    for b in (k, v):
+        assert (b["page_step_bytes"], b["head_step_bytes"], b["layer_step_bytes"]) == tuple(strides[:3])
+        assert (b["heads"], b["run_bytes"]) == (groups, 64 * strides[4])
+    assert v["offset_bytes"] - k["offset_bytes"] == strides[3]
+    assert region["len_bytes"] == kv.numel() * item
+    assert host_g.pages == host.page_num == kv.shape[0]
+
+
+def test_mha_page_unified_mismatches_refused():
     device = mha()
-    host = mha_host(device, "page_unified")
-    assert tuple(host.kv_buffer.shape) == (host.page_num, 1, 2, 2, 64, 2, 64)
-    with pytest.raises(kvlayout.KvLayoutError, match="page_unified.*not modelled"):
-        kvl.transfer_guard(device, host)
+    # A host from another device (fp16 vs bf16): the pairing lists the dtype of K and V.
+    with pytest.raises(kvlayout.Incompatible) as e:
+        kvl.transfer_guard(device, mha_host(mha(torch.float16), "page_unified", head_group_num=2))
+    assert any(line.startswith("k.sections[0].dtype") for line in e.value.lines), e.value.lines
+    # head_group_num that contradicts the tensor: the strides say 2 groups of 1 head.
+    host = mha_host(device, "page_unified", head_group_num=2)
+    host.head_group_num = 1
+    with pytest.raises(kvlayout.TensorMismatch, match="strides"):
+        kvl.host_geometry(host, device_pool=device)
+    # A page_unified geometry at the storage level differs from page_first_direct's and from
+    # another group size: the same page bytes are not the same stored object.
+    other = kvl.host_geometry(mha_host(device, "page_unified", head_group_num=1), device_pool=device)
+    two = kvl.host_geometry(mha_host(device, "page_unified", head_group_num=2), device_pool=device)
+    assert kvlayout.compare(other, two) == []
+    assert kvlayout.compare(other, two, "storage") == [
+        "memory_layout: page_unified (2 heads per group), page_unified (1 heads per group)"]
 
 
 @pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])
