@@ -40,7 +40,11 @@ Host pools, ``python/sglang/srt/mem_cache/memory_pool_host.py`` (newer releases:
   head_dim)`` (``layout == "layer_first"``), ``(2, size, layer_num, ...)`` (``page_first``),
   ``(2, page_num, layer_num, page_size, head_num, head_dim)`` (``page_first_direct``) or
   ``(2, page_num, head_num, page_size, layer_num, head_dim)`` (``page_head``); ``token_stride_size``
-  is the item size its transfer ops use.
+  is the item size its transfer ops use. Known gap: SGLang's ``page_head`` keeps a head's tokens
+  outside its layers (``[page][head][token][layer][dim]``) while kvlayout's ``page_head`` memory
+  layout is ``[page][head][layer][token][dim]`` (vLLM's BHLNC): the pairing, page checks and
+  item sizes hold, but ``Geometry.regions()`` / plans of such a host do not give SGLang's byte
+  offsets (only the page's total is checked against the tensor).
 - ``MLATokenToKVPoolHost``: ``kv_buffer`` ``(layer_num, size, 1, kv_cache_dim)``,
   ``(size, layer_num, 1, kv_cache_dim)`` or ``(page_num, layer_num, page_size, 1, kv_cache_dim)``.
 - ``AsymmetricMHATokenToKVPoolHost`` (``head_dim != v_head_dim``): ``kv_buffer`` is a tuple
