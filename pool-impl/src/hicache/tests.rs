@@ -455,9 +455,10 @@ fn stats_add_saturates_every_counter() {
 /// A `page_unified` host (SGLang 0.5.23 `mem_cache/pool_host/page_unified.py`: `kv_buffer`
 /// `(page_num, head_group_num, layer_num, 2, page_size, heads_per_group, head_dim)`) mirrors a
 /// `layer_first` device pool of K and V (4 heads x 2 bf16, 3 layers, 2-token pages): after a
-/// backup, K[page p, head h, layer l, token t] sits at SGLang's C-order offset 192 p + 96 (h / 2)
-/// + 32 l + 8 t + 4 (h % 2) (V 16 B further; page 2 groups x 3 layers x 2 x 2 tokens x 8 B),
-/// and loading the host pages back into other device pages restores every byte.
+/// backup, K[page p, head h, layer l, token t] sits at SGLang's C-order offset
+/// `192 p + 96 (h / 2) + 32 l + 8 t + 4 (h % 2)` (V 16 B further; a page is 2 groups x 3
+/// layers x 2 x 2 tokens x 8 B), and loading the host pages back into other device pages
+/// restores every byte.
 #[test]
 fn page_unified_host_backs_up_at_sglangs_offsets_and_loads_back() {
     let side = |name: &'static str| TokenLayout {
