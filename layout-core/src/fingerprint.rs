@@ -10,7 +10,7 @@
 //! i64 13); arrangement 1 token_major, 2 section_major, 3 head_major, 4 planes; attention
 //! [`crate::Attention::code`] 1 full, 2 sliding window, 3 chunked, 4 state; split 1 heads,
 //! 2 replicated; memory layout 1 layer_first, 2 page_first, 3 page_first_direct, 4 page_head,
-//! 5 layer_head, 6 page_unified.
+//! 5 layer_head, 6 page_unified, 7 page_head_token.
 //!
 //! - Layout core `core(L)` = `FNV(str("kvlayout.layout/v1"), u64(arrangement code),
 //!   [planes only: u64(plane count), per plane u64(length) and u64(each section index)],

@@ -11,12 +11,15 @@
 //!   one layer is `heads` runs, and the layout needs every section shaped `[heads, ...]`.
 //!   vLLM's `BHLNC` (`vllm/v1/kv_cache_layout.py`) is this layout.
 //! - `layer_head` (vLLM's `LHBNC`): each buffer a region `[layer][head][page][token][head row]`.
+//! - `page_head_token` (SGLang's MHA `page_head` host layout, `mem_cache/pool_host/mha.py`
+//!   `(2, page_num, head_num, page_size, layer_num, head_dim)`): each buffer a region
+//!   `[page][head][token][layer][head row]`; a head's page of one layer is one run a token.
 //! - `page_unified` (SGLang's MHA `page_unified`, `mem_cache/pool_host/page_unified.py`): one
 //!   region `[page][group][layer][buffer][token][group row]`, `G = heads / heads_per_group`
 //!   groups; a group row is every section's bytes of the group's heads, section after section.
 //!
 //! A head row (`page_head`, `layer_head`) is every section's bytes of one head, in section
-//! order; these three layouts store a page of one layer as pieces (heads or groups) of
+//! order; these layouts store a page of one layer as pieces (heads or groups) of
 //! `rows x piece row` bytes each, with no page padding.
 
 use std::fmt;
@@ -44,6 +47,10 @@ pub enum MemoryLayout {
     /// `[page][head][layer][token][head row]` per buffer (MHA; vLLM's `BHLNC` is this
     /// layout byte for byte).
     PageHead,
+    /// `[page][head][token][layer][head row]` per buffer: SGLang's MHA `page_head` host layout
+    /// (`mem_cache/pool_host/mha.py`: `(2, page_num, head_num, page_size, layer_num,
+    /// head_dim)`); a head's page of one layer is one run a token, `layers` head rows apart.
+    PageHeadToken,
     /// `[layer][head][page][token][head row]` per buffer: vLLM's `LHBNC`
     /// (`vllm/v1/kv_cache_layout.py`), heads outside the pages of a layer.
     LayerHead,
@@ -69,16 +76,18 @@ impl MemoryLayout {
             MemoryLayout::PageHead => 4,
             MemoryLayout::LayerHead => 5,
             MemoryLayout::PageUnified { .. } => 6,
+            MemoryLayout::PageHeadToken => 7,
         }
     }
 
     /// Every memory layout without a parameter (`page_unified` takes `heads_per_group`).
-    pub const ALL: [MemoryLayout; 5] = [
+    pub const ALL: [MemoryLayout; 6] = [
         MemoryLayout::LayerFirst,
         MemoryLayout::PageFirst,
         MemoryLayout::PageFirstDirect,
         MemoryLayout::PageHead,
         MemoryLayout::LayerHead,
+        MemoryLayout::PageHeadToken,
     ];
 
     /// The geometry-file name (`page_unified` without its parameter).
@@ -90,6 +99,7 @@ impl MemoryLayout {
             MemoryLayout::PageHead => "page_head",
             MemoryLayout::LayerHead => "layer_head",
             MemoryLayout::PageUnified { .. } => "page_unified",
+            MemoryLayout::PageHeadToken => "page_head_token",
         }
     }
 
@@ -105,7 +115,10 @@ impl MemoryLayout {
     pub const fn splits_pages(self) -> bool {
         matches!(
             self,
-            MemoryLayout::PageHead | MemoryLayout::LayerHead | MemoryLayout::PageUnified { .. }
+            MemoryLayout::PageHead
+                | MemoryLayout::LayerHead
+                | MemoryLayout::PageUnified { .. }
+                | MemoryLayout::PageHeadToken
         )
     }
 
@@ -132,6 +145,7 @@ impl clap::ValueEnum for MemoryLayout {
             MemoryLayout::PageFirstDirect => "page-first-direct",
             MemoryLayout::PageHead => "page-head",
             MemoryLayout::LayerHead => "layer-head",
+            MemoryLayout::PageHeadToken => "page-head-token",
             // Takes a parameter: not a command-line value (a geometry file gives it).
             MemoryLayout::PageUnified { .. } => return None,
         };
@@ -571,6 +585,15 @@ impl PoolGeometry {
                 let slot = ck_mul(ck_mul(page, heads, f)?, buf.layers, f)?;
                 return ck_add(base, ck_mul(ck_add(slot, layer, f)?, chunk, f)?, f);
             }
+            MemoryLayout::PageHeadToken => {
+                // (p * H + 0) * L * C + l * (head row), C = rows x head row
+                let heads = self.page_head_heads(b)?;
+                let chunk = per / heads;
+                let head_row = chunk / self.buffer_page_rows(b)?.max(1);
+                let slot = ck_mul(ck_mul(page, heads, f)?, buf.layers, f)?;
+                let at = ck_add(ck_mul(slot, chunk, f)?, ck_mul(layer, head_row, f)?, f)?;
+                return ck_add(base, at, f);
+            }
             MemoryLayout::LayerHead => {
                 // ((l * H + 0) * P + p) * C
                 let heads = self.page_head_heads(b)?;
@@ -639,7 +662,9 @@ impl PoolGeometry {
     /// that does not divide the buffer's head count, naming both.
     pub fn page_pieces(&self, b: usize) -> Result<(u64, u64), GeometryError> {
         match self.memory_layout {
-            MemoryLayout::PageHead | MemoryLayout::LayerHead => Ok((self.page_head_heads(b)?, 1)),
+            MemoryLayout::PageHead | MemoryLayout::LayerHead | MemoryLayout::PageHeadToken => {
+                Ok((self.page_head_heads(b)?, 1))
+            }
             MemoryLayout::PageUnified { heads_per_group } => {
                 let heads = self.page_head_heads(b)?;
                 let field = "memory_layout.page_unified.heads_per_group";
@@ -748,12 +773,15 @@ impl PoolGeometry {
         let heads = pieces * per_piece;
         let t_count = self.buffer_page_rows(b)?;
         let chunk = self.piece_bytes(b)?; // rows x piece row, all sections
-        let piece_row = chunk / t_count.max(1);
-        let step = self.placement(b)?.head_step_bytes;
+        let placement = self.placement(b)?;
+        let step = placement.head_step_bytes;
+        // Between rows of a piece: the piece row, or under page_head_token every layer's.
+        let piece_row = placement.run_step_bytes;
         let err = |e| layout_error(b, buf, e);
         let f = "page segments";
         // The last byte of the last piece must be addressable: checks every product below.
-        ck_add(ck_add(start, ck_mul(pieces - 1, step, f)?, f)?, chunk, f)?;
+        let span = ck_mul(piece_row, t_count, f)?.max(chunk);
+        ck_add(ck_add(start, ck_mul(pieces - 1, step, f)?, f)?, span, f)?;
         let mut out: Vec<Segment> = Vec::new();
         for g in 0..pieces {
             let piece_base = ck_add(start, ck_mul(g, step, f)?, f)?;

@@ -13,6 +13,9 @@
 //! - `page_head`: one region per buffer of `[page][head][layer][token][head row]`, no padding:
 //!   with the page payload `T * bytes_per_token` cut into `H` chunks `C` = payload / H, head
 //!   `h` of page `p` of layer `l` at `((p * H + h) * L + l) * C`;
+//! - `page_head_token`: one region per buffer of `[page][head][token][layer][head row]`: row
+//!   `t` of head `h` of page `p` of layer `l` at `((p * H + h) * T + t) * L * R + l * R`, head row
+//!   `R` = C / T;
 //! - `layer_head`: one region per buffer of `[layer][head][page][token][head row]`: head `h` of
 //!   page `p` of layer `l` at `((l * H + h) * P + p) * C`;
 //! - `page_unified`: one region for the whole pool ([`POOL_REGION`]) of `[page][group][layer]
@@ -62,9 +65,16 @@ pub struct Placement {
     /// Contiguous pieces one page of one layer is stored in: its heads under `page_head` and
     /// `layer_head`, its head groups under `page_unified`, else 1.
     pub heads: u64,
-    /// Bytes of one piece: the page stride, or under a layout that splits pages the payload /
-    /// `heads`.
+    /// Bytes of one run of a piece: the page stride, or under a layout that splits pages the
+    /// payload / `heads` (one run a piece), or under `page_head_token` one head row (`runs`
+    /// runs a piece, one a token).
     pub run_bytes: u64,
+    /// Runs one piece is stored in: 1, or under `page_head_token` the page's rows.
+    pub runs: u64,
+    /// Distance between run `r` and run `r + 1` of one piece (`page_head_token`: `layers` head
+    /// rows); where `runs` is 1, the piece's rows are `run_bytes / rows` apart, which this
+    /// holds too (the row step inside a piece).
+    pub run_step_bytes: u64,
     /// Layers of the buffer.
     pub layers: u64,
     /// Pages of the pool.
@@ -176,6 +186,8 @@ impl PoolGeometry {
             head_step_bytes: 0,
             heads: 1,
             run_bytes: per,
+            runs: 1,
+            run_step_bytes: 0,
             layers,
             pages: self.pages,
         };
@@ -196,6 +208,19 @@ impl PoolGeometry {
                 p.heads = heads;
                 p.run_bytes = chunk;
                 p.layer_step_bytes = chunk;
+                p.head_step_bytes = ck_mul(layers, chunk, &f)?;
+                p.page_step_bytes = ck_mul(heads, p.head_step_bytes, &f)?;
+            }
+            MemoryLayout::PageHeadToken => {
+                let heads = self.page_head_heads(b)?;
+                let chunk = per / heads;
+                let rows = self.buffer_page_rows(b)?.max(1);
+                let head_row = chunk / rows;
+                p.heads = heads;
+                p.run_bytes = head_row;
+                p.runs = rows;
+                p.run_step_bytes = ck_mul(layers, head_row, &f)?;
+                p.layer_step_bytes = head_row;
                 p.head_step_bytes = ck_mul(layers, chunk, &f)?;
                 p.page_step_bytes = ck_mul(heads, p.head_step_bytes, &f)?;
             }
@@ -222,6 +247,9 @@ impl PoolGeometry {
                 p.head_step_bytes = ck_mul(layers, cell, &f)?;
                 p.page_step_bytes = ck_mul(groups, p.head_step_bytes, &f)?;
             }
+        }
+        if p.runs == 1 {
+            p.run_step_bytes = p.run_bytes / self.buffer_page_rows(b)?.max(1);
         }
         Ok(p)
     }

@@ -14,7 +14,7 @@ DTYPE = {"f32": 1, "f16": 2, "bf16": 3, "f8e4m3": 4, "f8e4m3fnuz": 5, "f8e5m2": 
 BITS = {"f32": 32, "f16": 16, "bf16": 16, "f4e2m1": 4, "i32": 32, "i64": 64}
 ARRANGEMENT = {"token_major": 1, "section_major": 2, "head_major": 3}
 MEMORY_LAYOUT = {"layer_first": 1, "page_first": 2, "page_first_direct": 3, "page_head": 4,
-                 "layer_head": 5, "page_unified": 6}
+                 "layer_head": 5, "page_unified": 6, "page_head_token": 7}
 
 
 def fnv(items):

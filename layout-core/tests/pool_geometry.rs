@@ -577,3 +577,53 @@ fn new_memory_layouts_in_geometry_files() {
         vec!["memory_layout: page_unified (2 heads per group), page_unified (4 heads per group)"]
     );
 }
+
+/// SGLang 0.5.23's MHA `page_head` host (`python/sglang/srt/mem_cache/pool_host/mha.py`,
+/// `init_kv_buffer`): `kv_buffer` of shape `(2, page_num, head_num, page_size, layer_num,
+/// head_dim)`, C-contiguous: per K or V, `[page][head][token][layer][dim]`. With 4 heads, head_dim
+/// 2 bf16, 3 layers, 2-token pages, 5 pages the byte strides are, innermost first: dim 2, layer
+/// 4, token 3 x 4 = 12, head 2 x 12 = 24, page 4 x 24 = 96, K/V 5 x 96 = 480. kvlayout's
+/// `page_head` (`[page][head][layer][token]`, vLLM's BHLNC) is another order; this is
+/// `page_head_token`.
+#[test]
+fn page_head_token_offsets_are_sglangs_page_head() {
+    let g = PoolGeometry {
+        name: "sglang page_head".into(),
+        page_size_tokens: 2,
+        pages: 5,
+        memory_layout: MemoryLayout::PageHeadToken,
+        buffers: vec![mha_side("k", 4, 2), mha_side("v", 4, 2)],
+    };
+    g.validate().unwrap();
+    assert_eq!(g.total_bytes(), Ok(2 * 480));
+    for (b, kv) in [(0usize, 0u64), (1, 480)] {
+        for p in 0..5 {
+            for l in 0..3 {
+                for t in 0..2 {
+                    for h in 0..4 {
+                        for d in 0..2 {
+                            let canonical = 16 * t + 4 * h + 2 * d;
+                            let sglang = kv + 96 * p + 24 * h + 12 * t + 4 * l + 2 * d;
+                            assert_eq!(pool_offset_of(&g, b, l, p, canonical), sglang);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // A head's page of one layer: 2 runs (tokens) of one head row (4 B), 12 B apart.
+    let p = g.placement(0).unwrap();
+    assert_eq!(
+        (p.heads, p.runs, p.run_bytes, p.run_step_bytes),
+        (4, 2, 4, 12)
+    );
+    assert_eq!(
+        (p.page_step_bytes, p.head_step_bytes, p.layer_step_bytes),
+        (96, 24, 4)
+    );
+    // kvlayout's page_head places layer 1 of head 0 after head 0's 2 tokens of layer 0.
+    let mut ph = g.clone();
+    ph.memory_layout = MemoryLayout::PageHead;
+    assert_eq!(pool_offset_of(&ph, 0, 1, 0, 0), 2 * 4);
+    assert_eq!(pool_offset_of(&g, 0, 1, 0, 0), 4);
+}

@@ -18,6 +18,11 @@ fn memory_layouts_take_the_file_names_and_the_old_dashed_ones() {
         ),
         ("page_head", "page-head", MemoryLayout::PageHead),
         ("layer_head", "layer-head", MemoryLayout::LayerHead),
+        (
+            "page_head_token",
+            "page-head-token",
+            MemoryLayout::PageHeadToken,
+        ),
     ] {
         assert_eq!(MemoryLayout::from_name(file_name), Some(want));
         assert_eq!(

@@ -50,7 +50,8 @@ class Geometry:
     @property
     def memory_layout(self) -> str:
         """``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``
-        (``[page][head][layer][token][head row]``: vLLM's BHLNC), ``layer_head``
+        (``[page][head][layer][token][head row]``: vLLM's BHLNC), ``page_head_token``
+        (``[page][head][token][layer][head row]``: SGLang's MHA ``page_head`` host), ``layer_head``
         (``[layer][head][page][token][head row]``: vLLM's LHBNC) or ``page_unified`` (SGLang's
         MHA host layout ``(page_num, head_group_num, layer_num, 2, page_size, heads_per_group,
         head_dim)``: one region ``[page][group][layer][buffer][token][group row]``)."""
@@ -78,11 +79,14 @@ class Geometry:
         ``len_bytes``, ``buffers`` (one dict per buffer held: ``name``, ``layers``, ``pages``,
         ``page_size_tokens``, ``compress_ratio``, ``rows_per_page`` (tokens per page / the
         ratio), ``offset_bytes``, ``page_step_bytes``, ``layer_step_bytes``,
-        ``head_step_bytes``, ``heads``, ``run_bytes``, ``section_bytes_per_token``): head ``h``
+        ``head_step_bytes``, ``heads``, ``run_bytes``, ``runs``, ``run_step_bytes``,
+        ``section_bytes_per_token``): head ``h``
         of page ``p`` of layer ``l`` starts at ``offset_bytes + p * page_step_bytes + l *
         layer_step_bytes + h * head_step_bytes`` and is ``run_bytes`` long (``heads`` is 1
-        except under ``page_head`` and ``layer_head``, where it counts heads, and
-        ``page_unified``, where it counts head groups)."""
+        except under ``page_head``, ``page_head_token`` and ``layer_head``, where it counts
+        heads, and ``page_unified``, where it counts head groups); ``runs`` runs of a piece,
+        ``run_step_bytes`` apart (``runs`` is 1 except under ``page_head_token``: one run a
+        token, ``layers`` head rows apart)."""
     def mirror(self, pages: int, memory_layout: Optional[str] = None,
                name: Optional[str] = None, heads_per_group: Optional[int] = None) -> Geometry:
         """A mirror pool's geometry: every compared field from self; pages, layout, name new.

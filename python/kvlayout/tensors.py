@@ -173,7 +173,8 @@ def _splits_pages(memory_layout: Any) -> bool:
     """Whether the memory layout stores a page of one layer as pieces (heads or head groups):
     ``page_head``, ``layer_head``, ``{"page_unified": {...}}``. Their strides are checked
     against the geometry's placement (:func:`check_pieces`)."""
-    return memory_layout in ("page_head", "layer_head") or isinstance(memory_layout, dict)
+    return memory_layout in ("page_head", "page_head_token", "layer_head") or isinstance(
+        memory_layout, dict)
 
 
 def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
@@ -460,8 +461,8 @@ def geometry_from_tensors(
     page. ``pages``: the pool's page count; default the fewest pages any buffer's tensors hold
     (a page index is valid only where every buffer has that page). ``memory_layout``: how the
     pages are placed (``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``,
-    ``layer_head``, or ``{"page_unified": {"heads_per_group": N}}``); under ``layer_head`` and
-    ``page_unified`` each tensor's page, layer, head (``group``) and token strides, and the
+    ``layer_head``, ``page_head_token``, or ``{"page_unified": {"heads_per_group": N}}``); under
+    ``layer_head``, ``page_head_token`` and ``page_unified`` each tensor's page, layer, head (``group``) and token strides, and the
     distance between buffers sharing the region, are checked against the geometry's
     placement.
 
@@ -494,9 +495,9 @@ def geometry_from_tensors(
         raise TensorMismatch(f"{fewest_name}.pages",
                              f"declared {pages} pages, tensor holds {fewest}")
     g = Geometry.from_json(json.dumps(_file(page_size_tokens, pages, memory_layout, name, docs)))
-    if memory_layout == "layer_head" or isinstance(memory_layout, dict):
-        # page_head keeps its older check (the page's total only): SGLang's page_head tensor
-        # is [page][head][token][layer][dim], not the core's [page][head][layer][token][row].
+    if memory_layout in ("layer_head", "page_head_token") or isinstance(memory_layout, dict):
+        # page_head keeps its older check (the page's total only); the vLLM adapter checks its
+        # BHLNC views with check_pieces itself.
         check_pieces(g, buffers)
     return g
 
@@ -512,11 +513,11 @@ def _address(t: Any) -> Optional[int]:
 
 
 def check_pieces(g: Geometry, buffers: Sequence[TensorBuffer]) -> None:
-    """Under ``layer_head`` and ``page_unified`` the tensors' strides must be the
-    geometry's placement (``Geometry.regions()``): ``page`` its page step, ``layer`` its layer
-    step, ``head`` its head step (``page_unified``: ``group`` the group step and ``head`` one
-    head's bytes inside the group), ``page_token`` one piece row (a row's bytes / heads x heads
-    per piece), the innermost axis one element; and buffers that share a region start
+    """Under ``layer_head``, ``page_head_token`` and ``page_unified`` (and ``page_head`` when
+    called) the tensors' strides must be the geometry's placement (``Geometry.regions()``):
+    ``page`` its page step, ``layer`` its layer step, ``head`` its head step (``page_unified``:
+    ``group`` the group step and ``head`` one head's bytes inside the group), ``page_token`` its
+    row step (``run_step_bytes``), the innermost axis one element; and buffers that share a region start
     ``offset_bytes`` apart. ``TensorMismatch`` names the buffer, the axis and both strides."""
     placed = {b["name"]: (r["name"], b) for r in g.regions() for b in r["buffers"]}
     firsts: dict[str, tuple[int, int, str]] = {}
@@ -531,7 +532,7 @@ def check_pieces(g: Geometry, buffers: Sequence[TensorBuffer]) -> None:
         row = sum(p["section_bytes_per_token"])
         per_piece = heads // p["heads"]
         expect = {"page": p["page_step_bytes"], "layer": p["layer_step_bytes"],
-                  "page_token": row // max(heads, 1) * per_piece}
+                  "page_token": p["run_step_bytes"]}
         if "group" in dims:
             expect["group"] = p["head_step_bytes"]
             expect["head"] = row // max(heads, 1)

@@ -148,8 +148,8 @@ impl Geometry {
         self.inner.pages
     }
 
-    /// `layer_first`, `page_first`, `page_first_direct`, `page_head`, `layer_head` or
-    /// `page_unified` (not compared at the pool level; `page_unified`'s parameter is
+    /// `layer_first`, `page_first`, `page_first_direct`, `page_head`, `page_head_token`,
+    /// `layer_head` or `page_unified` (not compared at the pool level; `page_unified`'s parameter is
     /// [`Geometry::heads_per_group`]).
     #[getter]
     fn memory_layout(&self) -> &'static str {
@@ -241,8 +241,9 @@ impl Geometry {
     /// `len_bytes`, and `buffers`, one dict per buffer it holds: `name`, `layers`, `pages`,
     /// `page_size_tokens`, and its placement: head `h` of page `p` of layer `l` starts at
     /// `offset_bytes + p * page_step_bytes + l * layer_step_bytes + h * head_step_bytes` and
-    /// is `run_bytes` long (`heads` is 1 except under `page_head` and `layer_head`, where it
-    /// counts heads, and `page_unified`, where it counts head groups); plus
+    /// is `run_bytes` long (`heads` is 1 except under `page_head`, `page_head_token` and
+    /// `layer_head`, where it counts heads, and `page_unified`, where it counts head groups;
+    /// under `page_head_token` a piece is `runs` runs, `run_step_bytes` apart); plus
     /// `section_bytes_per_token` (one entry per section).
     fn regions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
         crate::plan::regions(py, &self.inner)
@@ -298,7 +299,8 @@ impl Geometry {
                         "memory_layout",
                         &format!(
                             "unknown memory layout {m:?} (expected layer_first, page_first, \
-                             page_first_direct, page_head, layer_head or page_unified)"
+                             page_first_direct, page_head, page_head_token, layer_head or \
+                             page_unified)"
                         ),
                     )
                 })?;

@@ -68,7 +68,8 @@ def test_mha_host_layouts_mirror_the_device(layout):
     host = fakes.mha_host(device, pages=16, layout=layout)
     g = sglang.host_geometry(host)
     assert kvlayout.compare(sglang.device_geometry(device), g) == []
-    assert g.pages == 16 and g.memory_layout == layout
+    # SGLang's page_head ([page][head][token][layer][dim]) is kvlayout's page_head_token.
+    assert g.pages == 16 and g.memory_layout == {"page_head": "page_head_token"}.get(layout, layout)
     by = {b["name"]: b for b in g.buffers}
     assert by["k"]["bytes_per_token"] == 8 * 128 * 2
     assert sglang.check_item_sizes(device, host) is None

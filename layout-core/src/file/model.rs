@@ -162,7 +162,7 @@ impl Expecting for Schema {
 
 impl Expecting for MemoryLayout {
     const EXPECTING: &'static str = "layer_first, page_first, page_first_direct, page_head, \
-         layer_head or {\"page_unified\": {\"heads_per_group\": N}}";
+         page_head_token, layer_head or {\"page_unified\": {\"heads_per_group\": N}}";
 
     fn bare(name: &str) -> Option<String> {
         (name == "page_unified").then(|| {

@@ -572,7 +572,8 @@ fn a_state_buffer_beside_paged_buffers_is_refused() {
 }
 
 /// Every memory layout, `page_unified` with one group of 4 heads and with 2 groups of 2.
-const EVERY_LAYOUT: [MemoryLayout; 7] = [
+const EVERY_LAYOUT: [MemoryLayout; 8] = [
+    MemoryLayout::PageHeadToken,
     MemoryLayout::LayerFirst,
     MemoryLayout::PageFirst,
     MemoryLayout::PageFirstDirect,

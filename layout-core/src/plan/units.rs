@@ -127,7 +127,8 @@ impl<'a> SectionSide<'a> {
             for i in 0..self.section {
                 prefix += layout.section_bytes(i).map_err(err)? / self.heads * per_piece;
             }
-            let row = layout.bytes_per_token().map_err(err)? / self.heads * per_piece;
+            // The piece row, or under page_head_token every layer's head row.
+            let row = placement.run_step_bytes;
             return (h0..h0 + count)
                 .map(|h| {
                     let piece = (h / per_piece)

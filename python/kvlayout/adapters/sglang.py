@@ -40,11 +40,10 @@ Host pools, ``python/sglang/srt/mem_cache/memory_pool_host.py`` (newer releases:
   head_dim)`` (``layout == "layer_first"``), ``(2, size, layer_num, ...)`` (``page_first``),
   ``(2, page_num, layer_num, page_size, head_num, head_dim)`` (``page_first_direct``) or
   ``(2, page_num, head_num, page_size, layer_num, head_dim)`` (``page_head``); ``token_stride_size``
-  is the item size its transfer ops use. Known gap: SGLang's ``page_head`` keeps a head's tokens
-  outside its layers (``[page][head][token][layer][dim]``) while kvlayout's ``page_head`` memory
-  layout is ``[page][head][layer][token][dim]`` (vLLM's BHLNC): the pairing, page checks and
-  item sizes hold, but ``Geometry.regions()`` / plans of such a host do not give SGLang's byte
-  offsets (only the page's total is checked against the tensor).
+  is the item size its transfer ops use. SGLang's ``page_head`` keeps a head's tokens outside
+  its layers (``[page][head][token][layer][dim]``): kvlayout's ``page_head_token`` memory layout
+  (kvlayout's ``page_head``, ``[page][head][layer][token][dim]``, is vLLM's BHLNC), its strides
+  checked against the layout.
 - ``MLATokenToKVPoolHost``: ``kv_buffer`` ``(layer_num, size, 1, kv_cache_dim)``,
   ``(size, layer_num, 1, kv_cache_dim)`` or ``(page_num, layer_num, page_size, 1, kv_cache_dim)``.
 - ``AsymmetricMHATokenToKVPoolHost`` (``head_dim != v_head_dim``): ``kv_buffer`` is a tuple
@@ -325,7 +324,7 @@ _MHA_HOST_AXES = {
     "layer_first": ("layer", "token", "head", "dim"),
     "page_first": ("token", "layer", "head", "dim"),
     "page_first_direct": ("page", "layer", "page_token", "head", "dim"),
-    "page_head": ("page", "head", "page_token", "layer", "dim"),
+    "page_head": ("page", "head", "page_token", "layer", "dim"),  # read as page_head_token
     # (page_num, head_group_num, layer_num, page_size, heads_per_group, head_dim) per side.
     "page_unified": ("page", "group", "layer", "page_token", "head", "dim"),
 }
@@ -387,7 +386,8 @@ def host_geometry(host_pool: Any, *, device_pool: Any = None, indexer: Any = Non
     device = _meaning_pool(host_pool, device_pool)
     buffers = []
     kv = host_pool.kv_buffer
-    memory_layout: Any = layout
+    # SGLang's page_head is kvlayout's page_head_token ([page][head][token][layer][dim]).
+    memory_layout: Any = "page_head_token" if layout == "page_head" else layout
     if getattr(host_pool, "head_num", None) is not None and getattr(host_pool, "kv_lora_rank", None) is None:
         heads, dim = int(host_pool.head_num), int(host_pool.head_dim)
         v_dim = int(getattr(host_pool, "v_head_dim", None) or dim)

@@ -86,7 +86,35 @@ def test_mha_host_pairs(layout, dtype):
     per_token = 2 * 64 * kv.element_size()
     assert buf(host_g, "k")["bytes_per_token"] == per_token == host.token_stride_size
     assert host_g.pages == host.page_num == kv.numel() // (2 * 2 * per_token // kv.element_size()) // 64
-    assert host_g.memory_layout == layout
+    # SGLang's page_head ([page][head][token][layer][dim]) is kvlayout's page_head_token.
+    assert host_g.memory_layout == {"page_head": "page_head_token"}.get(layout, layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_mha_page_head_host_placement_is_the_tensors(dtype):
+    """SGLang's ``page_head`` host (``pool_host/mha.py``: ``(2, page_num, head_num, page_size,
+    layer_num, head_dim)``): every step of kvlayout's placement is a stride of the tensor."""
+    device = mha(dtype)
+    host = mha_host(device, "page_head")
+    kv = host.kv_buffer
+    item = kv.element_size()
+    assert tuple(kv.shape) == (2, host.page_num, 2, 64, 2, 64)
+    s = [x * item for x in kv.stride()]  # K|V, page, head, token, layer, dim
+    # By hand: dim item; layer 64 x item; token 2 layers x 64 x item; head 64 tokens; page 2 heads.
+    row = 64 * item
+    assert s[1:] == [2 * 64 * 2 * row, 64 * 2 * row, 2 * row, row, item]
+    _, host_g = assert_pair(device, host)
+    k, v = (r["buffers"][0] for r in host_g.regions())
+    for b in (k, v):
+        assert (b["page_step_bytes"], b["head_step_bytes"], b["layer_step_bytes"]) == (s[1], s[2], s[4])
+        assert (b["heads"], b["runs"], b["run_bytes"], b["run_step_bytes"]) == (2, 64, row, s[3])
+    # kvlayout's page_head ([page][head][layer][token], vLLM's BHLNC) is not this tensor.
+    with pytest.raises(kvlayout.TensorMismatch, match="strides"):
+        from kvlayout.tensors import TensorBuffer, check_pieces
+        bufs = [TensorBuffer(n, kv[i], axes=("page", "head", "page_token", "layer", "dim"),
+                             sections=[{"name": n, "dtype": "bf16", "shape": [2, 64]}])
+                for i, n in enumerate("kv")]
+        check_pieces(host_g.mirror(host_g.pages, memory_layout="page_head"), bufs)
 
 
 def test_mha_fp8_host_without_its_device_is_refused_naming_the_fix():
