@@ -172,7 +172,7 @@ impl IndexKPages {
     /// The pages of layer `layer` of buffer `buffer` of `pool`, which must hold DeepSeek-V3.2's
     /// fp8 index-K layout (`section_major`: `values` e4m3 `[128]`, then `scale` f32 `[1]`
     /// scaling `values` per 128). Base and page stride are read off
-    /// [`PoolGeometry::page_offset_bytes`] (any memory layout that stores a page whole: not `page_head`, `layer_head`, `page_unified`).
+    /// [`PoolGeometry::page_offset_bytes`] (any memory layout that stores a page whole: not `page_head`, `page_head_token`, `layer_head`, `page_unified`).
     pub fn for_pool_layer(
         pool: &PoolGeometry,
         buffer: usize,

@@ -560,7 +560,7 @@ impl PoolGeometry {
     }
 
     /// Byte offset of page `page` of layer `layer` of buffer `b`. Under a layout that splits
-    /// pages (`page_head`, `layer_head`, `page_unified`) this is the start of piece 0 (head or
+    /// pages (`page_head`, `page_head_token`, `layer_head`, `page_unified`) this is the start of piece 0 (head or
     /// group 0); use [`PoolGeometry::page_segments`] for the whole page.
     ///
     /// # Errors
@@ -612,7 +612,7 @@ impl PoolGeometry {
     }
 
     /// Head count shared by every section of buffer `b`, required by the layouts that split
-    /// pages (`page_head`, `layer_head`, `page_unified`).
+    /// pages (`page_head`, `page_head_token`, `layer_head`, `page_unified`).
     ///
     /// # Errors
     ///

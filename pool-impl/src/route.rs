@@ -6,7 +6,8 @@
 //! For each memory layout the offset of (layer `l`, page `p`) of a buffer is affine,
 //! `base + p * page_step + l * layer_step` (`layer_first`: steps `S`, `P * S`; `page_first`:
 //! `L * S`, `S`; `page_first_direct`: the page group, `S`; `page_head`: `heads * L * chunk`,
-//! `chunk`; `layer_head`: `chunk`, `heads * P * chunk`; `page_unified`: `groups * L * cell`,
+//! `chunk`; `page_head_token`: `heads * L * chunk`, one head row; `layer_head`: `chunk`,
+//! `heads * P * chunk`; `page_unified`: `groups * L * cell`,
 //! `cell`), so three offsets give the steps; every (layer, page) is then compared against the
 //! geometry in the tests, and the corner (last layer, last page) is compared at pairing time.
 //! The largest byte any route reaches is computed with checked arithmetic at pairing time and

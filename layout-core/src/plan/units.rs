@@ -3,7 +3,7 @@
 //!
 //! A section's heads are one unit when neither side stores them apart; one unit per head when
 //! either side does (`head_major` with a head axis, or a memory layout that splits pages:
-//! `page_head`, `layer_head`, `page_unified`). Units that
+//! `page_head`, `page_head_token`, `layer_head`, `page_unified`). Units that
 //! continue each other on both sides with equal row steps merge (a `token_major` row moved
 //! whole is one unit). Offsets inside a page come from [`crate::TokenLayout::offset_bytes`]:
 //! the arrangement's arithmetic is not written again here.
