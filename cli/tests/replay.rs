@@ -753,7 +753,9 @@ fn host_layout_takes_the_file_names_and_the_old_dashed_ones() {
     let (code, text) = trace_replay("", &["--host-layout", "head_first"]);
     assert_eq!(code, 2, "{text}");
     assert!(
-        text.contains("[possible values: layer_first, page_first, page_first_direct, page_head]"),
+        text.contains(
+            "[possible values: layer_first, page_first, page_first_direct, page_head, layer_head, page_head_token]"
+        ),
         "{text}"
     );
 }

@@ -172,7 +172,7 @@ impl IndexKPages {
     /// The pages of layer `layer` of buffer `buffer` of `pool`, which must hold DeepSeek-V3.2's
     /// fp8 index-K layout (`section_major`: `values` e4m3 `[128]`, then `scale` f32 `[1]`
     /// scaling `values` per 128). Base and page stride are read off
-    /// [`PoolGeometry::page_offset_bytes`] (any memory layout but `page_head`).
+    /// [`PoolGeometry::page_offset_bytes`] (any memory layout that stores a page whole: not `page_head`, `page_head_token`, `layer_head`, `page_unified`).
     pub fn for_pool_layer(
         pool: &PoolGeometry,
         buffer: usize,
@@ -194,10 +194,11 @@ impl IndexKPages {
                 buf.name()
             )));
         }
-        if pool.memory_layout == kvlayout_core::MemoryLayout::PageHead {
-            return Err(KernelError::Unsupported(
-                "page_head memory layout for index-K".to_string(),
-            ));
+        if pool.memory_layout.splits_pages() {
+            return Err(KernelError::Unsupported(format!(
+                "{} memory layout for index-K (pages split into heads)",
+                pool.memory_layout.name()
+            )));
         }
         let base_bytes = pool.page_offset_bytes(buffer, layer, 0)?;
         let page_stride_bytes = if pool.pages > 1 {

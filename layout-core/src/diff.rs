@@ -195,8 +195,8 @@ pub fn compare_at(a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Result<()
     if level == Level::Storage {
         push(
             "memory_layout".into(),
-            a.memory_layout.name().into(),
-            b.memory_layout.name().into(),
+            a.memory_layout.to_string(),
+            b.memory_layout.to_string(),
         );
     }
     let index = |g: &PoolGeometry| -> HashMap<String, usize> {

@@ -9,7 +9,8 @@
 //! f8e4m3 4, f8e4m3fnuz 5, f8e5m2 6, f8e5m2fnuz 7, ue8m0 8, u8 9, i8 10, f4e2m1 11, i32 12,
 //! i64 13); arrangement 1 token_major, 2 section_major, 3 head_major, 4 planes; attention
 //! [`crate::Attention::code`] 1 full, 2 sliding window, 3 chunked, 4 state; split 1 heads,
-//! 2 replicated; memory layout 1 layer_first, 2 page_first, 3 page_first_direct, 4 page_head.
+//! 2 replicated; memory layout 1 layer_first, 2 page_first, 3 page_first_direct, 4 page_head,
+//! 5 layer_head, 6 page_unified, 7 page_head_token.
 //!
 //! - Layout core `core(L)` = `FNV(str("kvlayout.layout/v1"), u64(arrangement code),
 //!   [planes only: u64(plane count), per plane u64(length) and u64(each section index)],
@@ -48,7 +49,8 @@
 //!   pool fingerprint is the same under v2 (DeepSeek-V3.2 fp8 + fp8 index-K:
 //!   `0xeb019e4f84ee0658`).
 //! - [`PoolGeometry::storage_fingerprint`]: `FNV(str("kvlayout.storage/v1"), u64(pool
-//!   fingerprint), u64(memory layout code))`.
+//!   fingerprint), u64(memory layout code))`, continued with `u64(heads_per_group)` for
+//!   `page_unified` (the only layout with a parameter; the others' values are unchanged).
 //! - Token fingerprint of one buffer ([`token_hash`]): `FNV(str("kvlayout.token/v1"),
 //!   str(name), u64(layers), u64(attention code), u64(W or C), layer ids as above,
 //!   u64(arrangement code), [planes as in core(L)], u64(effective page size for section_major
@@ -69,7 +71,7 @@
 
 use crate::buffer::{Attention, BufferGeometry};
 use crate::error::{LayoutError, tri};
-use crate::geometry::PoolGeometry;
+use crate::geometry::{MemoryLayout, PoolGeometry};
 use crate::layout::{Arrangement, TokenLayout};
 use crate::section::{Section, cow_slice};
 
@@ -452,7 +454,11 @@ impl PoolGeometry {
     pub const fn storage_fingerprint(&self) -> Result<u64, LayoutError> {
         let pool = tri!(self.fingerprint());
         let h = fnv_str(FNV_OFFSET, "kvlayout.storage/v1");
-        Ok(fnv_u64(fnv_u64(h, pool), self.memory_layout.code() as u64))
+        let h = fnv_u64(fnv_u64(h, pool), self.memory_layout.code() as u64);
+        Ok(match self.memory_layout {
+            MemoryLayout::PageUnified { heads_per_group } => fnv_u64(h, heads_per_group),
+            _ => h,
+        })
     }
 
     /// The `token`-level fingerprint of every buffer, in buffer order.

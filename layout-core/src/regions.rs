@@ -12,7 +12,16 @@
 //!   at `p * G + (sum over buffers before b of L * S) + l * S`;
 //! - `page_head`: one region per buffer of `[page][head][layer][token][head row]`, no padding:
 //!   with the page payload `T * bytes_per_token` cut into `H` chunks `C` = payload / H, head
-//!   `h` of page `p` of layer `l` at `((p * H + h) * L + l) * C`.
+//!   `h` of page `p` of layer `l` at `((p * H + h) * L + l) * C`;
+//! - `page_head_token`: one region per buffer of `[page][head][token][layer][head row]`: row
+//!   `t` of head `h` of page `p` of layer `l` at `((p * H + h) * T + t) * L * R + l * R`, head row
+//!   `R` = C / T;
+//! - `layer_head`: one region per buffer of `[layer][head][page][token][head row]`: head `h` of
+//!   page `p` of layer `l` at `((l * H + h) * P + p) * C`;
+//! - `page_unified`: one region for the whole pool ([`POOL_REGION`]) of `[page][group][layer]
+//!   [buffer][token][group row]`, `G = H / heads_per_group` groups; with `C_b` = buffer `b`'s
+//!   payload / G and the cell `K` = sum over buffers of `C_b`, group `g` of page `p` of layer
+//!   `l` of buffer `b` at `((p * G + g) * L + l) * K + (sum over buffers before b of C)`.
 //!
 //! Every offset is `offset_bytes + p * page_step_bytes + l * layer_step_bytes + h *
 //! head_step_bytes`, which [`Placement`] states once; the pool's byte space
@@ -38,7 +47,8 @@ pub struct Region {
 
 /// Where the pages of one buffer sit inside its region: head `h` of page `p` of layer `l`
 /// starts at `offset_bytes + p * page_step_bytes + l * layer_step_bytes + h * head_step_bytes`
-/// and is `run_bytes` long (`heads` is 1 except under `page_head`).
+/// and is `run_bytes` long (`heads` is 1 except under `page_head` and `layer_head`, where it is
+/// the heads, and `page_unified`, where it is the head groups).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Placement {
     /// Index of the region (in [`PoolGeometry::regions`]) holding the buffer.
@@ -49,12 +59,22 @@ pub struct Placement {
     pub page_step_bytes: u64,
     /// Distance between layer `l` and layer `l + 1` of one page.
     pub layer_step_bytes: u64,
-    /// Distance between head `h` and head `h + 1` of one page of one layer (`page_head`), else 0.
+    /// Distance between piece `h` and piece `h + 1` of one page of one layer (a head under
+    /// `page_head` / `layer_head`, a head group under `page_unified`), else 0.
     pub head_step_bytes: u64,
-    /// Contiguous pieces one page of one layer is stored in: its heads under `page_head`, else 1.
+    /// Contiguous pieces one page of one layer is stored in: its heads under `page_head` and
+    /// `layer_head`, its head groups under `page_unified`, else 1.
     pub heads: u64,
-    /// Bytes of one piece: the page stride, or under `page_head` the payload / `heads`.
+    /// Bytes of one run of a piece: the page stride, or under a layout that splits pages the
+    /// payload / `heads` (one run a piece), or under `page_head_token` one head row (`runs`
+    /// runs a piece, one a token).
     pub run_bytes: u64,
+    /// Runs one piece is stored in: 1, or under `page_head_token` the page's rows.
+    pub runs: u64,
+    /// Distance between run `r` and run `r + 1` of one piece (`page_head_token`: `layers` head
+    /// rows); where `runs` is 1, the piece's rows are `run_bytes / rows` apart, which this
+    /// holds too (the row step inside a piece).
+    pub run_step_bytes: u64,
     /// Layers of the buffer.
     pub layers: u64,
     /// Pages of the pool.
@@ -62,7 +82,7 @@ pub struct Placement {
 }
 
 impl Placement {
-    /// Offset inside the region of head `head` (0 unless `page_head`) of page `page` of layer
+    /// Offset inside the region of piece `head` (0 unless the layout splits pages) of page `page` of layer
     /// `layer`.
     ///
     /// # Errors
@@ -117,13 +137,13 @@ fn ck_add(a: u64, b: u64, field: &str) -> Result<u64, GeometryError> {
 
 impl PoolGeometry {
     /// The regions of the pool, in buffer order: one per buffer, or one ([`POOL_REGION`]) for
-    /// the whole pool under `page_first_direct`.
+    /// the whole pool under `page_first_direct` and `page_unified`.
     ///
     /// # Errors
     /// A size past 64 bits, naming the buffer (see [`PoolGeometry::total_bytes`]).
     pub fn regions(&self) -> Result<Vec<Region>, GeometryError> {
         let total = self.total_bytes()?;
-        if self.memory_layout == MemoryLayout::PageFirstDirect {
+        if self.memory_layout.one_region() {
             return Ok(vec![Region {
                 name: POOL_REGION.to_string(),
                 pool_offset_bytes: 0,
@@ -166,6 +186,8 @@ impl PoolGeometry {
             head_step_bytes: 0,
             heads: 1,
             run_bytes: per,
+            runs: 1,
+            run_step_bytes: 0,
             layers,
             pages: self.pages,
         };
@@ -189,6 +211,45 @@ impl PoolGeometry {
                 p.head_step_bytes = ck_mul(layers, chunk, &f)?;
                 p.page_step_bytes = ck_mul(heads, p.head_step_bytes, &f)?;
             }
+            MemoryLayout::PageHeadToken => {
+                let heads = self.page_head_heads(b)?;
+                let chunk = per / heads;
+                let rows = self.buffer_page_rows(b)?.max(1);
+                let head_row = chunk / rows;
+                p.heads = heads;
+                p.run_bytes = head_row;
+                p.runs = rows;
+                p.run_step_bytes = ck_mul(layers, head_row, &f)?;
+                p.layer_step_bytes = head_row;
+                p.head_step_bytes = ck_mul(layers, chunk, &f)?;
+                p.page_step_bytes = ck_mul(heads, p.head_step_bytes, &f)?;
+            }
+            MemoryLayout::LayerHead => {
+                let heads = self.page_head_heads(b)?;
+                let chunk = per / heads;
+                p.heads = heads;
+                p.run_bytes = chunk;
+                p.page_step_bytes = chunk;
+                p.head_step_bytes = ck_mul(self.pages, chunk, &f)?;
+                p.layer_step_bytes = ck_mul(heads, p.head_step_bytes, &f)?;
+            }
+            MemoryLayout::PageUnified { .. } => {
+                let (groups, _) = self.page_pieces(b)?;
+                let mut cell = 0u64;
+                for i in 0..self.buffers.len() {
+                    cell = ck_add(cell, self.piece_bytes(i)?, &f)?;
+                }
+                p.region = 0;
+                p.heads = groups;
+                p.run_bytes = self.piece_bytes(b)?;
+                p.offset_bytes = self.buffer_base_bytes(b)?;
+                p.layer_step_bytes = cell;
+                p.head_step_bytes = ck_mul(layers, cell, &f)?;
+                p.page_step_bytes = ck_mul(groups, p.head_step_bytes, &f)?;
+            }
+        }
+        if p.runs == 1 {
+            p.run_step_bytes = p.run_bytes / self.buffer_page_rows(b)?.max(1);
         }
         Ok(p)
     }
@@ -297,7 +358,7 @@ mod tests {
     fn placements_agree_with_the_pool_byte_space() {
         for m in MemoryLayout::ALL {
             let mut g = pool(m);
-            if m == MemoryLayout::PageHead {
+            if m.splits_pages() {
                 g.buffers.truncate(1);
             }
             let regions = g.regions().unwrap();

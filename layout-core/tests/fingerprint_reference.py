@@ -13,6 +13,8 @@ DTYPE = {"f32": 1, "f16": 2, "bf16": 3, "f8e4m3": 4, "f8e4m3fnuz": 5, "f8e5m2": 
          "f8e5m2fnuz": 7, "ue8m0": 8, "u8": 9, "i8": 10, "f4e2m1": 11, "i32": 12, "i64": 13}
 BITS = {"f32": 32, "f16": 16, "bf16": 16, "f4e2m1": 4, "i32": 32, "i64": 64}
 ARRANGEMENT = {"token_major": 1, "section_major": 2, "head_major": 3}
+MEMORY_LAYOUT = {"layer_first": 1, "page_first": 2, "page_first_direct": 3, "page_head": 4,
+                 "layer_head": 5, "page_unified": 6, "page_head_token": 7}
 
 
 def fnv(items):
@@ -159,6 +161,17 @@ def pool_fingerprint(geometry):
     return fnv(["kvlayout.pool/v1", page if token_axis else 0, len(buffers), total])
 
 
+def storage_fingerprint(geometry):
+    """FNV(str("kvlayout.storage/v1"), u64(pool), u64(memory layout code)), then
+    u64(heads_per_group) for {"page_unified": {"heads_per_group": N}}."""
+    layout = geometry["memory_layout"]
+    if isinstance(layout, dict):
+        (name, params), = layout.items()
+        return fnv(["kvlayout.storage/v1", pool_fingerprint(geometry), MEMORY_LAYOUT[name],
+                    params["heads_per_group"]])
+    return fnv(["kvlayout.storage/v1", pool_fingerprint(geometry), MEMORY_LAYOUT[layout]])
+
+
 def token_fingerprint(buf, pool_page):
     v3 = has_v3(buf)
     sh = buf.get("shard")
@@ -201,6 +214,19 @@ PUBLISHED = [
      "0xa05043f792e86b9f", {"conv": "0xea9ec2b8ea632e8c"}),
 ]
 
+# Storage fingerprints (memory layout included): a v1 layer_first pool (the README's storage
+# key) and SGLang's MHA page_unified host layout (2 heads per group; layout-core
+# tests/pool_geometry.rs new_memory_layouts_in_geometry_files).
+PAGE_UNIFIED = {
+    "schema": "kvlayout.geometry/v3", "page_size_tokens": 2, "pages": 5,
+    "memory_layout": {"page_unified": {"heads_per_group": 2}},
+    "buffers": [{"name": n, "layers": 3, "arrangement": "token_major",
+                 "sections": [{"name": n, "dtype": "bf16", "shape": [4, 2]}]} for n in "kv"]}
+STORAGE = [
+    (CASES + "14-namespace-label-only-same-geometry/a.json", "0xbe105f0cf9618c3e"),
+    (PAGE_UNIFIED, "0x4a874bbd003475ad"),
+]
+
 if __name__ == "__main__":
     if len(sys.argv) >= 3:
         tokens = dict(arg.split("=", 1) for arg in sys.argv[3:])
@@ -218,4 +244,12 @@ if __name__ == "__main__":
             got = token_fingerprint(by_name[name], geometry["page_size_tokens"])
             print(f"  token {name}: {got:#018x}, expected {want}")
             ok = ok and got == int(want, 16)
+    if len(sys.argv) < 3:
+        for geometry, expected in STORAGE:
+            where = geometry if isinstance(geometry, str) else "page_unified (2 heads per group)"
+            if isinstance(geometry, str):
+                geometry = json.load(open(geometry))
+            got = storage_fingerprint(geometry)
+            print(f"{where}: storage fingerprint {got:#018x}, expected {expected}")
+            ok = ok and got == int(expected, 16)
     sys.exit(0 if ok else 1)

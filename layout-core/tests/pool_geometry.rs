@@ -362,3 +362,268 @@ fn files_past_the_size_limit_are_not_read_whole() {
     let e = file::read_path(std::path::Path::new("/nonexistent/kvlayout.json")).unwrap_err();
     assert!(e.problem.starts_with("cannot read"), "{e}");
 }
+
+/// Pool offset of byte `canonical` of the canonical page (the arrangement's byte order) of
+/// `page` of `layer` of buffer `b`, through the layout's segments.
+fn pool_offset_of(g: &PoolGeometry, b: usize, layer: u64, page: u64, canonical: u64) -> u64 {
+    let segs = g.page_segments(b, layer, page).unwrap();
+    let s = segs
+        .iter()
+        .find(|s| (s.page_offset_bytes..s.page_offset_bytes + s.len_bytes).contains(&canonical))
+        .unwrap_or_else(|| panic!("byte {canonical} in no segment: {segs:?}"));
+    s.pool_offset_bytes + canonical - s.page_offset_bytes
+}
+
+/// One MHA buffer of `heads` x `dim` bf16 per K and V, token_major.
+fn mha_side(name: &'static str, heads: u64, dim: u64) -> BufferGeometry {
+    BufferGeometry::new(
+        name,
+        3,
+        TokenLayout {
+            arrangement: Arrangement::TokenMajor,
+            sections: Cow::Owned(vec![Section::owned(name, Dtype::Bf16, vec![heads, dim])]),
+            page_align_bytes: None,
+            page_stride_bytes: None,
+        },
+    )
+}
+
+/// SGLang 0.5.23 `page_unified` (`python/sglang/srt/mem_cache/pool_host/page_unified.py`,
+/// `PageUnifiedLayout.page_dims`): `kv_buffer` of shape `(page_num, head_group_num, layer_num,
+/// 2, page_size, heads_per_group, head_dim)`, C-contiguous. With 4 heads in 2 groups
+/// (`heads_per_group` 2), head_dim 2 bf16, 3 layers, 2-token pages, 5 pages, the byte strides
+/// are, innermost first: dim 2, head in group 2 x 2 = 4, token 2 x 4 = 8, K/V 2 x 8 = 16,
+/// layer 2 x 16 = 32, group 3 x 32 = 96, page 2 x 96 = 192 (= `bytes_per_page`:
+/// 2 groups x 3 layers x 2 x 2 tokens x `group_bytes` 8). So K[page p, head h, layer l, token t,
+/// dim d] sits at 192 p + 96 (h / 2) + 32 l + 8 t + 4 (h % 2) + 2 d, and V 16 B further.
+#[test]
+fn page_unified_offsets_are_sglangs_page_dims() {
+    let g = PoolGeometry {
+        name: "sglang page_unified".into(),
+        page_size_tokens: 2,
+        pages: 5,
+        memory_layout: MemoryLayout::PageUnified { heads_per_group: 2 },
+        buffers: vec![mha_side("k", 4, 2), mha_side("v", 4, 2)],
+    };
+    g.validate().unwrap();
+    assert_eq!(g.total_bytes(), Ok(5 * 192));
+    let regions = g.regions().unwrap();
+    assert_eq!(regions.len(), 1, "one region: the kv_buffer");
+    for (b, kv) in [(0usize, 0u64), (1, 16)] {
+        for p in 0..5 {
+            for l in 0..3 {
+                for t in 0..2 {
+                    for h in 0..4 {
+                        for d in 0..2 {
+                            // token_major canonical page: [token][head][dim], 4 x 2 x 2 = 16 B a row
+                            let canonical = 16 * t + 4 * h + 2 * d;
+                            let sglang =
+                                192 * p + 96 * (h / 2) + 32 * l + kv + 8 * t + 4 * (h % 2) + 2 * d;
+                            assert_eq!(pool_offset_of(&g, b, l, p, canonical), sglang);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // V's pieces: 2 groups of 2 tokens x `group_bytes` 8 = 16 B; group 1 of layer 1 of page 0
+    // at 96 + 32 + 16 (SGLang's `chunk_span((1, 2), head_group=1)` starts at 96 + 32).
+    let p = g.placement(1).unwrap();
+    assert_eq!((p.heads, p.run_bytes), (2, 16));
+    assert_eq!(p.offset(1, 0, 1).unwrap(), 96 + 32 + 16);
+    // Refusals: a group size that does not divide the heads; 0; K and V with other layer counts.
+    let mut bad = g.clone();
+    bad.memory_layout = MemoryLayout::PageUnified { heads_per_group: 3 };
+    let e = bad.validate().unwrap_err();
+    assert_eq!(e.field, "memory_layout.page_unified.heads_per_group");
+    assert!(e.problem.contains("3 does not divide the 4 heads"), "{e}");
+    bad.memory_layout = MemoryLayout::PageUnified { heads_per_group: 0 };
+    assert!(bad.validate().unwrap_err().problem.contains("got 0"));
+    let mut bad = g.clone();
+    bad.buffers[1].layers = 2;
+    let e = bad.validate().unwrap_err();
+    assert!(e.problem.contains("2 layers"), "{e}");
+}
+
+/// vLLM 0.33 `KVCacheLayout` (`vllm/v1/kv_cache_layout.py`): the logical cache is
+/// `[L, B, H, N, C]`, each member a stride permutation. With L 3 layers, B 5 blocks, H 2 heads,
+/// N 4 tokens, C = K 2 + V 2 bf16 (8 B):
+/// - LHBNC, physical `[L, H, B, N, C]`: strides C 2, N 8, B 32, H 5 x 32 = 160, L 2 x 160 = 320;
+/// - BHLNC, physical `[B, H, L, N, C]`: strides C 2, N 8, L 32, H 3 x 32 = 96, B 2 x 96 = 192.
+///
+/// kvlayout reads the `kv` buffer as one section `[H, C]` in `head_major` pages (`[h][n][c]`,
+/// canonical offset 32 h + 8 n + 2 c): LHBNC is `layer_head`, BHLNC is `page_head`.
+#[test]
+fn vllm_lhbnc_and_bhlnc_offsets() {
+    let pool = |m| PoolGeometry {
+        name: "vllm".into(),
+        page_size_tokens: 4,
+        pages: 5,
+        memory_layout: m,
+        buffers: vec![BufferGeometry::new(
+            "kv",
+            3,
+            TokenLayout {
+                arrangement: Arrangement::HeadMajor,
+                sections: Cow::Owned(vec![Section::owned("kv", Dtype::Bf16, vec![2, 4])]),
+                page_align_bytes: None,
+                page_stride_bytes: None,
+            },
+        )],
+    };
+    let (lhbnc, bhlnc) = (pool(MemoryLayout::LayerHead), pool(MemoryLayout::PageHead));
+    lhbnc.validate().unwrap();
+    bhlnc.validate().unwrap();
+    assert_eq!(lhbnc.total_bytes(), Ok(3 * 5 * 2 * 4 * 8));
+    for l in 0..3 {
+        for b in 0..5 {
+            for h in 0..2 {
+                for n in 0..4 {
+                    for c in 0..4 {
+                        let canonical = 32 * h + 8 * n + 2 * c;
+                        assert_eq!(
+                            pool_offset_of(&lhbnc, 0, l, b, canonical),
+                            320 * l + 160 * h + 32 * b + 8 * n + 2 * c
+                        );
+                        assert_eq!(
+                            pool_offset_of(&bhlnc, 0, l, b, canonical),
+                            192 * b + 96 * h + 32 * l + 8 * n + 2 * c
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // layer_head's placement: head h of block b of layer l at 320 l + 160 h + 32 b.
+    let p = lhbnc.placement(0).unwrap();
+    assert_eq!(
+        (p.page_step_bytes, p.head_step_bytes, p.layer_step_bytes),
+        (32, 160, 320)
+    );
+}
+
+/// The new layouts in geometry files: `layer_head` is a name every schema reads;
+/// `page_unified` carries `heads_per_group`, which only v3 can write, and a bare name is refused
+/// naming the parameter. Written files read back equal, and the storage fingerprint tells the
+/// group sizes apart while v1's layouts keep theirs.
+#[test]
+fn new_memory_layouts_in_geometry_files() {
+    let text = |schema: &str, layout: &str| {
+        format!(
+            r#"{{"schema": "kvlayout.geometry/{schema}", "page_size_tokens": 2, "pages": 5,
+            "memory_layout": {layout}, "buffers": [
+            {{"name": "k", "layers": 3, "arrangement": "token_major",
+              "sections": [{{"name": "k", "dtype": "bf16", "shape": [4, 2]}}]}},
+            {{"name": "v", "layers": 3, "arrangement": "token_major",
+              "sections": [{{"name": "v", "dtype": "bf16", "shape": [4, 2]}}]}}]}}"#
+        )
+    };
+    for schema in ["v1", "v2", "v3"] {
+        let g = file::from_json(&text(schema, r#""layer_head""#)).unwrap();
+        assert_eq!(g.memory_layout, MemoryLayout::LayerHead);
+    }
+    let unified = r#"{"page_unified": {"heads_per_group": 2}}"#;
+    let g = file::from_json(&text("v3", unified)).unwrap();
+    assert_eq!(
+        g.memory_layout,
+        MemoryLayout::PageUnified { heads_per_group: 2 }
+    );
+    let written = file::to_json(&g);
+    assert!(written.contains("kvlayout.geometry/v3"), "{written}");
+    assert_eq!(file::from_json(&written).unwrap(), g);
+    for schema in ["v1", "v2"] {
+        let e = file::from_json(&text(schema, unified)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("memory_layout page_unified: needs \"schema\": \"kvlayout.geometry/v3\""),
+            "{e}"
+        );
+    }
+    let e = file::from_json(&text("v3", r#""page_unified""#)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("page_unified needs its heads_per_group"),
+        "{e}"
+    );
+    let e = file::from_json(&text("v3", r#"{"page_unified": {"heads": 2}}"#)).unwrap_err();
+    assert!(e.to_string().contains("heads"), "{e}");
+    // Storage fingerprints: FNV(str("kvlayout.storage/v1"), u64(pool), u64(6), u64(2)).
+    let storage = fnv_u64(
+        fnv_u64(
+            fnv_u64(
+                fnv_str(0xcbf2_9ce4_8422_2325, "kvlayout.storage/v1"),
+                g.fingerprint().unwrap(),
+            ),
+            6,
+        ),
+        2,
+    );
+    assert_eq!(g.storage_fingerprint(), Ok(storage));
+    // The value layout-core/tests/fingerprint_reference.py recomputes in Python.
+    assert_eq!(storage, 0x4a87_4bbd_0034_75ad);
+    let mut one_group = g.clone();
+    one_group.memory_layout = MemoryLayout::PageUnified { heads_per_group: 4 };
+    assert_ne!(one_group.storage_fingerprint(), g.storage_fingerprint());
+    assert_eq!(
+        one_group.fingerprint(),
+        g.fingerprint(),
+        "pool level ignores the layout"
+    );
+    let lines = kvlayout_core::compare_at(&g, &one_group, kvlayout_core::Level::Storage)
+        .unwrap_err()
+        .lines();
+    assert_eq!(
+        lines,
+        vec!["memory_layout: page_unified (2 heads per group), page_unified (4 heads per group)"]
+    );
+}
+
+/// SGLang 0.5.23's MHA `page_head` host (`python/sglang/srt/mem_cache/pool_host/mha.py`,
+/// `init_kv_buffer`): `kv_buffer` of shape `(2, page_num, head_num, page_size, layer_num,
+/// head_dim)`, C-contiguous: per K or V, `[page][head][token][layer][dim]`. With 4 heads, head_dim
+/// 2 bf16, 3 layers, 2-token pages, 5 pages the byte strides are, innermost first: dim 2, layer
+/// 4, token 3 x 4 = 12, head 2 x 12 = 24, page 4 x 24 = 96, K/V 5 x 96 = 480. kvlayout's
+/// `page_head` (`[page][head][layer][token]`, vLLM's BHLNC) is another order; this is
+/// `page_head_token`.
+#[test]
+fn page_head_token_offsets_are_sglangs_page_head() {
+    let g = PoolGeometry {
+        name: "sglang page_head".into(),
+        page_size_tokens: 2,
+        pages: 5,
+        memory_layout: MemoryLayout::PageHeadToken,
+        buffers: vec![mha_side("k", 4, 2), mha_side("v", 4, 2)],
+    };
+    g.validate().unwrap();
+    assert_eq!(g.total_bytes(), Ok(2 * 480));
+    for (b, kv) in [(0usize, 0u64), (1, 480)] {
+        for p in 0..5 {
+            for l in 0..3 {
+                for t in 0..2 {
+                    for h in 0..4 {
+                        for d in 0..2 {
+                            let canonical = 16 * t + 4 * h + 2 * d;
+                            let sglang = kv + 96 * p + 24 * h + 12 * t + 4 * l + 2 * d;
+                            assert_eq!(pool_offset_of(&g, b, l, p, canonical), sglang);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // A head's page of one layer: 2 runs (tokens) of one head row (4 B), 12 B apart.
+    let p = g.placement(0).unwrap();
+    assert_eq!(
+        (p.heads, p.runs, p.run_bytes, p.run_step_bytes),
+        (4, 2, 4, 12)
+    );
+    assert_eq!(
+        (p.page_step_bytes, p.head_step_bytes, p.layer_step_bytes),
+        (96, 24, 4)
+    );
+    // kvlayout's page_head places layer 1 of head 0 after head 0's 2 tokens of layer 0.
+    let mut ph = g.clone();
+    ph.memory_layout = MemoryLayout::PageHead;
+    assert_eq!(pool_offset_of(&ph, 0, 1, 0, 0), 2 * 4);
+    assert_eq!(pool_offset_of(&g, 0, 1, 0, 0), 4);
+}

@@ -17,6 +17,12 @@ fn memory_layouts_take_the_file_names_and_the_old_dashed_ones() {
             MemoryLayout::PageFirstDirect,
         ),
         ("page_head", "page-head", MemoryLayout::PageHead),
+        ("layer_head", "layer-head", MemoryLayout::LayerHead),
+        (
+            "page_head_token",
+            "page-head-token",
+            MemoryLayout::PageHeadToken,
+        ),
     ] {
         assert_eq!(MemoryLayout::from_name(file_name), Some(want));
         assert_eq!(
@@ -32,6 +38,12 @@ fn memory_layouts_take_the_file_names_and_the_old_dashed_ones() {
         assert_eq!(shown.get_name(), file_name);
     }
     assert!(<MemoryLayout as ValueEnum>::from_str("head_first", false).is_err());
+    // page_unified takes heads_per_group, which a bare value cannot give: a geometry file does.
+    assert!(<MemoryLayout as ValueEnum>::from_str("page_unified", false).is_err());
+    assert_eq!(MemoryLayout::from_name("page_unified"), None);
+    let unified = MemoryLayout::PageUnified { heads_per_group: 2 };
+    assert_eq!(unified.to_possible_value(), None);
+    assert_eq!(unified.name(), "page_unified");
 }
 
 #[test]

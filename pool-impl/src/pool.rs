@@ -60,7 +60,7 @@ pub trait KvPool {
 
     /// Reads `out.len()` bytes at `page_offset_bytes` of the canonical page (the arrangement's
     /// byte order, as on a `layer_first` device) of `layer`, `page` of buffer `buffer`,
-    /// gathering them from the pool's segments (several under `page_head`).
+    /// gathering them from the pool's segments (several under `page_head`, `page_head_token`, `layer_head`, `page_unified`).
     ///
     /// # Errors
     ///
@@ -253,7 +253,7 @@ pub trait KvPool {
 
 /// The runs that copy a canonical page payload held at `src_offset_bytes` of a source region into
 /// `layer`, `page` of buffer `buffer` of a pool of `geometry` (one run per pool segment, in
-/// canonical order: several under `page_head`), for [`crate::HiCache::write_device_runs`].
+/// canonical order: several under `page_head`, `page_head_token`, `layer_head`, `page_unified`), for [`crate::HiCache::write_device_runs`].
 ///
 /// # Errors
 ///
@@ -307,7 +307,7 @@ fn page_ranges(
             page_bytes: payload,
         })?;
     let overflow = || GeometryError::new("page offset", "overflow computing a pool offset");
-    if geom.memory_layout != MemoryLayout::PageHead {
+    if !geom.memory_layout.splits_pages() {
         let start = geom.page_offset_bytes(buffer, layer, page)?;
         let at = start.checked_add(page_offset_bytes).ok_or_else(overflow)?;
         return Ok(vec![(page_offset_bytes, at, len_bytes)]);

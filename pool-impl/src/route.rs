@@ -6,7 +6,9 @@
 //! For each memory layout the offset of (layer `l`, page `p`) of a buffer is affine,
 //! `base + p * page_step + l * layer_step` (`layer_first`: steps `S`, `P * S`; `page_first`:
 //! `L * S`, `S`; `page_first_direct`: the page group, `S`; `page_head`: `heads * L * chunk`,
-//! `chunk`), so three offsets give the steps; every (layer, page) is then compared against the
+//! `chunk`; `page_head_token`: `heads * L * chunk`, one head row; `layer_head`: `chunk`,
+//! `heads * P * chunk`; `page_unified`: `groups * L * cell`,
+//! `cell`), so three offsets give the steps; every (layer, page) is then compared against the
 //! geometry in the tests, and the corner (last layer, last page) is compared at pairing time.
 //! The largest byte any route reaches is computed with checked arithmetic at pairing time and
 //! must lie inside both regions, so per-transfer arithmetic on in-range indices cannot overflow
@@ -480,6 +482,24 @@ mod tests {
     fn mha_routes_agree_with_the_geometry_including_page_head() {
         for m in MemoryLayout::ALL {
             routes_agree_with_geometry(&[("kv", formats::MHA_BF16_8X128, 2)], m);
+        }
+        // page_unified over K and V sides of 8 heads: one group of 8, and 4 groups of 2.
+        let side = |name: &'static str| TokenLayout {
+            arrangement: kvlayout_core::Arrangement::TokenMajor,
+            sections: vec![kvlayout_core::Section::owned(
+                name,
+                kvlayout_core::Dtype::Bf16,
+                vec![8, 128],
+            )]
+            .into(),
+            page_align_bytes: None,
+            page_stride_bytes: None,
+        };
+        for heads_per_group in [8, 2] {
+            routes_agree_with_geometry(
+                &[("k", side("k"), 2), ("v", side("v"), 2)],
+                MemoryLayout::PageUnified { heads_per_group },
+            );
         }
     }
 

@@ -33,7 +33,7 @@
 //! check. With a host sized by the fp8 formula (8448 B/page) and a bf16 device (16384 B/page) it
 //! truncates and misaddresses — the seed bug, reproduced.
 
-use kvlayout_core::{GeometryError, MemoryLayout, PoolGeometry, compare};
+use kvlayout_core::{GeometryError, PoolGeometry, compare};
 
 pub use crate::error::{PoolFact, TransferError};
 
@@ -424,7 +424,8 @@ fn ck_add(a: u64, b: u64) -> Result<u64, GeometryError> {
 }
 
 /// Appends the runs of one page of one layer: the device page's canonical bytes starting at
-/// `dev_page` onto host page `host_page`'s segments (one contiguous run unless `page_head`).
+/// `dev_page` onto host page `host_page`'s segments (one contiguous run unless the host's layout splits pages: `page_head`, `layer_head`,
+/// `page_unified`).
 fn push_page_runs(
     runs: &mut Vec<CopyRun>,
     direction: Direction,
@@ -434,7 +435,7 @@ fn push_page_runs(
     layer: u64,
     host_page: u64,
 ) -> Result<(), TransferError> {
-    if host.memory_layout != MemoryLayout::PageHead {
+    if !host.memory_layout.splits_pages() {
         let host_off = host.page_offset_bytes(hi, layer, host_page)?;
         let len = host.stored_page_bytes(hi)?;
         runs.push(run(direction, dev_page, host_off, len));

@@ -48,7 +48,16 @@ class Geometry:
     @property
     def pages(self) -> int: ...
     @property
-    def memory_layout(self) -> str: ...
+    def memory_layout(self) -> str:
+        """``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``
+        (``[page][head][layer][token][head row]``: vLLM's BHLNC), ``page_head_token``
+        (``[page][head][token][layer][head row]``: SGLang's MHA ``page_head`` host), ``layer_head``
+        (``[layer][head][page][token][head row]``: vLLM's LHBNC) or ``page_unified`` (SGLang's
+        MHA host layout ``(page_num, head_group_num, layer_num, 2, page_size, heads_per_group,
+        head_dim)``: one region ``[page][group][layer][buffer][token][group row]``)."""
+    @property
+    def heads_per_group(self) -> Optional[int]:
+        """``page_unified``'s heads per group (``head_num // head_group_num``), else None."""
     @property
     def buffers(self) -> list[dict[str, Any]]:
         """Per buffer: the file form (v3: ``compress_ratio``, ``split_groups``) plus
@@ -66,17 +75,23 @@ class Geometry:
         """Bytes of the whole pool in its memory layout (every buffer, layer and page)."""
     def regions(self) -> list[dict[str, Any]]:
         """The contiguous regions of the pool, in buffer order: one per buffer (its name), or
-        one named ``pool`` under ``page_first_direct``. Each: ``name``, ``pool_offset_bytes``,
+        one named ``pool`` under ``page_first_direct`` and ``page_unified``. Each: ``name``, ``pool_offset_bytes``,
         ``len_bytes``, ``buffers`` (one dict per buffer held: ``name``, ``layers``, ``pages``,
         ``page_size_tokens``, ``compress_ratio``, ``rows_per_page`` (tokens per page / the
         ratio), ``offset_bytes``, ``page_step_bytes``, ``layer_step_bytes``,
-        ``head_step_bytes``, ``heads``, ``run_bytes``, ``section_bytes_per_token``): head ``h``
+        ``head_step_bytes``, ``heads``, ``run_bytes``, ``runs``, ``run_step_bytes``,
+        ``section_bytes_per_token``): head ``h``
         of page ``p`` of layer ``l`` starts at ``offset_bytes + p * page_step_bytes + l *
         layer_step_bytes + h * head_step_bytes`` and is ``run_bytes`` long (``heads`` is 1
-        except under ``page_head``)."""
+        except under ``page_head``, ``page_head_token`` and ``layer_head``, where it counts
+        heads, and ``page_unified``, where it counts head groups); ``runs`` runs of a piece,
+        ``run_step_bytes`` apart (``runs`` is 1 except under ``page_head_token``: one run a
+        token, ``layers`` head rows apart)."""
     def mirror(self, pages: int, memory_layout: Optional[str] = None,
-               name: Optional[str] = None) -> Geometry:
-        """A mirror pool's geometry: every compared field from self; pages, layout, name new."""
+               name: Optional[str] = None, heads_per_group: Optional[int] = None) -> Geometry:
+        """A mirror pool's geometry: every compared field from self; pages, layout, name new.
+        ``memory_layout="page_unified"`` needs ``heads_per_group``; ``heads_per_group`` with any
+        other layout, or one that does not divide the heads, raises ``InvalidGeometry``."""
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 
@@ -178,6 +193,7 @@ def describe(
     page_size_tokens: Optional[int] = None,
     pages: int = 1024,
     equal_page_bytes: bool = False,
+    kv_layout: Optional[Literal["flashmla", "trtllm"]] = None,
 ) -> Geometry:
     """The device pool geometry of one tensor-parallel rank of ``model`` (a built-in name, a
     config.json path or a Hugging Face model directory), as ``kvlayout describe --json``.
@@ -186,7 +202,11 @@ def describe(
     naming ``index_k`` and the model, as the CLI refuses ``--index-k``); ``state_dtype``
     recurrent-state dtype (models with linear-attention, KDA, RG-LRU or Mamba layers only:
     InvalidGeometry naming ``state_dtype`` otherwise); ``page_size_tokens``
-    tokens per page (default the engine's: 256 for DeepSeek-V4, else 64); ``pages`` page count. Geometry v3 fields come with the model:
+    tokens per page (default the engine's: 256 for DeepSeek-V4, else 64); ``pages`` page count;
+    ``kv_layout`` DeepSeek-V4's KV record, as the CLI's ``--kv-layout``: ``flashmla`` (default,
+    SGLang's ``DeepSeekV4SingleKVPool``: 584 B a token) or ``trtllm``
+    (``DeepSeekV4UniformFP8KVPool``: 512 B, no in-cache scales); given for a model that is not
+    DeepSeek-V4 it raises InvalidGeometry naming ``kv_layout``. Geometry v3 fields come with the model:
     ``compress_ratio`` (DeepSeek-V4's C4/C128 rows), replicated heads (fewer KV heads than
     ``tp``), ``split_groups`` (a conv state's q|k|v or x|B|C under ``tp``).
     Raises ModelError (unreadable config, or a field that changes the cache and is not modelled,
@@ -199,10 +219,12 @@ def totals(
     rank: Optional[int] = None,
     *,
     state_dtype: Optional[Literal["f32", "bf16", "f16"]] = None,
+    kv_layout: Optional[Literal["flashmla", "trtllm"]] = None,
 ) -> dict[str, Any]:
     """`kvlayout describe --totals`: model, full_bytes_per_token, window_bytes_per_request_max,
     state_bytes_per_request, compressed_bytes_per_token (an int when whole, else a float:
-    DeepSeek-V4-Flash 10570.25), layers_by_attention."""
+    DeepSeek-V4-Flash 10570.25), layers_by_attention. Options as :func:`describe`
+    (``kv_layout`` DeepSeek-V4 only)."""
 def formats() -> list[dict[str, Any]]:
     """The built-in token layouts, as ``kvlayout formats --json`` (fingerprint as an int), each
     with its file form (``arrangement``, ``sections``, alignment) under ``"layout"``."""

@@ -30,6 +30,8 @@ when ``tensors`` is a list):
   Mamba / linear-attention state ``[num_blocks, *shape]``);
 - ``"page_bytes"``: one page's content, opaque (SGLang's index-K ``[pages, page_bytes]``):
   bytes per token are the page's bytes / page size;
+- ``"group"``: a head group of the ``page_unified`` memory layout (``"head"`` is then the head
+  inside its group);
 - any other name (``"head"``, ``"dim"``, ``"one"``): per-token content, innermost and
   contiguous.
 """
@@ -167,8 +169,16 @@ def _declared(buf: TensorBuffer) -> tuple[Optional[list[dict]], Any, Optional[in
 EXTRA_FIELDS = ("attention", "layer_ids", "page_size_tokens", "page_stride_bytes", "shard")
 
 
+def _splits_pages(memory_layout: Any) -> bool:
+    """Whether the memory layout stores a page of one layer as pieces (heads or head groups):
+    ``page_head``, ``layer_head``, ``{"page_unified": {...}}``. Their strides are checked
+    against the geometry's placement (:func:`check_pieces`)."""
+    return memory_layout in ("page_head", "page_head_token", "layer_head") or isinstance(
+        memory_layout, dict)
+
+
 def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
-                memory_layout: str) -> tuple[dict, int]:
+                memory_layout: Any) -> tuple[dict, int]:
     """The geometry-file buffer object and the pages the tensors hold."""
     for key in buf.extra:
         if key not in EXTRA_FIELDS:
@@ -279,9 +289,10 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
         row_bytes = page_payload // page_size_tokens
         row_elems = dims["page_bytes"] * content_elems // page_size_tokens
         content_shape = [row_elems * values_per_elem]
-        page_stride = layer_share("page")
+        page_stride: Optional[int] = layer_share("page")
         pages = dims["page"]
     else:
+        pieced = _splits_pages(memory_layout)
         row_bytes = content_elems * facts.itemsize_bytes
         content_shape = [dims[a] for a in content] or [1]
         content_shape[-1] *= values_per_elem
@@ -304,10 +315,11 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
                                      f"declared {page_size_tokens}, tensor {dims['page_token']} "
                                      f"tokens per page ({facts.describe()})")
             pages = dims["page"]
-            page_stride = layer_share("page")
-            # page_head ([page][head][token][layer][dim]) interleaves tokens with layers and
-            # heads: only the page's total is checked here, the placement is the layout's.
-            token_stride = row_bytes if page_head else layer_share("page_token")
+            # A layout that splits pages into heads or groups (page_head, layer_head,
+            # page_unified): page, layer, head and token strides are checked against the
+            # geometry's placement once it is built (check_pieces).
+            page_stride = None if pieced else layer_share("page")
+            token_stride = row_bytes if page_head or pieced else layer_share("page_token")
         else:
             raise ValueError(f"{buf.name}.axes: {axes} names no token axis ('token', "
                              "'page' + 'page_token', or 'page' + 'page_bytes')")
@@ -338,7 +350,7 @@ def _buffer_doc(buf: TensorBuffer, pool_page_size_tokens: int,
         raise _refuse(buf.name, "bytes_per_token", f"{declared['bytes_per_token']} B/token"
                       f"{' (' + buf.format + ')' if buf.format else ''}",
                       f"{row_bytes} B/token", facts)
-    if declared["page_stride_bytes"] != page_stride:
+    if page_stride is not None and declared["page_stride_bytes"] != page_stride:
         raise _refuse(buf.name, "page_stride_bytes", f"{declared['page_stride_bytes']} B",
                       f"{page_stride} B", facts)
     declared_dtypes = {s["dtype"] for s in sections}
@@ -361,10 +373,10 @@ def _check_placement(name: str, facts: TensorFacts, dims: dict, strides: dict,
     - packed token rows of a typed tensor (not a ``uint8``/``int8`` byte container, which an
       engine may view with another meaning) are ``token_major``, or an arrangement that places
       the same bytes: one section (group), or one token per page;
-    - a layer axis outside the page (or token, or slot) axis is ``layer_first``; inside it, any
-      other memory layout.
+    - a layer axis outside the page (or token, or slot) axis is ``layer_first`` or
+      ``layer_head``; inside it, any other memory layout.
     """
-    if page_head and memory_layout != "page_head" and arrangement != "head_major":
+    if page_head and not _splits_pages(memory_layout) and arrangement != "head_major":
         raise TensorMismatch(
             f"{name}.arrangement",
             f"declared {arrangement}, tensor head_major: heads outside the page's token axis "
@@ -388,7 +400,7 @@ def _check_placement(name: str, facts: TensorFacts, dims: dict, strides: dict,
     page_axis = next((a for a in ("page", "token", "slot") if a in dims), None)
     if dims.get("layer", 1) > 1 and page_axis is not None and dims[page_axis] > 1:
         layer_outside = strides["layer"] > strides[page_axis]
-        if layer_outside != (memory_layout == "layer_first"):
+        if layer_outside != (memory_layout in ("layer_first", "layer_head")):
             shown = "layer_first" if layer_outside else "a page-first layout"
             raise TensorMismatch(
                 f"{name}.memory_layout",
@@ -409,8 +421,12 @@ def _probe(doc: dict, page_size_tokens: int) -> dict:
     return g.buffers[0]
 
 
-def _file(page_size_tokens: int, pages: int, memory_layout: str, name: str,
+def _file(page_size_tokens: int, pages: int, memory_layout: Any, name: str,
           buffers: list[dict]) -> dict:
+    if isinstance(memory_layout, dict):  # {"page_unified": {"heads_per_group": N}}: v3 only
+        return {"schema": "kvlayout.geometry/v3", "name": name,
+                "page_size_tokens": page_size_tokens, "pages": pages,
+                "memory_layout": memory_layout, "buffers": buffers}
     v2 = any(set(b) - {"name", "layers", "arrangement", "sections", "page_align_bytes",
                        "page_stride_bytes"} for b in buffers) or any(
         s["dtype"] in ("i32", "i64") or "order" in s for b in buffers for s in b["sections"])
@@ -435,7 +451,7 @@ def geometry_from_tensors(
     *,
     page_size_tokens: int,
     pages: Optional[int] = None,
-    memory_layout: str = "layer_first",
+    memory_layout: Union[str, Mapping[str, Any]] = "layer_first",
     name: str = "",
 ) -> Geometry:
     """A pool geometry read from live tensors.
@@ -444,7 +460,11 @@ def geometry_from_tensors(
     tensor's dtype and per-token shape are then the meaning). ``page_size_tokens``: tokens per
     page. ``pages``: the pool's page count; default the fewest pages any buffer's tensors hold
     (a page index is valid only where every buffer has that page). ``memory_layout``: how the
-    pages are placed (``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``).
+    pages are placed (``layer_first``, ``page_first``, ``page_first_direct``, ``page_head``,
+    ``layer_head``, ``page_head_token``, or ``{"page_unified": {"heads_per_group": N}}``); under
+    ``layer_head``, ``page_head_token`` and ``page_unified`` each tensor's page, layer, head (``group``) and token strides, and the
+    distance between buffers sharing the region, are checked against the geometry's
+    placement.
 
     Raises :class:`~kvlayout.errors.TensorMismatch` when a tensor disagrees with its declared
     format (bytes per token, page stride, dtype), naming the buffer and both numbers;
@@ -474,7 +494,69 @@ def geometry_from_tensors(
     elif pages > fewest:
         raise TensorMismatch(f"{fewest_name}.pages",
                              f"declared {pages} pages, tensor holds {fewest}")
-    return Geometry.from_json(json.dumps(_file(page_size_tokens, pages, memory_layout, name, docs)))
+    g = Geometry.from_json(json.dumps(_file(page_size_tokens, pages, memory_layout, name, docs)))
+    if memory_layout in ("layer_head", "page_head_token") or isinstance(memory_layout, dict):
+        # page_head keeps its older check (the page's total only); the vLLM adapter checks its
+        # BHLNC views with check_pieces itself.
+        check_pieces(g, buffers)
+    return g
+
+
+def _address(t: Any) -> Optional[int]:
+    """The address of a tensor's first element: torch's ``data_ptr()``, numpy's
+    ``__array_interface__``; ``None`` for an object with neither (a strided view)."""
+    ptr = getattr(t, "data_ptr", None)
+    if callable(ptr):
+        return int(ptr())
+    face = getattr(t, "__array_interface__", None)
+    return int(face["data"][0]) if face else None
+
+
+def check_pieces(g: Geometry, buffers: Sequence[TensorBuffer]) -> None:
+    """Under ``layer_head``, ``page_head_token`` and ``page_unified`` (and ``page_head`` when
+    called) the tensors' strides must be the geometry's placement (``Geometry.regions()``):
+    ``page`` its page step, ``layer`` its layer step, ``head`` its head step (``page_unified``:
+    ``group`` the group step and ``head`` one head's bytes inside the group), ``page_token`` its
+    row step (``run_step_bytes``), the innermost axis one element; and buffers that share a region start
+    ``offset_bytes`` apart. ``TensorMismatch`` names the buffer, the axis and both strides."""
+    placed = {b["name"]: (r["name"], b) for r in g.regions() for b in r["buffers"]}
+    firsts: dict[str, tuple[int, int, str]] = {}
+    for buf in buffers:
+        region, p = placed[buf.name]
+        t = buf.tensors[0] if _is_layer_list(buf.tensors) else buf.tensors
+        facts = tensor_facts(t)
+        axes = list(buf.axes or ())
+        dims = dict(zip(axes, facts.shape))
+        strides = dict(zip(axes, facts.strides_bytes))
+        heads = dims.get("head", 1) * dims.get("group", 1)
+        row = sum(p["section_bytes_per_token"])
+        per_piece = heads // p["heads"]
+        expect = {"page": p["page_step_bytes"], "layer": p["layer_step_bytes"],
+                  "page_token": p["run_step_bytes"]}
+        if "group" in dims:
+            expect["group"] = p["head_step_bytes"]
+            expect["head"] = row // max(heads, 1)
+        else:
+            expect["head"] = p["head_step_bytes"] if per_piece == 1 else row // max(heads, 1)
+        expect[axes[-1]] = facts.itemsize_bytes
+        for axis, want in expect.items():
+            if axis in dims and dims[axis] > 1 and strides[axis] != want:
+                raise TensorMismatch(
+                    f"{buf.name}.strides",
+                    f"{g.memory_layout} places {axis} {want} B apart, tensor {strides[axis]} B "
+                    f"({facts.describe()})")
+        addr = _address(t)
+        if addr is None:
+            continue
+        if region not in firsts:
+            firsts[region] = (addr, p["offset_bytes"], buf.name)
+            continue
+        base, off, first = firsts[region]
+        if addr - base != p["offset_bytes"] - off:
+            raise TensorMismatch(
+                f"{buf.name}.offset_bytes",
+                f"{g.memory_layout} places {buf.name} {p['offset_bytes'] - off} B after "
+                f"{first}, tensor {addr - base} B ({facts.describe()})")
 
 
 def _host_bytes(t: Any) -> Any:

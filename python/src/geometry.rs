@@ -148,11 +148,22 @@ impl Geometry {
         self.inner.pages
     }
 
-    /// `layer_first`, `page_first`, `page_first_direct` or `page_head` (not compared at the
-    /// pool level).
+    /// `layer_first`, `page_first`, `page_first_direct`, `page_head`, `page_head_token`,
+    /// `layer_head` or `page_unified` (not compared at the pool level; `page_unified`'s parameter is
+    /// [`Geometry::heads_per_group`]).
     #[getter]
     fn memory_layout(&self) -> &'static str {
         self.inner.memory_layout.name()
+    }
+
+    /// Heads per group of a `page_unified` pool (SGLang's `head_num // head_group_num`), else
+    /// `None`.
+    #[getter]
+    fn heads_per_group(&self) -> Option<u64> {
+        match self.inner.memory_layout {
+            MemoryLayout::PageUnified { heads_per_group } => Some(heads_per_group),
+            _ => None,
+        }
     }
 
     /// One dict per buffer: the geometry file's buffer object (`name`, `layers`, `arrangement`,
@@ -225,12 +236,14 @@ impl Geometry {
     }
 
     /// The contiguous regions the pool occupies, in buffer order: one per buffer (named after
-    /// it), or one named `pool` for the whole pool under `page_first_direct`. Each is a dict:
+    /// it), or one named `pool` for the whole pool under `page_first_direct` and `page_unified`. Each is a dict:
     /// `name`, `pool_offset_bytes` (where it starts when the regions lie one after another),
     /// `len_bytes`, and `buffers`, one dict per buffer it holds: `name`, `layers`, `pages`,
     /// `page_size_tokens`, and its placement: head `h` of page `p` of layer `l` starts at
     /// `offset_bytes + p * page_step_bytes + l * layer_step_bytes + h * head_step_bytes` and
-    /// is `run_bytes` long (`heads` is 1 except under `page_head`); plus
+    /// is `run_bytes` long (`heads` is 1 except under `page_head`, `page_head_token` and
+    /// `layer_head`, where it counts heads, and `page_unified`, where it counts head groups;
+    /// under `page_head_token` a piece is `runs` runs, `run_step_bytes` apart); plus
     /// `section_bytes_per_token` (one entry per section).
     fn regions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
         crate::plan::regions(py, &self.inner)
@@ -240,27 +253,59 @@ impl Geometry {
     /// pool, as `HostPool::mirror_of` does in Rust): every compared field taken from `self`,
     /// only `pages`, `memory_layout` (default: the same) and `name` differ. Raises
     /// `InvalidGeometry` when the result breaks a rule (zero pages, `page_head` over a buffer
-    /// without a head axis, overflow).
-    #[pyo3(signature = (pages, memory_layout = None, name = None))]
+    /// without a head axis, overflow), for `memory_layout="page_unified"` without
+    /// `heads_per_group` (or one that does not divide the heads), and for `heads_per_group`
+    /// with any other layout.
+    #[pyo3(signature = (pages, memory_layout = None, name = None, heads_per_group = None))]
     fn mirror(
         &self,
         py: Python<'_>,
         pages: &Bound<'_, PyAny>,
         memory_layout: Option<&str>,
         name: Option<String>,
+        heads_per_group: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Geometry> {
         let mut g = self.inner.clone();
         g.pages = crate::model::count_arg(py, "pages", pages)?;
-        if let Some(m) = memory_layout {
-            g.memory_layout = MemoryLayout::from_name(m).ok_or_else(|| {
-                errors::invalid_geometry(
+        let per_group = heads_per_group
+            .map(|h| crate::model::count_arg(py, "heads_per_group", h))
+            .transpose()?;
+        match (memory_layout, per_group) {
+            (Some("page_unified"), Some(heads_per_group)) => {
+                g.memory_layout = MemoryLayout::PageUnified { heads_per_group };
+            }
+            (Some("page_unified"), None) => {
+                return Err(errors::invalid_geometry(
                     py,
-                    "memory_layout",
+                    "heads_per_group",
+                    "missing: memory_layout \"page_unified\" needs heads_per_group (SGLang: \
+                     head_num // head_group_num)",
+                ));
+            }
+            (m, Some(h)) => {
+                return Err(errors::invalid_geometry(
+                    py,
+                    "heads_per_group",
                     &format!(
-                        "unknown memory layout {m:?} (expected layer_first, page_first, page_first_direct or page_head)"
+                        "{h} given with memory_layout {:?}: only page_unified takes it",
+                        m.unwrap_or(self.inner.memory_layout.name())
                     ),
-                )
-            })?;
+                ));
+            }
+            (Some(m), None) => {
+                g.memory_layout = MemoryLayout::from_name(m).ok_or_else(|| {
+                    errors::invalid_geometry(
+                        py,
+                        "memory_layout",
+                        &format!(
+                            "unknown memory layout {m:?} (expected layer_first, page_first, \
+                             page_first_direct, page_head, page_head_token, layer_head or \
+                             page_unified)"
+                        ),
+                    )
+                })?;
+            }
+            (None, None) => {}
         }
         g.name = name.unwrap_or_else(|| format!("mirror of {}", self.inner.name));
         Geometry::new(py, g)

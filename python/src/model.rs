@@ -22,6 +22,7 @@ fn load(
     tp: Option<&Bound<'_, PyAny>>,
     rank: Option<&Bound<'_, PyAny>>,
     state_dtype: Option<&str>,
+    kv_layout: Option<&str>,
     page_size_tokens: Option<u64>,
     pages: u64,
     equal_page_bytes: bool,
@@ -124,6 +125,35 @@ fn load(
             ),
         ));
     }
+    // DeepSeek-V4's KV record, as the CLI's `--kv-layout flashmla|trtllm`; refused by name on
+    // any other model, as the CLI refuses it.
+    let kv_layout = match kv_layout {
+        None => KvLayout::FlashMla,
+        Some(name) => {
+            let layout = match name.to_ascii_lowercase().as_str() {
+                "flashmla" => KvLayout::FlashMla,
+                "trtllm" => KvLayout::Trtllm,
+                _ => {
+                    return Err(errors::invalid_geometry(
+                        py,
+                        "kv_layout",
+                        &format!("{name:?} (expected \"flashmla\" or \"trtllm\")"),
+                    ));
+                }
+            };
+            if m.config.compress_ratios.is_none() {
+                return Err(errors::invalid_geometry(
+                    py,
+                    "kv_layout",
+                    &format!(
+                        "does not apply: {} is not DeepSeek-V4 (no compress_ratios)",
+                        m.name
+                    ),
+                ));
+            }
+            layout
+        }
+    };
     // The engine's page when not given: SGLang's 256 tokens for DeepSeek-V4, else 64.
     let page_size_tokens = page_size_tokens.unwrap_or_else(|| m.engine_page_size_tokens());
     let opts = Options {
@@ -134,8 +164,8 @@ fn load(
         tp,
         state_dtype,
         equal_page_bytes,
-        // DeepSeek-V4's KV record: SGLang's default FlashMLA pool (584 B/token).
-        kv_layout: KvLayout::FlashMla,
+        // DeepSeek-V4's KV record: SGLang's default FlashMLA pool (584 B/token) unless given.
+        kv_layout,
     };
     Ok((m, opts))
 }
@@ -192,11 +222,13 @@ pub(crate) fn count_arg(py: Python<'_>, field: &str, v: &Bound<'_, PyAny>) -> Py
 /// token-level `compare` against another TP size's rank); `state_dtype`: recurrent-state dtype ("f32" | "bf16" | "f16");
 /// `page_size_tokens`, `pages`: the pool's page size (default the engine's: 256 for
 /// DeepSeek-V4 as SGLang allocates it, 64 otherwise) and page count; `equal_page_bytes`: give
-/// every token buffer's page the bytes of the largest (vLLM's hybrid allocator).
+/// every token buffer's page the bytes of the largest (vLLM's hybrid allocator); `kv_layout`:
+/// DeepSeek-V4's KV record, "flashmla" (default, 584 B/token) | "trtllm" (512 B/token), as the
+/// CLI's `--kv-layout` (`InvalidGeometry` naming `kv_layout` on any other model).
 /// Raises `ModelError` (unreadable config, a field that changes the cache and is not modelled,
 /// named) or `ValueError` (a bad option, named).
 #[pyfunction]
-#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = None, pages = None, equal_page_bytes = false), text_signature = "(model, kv_dtype=None, index_k=None, tp=None, rank=None, *, state_dtype=None, page_size_tokens=None, pages=1024, equal_page_bytes=False)")]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, page_size_tokens = None, pages = None, equal_page_bytes = false, kv_layout = None), text_signature = "(model, kv_dtype=None, index_k=None, tp=None, rank=None, *, state_dtype=None, page_size_tokens=None, pages=1024, equal_page_bytes=False, kv_layout=None)")]
 #[allow(clippy::too_many_arguments)]
 pub fn describe(
     py: Python<'_>,
@@ -209,6 +241,7 @@ pub fn describe(
     page_size_tokens: Option<&Bound<'_, PyAny>>,
     pages: Option<&Bound<'_, PyAny>>,
     equal_page_bytes: bool,
+    kv_layout: Option<&str>,
 ) -> PyResult<Geometry> {
     let page_size_tokens = page_size_tokens
         .map(|p| count_arg(py, "page_size_tokens", p))
@@ -225,6 +258,7 @@ pub fn describe(
         tp,
         rank,
         state_dtype,
+        kv_layout,
         page_size_tokens,
         pages,
         equal_page_bytes,
@@ -243,7 +277,8 @@ pub fn describe(
 /// R, an int when whole, else a float: DeepSeek-V4-Flash 10570.25) and `layers_by_attention`.
 /// Options as `describe`.
 #[pyfunction]
-#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None))]
+#[pyo3(signature = (model, kv_dtype = None, index_k = None, tp = None, rank = None, *, state_dtype = None, kv_layout = None))]
+#[allow(clippy::too_many_arguments)]
 pub fn totals<'py>(
     py: Python<'py>,
     model: PathBuf,
@@ -252,6 +287,7 @@ pub fn totals<'py>(
     tp: Option<&Bound<'py, PyAny>>,
     rank: Option<&Bound<'py, PyAny>>,
     state_dtype: Option<&str>,
+    kv_layout: Option<&str>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let (m, opts) = load(
         py,
@@ -261,6 +297,7 @@ pub fn totals<'py>(
         tp,
         rank,
         state_dtype,
+        kv_layout,
         None,
         1024,
         false,

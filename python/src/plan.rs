@@ -225,6 +225,8 @@ pub fn regions<'py>(py: Python<'py>, g: &PoolGeometry) -> PyResult<Bound<'py, Py
             d.set_item("head_step_bytes", p.head_step_bytes)?;
             d.set_item("heads", p.heads)?;
             d.set_item("run_bytes", p.run_bytes)?;
+            d.set_item("runs", p.runs)?;
+            d.set_item("run_step_bytes", p.run_step_bytes)?;
             let sections: Vec<u64> = (0..buf.layout.sections().len())
                 .map(|i| buf.layout.section_bytes(i))
                 .collect::<Result<_, _>>()

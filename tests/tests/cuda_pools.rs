@@ -195,7 +195,7 @@ fn transfer_case<B: Backend>(
     layers: Layers,
 ) -> (Vec<u8>, Vec<u8>) {
     let mut cache = cache_on(backend, case);
-    let seed = 7 + case.layout as u64;
+    let seed = 7 + u64::from(case.layout.code());
     match direction {
         Direction::Backup => {
             fill_random(cache.device_writer(), seed);

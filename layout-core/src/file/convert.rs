@@ -12,7 +12,7 @@ use super::model::{
 use super::{MAX_BUFFERS, MAX_RANK, MAX_SECTIONS, SCHEMA, SCHEMA_V2, SCHEMA_V3};
 use crate::Dtype;
 use crate::buffer::{Attention, BufferGeometry, Shard, ShardSplit};
-use crate::geometry::{GeometryError, PoolGeometry};
+use crate::geometry::{GeometryError, MemoryLayout, PoolGeometry};
 use crate::layout::{Arrangement, TokenLayout};
 use crate::section::{ScaleOf, Section, cow_slice};
 
@@ -66,6 +66,13 @@ pub(crate) fn pool_from_file(file: FileDoc, schema: Schema) -> Result<PoolGeomet
             ),
         ));
     }
+    // A v1 or v2 file cannot express page_unified's parameter.
+    needs(
+        schema,
+        Schema::V3,
+        matches!(file.memory_layout, MemoryLayout::PageUnified { .. }),
+        || "memory_layout page_unified".to_string(),
+    )?;
     let buffers = file
         .buffers
         .into_iter()
@@ -319,7 +326,8 @@ fn buffer_from_file(
 
 /// The file model of `pool`: the earliest schema that holds every field it uses.
 pub(crate) fn file_from_pool(pool: &PoolGeometry) -> FileDoc {
-    let schema = if pool.buffers.iter().any(BufferGeometry::needs_v3_file) {
+    let unified = matches!(pool.memory_layout, MemoryLayout::PageUnified { .. });
+    let schema = if unified || pool.buffers.iter().any(BufferGeometry::needs_v3_file) {
         Schema::V3
     } else if pool.buffers.iter().any(BufferGeometry::needs_v2_file) {
         Schema::V2

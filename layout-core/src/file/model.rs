@@ -148,6 +148,11 @@ pub(crate) struct SectionFile {
 pub(crate) trait Expecting {
     /// `token_major, section_major, head_major or {"planes": [...]}`, say.
     const EXPECTING: &'static str;
+
+    /// The error for a name given bare that needs a parameter (`"page_unified"`), else `None`.
+    fn bare(_name: &str) -> Option<String> {
+        None
+    }
 }
 
 impl Expecting for Schema {
@@ -156,7 +161,16 @@ impl Expecting for Schema {
 }
 
 impl Expecting for MemoryLayout {
-    const EXPECTING: &'static str = "layer_first, page_first, page_first_direct or page_head";
+    const EXPECTING: &'static str = "layer_first, page_first, page_first_direct, page_head, \
+         page_head_token, layer_head or {\"page_unified\": {\"heads_per_group\": N}}";
+
+    fn bare(name: &str) -> Option<String> {
+        (name == "page_unified").then(|| {
+            "page_unified needs its heads_per_group: write \"memory_layout\": {\"page_unified\": \
+             {\"heads_per_group\": N}} (schema kvlayout.geometry/v3)"
+                .to_string()
+        })
+    }
 }
 
 impl Expecting for ArrangementFile {
@@ -220,6 +234,9 @@ impl<'de, T: Deserialize<'de> + Expecting> Visitor<'de> for NamedVisitor<T> {
     }
 
     fn visit_str<E: de::Error>(self, name: &str) -> Result<T, E> {
+        if let Some(message) = T::bare(name) {
+            return Err(de::Error::custom(message));
+        }
         T::deserialize(StrDeserializer::<E>::new(name))
     }
 
@@ -300,10 +317,22 @@ impl<'de, A: MapAccess<'de>> de::VariantAccess<'de> for OneKey<'_, A> {
 
     fn struct_variant<V: Visitor<'de>>(
         self,
-        _fields: &'static [&'static str],
-        _v: V,
+        fields: &'static [&'static str],
+        v: V,
     ) -> Result<V::Value, A::Error> {
-        Err(de::Error::custom("no struct variants in a geometry file"))
+        // `{"page_unified": {"heads_per_group": 2}}`: the value is the variant's fields.
+        self.map.next_value_seed(StructSeed(fields, v))
+    }
+}
+
+/// Reads a struct variant's value (an object of its fields) with the derive's visitor.
+struct StructSeed<V>(&'static [&'static str], V);
+
+impl<'de, V: Visitor<'de>> de::DeserializeSeed<'de> for StructSeed<V> {
+    type Value = V::Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+        d.deserialize_struct("", self.0, self.1)
     }
 }
 

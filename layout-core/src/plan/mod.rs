@@ -3,7 +3,8 @@
 //!
 //! - [`page_plan`]: pools compatible at the `pool` level (same token layouts and page sizes,
 //!   any memory layouts): page `src_pages[i]` -> `dst_pages[i]` in every layer, each page of a
-//!   layer one run of its stored bytes (its heads under `page_head`).
+//!   layer one run of its stored bytes (its heads or head groups under `page_head`,
+//!   `layer_head`, `page_unified`).
 //! - [`token_plan`]: pools compatible at the `token` level (page sizes, tensor-parallel head
 //!   splits and memory layouts may differ): the source pages form one token stream, cut into
 //!   the destination's pages; per layer and section the run holds the heads both ranks have
@@ -134,10 +135,12 @@ pub fn page_plan(
         buffers: Vec::with_capacity(pairs.len()),
     };
     for pair in pairs {
-        let runs = if pair.src.heads == 1 && pair.dst.heads == 1 {
+        let pieced = src.memory_layout.splits_pages() || dst.memory_layout.splits_pages();
+        let runs = if !pieced {
             whole_pages(&pair, src_pages, dst_pages)?
         } else {
-            // `page_head` stores a page of a layer as one piece per head, in its own order.
+            // `page_head`, `layer_head` and `page_unified` store a page of a layer as pieces
+            // (heads or head groups) in their own row order, even when there is one piece.
             let rows = rows_per_page(src, pair.src_index);
             stream(src, dst, &pair, src_pages, dst_pages, rows, rows)?.runs
         };
@@ -357,8 +360,9 @@ fn stream(
             }
         }
     }
-    // `page_head` keeps a head's layers together, while the loops above go layer by layer.
-    let heads_apart = pair.src.heads > 1 || pair.dst.heads > 1;
+    // `page_head` keeps a head's layers together (`page_unified` a group's, `layer_head` a
+    // head's pages), while the loops above go layer by layer.
+    let heads_apart = src.memory_layout.splits_pages() || dst.memory_layout.splits_pages();
     Ok(Streamed {
         heads,
         runs: if heads_apart {

@@ -570,3 +570,145 @@ fn a_state_buffer_beside_paged_buffers_is_refused() {
         "{e}"
     );
 }
+
+/// Every memory layout, `page_unified` with one group of 4 heads and with 2 groups of 2.
+const EVERY_LAYOUT: [MemoryLayout; 8] = [
+    MemoryLayout::PageHeadToken,
+    MemoryLayout::LayerFirst,
+    MemoryLayout::PageFirst,
+    MemoryLayout::PageFirstDirect,
+    MemoryLayout::PageHead,
+    MemoryLayout::LayerHead,
+    MemoryLayout::PageUnified { heads_per_group: 4 },
+    MemoryLayout::PageUnified { heads_per_group: 2 },
+];
+
+/// MHA-shaped `k` and `v` buffers of 4 heads, each with a second section (`*_s`, 1 byte a
+/// head) so that `section_major` differs from `token_major`; 2 layers, 3-token pages, 4 pages.
+fn two_sections(memory_layout: MemoryLayout, arrangement: crate::Arrangement) -> PoolGeometry {
+    let layout = |name: &str, width: u64| crate::TokenLayout {
+        arrangement: arrangement.clone(),
+        sections: vec![
+            crate::Section::owned(name, Dtype::U8, vec![4, width]),
+            crate::Section::owned(format!("{name}_s"), Dtype::U8, vec![4, 1]),
+        ]
+        .into(),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    };
+    PoolGeometry {
+        name: format!("{memory_layout}"),
+        page_size_tokens: 3,
+        pages: 4,
+        memory_layout,
+        buffers: vec![
+            BufferGeometry::new("k", 2, layout("k", 2)),
+            BufferGeometry::new("v", 2, layout("v", 3)),
+        ],
+    }
+}
+
+/// The byte at `offset` of the canonical page (the arrangement's order) of `page` of `layer`
+/// of buffer `b`: never 0 (the untouched value).
+fn marker(b: usize, layer: u64, page: u64, offset: u64) -> u8 {
+    (1 + (b as u64 * 131 + layer * 31 + page * 7 + offset * 3) % 251) as u8
+}
+
+/// The pool's bytes with every page of every layer of every buffer holding its markers,
+/// written through [`PoolGeometry::page_segments`].
+fn filled(g: &PoolGeometry) -> Vec<u8> {
+    let mut mem = vec![0u8; g.total_bytes().unwrap() as usize];
+    for b in 0..g.buffers.len() {
+        for layer in 0..g.buffers[b].layers {
+            for page in 0..g.pages {
+                for s in g.page_segments(b, layer, page).unwrap() {
+                    for i in 0..s.len_bytes {
+                        mem[(s.pool_offset_bytes + i) as usize] =
+                            marker(b, layer, page, s.page_offset_bytes + i);
+                    }
+                }
+            }
+        }
+    }
+    mem
+}
+
+/// Regression guard for every layout pair, by the layouts' own segments: a plan applied to
+/// zeroed destination memory writes each listed destination page's canonical bytes from its
+/// source page and not one byte elsewhere (the byte count written equals the pages' bytes).
+#[test]
+fn plans_between_every_pair_of_memory_layouts_move_exact_bytes() {
+    let arrangements = [
+        crate::Arrangement::TokenMajor,
+        crate::Arrangement::SectionMajor,
+        crate::Arrangement::HeadMajor,
+    ];
+    let (src_pages, dst_pages) = ([2u64, 0, 3], [1u64, 3, 0]);
+    for arrangement in arrangements {
+        for sm in EVERY_LAYOUT {
+            for dm in EVERY_LAYOUT {
+                let (src, dst) = (
+                    two_sections(sm, arrangement.clone()),
+                    two_sections(dm, arrangement.clone()),
+                );
+                src.validate().unwrap();
+                dst.validate().unwrap();
+                let mem = filled(&src);
+                let (sr, dr) = (src.regions().unwrap(), dst.regions().unwrap());
+                for plan in [
+                    page_plan(&src, &dst, &src_pages, &dst_pages).unwrap(),
+                    token_plan(&src, &dst, &src_pages, &dst_pages).unwrap(),
+                ] {
+                    let mut out = vec![0u8; dst.total_bytes().unwrap() as usize];
+                    let mut written = 0u64;
+                    for bp in &plan.buffers {
+                        let (s0, d0) = (
+                            sr[bp.src_region].pool_offset_bytes,
+                            dr[bp.dst_region].pool_offset_bytes,
+                        );
+                        for r in &bp.runs {
+                            for i in 0..r.len_bytes {
+                                let byte = mem[(s0 + r.src_offset_bytes + i) as usize];
+                                out[(d0 + r.dst_offset_bytes + i) as usize] = byte;
+                            }
+                            written += r.len_bytes;
+                        }
+                    }
+                    let mut expected = 0u64;
+                    for b in 0..dst.buffers.len() {
+                        for layer in 0..dst.buffers[b].layers {
+                            for (&sp, &dp) in src_pages.iter().zip(&dst_pages) {
+                                for s in dst.page_segments(b, layer, dp).unwrap() {
+                                    for i in 0..s.len_bytes {
+                                        let at = (s.pool_offset_bytes + i) as usize;
+                                        assert_eq!(
+                                            out[at],
+                                            marker(b, layer, sp, s.page_offset_bytes + i),
+                                            "{arrangement:?} {sm} -> {dm} {:?}: buffer {b} \
+                                             layer {layer} page {sp} -> {dp} byte {}",
+                                            plan.level,
+                                            s.page_offset_bytes + i
+                                        );
+                                    }
+                                    expected += s.len_bytes;
+                                }
+                            }
+                        }
+                    }
+                    // 2 buffers x 2 layers x 3 pages x 3 tokens x 4 heads x (3 + 1 or 2 + 1)
+                    assert_eq!(expected, 2 * 3 * 3 * 4 * (4 + 3));
+                    assert_eq!(
+                        written, expected,
+                        "{arrangement:?} {sm} -> {dm} {:?}: bytes written beside the pages",
+                        plan.level
+                    );
+                    let nonzero = out.iter().filter(|&&x| x != 0).count() as u64;
+                    assert_eq!(
+                        nonzero, expected,
+                        "{arrangement:?} {sm} -> {dm}: stray bytes"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -2,7 +2,8 @@
 //! it starts on each side at row 0 of a page and how far one row is from the next.
 //!
 //! A section's heads are one unit when neither side stores them apart; one unit per head when
-//! either side does (`head_major` with a head axis, or the `page_head` memory layout). Units that
+//! either side does (`head_major` with a head axis, or a memory layout that splits pages:
+//! `page_head`, `page_head_token`, `layer_head`, `page_unified`). Units that
 //! continue each other on both sides with equal row steps merge (a `token_major` row moved
 //! whole is one unit). Offsets inside a page come from [`crate::TokenLayout::offset_bytes`]:
 //! the arrangement's arithmetic is not written again here.
@@ -10,12 +11,13 @@
 use std::ops::Range;
 
 use super::{Pair, PlanError, PlanSide, head_window, rows_per_page};
-use crate::geometry::{MemoryLayout, PoolGeometry, layout_error};
+use crate::geometry::{PoolGeometry, layout_error};
 use crate::layout::Arrangement;
 use crate::regions::Placement;
 
 /// Where a unit sits on one side, from the start of a page of a layer ([`crate::Placement`] at
-/// head 0): `offset_bytes` at row 0 (under `page_head`, the head's piece included), plus
+/// piece 0): `offset_bytes` at row 0 (under a layout that splits pages, the head's piece
+/// included), plus
 /// `row_step_bytes` per row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct UnitSide {
@@ -68,7 +70,7 @@ impl<'a> SectionSide<'a> {
             true => s.shape().first().copied().unwrap_or(1),
             false => s.heads(),
         };
-        let heads_apart = pool.memory_layout == MemoryLayout::PageHead
+        let heads_apart = pool.memory_layout.splits_pages()
             || (buf.layout.arrangement == Arrangement::HeadMajor && s.heads() > 1);
         Ok(SectionSide {
             pool,
@@ -114,19 +116,25 @@ impl<'a> SectionSide<'a> {
                 0
             })
         };
-        if self.pool.memory_layout == MemoryLayout::PageHead {
-            // [token][head row] inside a head's piece: a head row is every section's part of
-            // that head, in section order.
+        if self.pool.memory_layout.splits_pages() {
+            // [row][piece row] inside a piece (a head, or a group of `per_piece` heads): a piece
+            // row is every section's part of the piece's heads, in section order.
+            let (_, per_piece) = self
+                .pool
+                .page_pieces(self.b)
+                .map_err(|error| PlanError::Geometry { side, error })?;
             let mut prefix = 0u64;
             for i in 0..self.section {
-                prefix += layout.section_bytes(i).map_err(err)? / self.heads;
+                prefix += layout.section_bytes(i).map_err(err)? / self.heads * per_piece;
             }
-            let row = layout.bytes_per_token().map_err(err)? / self.heads;
+            // The piece row, or under page_head_token every layer's head row.
+            let row = placement.run_step_bytes;
             return (h0..h0 + count)
                 .map(|h| {
-                    let piece = h
+                    let piece = (h / per_piece)
                         .checked_mul(placement.head_step_bytes)
-                        .and_then(|x| x.checked_add(prefix));
+                        .and_then(|x| x.checked_add(prefix))
+                        .and_then(|x| x.checked_add((h % per_piece) * head_bytes));
                     Ok(UnitSide {
                         offset_bytes: piece
                             .ok_or_else(|| PlanError::overflow(buf.name(), "head offset"))?,

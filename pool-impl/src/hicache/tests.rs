@@ -710,3 +710,91 @@ fn an_enqueued_load_into_a_page_still_to_verify_waits_for_it_first() {
     c.complete().unwrap();
     assert_eq!(c.stats().checksummed_pages, 6);
 }
+
+/// A `page_unified` host (SGLang 0.5.23 `mem_cache/pool_host/page_unified.py`: `kv_buffer`
+/// `(page_num, head_group_num, layer_num, 2, page_size, heads_per_group, head_dim)`) mirrors a
+/// `layer_first` device pool of K and V (4 heads x 2 bf16, 3 layers, 2-token pages): after a
+/// backup, K[page p, head h, layer l, token t] sits at SGLang's C-order offset
+/// `192 p + 96 (h / 2) + 32 l + 8 t + 4 (h % 2)` (V 16 B further; a page is 2 groups x 3
+/// layers x 2 x 2 tokens x 8 B), and loading the host pages back into other device pages
+/// restores every byte.
+#[test]
+fn page_unified_host_backs_up_at_sglangs_offsets_and_loads_back() {
+    let side = |name: &'static str| TokenLayout {
+        arrangement: kvlayout_core::Arrangement::TokenMajor,
+        sections: vec![kvlayout_core::Section::owned(
+            name,
+            kvlayout_core::Dtype::Bf16,
+            vec![4, 2],
+        )]
+        .into(),
+        page_align_bytes: None,
+        page_stride_bytes: None,
+    };
+    let device_g = PoolGeometry {
+        name: "mha".into(),
+        page_size_tokens: 2,
+        pages: 6,
+        memory_layout: MemoryLayout::LayerFirst,
+        buffers: vec![
+            BufferGeometry::new("k", 3, side("k")),
+            BufferGeometry::new("v", 3, side("v")),
+        ],
+    };
+    let mut device = DevicePool::new(device_g).unwrap();
+    // Device: per buffer [layer][page][token][head][dim], 16 B a token, 32 B a page.
+    let total = 2 * 3 * 6 * 32;
+    let fill: Vec<u8> = (0..total).map(|i| (i % 251) as u8 + 1).collect();
+    device.write_bytes(0, &fill).unwrap();
+    let unified = MemoryLayout::PageUnified { heads_per_group: 2 };
+    let host = HostPool::mirror_of(&device, 5, unified).unwrap();
+    let mut c = HiCache::pair(device, host).unwrap();
+    let pairs = [
+        PagePair::new(0, 4),
+        PagePair::new(1, 0),
+        PagePair::new(2, 2),
+    ];
+    c.backup(&pairs).unwrap();
+    let host_bytes = c.host().snapshot().unwrap();
+    assert_eq!(host_bytes.len(), 5 * 192);
+    let dev = |b: usize, l: usize, p: usize, t: usize, h: usize| {
+        b * 3 * 6 * 32 + (l * 6 + p) * 32 + t * 16 + h * 4
+    };
+    for pair in &pairs {
+        let (dp, hp) = (pair.device_page as usize, pair.host_page as usize);
+        for (b, kv) in [(0usize, 0usize), (1, 16)] {
+            for l in 0..3 {
+                for t in 0..2 {
+                    for h in 0..4 {
+                        let at = 192 * hp + 96 * (h / 2) + 32 * l + kv + 8 * t + 4 * (h % 2);
+                        let from = dev(b, l, dp, t, h);
+                        assert_eq!(
+                            host_bytes[at..at + 4],
+                            fill[from..from + 4],
+                            "b{b} l{l} t{t} h{h}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Host pages 1 and 3 were never written.
+    assert!(host_bytes[192..2 * 192].iter().all(|&x| x == 0));
+    assert!(host_bytes[3 * 192..4 * 192].iter().all(|&x| x == 0));
+    // Back into device pages 3, 4, 5: each equals its source page in every layer of K and V.
+    c.load(&[
+        PagePair::new(3, 4),
+        PagePair::new(4, 0),
+        PagePair::new(5, 2),
+    ])
+    .unwrap();
+    let back = c.device().snapshot().unwrap();
+    for (src, dst) in [(0usize, 3usize), (1, 4), (2, 5)] {
+        for b in 0..2 {
+            for l in 0..3 {
+                let (s, d) = (dev(b, l, src, 0, 0), dev(b, l, dst, 0, 0));
+                assert_eq!(back[d..d + 32], fill[s..s + 32], "b{b} l{l} {src} -> {dst}");
+            }
+        }
+    }
+}

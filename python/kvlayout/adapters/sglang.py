@@ -40,17 +40,22 @@ Host pools, ``python/sglang/srt/mem_cache/memory_pool_host.py`` (newer releases:
   head_dim)`` (``layout == "layer_first"``), ``(2, size, layer_num, ...)`` (``page_first``),
   ``(2, page_num, layer_num, page_size, head_num, head_dim)`` (``page_first_direct``) or
   ``(2, page_num, head_num, page_size, layer_num, head_dim)`` (``page_head``); ``token_stride_size``
-  is the item size its transfer ops use.
+  is the item size its transfer ops use. SGLang's ``page_head`` keeps a head's tokens outside
+  its layers (``[page][head][token][layer][dim]``): kvlayout's ``page_head_token`` memory layout
+  (kvlayout's ``page_head``, ``[page][head][layer][token][dim]``, is vLLM's BHLNC), its strides
+  checked against the layout.
 - ``MLATokenToKVPoolHost``: ``kv_buffer`` ``(layer_num, size, 1, kv_cache_dim)``,
   ``(size, layer_num, 1, kv_cache_dim)`` or ``(page_num, layer_num, page_size, 1, kv_cache_dim)``.
 - ``AsymmetricMHATokenToKVPoolHost`` (``head_dim != v_head_dim``): ``kv_buffer`` is a tuple
   ``(k, v)`` of two tensors (``page_first``: ``(size, layer_num, head_num, head_dim)`` and
   ``... v_head_dim``; ``page_first_direct`` likewise per page); ``v_head_dim`` on the pool.
-- ``page_unified`` (``pool_host/page_unified.py``): MHA ``(page_num, head_group_num, layer_num, 2,
-  page_size, heads_per_group, head_dim)``, MLA ``(page_num, layer_num, page_size, 1, dim)``. The
-  MLA page is byte for byte ``page_first_direct``'s and is read as that memory layout; the MHA
-  page (a layer's K and V side by side inside each page) is no memory layout kvlayout models and
-  is refused naming it.
+- ``page_unified`` (``pool_host/page_unified.py``, ``PageUnifiedLayout.page_dims``): MHA
+  ``(page_num, head_group_num, layer_num, 2, page_size, heads_per_group, head_dim)`` with
+  ``heads_per_group = head_num // head_group_num`` (``head_group_num`` on the host), read as
+  kvlayout's ``page_unified`` memory layout (``{"page_unified": {"heads_per_group": N}}``, buffers
+  ``k`` = ``kv_buffer[:, :, :, 0]`` and ``v`` = ``kv_buffer[:, :, :, 1]``, their strides and the
+  distance between them checked against the layout); MLA ``(page_num, layer_num, page_size,
+  dim)``, byte for byte ``page_first_direct``'s and read as that memory layout.
 - ``NSATokenToKVPoolHost`` (older releases: ``index_head_dim``, ``indexer_quant_block_size``,
   ``indexer_dtype``) / ``DSAIndexerPoolHost`` (``pool_host/dsa.py``, SGLang 0.5.23: a pool of its
   own beside the MLA host, passed as ``indexer=``; it reads the index format from its
@@ -319,7 +324,9 @@ _MHA_HOST_AXES = {
     "layer_first": ("layer", "token", "head", "dim"),
     "page_first": ("token", "layer", "head", "dim"),
     "page_first_direct": ("page", "layer", "page_token", "head", "dim"),
-    "page_head": ("page", "head", "page_token", "layer", "dim"),
+    "page_head": ("page", "head", "page_token", "layer", "dim"),  # read as page_head_token
+    # (page_num, head_group_num, layer_num, page_size, heads_per_group, head_dim) per side.
+    "page_unified": ("page", "group", "layer", "page_token", "head", "dim"),
 }
 _MLA_HOST_AXES = {
     "layer_first": ("layer", "token", "one", "dim"),
@@ -336,12 +343,6 @@ _INDEX_HOST_AXES = {
 
 
 def _axes(table: dict, layout: str, what: str) -> tuple:
-    if layout == "page_unified" and "page_unified" not in table:
-        raise KvLayoutError(
-            f"{what}: host layout 'page_unified' of an MHA pool keeps each layer's K and V side "
-            "by side inside a page ([page][head group][layer][K|V][token][head][dim]); no "
-            "kvlayout memory layout (layer_first, page_first, page_first_direct, page_head) "
-            "places bytes so: not modelled")
     if layout not in table:
         raise KvLayoutError(f"{what}: host layout {layout!r} is not modelled "
                             f"(expected one of {', '.join(table)})")
@@ -378,22 +379,33 @@ def host_geometry(host_pool: Any, *, device_pool: Any = None, indexer: Any = Non
 
     # Errors
     ``KvLayoutError``: a ``uint8`` host with no device pool to say what it holds, a host layout
-    not modelled (``page_unified`` for MHA), a scale buffer not modelled; ``TensorMismatch``
-    where a tensor contradicts the attributes."""
+    not modelled, a scale buffer not modelled; ``TensorMismatch`` where a tensor contradicts the
+    attributes (a ``page_unified`` tensor whose strides are not ``heads_per_group``'s)."""
     layout = str(host_pool.layout)
     page = int(host_pool.page_size)
     device = _meaning_pool(host_pool, device_pool)
     buffers = []
     kv = host_pool.kv_buffer
-    memory_layout = layout
+    # SGLang's page_head is kvlayout's page_head_token ([page][head][token][layer][dim]).
+    memory_layout: Any = "page_head_token" if layout == "page_head" else layout
     if getattr(host_pool, "head_num", None) is not None and getattr(host_pool, "kv_lora_rank", None) is None:
         heads, dim = int(host_pool.head_num), int(host_pool.head_dim)
         v_dim = int(getattr(host_pool, "v_head_dim", None) or dim)
         store = kv[0] if isinstance(kv, (tuple, list)) else kv
         d = _file_dtype(_host_dtype(host_pool, device, store), "kv_buffer")
         axes = _axes(_MHA_HOST_AXES, layout, "kv_buffer")
-        for i, (side, width) in enumerate((("k", dim), ("v", v_dim))):
-            buffers.append(TensorBuffer(side, kv[i], axes=axes,
+        sides = [kv[0], kv[1]]
+        if layout == "page_unified":
+            # (page, group, layer, K|V, token, head in group, dim): K and V are index 0 and 1 of
+            # axis 3 (PageUnifiedLayout.page_dims).
+            groups = int(host_pool.head_group_num)
+            if groups < 1 or heads % groups:
+                raise TensorMismatch("kv_buffer.head_group_num",
+                                     f"{groups} head groups for {heads} heads")
+            sides = [kv[:, :, :, 0], kv[:, :, :, 1]]
+            memory_layout = {"page_unified": {"heads_per_group": heads // groups}}
+        for side, width, t in (("k", dim, sides[0]), ("v", v_dim, sides[1])):
+            buffers.append(TensorBuffer(side, t, axes=axes,
                                         sections=[{"name": side, "dtype": d, "shape": [heads, width]}]))
     else:
         axes = _axes(_MLA_HOST_AXES, layout, "kv_buffer")

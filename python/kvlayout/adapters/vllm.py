@@ -17,8 +17,10 @@ Duck-typed: nothing from vLLM or torch is imported. Inputs, with their names in 
   128), or ``bfloat16`` ``[num_blocks, block_size, 128]`` where the indexer keeps bf16 keys.
 - vLLM >= 0.30 (tested on 0.33.0): ``kv_caches[layer]`` is one ``[B, H, N, C]`` view per layer
   (``vllm/v1/worker/utils.py`` ``allocate_kv_cache`` -> ``create_kv_cache_views``) in the physical
-  order of a ``KVCacheLayout`` (``vllm/v1/kv_cache_layout.py``: LBNHC, LBHNC, BLNHC, BLHNC read;
-  LHBNC, BHLNC refused by name), C the per-(token, head) content (attention: K then V,
+  order of a ``KVCacheLayout`` (``vllm/v1/kv_cache_layout.py``: LBNHC, LBHNC as ``layer_first``,
+  BLNHC, BLHNC as ``page_first``, LHBNC as ``layer_head``, BHLNC as ``page_head``; the layer
+  stride, block stride and head stride checked against the memory layout's placement), C the
+  per-(token, head) content (attention: K then V,
   ``head_size + head_size_v``), placed by ``KVCacheConfig.kv_cache_tensors`` (``KVCacheTensor``:
   ``size``, ``layers``, ``layer_stride``, ``block_stride``, ``offset``, in bytes); the layout name
   comes from ``geometry(..., kv_cache_layout=)`` or ``KVCacheConfig.kv_cache_layout``. A Mamba
@@ -61,7 +63,7 @@ from typing import Any, Mapping, Optional
 
 from .._kvlayout import Geometry
 from ..errors import InvalidGeometry, KvLayoutError, TensorMismatch
-from ..tensors import TensorBuffer, geometry_from_tensors, tensor_facts
+from ..tensors import TensorBuffer, check_pieces, geometry_from_tensors, tensor_facts
 
 __all__ = ["geometry", "transfer_guard", "allocated_bytes", "KV_CACHE_LAYOUTS"]
 
@@ -297,13 +299,14 @@ def _split_kv_buffers(base: str, what: str, spec: Any, tensors: list, kv_cache_d
 
 
 # vLLM >= 0.30 (vllm/v1/kv_cache_layout.py): the logical cache is [L, B, H, N, C]; each
-# KVCacheLayout names the physical order. Heads outside the block (LHBNC, BHLNC) scatter one
-# block's bytes over the layer: no kvlayout page is such a thing.
+# KVCacheLayout names the physical order: -> (kvlayout memory layout, heads outside the tokens).
+# Heads outside the block: LHBNC ([L][H][B][N][C]) is layer_head, BHLNC ([B][H][L][N][C]) is
+# page_head, byte for byte.
 KV_CACHE_LAYOUTS = {
     "LBHNC": ("layer_first", True), "LBNHC": ("layer_first", False),
     "BLHNC": ("page_first", True), "BLNHC": ("page_first", False),
+    "LHBNC": ("layer_head", True), "BHLNC": ("page_head", True),
 }
-_HEADS_OUTSIDE_BLOCK = ("LHBNC", "BHLNC")
 
 
 class _View:
@@ -339,19 +342,16 @@ def _layer_view_buffers(base: str, what: str, layers: list[str], spec: Any, tens
     latent row (``state_content_bytes`` for ``fp8_ds_mla``: 656 B), the indexer 132 B. Layers
     that share one ``KVCacheTensor`` are read as one ``[L, B, H, N, C]`` tensor whose layer
     stride is the ``KVCacheTensor``'s (each view's address is checked against ``offset + l x
-    layer_stride``), so a block-outermost layout (``BLNHC``) is a page-first pool."""
+    layer_stride``), so a block-outermost layout (``BLNHC``) is a page-first pool, ``BHLNC`` a
+    ``page_head`` pool and ``LHBNC`` a ``layer_head`` pool."""
     if placement is None or placement.layout is None:
         raise KvLayoutError(f"{what}: a [B, H, N, C] layer view and no kv_cache_layout: pass "
                             "kv_cache_layout= (CacheConfig.kv_cache_layout) or a KVCacheConfig "
                             "that carries it")
     layout = str(getattr(placement.layout, "name", placement.layout))
-    if layout in _HEADS_OUTSIDE_BLOCK:
-        raise KvLayoutError(f"{what}: kv_cache_layout {layout} keeps heads outside the block: "
-                            "one block's bytes are spread over the layer's region, which is no "
-                            "kvlayout page: not modelled")
     if layout not in KV_CACHE_LAYOUTS:
         raise KvLayoutError(f"{what}: kv_cache_layout {layout!r} is not modelled (expected one "
-                            f"of {', '.join([*KV_CACHE_LAYOUTS, *_HEADS_OUTSIDE_BLOCK])})")
+                            f"of {', '.join(KV_CACHE_LAYOUTS)})")
     hnd = KV_CACHE_LAYOUTS[layout][1]
     f = tensor_facts(tensors[0])
     heads_view, content = f.shape[1], f.shape[3]
@@ -392,7 +392,7 @@ def _layer_view_buffers(base: str, what: str, layers: list[str], spec: Any, tens
         view = _View(f.dtype, (len(layers), *f.shape), (stride, *f.strides_bytes), f.itemsize_bytes)
         return [TensorBuffer(base, view, axes=("layer", *axes), sections=sections,
                              arrangement=arrangement, extra=extra)]
-    if KV_CACHE_LAYOUTS[layout][0] == "page_first" and len(layers) > 1:
+    if KV_CACHE_LAYOUTS[layout][0] in ("page_first", "page_head") and len(layers) > 1:
         raise KvLayoutError(f"{what}: the group's layers are not one KVCacheTensor's layers "
                             f"0..{len(layers) - 1} in order ({len(runs)} KVCacheTensors) under "
                             f"the block-outermost layout {layout}: not modelled")
@@ -577,9 +577,14 @@ def geometry(kv_caches: Mapping[str, Any], kv_cache_config: Any, *, kv_cache_dty
     memory_layout = "layer_first"
     if layout is not None and str(getattr(layout, "name", layout)) in KV_CACHE_LAYOUTS:
         memory_layout = KV_CACHE_LAYOUTS[str(getattr(layout, "name", layout))][0]
-    return geometry_from_tensors(buffers, page_size_tokens=pool_block, memory_layout=memory_layout,
-                                 pages=int(num_blocks) if num_blocks else None,
-                                 name=name or "vllm: register_kv_caches")
+    g = geometry_from_tensors(buffers, page_size_tokens=pool_block, memory_layout=memory_layout,
+                              pages=int(num_blocks) if num_blocks else None,
+                              name=name or "vllm: register_kv_caches")
+    if memory_layout == "page_head":
+        # BHLNC: every stride against page_head's placement (geometry_from_tensors checks only
+        # a page_head page's total, for SGLang's [page][head][token][layer] host tensor).
+        check_pieces(g, buffers)
+    return g
 
 
 def transfer_guard(device_kv_caches: Mapping[str, Any], host_kv_caches: Mapping[str, Any],

@@ -47,9 +47,9 @@ def mha(dtype=torch.bfloat16, *, layers=2, heads=2, head_dim=64, v_head_dim=None
                layer_num=layers, device="cpu", enable_memory_saver=False, **kw)
 
 
-def mha_host(device, layout: str):
+def mha_host(device, layout: str, **extra):
     cls, info, kw = asm._mha_host_inputs(device)
-    return cls(info, page_size=device.page_size, layout=layout, **HOST, **kw)
+    return cls(info, page_size=device.page_size, layout=layout, **HOST, **kw, **extra)
 
 
 def mla(dtype=torch.bfloat16, *, layers=2, cls=MLATokenToKVPool):

@@ -86,7 +86,35 @@ def test_mha_host_pairs(layout, dtype):
     per_token = 2 * 64 * kv.element_size()
     assert buf(host_g, "k")["bytes_per_token"] == per_token == host.token_stride_size
     assert host_g.pages == host.page_num == kv.numel() // (2 * 2 * per_token // kv.element_size()) // 64
-    assert host_g.memory_layout == layout
+    # SGLang's page_head ([page][head][token][layer][dim]) is kvlayout's page_head_token.
+    assert host_g.memory_layout == {"page_head": "page_head_token"}.get(layout, layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_mha_page_head_host_placement_is_the_tensors(dtype):
+    """SGLang's ``page_head`` host (``pool_host/mha.py``: ``(2, page_num, head_num, page_size,
+    layer_num, head_dim)``): every step of kvlayout's placement is a stride of the tensor."""
+    device = mha(dtype)
+    host = mha_host(device, "page_head")
+    kv = host.kv_buffer
+    item = kv.element_size()
+    assert tuple(kv.shape) == (2, host.page_num, 2, 64, 2, 64)
+    s = [x * item for x in kv.stride()]  # K|V, page, head, token, layer, dim
+    # By hand: dim item; layer 64 x item; token 2 layers x 64 x item; head 64 tokens; page 2 heads.
+    row = 64 * item
+    assert s[1:] == [2 * 64 * 2 * row, 64 * 2 * row, 2 * row, row, item]
+    _, host_g = assert_pair(device, host)
+    k, v = (r["buffers"][0] for r in host_g.regions())
+    for b in (k, v):
+        assert (b["page_step_bytes"], b["head_step_bytes"], b["layer_step_bytes"]) == (s[1], s[2], s[4])
+        assert (b["heads"], b["runs"], b["run_bytes"], b["run_step_bytes"]) == (2, 64, row, s[3])
+    # kvlayout's page_head ([page][head][layer][token], vLLM's BHLNC) is not this tensor.
+    with pytest.raises(kvlayout.TensorMismatch, match="strides"):
+        from kvlayout.tensors import TensorBuffer, check_pieces
+        bufs = [TensorBuffer(n, kv[i], axes=("page", "head", "page_token", "layer", "dim"),
+                             sections=[{"name": n, "dtype": "bf16", "shape": [2, 64]}])
+                for i, n in enumerate("kv")]
+        check_pieces(host_g.mirror(host_g.pages, memory_layout="page_head"), bufs)
 
 
 def test_mha_fp8_host_without_its_device_is_refused_naming_the_fix():
@@ -97,14 +125,55 @@ def test_mha_fp8_host_without_its_device_is_refused_naming_the_fix():
         kvl.host_geometry(host)
 
 
-def test_mha_page_unified_host_is_refused_by_name():
-    """kvlayout models no memory layout with a layer's K and V side by side in a page (SGLang's
-    own page_unified.py byte order (page, head_group, layer, 2, page_size, heads, dim))."""
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_mha_page_unified_host(dtype, groups):
+    """SGLang's ``page_unified`` host (``pool_host/page_unified.py``): ``kv_buffer`` of shape
+    ``(page_num, head_group_num, layer_num, 2, page_size, heads_per_group, head_dim)``, read as
+    kvlayout's ``page_unified`` with ``heads_per_group = head_num // head_group_num``. The
+    placement is checked against the tensor's own strides; fp8 through the paired device pool."""
+    device = mha(dtype)
+    host = mha_host(device, "page_unified", head_group_num=groups)
+    kv = host.kv_buffer
+    item = kv.element_size()
+    per_group = 2 // groups
+    assert tuple(kv.shape) == (host.page_num, groups, 2, 2, 64, per_group, 64)
+    dev_g, host_g = assert_pair(device, host)
+    assert host_g.memory_layout == "page_unified" and host_g.heads_per_group == per_group
+    strides = [s * item for s in kv.stride()]  # page, group, layer, K|V, token, head, dim
+    # By hand: a token's group row per_group x 64 x item; a (group, layer) cell K then V of 64
+    # tokens; a group all 2 layers' cells; a page every group.
+    row = per_group * 64 * item
+    assert strides[4:] == [row, 64 * item, item]
+    assert strides[:4] == [groups * 2 * 2 * 64 * row, 2 * 2 * 64 * row, 2 * 64 * row, 64 * row]
+    (region,) = host_g.regions()
+    k, v = region["buffers"]
+    for b in (k, v):
+        assert (b["page_step_bytes"], b["head_step_bytes"], b["layer_step_bytes"]) == tuple(strides[:3])
+        assert (b["heads"], b["run_bytes"]) == (groups, 64 * strides[4])
+    assert v["offset_bytes"] - k["offset_bytes"] == strides[3]
+    assert region["len_bytes"] == kv.numel() * item
+    assert host_g.pages == host.page_num == kv.shape[0]
+
+
+def test_mha_page_unified_mismatches_refused():
     device = mha()
-    host = mha_host(device, "page_unified")
-    assert tuple(host.kv_buffer.shape) == (host.page_num, 1, 2, 2, 64, 2, 64)
-    with pytest.raises(kvlayout.KvLayoutError, match="page_unified.*not modelled"):
-        kvl.transfer_guard(device, host)
+    # A host from another device (fp16 vs bf16): the pairing lists the dtype of K and V.
+    with pytest.raises(kvlayout.Incompatible) as e:
+        kvl.transfer_guard(device, mha_host(mha(torch.float16), "page_unified", head_group_num=2))
+    assert any(line.startswith("k.sections[0].dtype") for line in e.value.lines), e.value.lines
+    # head_group_num that contradicts the tensor: the strides say 2 groups of 1 head.
+    host = mha_host(device, "page_unified", head_group_num=2)
+    host.head_group_num = 1
+    with pytest.raises(kvlayout.TensorMismatch, match="strides"):
+        kvl.host_geometry(host, device_pool=device)
+    # A page_unified geometry at the storage level differs from page_first_direct's and from
+    # another group size: the same page bytes are not the same stored object.
+    other = kvl.host_geometry(mha_host(device, "page_unified", head_group_num=1), device_pool=device)
+    two = kvl.host_geometry(mha_host(device, "page_unified", head_group_num=2), device_pool=device)
+    assert kvlayout.compare(other, two) == []
+    assert kvlayout.compare(other, two, "storage") == [
+        "memory_layout: page_unified (2 heads per group), page_unified (1 heads per group)"]
 
 
 @pytest.mark.parametrize("layout", ["page_first", "page_first_direct"])

@@ -60,12 +60,46 @@ def test_dense_attention_layouts(tmp_path, layout, memory_layout, arrangement):
     assert g.total_bytes == kt.size == kvl.allocated_bytes(kv)
 
 
-@pytest.mark.parametrize("layout", ["LHBNC", "BHLNC"])
-def test_heads_outside_block_refused_by_name(tmp_path, layout):
+@pytest.mark.parametrize("layout,memory_layout,steps", [
+    # (block, head, layer) steps by hand, a block of one head 16 tokens x 128 x 2 B = 4096 B:
+    # LHBNC [L][H][B][N][C]: block 4096, head 10 blocks x 4096, layer 2 heads x 40960;
+    # BHLNC [B][H][L][N][C]: layer 4096, head 2 layers x 4096, block 2 heads x 8192.
+    ("LHBNC", "layer_head", (4096, 40960, 81920)),
+    ("BHLNC", "page_head", (16384, 8192, 4096))])
+def test_heads_outside_block_layouts(tmp_path, layout, memory_layout, steps):
     vc = vllm_config(tmp_path, layout)
     cfg, kv = allocate(vc, {attn(0): full(), attn(1): full()})
-    with pytest.raises(kvlayout.KvLayoutError, match=f"{layout} keeps heads outside the block"):
-        kvl.geometry(kv, cfg, kv_cache_layout=layout)
+    t = kv[attn(0)]
+    e = t.element_size()
+    assert tuple(t.shape) == (10, 2, 16, 128)
+    (kt,) = cfg.kv_cache_tensors
+    # The tensors' own strides and KVCacheTensor's layer stride are the steps worked above.
+    assert (t.stride(0) * e, t.stride(1) * e, kt.layer_stride) == steps
+    assert kv[attn(1)].data_ptr() - t.data_ptr() == kt.layer_stride
+    g = kvl.geometry(kv, cfg, kv_cache_layout=layout_of(vc))
+    assert g.memory_layout == memory_layout
+    b = buf(g, "kv")
+    assert b["bytes_per_token"] == 2 * (64 + 64) * 2 and b["arrangement"] == "head_major"
+    (region,) = g.regions()
+    (p,) = region["buffers"]
+    assert (p["page_step_bytes"], p["head_step_bytes"], p["layer_step_bytes"]) == steps
+    assert (p["heads"], p["run_bytes"]) == (2, 16 * t.stride(2) * e)
+    assert g.total_bytes == kt.size == kvl.allocated_bytes(kv) == 2 * 10 * 2 * 4096
+    # A host copy from the same config pairs; one with 4 heads is refused.
+    kvl.transfer_guard(kv, kv, cfg, kv_cache_layout=layout)
+    cfg4, kv4 = allocate(vllm_config(tmp_path, layout), {attn(0): full(heads=4),
+                                                           attn(1): full(heads=4)})
+    with pytest.raises(kvlayout.Incompatible):
+        kvlayout.TransferGuard(g, kvl.geometry(kv4, cfg4, kv_cache_layout=layout))
+
+
+@pytest.mark.parametrize("allocated,declared,match", [
+    ("LHBNC", "BHLNC", "strides"), ("BHLNC", "LHBNC", "declared layer_head")])
+def test_heads_outside_block_declared_wrong_refused(tmp_path, allocated, declared, match):
+    vc = vllm_config(tmp_path, allocated)
+    cfg, kv = allocate(vc, {attn(0): full(), attn(1): full()})
+    with pytest.raises(kvlayout.TensorMismatch, match=match):
+        kvl.geometry(kv, cfg, kv_cache_layout=declared)
 
 
 def test_layout_not_given_is_refused(tmp_path):
