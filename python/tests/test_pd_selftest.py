@@ -99,6 +99,10 @@ def test_selftest_cases(engine):
         obj = json.loads(line)
         results[obj["case"]] = obj
     assert set(results) == set(EXPECTED) | set(CONTENT_REFUSED) | {SEED_NO_CHECK}, r.stderr[-2000:]
+    # A case whose decode side gave no result (a crash, a timeout, a port taken by another run
+    # on this machine) fails here naming itself, not later on a missing field.
+    errors = {c: got["lines"] for c, got in results.items() if got["verdict"] == "error"}
+    assert not errors, (errors, r.stderr[-2000:])
     seed = results[SEED_NO_CHECK]
     assert (seed["verdict"], seed["level"], seed["bytes_moved"], seed["geometry_check"]) == (
         "refused", "checksum", SEED_NO_CHECK_BYTES, False), seed
