@@ -96,23 +96,25 @@ def test_checksum_pages_out_of_range_or_named_twice_are_refused_and_nothing_is_r
     guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
     device = _layer(5)
     with pytest.raises(kvlayout.TransferRefused,
-                       match=r"host_pages\[1\]: host page 4 out of range \(the host pool has 4 pages\)"
-                       ) as e:
+                       match=r"host_pages\[1\]: host page 4 out of range "
+                             r"\(the host pool has 4 pages\)") as e:
         guard.record_backup("index_k", 0, device, [0, 1], [3, 4])
     assert e.value.kind == "page_out_of_range"
     with pytest.raises(kvlayout.TransferRefused,
-                       match=r"host_pages\[1\]: page 2 is already the destination of host_pages\[0\]"
-                       ) as e:
+                       match=r"host_pages\[1\]: page 2 is already the destination of "
+                             r"host_pages\[0\]") as e:
         guard.record_backup("index_k", 0, device, [0, 1], [2, 2])
     assert e.value.kind == "duplicate_destination"
     # Neither refused backup recorded anything: loads of host pages 2 and 3 verify no page.
     assert guard.verify_load("index_k", 0, device, [2, 3], [0, 1]) == 0
     assert guard.record_backup("index_k", 0, device, [0, 1], [2, 3]) == 2
     with pytest.raises(kvlayout.TransferRefused,
-                       match=r"device_pages\[0\]: device page 7 out of range \(the device pool has 4 pages\)"):
+                       match=r"device_pages\[0\]: device page 7 out of range "
+                             r"\(the device pool has 4 pages\)"):
         guard.verify_load("index_k", 0, device, [2], [7])
     with pytest.raises(kvlayout.TransferRefused,
-                       match=r"device_pages\[1\]: page 0 is already the destination of device_pages\[0\]"):
+                       match=r"device_pages\[1\]: page 0 is already the destination of "
+                             r"device_pages\[0\]"):
         guard.verify_load("index_k", 0, device, [2, 3], [0, 0])
 
 

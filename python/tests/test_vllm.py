@@ -196,8 +196,8 @@ def test_kvlayout_require_must_be_a_json_bool(value, want):
     extra = {} if value is None else {"kvlayout_require": value}  # None: the key absent
     config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
     if want == "error":
-        with pytest.raises(kvlayout.KvLayoutError,
-                           match=f"kv_connector_extra_config.kvlayout_require: {value!r} is not a bool"):
+        want_text = f"kv_connector_extra_config.kvlayout_require: {value!r} is not a bool"
+        with pytest.raises(kvlayout.KvLayoutError, match=want_text):
             wiring._require(config)
     else:
         assert wiring._require(config) is want
