@@ -937,3 +937,33 @@ fn trace_at_page_size_1_is_refused_naming_the_flag() {
         "{text}"
     );
 }
+
+/// A page size the model refuses names the flag and the value, exit 2: 0 for any model (the
+/// model crate requires at least 1), 64 for DeepSeek-V4 (SGLang's pool asserts 256-token
+/// pages, deepseek_v4 model_runner_kv_cache_mixin.py). Before, the message named the model's
+/// field `page_size_tokens` and, for V4, told the user to pass `--page-size 256` (describe's
+/// flag, not replay's).
+#[test]
+fn a_page_size_the_model_refuses_names_the_flag() {
+    for (model, size, want) in [
+        (
+            "deepseek-v3.2-exp",
+            "0",
+            "--page-size-tokens: must be at least 1, got 0",
+        ),
+        (
+            "deepseek-v4-flash",
+            "64",
+            "--page-size-tokens: 64: SGLang's DeepSeek-V4 pool",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+            .args(["replay", "--model", model, "--page-size-tokens", size])
+            .output()
+            .expect("run kvlayout");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}");
+        assert!(text.contains(want), "{text}");
+        assert!(!text.contains("--page-size "), "{text}");
+    }
+}

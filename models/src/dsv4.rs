@@ -170,7 +170,7 @@ pub(crate) fn plan(
             name,
             "page_size_tokens",
             format!(
-                "{}: SGLang's DeepSeek-V4 pool on CUDA uses {PAGE_TOKENS}-token pages (model_runner_kv_cache_mixin.py asserts page_size == 256); pass --page-size 256",
+                "{}: SGLang's DeepSeek-V4 pool on CUDA uses {PAGE_TOKENS}-token pages (model_runner_kv_cache_mixin.py asserts page_size == 256): use {PAGE_TOKENS}",
                 opts.page_size_tokens
             ),
         ));

@@ -110,10 +110,15 @@ class TransferGuard:
         the CUDA driver cannot be loaded)."""
         ...
     def record_backup(self, buffer: str, layer: int, data: Any, device_pages: _PageIndices,
-                      host_pages: _PageIndices) -> int: ...
+                      host_pages: _PageIndices) -> int:
+        """Raises TransferRefused (kind page_out_of_range, duplicate_destination: a host page
+        named twice) and records nothing then."""
+        ...
     def verify_load(self, buffer: str, layer: int, data: Any, host_pages: _PageIndices,
                     device_pages: _PageIndices) -> int:
-        """Raises TransferRefused (kind checksum_mismatch, .pages: [(host, device)])."""
+        """Raises TransferRefused (kind checksum_mismatch, .pages: [(host, device)]; kind
+        page_out_of_range or duplicate_destination, a device page named twice, before any
+        page is read)."""
         ...
     @property
     def device(self) -> Geometry: ...

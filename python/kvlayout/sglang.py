@@ -105,16 +105,22 @@ def read_pd_frame(frames: list) -> tuple[list, Optional[dict]]:
 
 def install(*, version: Optional[str] = None) -> list[str]:
     """Wraps SGLang's transfer ops, HiCache pairing and PD bootstrap (module docs). Returns what
-    was wrapped. Idempotent.
+    was wrapped; the transfer ops it cannot check are named at WARNING in the
+    ``kvlayout.sglang`` log. Idempotent.
 
     # Errors
     ``KvLayoutError`` naming an SGLang version not in :data:`TESTED_SGLANG`."""
     check_version(version)
     done: list[str] = []
     modules = [importlib.import_module(m) for m in HOST_POOL_MODULES]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # the unchecked ops are listed in the log
+    with warnings.catch_warnings(record=True) as unchecked:
+        warnings.simplefilter("always", UserWarning)
         done += _adapter.guard_transfer_ops(*modules)
+    # The ops guard_transfer_ops cannot check (SGLang 0.5.23: the staged layer-first to
+    # page-first all-layer ops) go to the log at WARNING, never in silence (before, the warning
+    # naming them was ignored and nothing was logged).
+    for w in unchecked:
+        _log.warning("%s", w.message)
     done += _wrap_hicache()
     done += _wrap_bootstrap()
     _state["installed"] = True

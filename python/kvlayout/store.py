@@ -339,9 +339,15 @@ def selftest(repo: Optional[Path] = None) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] != ["selftest"]:
-        print("usage: python -m kvlayout.store selftest", file=sys.stderr)
-        return 2
+    """``python -m kvlayout.store selftest``; any other argument (``--help`` too) is handled by
+    argparse (help: exit 0, an unknown one: exit 2 naming it). Before, everything after
+    ``selftest`` was ignored and the self-test ran."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kvlayout.store")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("selftest", help="the page-store cases on a local mooncake_master; JSON lines")
+    ap.parse_args(argv)
     return selftest()
 
 

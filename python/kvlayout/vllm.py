@@ -142,8 +142,14 @@ def check_remote(local: kvlayout.Geometry, meta: Any, *, require: bool = False):
 
 
 def _require(vllm_config: Any) -> bool:
+    """``kv_connector_extra_config.kvlayout_require`` (default false): a JSON bool; anything
+    else raises ``KvLayoutError`` naming it (before, ``"false"`` read as true)."""
     extra = getattr(vllm_config.kv_transfer_config, "kv_connector_extra_config", None) or {}
-    return bool(extra.get("kvlayout_require", False))
+    value = extra.get("kvlayout_require", False)
+    if not isinstance(value, bool):
+        raise KvLayoutError(f"kv_connector_extra_config.kvlayout_require: {value!r} is not a "
+                            "bool (pass true or false)")
+    return value
 
 
 def _nixl_base():
@@ -198,6 +204,7 @@ def _build(name: str) -> type:
 
             def __init__(self, vllm_config, role, kv_cache_config=None):
                 check_version()
+                _require(vllm_config)  # a bad value fails the start, not the first handshake
                 _install_metadata()
                 super().__init__(vllm_config, role, kv_cache_config)
                 self.kvlayout_geometry: Optional[kvlayout.Geometry] = None

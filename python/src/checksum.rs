@@ -9,13 +9,31 @@ use std::collections::HashMap;
 use kvlayout_core::PoolGeometry;
 use kvlayout_core::checksum::PageChecksumKey;
 use kvlayout_pool::ChecksumMode;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::checksum_cuda;
 use crate::errors;
 use crate::geometry::{Geometry, geometry_err};
 use crate::pages::with_bytes;
+
+/// A checksum call's `layer` argument: a layer index `0..layers` as an int (numpy integers
+/// too); a bool or another type is a `TypeError`, a negative or oversized int a `ValueError`,
+/// each naming `layer` and the value (pyo3's own conversion named neither).
+pub fn layer_index(layer: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let Some(l) = crate::model::index_int(layer)? else {
+        return Err(PyTypeError::new_err(format!(
+            "layer: {} is not a layer index (pass an int, 0..layers)",
+            layer.repr()?
+        )));
+    };
+    l.extract::<u64>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "layer: {} is not a layer index (0..layers)",
+            l.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
+}
 
 /// The key of layer `layer` of the buffer named `buffer`, and the buffer's page stride.
 pub fn key_of(
@@ -121,9 +139,10 @@ pub fn page_checksum(
     py: Python<'_>,
     geometry: PyRef<'_, Geometry>,
     buffer: &str,
-    layer: u64,
+    layer: &Bound<'_, PyAny>,
     payload: &Bound<'_, PyAny>,
 ) -> PyResult<u64> {
+    let layer = layer_index(layer)?;
     let (_, key, _) = key_of(py, &geometry.inner, buffer, layer)?;
     if let Some(t) = checksum_cuda::cuda_tensor(payload)? {
         if t.len_bytes != key.payload_bytes {

@@ -17,7 +17,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 
-use crate::checksum::{self, key_of, layer_sums, mode_arg};
+use crate::checksum::{self, key_of, layer_index, layer_sums, mode_arg};
 use crate::errors;
 use crate::geometry::{Geometry, header};
 use crate::pages::{PageList, with_pages};
@@ -183,14 +183,22 @@ fn page_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     })
 }
 
-/// The (device, host) pages of equal-length lists whose host page the mode covers.
+/// The (device, host) pages of equal-length lists whose host page the mode covers, after
+/// every page of both lists is checked: in range of its pool (`device_pages` / `host_pages`
+/// pages) and no destination named twice (`dst_is_host`: a backup's destinations are host
+/// pages, a load's device pages). Lists of different lengths raise `ValueError`; the others
+/// `TransferRefused` (kinds `page_out_of_range`, `duplicate_destination`) naming the list, the
+/// index and the values; nothing is recorded or verified then.
 fn covered(
+    py: Python<'_>,
     mode: ChecksumMode,
     device_pages: &Bound<'_, PyAny>,
     host_pages: &Bound<'_, PyAny>,
-    what: &str,
+    device_count: u64,
+    host_count: u64,
+    dst_is_host: bool,
 ) -> PyResult<(Vec<u64>, Vec<u64>)> {
-    let dev = page_vec(device_pages, what)?;
+    let dev = page_vec(device_pages, "device_pages")?;
     let host = page_vec(host_pages, "host_pages")?;
     if dev.len() != host.len() {
         return Err(PyValueError::new_err(format!(
@@ -198,6 +206,35 @@ fn covered(
             dev.len(),
             host.len()
         )));
+    }
+    for (what, list, count, pool) in [
+        ("device_pages", &dev, device_count, "device"),
+        ("host_pages", &host, host_count, "host"),
+    ] {
+        if let Some((i, p)) = list.iter().enumerate().find(|&(_, &p)| p >= count) {
+            return Err(errors::transfer_refused(
+                py,
+                format!(
+                    "{what}[{i}]: {pool} page {p} out of range (the {pool} pool has {count} pages)"
+                ),
+                "page_out_of_range",
+            ));
+        }
+    }
+    let (what, dst) = if dst_is_host {
+        ("host_pages", &host)
+    } else {
+        ("device_pages", &dev)
+    };
+    let mut first = std::collections::HashMap::with_capacity(dst.len());
+    for (i, &p) in dst.iter().enumerate() {
+        if let Some(j) = first.insert(p, i) {
+            return Err(errors::transfer_refused(
+                py,
+                format!("{what}[{i}]: page {p} is already the destination of {what}[{j}]"),
+                "duplicate_destination",
+            ));
+        }
     }
     Ok(dev
         .into_iter()
@@ -261,10 +298,11 @@ impl TransferGuard {
         &self,
         py: Python<'_>,
         buffer: &str,
-        layer: u64,
+        layer: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
         pages: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<u64>> {
+        let layer = layer_index(layer)?;
         let (_, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let pages = page_vec(pages, "pages")?;
         layer_sums(data, &key, stride, &pages, "data")
@@ -273,12 +311,15 @@ impl TransferGuard {
     /// Records the checksums of a backup (device pages -> host pages) of `buffer`, layer
     /// `layer`, from `data` (the device layer region, as `page_checksums` reads it), for the
     /// host pages the mode covers; returns how many were recorded (0 when the mode is off).
-    /// Call it with the backup (the device pages must hold what is being backed up).
+    /// Call it with the backup (the device pages must hold what is being backed up). Raises
+    /// `TransferRefused` (kind `page_out_of_range`: a page past its pool, either list;
+    /// `duplicate_destination`: a host page named twice) and records nothing then; `ValueError`
+    /// or `TypeError` naming `layer` for a layer that is not an index.
     fn record_backup(
         &self,
         py: Python<'_>,
         buffer: &str,
-        layer: u64,
+        layer: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
         device_pages: &Bound<'_, PyAny>,
         host_pages: &Bound<'_, PyAny>,
@@ -286,8 +327,17 @@ impl TransferGuard {
         if self.checksum == ChecksumMode::Off {
             return Ok(0);
         }
+        let layer = layer_index(layer)?;
         let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
-        let (dev, host) = covered(self.checksum, device_pages, host_pages, "device_pages")?;
+        let (dev, host) = covered(
+            py,
+            self.checksum,
+            device_pages,
+            host_pages,
+            self.device_pages,
+            self.host_pages,
+            true,
+        )?;
         let sums = layer_sums(data, &key, stride, &dev, "data")?;
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         for (&h, sum) in host.iter().zip(sums) {
@@ -301,12 +351,13 @@ impl TransferGuard {
     /// for its host page (pages the mode does not cover, or never recorded, are skipped).
     /// Returns how many pages verified; raises `TransferRefused` (`kind`
     /// `"checksum_mismatch"`, `.pages`: the (host, device) pages refused, to treat as a miss)
-    /// naming buffer, layer, pages and both checksums.
+    /// naming buffer, layer, pages and both checksums; `page_out_of_range` or
+    /// `duplicate_destination` (a device page named twice) before any page is read.
     fn verify_load(
         &self,
         py: Python<'_>,
         buffer: &str,
-        layer: u64,
+        layer: &Bound<'_, PyAny>,
         data: &Bound<'_, PyAny>,
         host_pages: &Bound<'_, PyAny>,
         device_pages: &Bound<'_, PyAny>,
@@ -314,8 +365,17 @@ impl TransferGuard {
         if self.checksum == ChecksumMode::Off {
             return Ok(0);
         }
+        let layer = layer_index(layer)?;
         let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
-        let (dev, host) = covered(self.checksum, device_pages, host_pages, "device_pages")?;
+        let (dev, host) = covered(
+            py,
+            self.checksum,
+            device_pages,
+            host_pages,
+            self.device_pages,
+            self.host_pages,
+            false,
+        )?;
         let recorded: Vec<Option<u64>> = {
             let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
             host.iter()
@@ -340,7 +400,9 @@ impl TransferGuard {
             .collect();
         if let Some(&(h, d, r, l)) = bad.first() {
             let reason = format!(
-                "checksum mismatch on {} of {} page(s) of {buffer} layer {layer} (model layer {}),                  refused (treat them as a miss); first: host page {h} -> device page {d}:                  checksum {r:#018x} at backup, {l:#018x} after load",
+                "checksum mismatch on {} of {} page(s) of {buffer} layer {layer} (model layer {}), \
+                 refused (treat them as a miss); first: host page {h} -> device page {d}: \
+                 checksum {r:#018x} at backup, {l:#018x} after load",
                 bad.len(),
                 dev.len(),
                 key.layer_id

@@ -83,6 +83,56 @@ def test_a_mismatching_load_is_refused_naming_the_pages_and_both_values():
     text = str(e.value)
     assert "index_k layer 0 (model layer 5)" in text and "host page 3 -> device page 1" in text
     assert f"{recorded:#018x}" in text and f"{found:#018x}" in text
+    # One sentence, single-spaced (the message once carried two runs of 18 spaces from its
+    # source's line breaks).
+    assert ("(model layer 5), refused (treat them as a miss); first: host page 3 -> device "
+            f"page 1: checksum {recorded:#018x} at backup") in text
+    assert "  " not in text
+
+
+def test_checksum_pages_out_of_range_or_named_twice_are_refused_and_nothing_is_recorded():
+    # Both pools hold 4 pages (GEOMETRY "pages": 4): page 4 is past either pool. Before, a
+    # backup to host page 4 (or 99) was recorded and a later load of it verified.
+    guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
+    device = _layer(5)
+    with pytest.raises(kvlayout.TransferRefused,
+                       match=r"host_pages\[1\]: host page 4 out of range "
+                             r"\(the host pool has 4 pages\)") as e:
+        guard.record_backup("index_k", 0, device, [0, 1], [3, 4])
+    assert e.value.kind == "page_out_of_range"
+    with pytest.raises(kvlayout.TransferRefused,
+                       match=r"host_pages\[1\]: page 2 is already the destination of "
+                             r"host_pages\[0\]") as e:
+        guard.record_backup("index_k", 0, device, [0, 1], [2, 2])
+    assert e.value.kind == "duplicate_destination"
+    # Neither refused backup recorded anything: loads of host pages 2 and 3 verify no page.
+    assert guard.verify_load("index_k", 0, device, [2, 3], [0, 1]) == 0
+    assert guard.record_backup("index_k", 0, device, [0, 1], [2, 3]) == 2
+    with pytest.raises(kvlayout.TransferRefused,
+                       match=r"device_pages\[0\]: device page 7 out of range "
+                             r"\(the device pool has 4 pages\)"):
+        guard.verify_load("index_k", 0, device, [2], [7])
+    with pytest.raises(kvlayout.TransferRefused,
+                       match=r"device_pages\[1\]: page 0 is already the destination of "
+                             r"device_pages\[0\]"):
+        guard.verify_load("index_k", 0, device, [2, 3], [0, 0])
+
+
+def test_checksum_layer_arguments_are_named_when_refused():
+    guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
+    data = _layer(6)
+    # Before, pyo3's "can't convert negative int to unsigned" named neither layer nor -1, and
+    # True was read as layer 1.
+    with pytest.raises(ValueError, match=r"layer: -1 is not a layer index"):
+        guard.page_checksums("index_k", -1, data, [0])
+    with pytest.raises(ValueError, match=r"layer: 1180591620717411303424 is not a layer index"):
+        kvlayout.page_checksum(GEOMETRY, "index_k", 2**70, data[0])
+    with pytest.raises(TypeError, match=r"layer: True is not a layer index"):
+        guard.record_backup("index_k", True, data, [0], [0])
+    with pytest.raises(TypeError, match=r"layer: '0' is not a layer index"):
+        guard.verify_load("index_k", "0", data, [0], [0])
+    assert guard.page_checksums("index_k", np.int64(1), data, [0]) == guard.page_checksums(
+        "index_k", 1, data, [0])
 
 
 def test_modes_off_and_sampled():

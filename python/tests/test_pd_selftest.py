@@ -142,3 +142,24 @@ def test_selftest_cases(engine):
         for ln in results["page-ratio-section-major-index-k"]["lines"]
     )
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--timeout-s", "0"], "argument --timeout-s: 0: must be a positive number of seconds"),
+    (["--timeout-s", "-1"], "argument --timeout-s: -1: must be a positive number of seconds"),
+    (["--timeout-s", "nan"], "argument --timeout-s: nan: must be a positive number of seconds"),
+    # compatible alone uses ports base..base + 2: 65534..65536 is past 65535.
+    (["--case", "compatible", "--base-port", "65534"],
+     "--base-port 65534: the 1 case(s) use ports 65534..65536; pass 1..65533"),
+    (["--case", "compatible", "--base-port", "0"],
+     "--base-port 0: the 1 case(s) use ports 0..2; pass 1..65533"),
+])
+def test_selftest_options_out_of_range_are_refused_naming_them(args, expect):
+    # Before, --timeout-s 0 timed every case out and --base-port 70000 reached NIXL as a
+    # TypeError: exit 1, as if the cases had failed. Refused before any engine is imported.
+    r = subprocess.run([sys.executable, "-m", "kvlayout.pd", "selftest", "--engine", "nixl",
+                        "--repo", str(ROOT), *args], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 2, r.stderr
+    assert expect in r.stderr
+    assert r.stdout == ""

@@ -102,3 +102,19 @@ def test_selftest_on_mooncake_store():
         assert (got["verdict"], got["pages"], len(got["lines"])) == ("miss", 7, 1), got
         assert "/kv/1/3: checksum mismatch" in got["lines"][0], got
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args,rc,expect", [
+    (["selftest", "--case", "round-trip"], 2, "unrecognized arguments: --case round-trip"),
+    (["bogus"], 2, "invalid choice: 'bogus'"),
+    (["selftest", "--help"], 0, "usage: python -m kvlayout.store selftest"),
+])
+def test_store_cli_arguments_are_parsed_not_ignored(args, rc, expect):
+    # Before, anything after `selftest` (--help, a --case the store self-test does not have)
+    # was ignored and the whole self-test ran (exit 0). argparse answers before any
+    # mooncake_master starts, so this runs without the Mooncake wheel.
+    r = subprocess.run([sys.executable, "-m", "kvlayout.store", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == rc, r.stderr
+    assert expect in r.stdout + r.stderr
+    assert '"case"' not in r.stdout  # no case ran

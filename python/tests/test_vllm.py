@@ -184,3 +184,20 @@ def test_one_head_hnd_is_the_nhd_layout():
     b = vllm.geometry(hnd, {n: s for n in LAYERS})
     assert kvlayout.compare(a, b) == []
     assert a.buffers[0]["arrangement"] == "section_major"
+
+
+@pytest.mark.parametrize("value,want", [(True, True), (False, False), (None, False),
+                                        ("false", "error"), (1, "error")])
+def test_kvlayout_require_must_be_a_json_bool(value, want):
+    # Before, bool(value): the string "false" (JSON quoted by mistake) required geometry.
+    from types import SimpleNamespace
+
+    from kvlayout import vllm as wiring
+    extra = {} if value is None else {"kvlayout_require": value}  # None: the key absent
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector_extra_config=extra))
+    if want == "error":
+        want_text = f"kv_connector_extra_config.kvlayout_require: {value!r} is not a bool"
+        with pytest.raises(kvlayout.KvLayoutError, match=want_text):
+            wiring._require(config)
+    else:
+        assert wiring._require(config) is want

@@ -489,6 +489,14 @@ fn error_text(e: &kvlayout_replay::ReplayError) -> String {
         ReplayError::NotFullAttention { model, buffers } => {
             format!("--model {model}: {buffers}; {NOT_FULL_ATTENTION}")
         }
+        // The page size the model refused is the flag's value (or the engine's default).
+        ReplayError::Model(kvlayout_models::ModelError::Field {
+            field,
+            name,
+            problem,
+        }) if field == "page_size_tokens" => {
+            format!("--page-size-tokens: {problem} (model \"{name}\")")
+        }
         ReplayError::Model(_)
         | ReplayError::Pool(_)
         | ReplayError::Codec(_)
@@ -672,6 +680,21 @@ mod tests {
         // --sessions, --layers, --turns, --concurrency, --device-pages, --host-pages, --top-k,
         // --buffers, --page-size-tokens, --prefill-tokens-per-s, --decode-ms-per-token.
         assert_eq!(flags, 11);
+    }
+
+    /// A page size the model refuses is named by the flag (the model said `page_size_tokens`,
+    /// and DeepSeek-V4's error named describe's `--page-size`, not an option of replay).
+    #[test]
+    fn a_model_page_size_error_is_printed_with_its_flag() {
+        let e = ReplayError::Model(kvlayout_models::ModelError::Field {
+            field: "page_size_tokens".into(),
+            name: "m".into(),
+            problem: "must be at least 1, got 0".into(),
+        });
+        assert_eq!(
+            error_text(&e),
+            "--page-size-tokens: must be at least 1, got 0 (model \"m\")"
+        );
     }
 
     /// The library says `device_pages`; the CLI says the flag, the default's origin included.

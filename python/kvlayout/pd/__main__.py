@@ -4,8 +4,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
+
+# The highest TCP port; each selftest case uses three from --base-port + 10 x its index.
+_MAX_PORT = 65535
+
+
+def _seconds(text: str) -> float:
+    """``--timeout-s``: a positive, finite number of seconds (0 or less timed every case out)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a number of seconds") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text}: must be a positive number of seconds")
+    return value
+
+
+def _port_error(base_port: int, cases: int) -> str | None:
+    """Why ``--base-port`` cannot serve ``cases`` cases (ports ``base .. base + 10 x (cases -
+    1) + 2``), or ``None``. Before, a port past 65535 reached NIXL as a ``TypeError`` in every
+    case (exit 1, as if the cases had failed)."""
+    last = base_port + 10 * (max(cases, 1) - 1) + 2
+    if base_port < 1 or last > _MAX_PORT:
+        return (f"--base-port {base_port}: the {cases} case(s) use ports {base_port}..{last}; "
+                f"pass 1..{_MAX_PORT - (last - base_port)}")
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--decode-prefix", default="", help="command prefix for the decode side")
     st.add_argument("--base-port", type=int, default=17300)
-    st.add_argument("--timeout-s", type=float, default=60.0)
+    st.add_argument("--timeout-s", type=_seconds, default=60.0)
     wk = sub.add_parser("worker", help="(internal) one side of a pair; config as JSON")
     wk.add_argument("config")
     bn = sub.add_parser("bench", help="pages/s through NIXL with and without the check")
@@ -49,9 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(opts)
-    from .selftest import env_ready
+    from .selftest import CASES, env_ready
     from .selftest import main as selftest_main
 
+    why = _port_error(opts.base_port, len(set(opts.case)) if opts.case else len(CASES))
+    if why is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     why = env_ready(opts.engine)
     if why is not None:
         print(f"error: {opts.engine} engine unavailable: {why}", file=sys.stderr)

@@ -301,3 +301,17 @@ def test_decode_registration_message_gets_the_frame():
         assert kvlayout.Geometry.from_json(message["geometry"]) == local
     finally:
         kv_sglang.set_pd_geometry(None)
+
+
+def test_install_logs_the_transfer_ops_it_does_not_check(caplog):
+    # SGLang 0.5.23's staged layer-first -> page-first all-layer ops are not among the ops the
+    # adapter checks: install names them at WARNING (before, their UserWarning was ignored and
+    # nothing was logged, though the comment said "listed in the log"). Every install call
+    # names them again: they stay unwrapped.
+    with caplog.at_level("WARNING", logger="kvlayout.sglang"):
+        kv_sglang.install()
+    text = "\n".join(r.getMessage() for r in caplog.records if r.name == "kvlayout.sglang")
+    for module in ("mha", "mla", "dsa"):
+        assert (f"sglang.srt.mem_cache.pool_host.{module}."
+                "jit_transfer_hicache_all_layer_mla_staged_lf_pf") in text
+    assert "sglang.srt.mem_cache.pool_host.mha.jit_transfer_hicache_all_layer_staged_lf_pf" in text
