@@ -847,6 +847,24 @@ fn checksum_flag_on_the_trace_replay() {
         text.contains("checksums (sampled:1): ") && text.contains("first mismatch: "),
         "{text}"
     );
+    // Unchecked (--no-verify): the mismatching bytes were used, not refused (the trial found
+    // "refused (treat them as a miss)" printed beside "0 refused").
+    let first = text
+        .lines()
+        .find(|l| l.contains("first mismatch: "))
+        .unwrap();
+    assert!(
+        first.contains("used anyway (unchecked pairing)") && !first.contains("refused"),
+        "{first}"
+    );
+    // N at least the host pool's pages would check host page 0 alone: refused naming the flag.
+    let (code, text) = replay_on_trace(&["--checksum", "sampled:18446744073709551615"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("--checksum: sampled:18446744073709551615")
+            && text.contains("only page 0 would be checked"),
+        "{text}"
+    );
     let (code, text) = replay_on_trace(&["--checksum", "sampled:0"]);
     assert_eq!(code, 2, "{text}");
     assert!(

@@ -580,7 +580,21 @@ impl<B: Backend> PageStore for PoolStore<B> {
                         self.checksum_mismatched_loads += 1;
                     }
                     if self.first_checksum_mismatch.is_none() {
-                        self.first_checksum_mismatch = Some(e.to_string());
+                        self.first_checksum_mismatch = Some(match (&e, self.cache.mode()) {
+                            // Unchecked (--no-verify): the bytes were used, as an engine without
+                            // kvlayout uses them; the mismatch is only counted.
+                            (
+                                TransferError::ChecksumMismatch { mismatches, .. },
+                                TransferMode::Unverified,
+                            ) => format!(
+                                "{} page payload(s) mismatched, used anyway (unchecked pairing); first: {}",
+                                mismatches.len(),
+                                mismatches
+                                    .first()
+                                    .map_or_else(String::new, ToString::to_string)
+                            ),
+                            _ => e.to_string(),
+                        });
                     }
                     if self.cache.mode() == TransferMode::Checked {
                         self.note(&e);

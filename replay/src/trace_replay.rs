@@ -282,6 +282,17 @@ pub fn run_trace_overlapped<B: Backend>(
         }
     };
     let (mut cache, facts) = paired.into_parts();
+    if let ChecksumMode::Sampled(n) = input.checksum
+        && n.get() >= sizing.host_pages
+    {
+        return Err(workload_err(
+            Param::Checksum,
+            format!(
+                "sampled:{n} checks host pages that are multiples of {n}, but the host pool has {} pages: only page 0 would be checked (choose N below {})",
+                sizing.host_pages, sizing.host_pages
+            ),
+        ));
+    }
     cache
         .set_checksum_mode(input.checksum)
         .map_err(|e| workload_err(Param::Checksum, e.to_string()))?;
