@@ -73,7 +73,14 @@ def check_version(version: Optional[str] = None) -> str:
 
 def set_pd_geometry(geometry: Optional[kvlayout.Geometry], *, require: bool = False) -> None:
     """This rank's geometry for the prefill/decode handshake; ``require``: refuse peers that
-    send none."""
+    send none. Raises ``TypeError`` naming ``geometry`` when it is neither a
+    ``kvlayout.Geometry`` nor ``None``, and naming ``require`` when that is not a bool."""
+    if geometry is not None and not isinstance(geometry, kvlayout.Geometry):
+        raise TypeError(
+            f"geometry: expected a kvlayout.Geometry or None, got {type(geometry).__name__}"
+        )
+    if not isinstance(require, bool):
+        raise TypeError(f"require: expected a bool, got {type(require).__name__}")
     _state["geometry"] = geometry
     _state["require"] = require
 
@@ -86,8 +93,12 @@ def _prefix() -> bytes:
 
 def pd_frame(geometry: kvlayout.Geometry, agent: str = "sglang-decode") -> bytes:
     """The registration frame a decode rank appends: the handshake schema line, then the
-    ``kvlayout.pd`` message (JSON)."""
+    ``kvlayout.pd`` message (JSON). Raises ``TypeError`` naming ``geometry`` when it is not a
+    ``kvlayout.Geometry``."""
     from .pd import make_message
+
+    if not isinstance(geometry, kvlayout.Geometry):
+        raise TypeError(f"geometry: expected a kvlayout.Geometry, got {type(geometry).__name__}")
 
     return _prefix() + make_message(agent, geometry, {})
 

@@ -303,3 +303,18 @@ def test_page_head_load_is_wrapped_and_unchecked_ops_are_named():
         ns["transfer_kv_per_layer_ph_lf"](None, device.k_buffer[0], None, device.v_buffer[0],
                                           None, None, 0, 2048, 4096, 64, 8)
     assert calls == []
+
+
+def test_pd_geometry_of_the_wrong_type_is_refused_naming_it():
+    # The trial found set_pd_geometry("deepseek") accepted silently and pd_frame("x") failing
+    # with an AttributeError deep inside.
+    import kvlayout.sglang as ks
+
+    with pytest.raises(TypeError, match="geometry: expected a kvlayout.Geometry or None, got str"):
+        ks.set_pd_geometry("deepseek")
+    with pytest.raises(TypeError, match="geometry: .* got dict"):
+        ks.set_pd_geometry({"schema": "kvlayout.geometry/v1"})
+    with pytest.raises(TypeError, match="require: expected a bool, got str"):
+        ks.set_pd_geometry(None, require="yes")
+    with pytest.raises(TypeError, match="geometry: expected a kvlayout.Geometry, got str"):
+        ks.pd_frame("x")
