@@ -418,6 +418,9 @@ struct Sizing {
 /// that does not keep every token (DeepSeek-V4 aside), zero device or host pages, host pages
 /// that overflow.
 fn size_pools(input: &TraceInput) -> Result<Sizing, ReplayError> {
+    // A page size the schedule cannot model is refused before any pool is sized (a 100,000-token
+    // page built a 1.7 GB device pool first).
+    crate::schedule::check_page_size(input.pool.page_size_tokens)?;
     let full = input.model.pool(&PoolOptions {
         pages: 1,
         ..input.pool

@@ -235,6 +235,37 @@ pub struct Schedule {
     pub counts: PageCounts,
 }
 
+/// Whether the schedule models pages of `page_size_tokens`: it must divide the trace's
+/// 512-token blocks into at most 8 pages (64 tokens or more).
+///
+/// # Errors
+///
+/// [`ReplayError::Workload`] naming the page size.
+pub fn check_page_size(page_size_tokens: u64) -> Result<(), ReplayError> {
+    if page_size_tokens == 0 {
+        return Err(workload_err(
+            Param::PageSizeTokens,
+            "must be at least 1, got 0".into(),
+        ));
+    }
+    if !BLOCK_TOKENS.is_multiple_of(page_size_tokens) {
+        return Err(workload_err(
+            Param::PageSizeTokens,
+            format!("{page_size_tokens} does not divide the trace's {BLOCK_TOKENS}-token blocks"),
+        ));
+    }
+    if BLOCK_TOKENS / page_size_tokens > 8 {
+        return Err(workload_err(
+            Param::PageSizeTokens,
+            format!(
+                "{page_size_tokens} gives {} pages per {BLOCK_TOKENS}-token block; at most 8 are modelled",
+                BLOCK_TOKENS / page_size_tokens
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Schedule {
     /// An empty cache.
     ///
@@ -244,25 +275,7 @@ impl Schedule {
     /// 512-token blocks or gives more than 8 pages a block; device pages, host pages or prefill
     /// speed of 0 or over `u32::MAX - 1`.
     pub fn new(cfg: ScheduleConfig) -> Result<Schedule, ReplayError> {
-        if cfg.page_size_tokens == 0 || !BLOCK_TOKENS.is_multiple_of(cfg.page_size_tokens) {
-            return Err(workload_err(
-                Param::PageSizeTokens,
-                format!(
-                    "{} does not divide the trace's {BLOCK_TOKENS}-token blocks",
-                    cfg.page_size_tokens
-                ),
-            ));
-        }
-        if BLOCK_TOKENS / cfg.page_size_tokens > 8 {
-            return Err(workload_err(
-                Param::PageSizeTokens,
-                format!(
-                    "{} gives {} pages per {BLOCK_TOKENS}-token block; at most 8 are modelled",
-                    cfg.page_size_tokens,
-                    BLOCK_TOKENS / cfg.page_size_tokens
-                ),
-            ));
-        }
+        check_page_size(cfg.page_size_tokens)?;
         for (field, v) in [
             (Param::DevicePages, cfg.device_pages),
             (Param::HostPages, cfg.host_pages),
