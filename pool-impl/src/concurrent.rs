@@ -448,33 +448,18 @@ fn fault_copy(
     dst: &Region,
     runs: &[CopyRun],
 ) -> Result<(), BackendError> {
-    use crate::ContentFault::*;
     check_runs(direction, src.len_bytes, dst.len_bytes, runs)?;
-    match fault {
-        StaleDestination => Ok(()),
-        ShortCopy { kept_bytes } => {
-            let short: Vec<CopyRun> = runs
-                .iter()
-                .map(|r| CopyRun {
-                    len_bytes: r.len_bytes.min(kept_bytes),
-                    ..*r
-                })
-                .collect();
-            copy_shared(direction, src, dst, &short)
-        }
-        HostOverwrittenAfterBackup => {
-            copy_shared(direction, src, dst, runs)?;
-            for r in runs.iter().filter(|r| r.len_bytes > 0) {
-                // SAFETY: inside the run (checked above), so inside a page this transfer
-                // holds exclusively.
-                unsafe {
-                    let at = dst.ptr.add((r.dst_offset_bytes + r.len_bytes / 2) as usize);
-                    *at = !*at;
-                }
-            }
-            Ok(())
+    let (copied, inverted) = fault.apply(runs);
+    copy_shared(direction, src, dst, &copied)?;
+    for at in inverted {
+        // SAFETY: inside a run (checked above), so inside a page this transfer holds
+        // exclusively.
+        unsafe {
+            let p = dst.ptr.add(at as usize);
+            *p = !*p;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]

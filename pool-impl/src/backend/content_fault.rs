@@ -30,6 +30,32 @@ impl ContentFault {
             ContentFault::ShortCopy { .. } | ContentFault::StaleDestination => Direction::Load,
         }
     }
+
+    /// What the fault makes of a copy of `runs`: the runs that do copy (all, each cut to
+    /// `kept_bytes`, or none) and the destination byte offsets inverted after the copy (the
+    /// middle byte of every non-empty run). Shared by this backend and the concurrent cache's
+    /// test hook, so both inject the same bytes.
+    pub(crate) fn apply(self, runs: &[CopyRun]) -> (Vec<CopyRun>, Vec<u64>) {
+        match self {
+            ContentFault::StaleDestination => (Vec::new(), Vec::new()),
+            ContentFault::ShortCopy { kept_bytes } => (
+                runs.iter()
+                    .map(|r| CopyRun {
+                        len_bytes: r.len_bytes.min(kept_bytes),
+                        ..*r
+                    })
+                    .collect(),
+                Vec::new(),
+            ),
+            ContentFault::HostOverwrittenAfterBackup => (
+                runs.to_vec(),
+                runs.iter()
+                    .filter(|r| r.len_bytes > 0)
+                    .map(|r| r.dst_offset_bytes + r.len_bytes / 2)
+                    .collect(),
+            ),
+        }
+    }
 }
 
 /// A [`CpuBackend`] with one [`ContentFault`] armed at a time ([`ContentFaultBackend::arm`]),
@@ -79,29 +105,16 @@ impl ContentFaultBackend {
                 _ => None,
             }
         };
-        match fault {
-            None => copy_runs(direction, src, dst, runs),
-            Some(ContentFault::StaleDestination) => Ok(()),
-            Some(ContentFault::ShortCopy { kept_bytes }) => {
-                let short: Vec<CopyRun> = runs
-                    .iter()
-                    .map(|r| CopyRun {
-                        len_bytes: r.len_bytes.min(kept_bytes),
-                        ..*r
-                    })
-                    .collect();
-                copy_runs(direction, src, dst, &short)
-            }
-            Some(ContentFault::HostOverwrittenAfterBackup) => {
-                copy_runs(direction, src, dst, runs)?;
-                for r in runs.iter().filter(|r| r.len_bytes > 0) {
-                    // In range: checked above (both fit a usize: they are slices).
-                    let at = (r.dst_offset_bytes + r.len_bytes / 2) as usize;
-                    dst[at] = !dst[at];
-                }
-                Ok(())
-            }
+        let Some(fault) = fault else {
+            return copy_runs(direction, src, dst, runs);
+        };
+        let (copied, inverted) = fault.apply(runs);
+        copy_runs(direction, src, dst, &copied)?;
+        for at in inverted {
+            // In range: inside a run checked above (both fit a usize: they are slices).
+            dst[at as usize] = !dst[at as usize];
         }
+        Ok(())
     }
 }
 
