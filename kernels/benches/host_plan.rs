@@ -20,6 +20,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use kvlayout_kernels::copy_runs::scan_runs;
 use kvlayout_kernels::device::options::changed_by_merging;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
@@ -226,5 +227,39 @@ fn page_size_1(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, host_plan, page_size_1);
+/// The chooser's checks of a token list before its path is chosen: before, one pass per
+/// question (the bounds, merging in list order, the mean length twice, the uniform length);
+/// after, [`scan_runs`] answering all of them in one pass. Both lists of [`page1_runs`].
+fn chooser_checks(c: &mut Criterion) {
+    let lists = [
+        ("one layer's load, 32,768 runs", page1_runs(Some(7))),
+        ("backup of all layers, 1,048,576 runs", page1_runs(None)),
+    ];
+    let bytes = PAGE1_SLOTS * PAGE1_LAYERS * PAGE1_RUN_BYTES * 2;
+    for (name, runs) in &lists {
+        let mut g = c.benchmark_group(format!("page size 1, the chooser's checks, {name}"));
+        g.sample_size(10);
+        g.bench_function("before: a pass per question", |b| {
+            b.iter(|| {
+                let runs = black_box(&runs[..]);
+                validate_runs(runs, bytes, bytes).expect("inside");
+                let changed = changed_by_merging(runs);
+                let long = TransferPath::mean_is_long(runs) || TransferPath::mean_is_long(runs);
+                let len = runs[0].len_bytes;
+                let uniform = runs.iter().all(|r| {
+                    r.len_bytes == len
+                        && r.src_offset_bytes.is_multiple_of(16)
+                        && r.dst_offset_bytes.is_multiple_of(16)
+                });
+                (changed, long, uniform)
+            })
+        });
+        g.bench_function("after: scan_runs, one pass", |b| {
+            b.iter(|| scan_runs(black_box(&runs[..]), bytes, bytes).expect("inside"))
+        });
+        g.finish();
+    }
+}
+
+criterion_group!(benches, host_plan, page_size_1, chooser_checks);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! What a caller may choose about a launch (SMs, work order, run order) and what the transfer
 //! chooser picked.
 
-use crate::copy_runs::ByteRun;
+use crate::copy_runs::{ByteRun, RunScan};
 
 /// How many multiprocessors a launch may use, to leave the rest to the model.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -117,12 +117,8 @@ impl RunOrder {
 /// faults included) was most of the chooser's host time per load call on the H200
 /// (BENCHMARKS.md, "page size 1").
 pub fn changed_by_merging(runs: &[ByteRun]) -> bool {
-    runs.iter().any(|r| r.len_bytes == 0)
-        || runs.windows(2).any(|w| {
-            w[0].src_offset_bytes.checked_add(w[0].len_bytes) == Some(w[1].src_offset_bytes)
-                && w[0].dst_offset_bytes.checked_add(w[0].len_bytes) == Some(w[1].dst_offset_bytes)
-                && w[0].len_bytes.checked_add(w[1].len_bytes).is_some()
-        })
+    // Every run fits regions of u64::MAX bytes: the scan cannot fail.
+    crate::copy_runs::scan_runs(runs, u64::MAX, u64::MAX).is_ok_and(|s| s.changed_by_merging)
 }
 
 /// `runs` sorted by `key`: on rayon's threads from `PARALLEL_SORT_MIN_RUNS` runs (unstable),
@@ -340,8 +336,22 @@ impl TransferPath {
         direction: TransferDirection,
         carveout: Option<u32>,
     ) -> TransferPath {
-        let count = runs.len() as u64;
-        let long = TransferPath::mean_is_long(runs);
+        let total_bytes = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
+        TransferPath::choose_scanned(
+            &RunScan::counted(runs.len() as u64, total_bytes),
+            direction,
+            carveout,
+        )
+    }
+
+    /// [`TransferPath::choose`] from a list's [`RunScan`] (its run count and bytes only).
+    pub fn choose_scanned(
+        scan: &RunScan,
+        direction: TransferDirection,
+        carveout: Option<u32>,
+    ) -> TransferPath {
+        let count = scan.runs;
+        let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
         let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
             Some(k) if many && direction == TransferDirection::Backup => {

@@ -1,17 +1,22 @@
 //! Run lists for the SM path without a stream synchronisation: a ring of `RUN_RING_SLOTS`
 //! slots of `RUN_RING_SLOT_RUNS` runs, each a pinned host half and a device half. A list (the
 //! host has checked every run against both buffers) is written into the next slot's host
-//! half, then either copied to its device half with one `cuMemcpyAsync` on the stream the
-//! kernel runs on, or (a split load's kernel part) read by the kernel from the host half in
-//! place; the run-list kernel is launched right behind; an event after the kernel marks the
-//! slot free again. A list longer than a slot goes as several launches, one slot each. The
+//! half, then either copied to its device half with one `cuMemcpyAsync` on the ring's own list
+//! stream, which the kernel's stream waits for by an event, or (a split load's kernel part)
+//! read by the kernel from the host half in place; the run-list kernel is launched right
+//! behind; an event after the kernel marks the slot free again. The copy of the next layer's
+//! list runs while the kernel of this one moves: the kernel's stream holds kernels back to
+//! back. (Session 9 copied the list on the kernel's stream: each copy left the carve-out's
+//! SMs idle between two kernels, the GEMM's blocks took them, and the chooser's token loads
+//! next to the GEMM moved 1.71x / 1.63x the peer against 1.91x / 2.30x for the same kernel with
+//! its lists uploaded beforehand, BENCHMARKS.md "GPU at page size 1".) A list longer than a slot goes as several launches, one slot each. The
 //! host waits only when the ring wraps onto a slot whose kernel has not finished (eight
 //! launches behind), so a layer-by-layer load is enqueued without a stall per layer; the old
 //! path (`Gpu::upload_runs`, a synchronous upload per call) cost the token-granular load most
 //! of its time (0.084 of memcpy, BENCHMARKS.md). (A gathered backup's lists do not use the
 //! ring: they go to a pinned buffer of the call's own, `gathered.rs`.)
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaStream, sys};
 
@@ -41,12 +46,16 @@ pub(super) fn write_run_list(words: &mut [u8], runs: &[ByteRun]) {
     }
 }
 
-/// The ring: both halves of every slot, one event per slot.
+/// The ring: both halves of every slot, two events per slot, the stream of the list copies.
 pub(super) struct RunRing {
     host: PinnedBytes,
     dev: DeviceBytes,
     /// Per slot: the kernel that read it has finished (recorded on the stream it ran on).
     done: Vec<CudaEvent>,
+    /// Per slot: its list has reached the device half (recorded on `lists`).
+    copied: Vec<CudaEvent>,
+    /// The stream the lists are copied on, ahead of the kernels that read them.
+    lists: Arc<CudaStream>,
     used: Vec<bool>,
     next: usize,
 }
@@ -55,7 +64,8 @@ pub(super) type RunRingCell = Mutex<Option<RunRing>>;
 
 impl Gpu {
     /// Enqueues the run-list kernel over `runs` (already checked against both buffers'
-    /// lengths) under `shape` on `stream` (the `Gpu`'s, or another of its context), the list
+    /// lengths; `vectors_per_run` as [`Gpu::launch_run_list`] takes it) under `shape` on
+    /// `stream` (the `Gpu`'s, or another of its context), the list
     /// through the ring. Does not wait. With `list_from_host` the kernel reads the list from
     /// the slot's pinned host half (no copy to the device half): a split load's kernel then
     /// does not wait for a list copy queued on the copy engines behind the load's own batch.
@@ -68,7 +78,7 @@ impl Gpu {
         stream: &CudaStream,
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
-        runs: &[ByteRun],
+        (runs, vectors_per_run): (&[ByteRun], Option<u64>),
         shape: LaunchShape,
         list_from_host: bool,
     ) -> Result<(), KernelError> {
@@ -80,17 +90,26 @@ impl Gpu {
             // The pinned half last: dropping pinned memory (if a later step failed) waits for
             // the whole device, the model's kernels included.
             let dev = self.alloc_device(SLOT_BYTES * RUN_RING_SLOTS)?;
-            let done = (0..RUN_RING_SLOTS)
-                .map(|_| {
-                    self.ctx
-                        .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                        .map_err(driver_err("cuEventCreate"))
-                })
-                .collect::<Result<_, _>>()?;
+            let events = || {
+                (0..RUN_RING_SLOTS)
+                    .map(|_| {
+                        self.ctx
+                            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                            .map_err(driver_err("cuEventCreate"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            };
+            let (done, copied) = (events()?, events()?);
+            let lists = self
+                .ctx
+                .new_stream()
+                .map_err(driver_err("cuStreamCreate"))?;
             *guard = Some(RunRing {
                 host: self.alloc_pinned(SLOT_BYTES * RUN_RING_SLOTS)?,
                 dev,
                 done,
+                copied,
+                lists,
                 used: vec![false; RUN_RING_SLOTS],
                 next: 0,
             });
@@ -101,12 +120,20 @@ impl Gpu {
         for part in runs.chunks(RUN_RING_SLOT_RUNS) {
             // SAFETY: forwarded to the caller.
             let queued = unsafe {
-                self.enqueue_one_slot(stream, ring, (src, dst), part, shape, list_from_host)
+                self.enqueue_one_slot(
+                    stream,
+                    ring,
+                    (src, dst),
+                    (part, vectors_per_run),
+                    shape,
+                    list_from_host,
+                )
             };
             if let Err(e) = queued {
                 // Something may be queued that reads a slot whose event was not recorded:
-                // wait for the stream, so no later call rewrites a slot the GPU still reads.
-                if stream.synchronize().is_err() {
+                // wait for both streams, so no later call rewrites a slot the GPU still reads.
+                let lists_done = ring.lists.synchronize();
+                if stream.synchronize().is_err() || lists_done.is_err() {
                     // The context is broken: keep the ring's memory alive rather than free
                     // it under work that may still reference it.
                     if let Some(ring) = guard.take() {
@@ -130,14 +157,14 @@ impl Gpu {
         stream: &CudaStream,
         ring: &mut RunRing,
         (src, dst): (&dyn GpuBytes, &mut dyn GpuBytes),
-        part: &[ByteRun],
+        (part, vectors_per_run): (&[ByteRun], Option<u64>),
         shape: LaunchShape,
         list_from_host: bool,
     ) -> Result<(), KernelError> {
         let slot = ring.next;
         if ring.used[slot] {
-            // The host half is rewritten below: the kernel (and the copy before it) that used
-            // this slot must be done.
+            // Both halves are rewritten below: the kernel (and the copy before it) that used
+            // this slot must be done; the list stream's next copy needs no other wait.
             ring.done[slot]
                 .synchronize()
                 .map_err(driver_err("cuEventSynchronize"))?;
@@ -160,16 +187,23 @@ impl Gpu {
             host_list
         } else {
             // SAFETY: both halves are live allocations of the ring; `list_bytes` bytes at
-            // `at_bytes` lie in slot `slot` of each.
-            unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, stream.cu_stream()) }
+            // `at_bytes` lie in slot `slot` of each; the kernel that last read the device half
+            // has finished (waited for above).
+            unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, ring.lists.cu_stream()) }
                 .result()
                 .map_err(driver_err("cuMemcpyAsync"))?;
+            ring.copied[slot]
+                .record(&ring.lists)
+                .map_err(driver_err("cuEventRecord"))?;
+            stream
+                .wait(&ring.copied[slot])
+                .map_err(driver_err("cuStreamWaitEvent"))?;
             dev_list
         };
         // SAFETY: the list holds the part's runs (the host half, written above, or the device
-        // half, copied in stream order before the launch); every run lies inside both buffers
-        // (caller).
-        unsafe { self.launch_run_list(stream, list, part, src, dst, shape)? };
+        // half, copied on the list stream before the event the kernel's stream waits for);
+        // every run lies inside both buffers (caller).
+        unsafe { self.launch_run_list(stream, list, part, vectors_per_run, src, dst, shape)? };
         ring.done[slot]
             .record(stream)
             .map_err(driver_err("cuEventRecord"))?;

@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::options::changed_by_merging;
+use super::options::COPY_ENGINE_MIN_MEAN_RUN_BYTES;
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
     PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferDirection, TransferPath, copy_engine,
 };
-use crate::copy_runs::{ByteRun, validate_runs};
+use crate::copy_runs::{ByteRun, scan_runs, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
 use crate::error::KernelError;
 use crate::pitched::group_pitched;
@@ -281,7 +281,8 @@ impl Gpu {
         runs: &[ByteRun],
         order: RunOrder,
     ) -> Result<TransferPath, KernelError> {
-        validate_runs(runs, src.len_bytes(), dst.len_bytes())?;
+        // One pass: every run checked, and what the choice below reads from the list.
+        let scan = scan_runs(runs, src.len_bytes(), dst.len_bytes())?;
         let direction = match (src.host_bytes().is_some(), dst.host_bytes().is_some()) {
             (true, false) => TransferDirection::Load,
             (false, true) => TransferDirection::Backup,
@@ -294,7 +295,7 @@ impl Gpu {
             // list took 0.3-1.6 ms of the host before the first gather): the pool shim lays
             // each host stretch's runs one after the other (a page pair's layers).
             if let TransferPath::GatheredBackup { max_sms, .. } =
-                TransferPath::choose(runs, direction, Some(k))
+                TransferPath::choose_scanned(&scan, direction, Some(k))
             {
                 // SAFETY: forwarded to the caller; every run was checked just above.
                 if let Some(path) = unsafe { self.try_gathered_backup(src, dst, runs, max_sms)? } {
@@ -307,12 +308,12 @@ impl Gpu {
         // host longer than the GPU takes to move them (BENCHMARKS.md, "Session 4"). Page runs,
         // and lists of at most SORT_ALWAYS_MAX_RUNS runs, are put in `order` and merged.
         // Merging never shortens the mean run: a list long before merging is long after.
-        // A long token list that merges nowhere is used as given, not copied.
-        let merged: Cow<[ByteRun]> = if runs.len() <= SORT_ALWAYS_MAX_RUNS
-            || TransferPath::mean_is_long(runs)
-        {
+        // A long token list that merges nowhere is used as given, not copied, with the facts of
+        // the scan (a merged list is scanned again).
+        let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
+        let merged: Cow<[ByteRun]> = if runs.len() <= SORT_ALWAYS_MAX_RUNS || long {
             Cow::Owned(order.sorted_and_merged(runs))
-        } else if !changed_by_merging(runs) {
+        } else if !scan.changed_by_merging {
             Cow::Borrowed(runs)
         } else {
             let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
@@ -326,7 +327,11 @@ impl Gpu {
             // Nothing to move (no runs, or only empty ones): nothing enqueued.
             return Ok(TransferPath::CopyEngines { runs: 0 });
         }
-        let mut path = TransferPath::choose(&merged, direction, carveout);
+        let scan = match merged {
+            Cow::Borrowed(_) => scan,
+            Cow::Owned(ref m) => scan_runs(m, src.len_bytes(), dst.len_bytes())?,
+        };
+        let mut path = TransferPath::choose_scanned(&scan, direction, carveout);
         // A staged load before this one may still be scattering on its own stream.
         self.join_staged()?;
         if let TransferPath::GatheredBackup { max_sms, .. } = path {
@@ -345,7 +350,7 @@ impl Gpu {
             }
             // Not gathered (module docs of `gathered`): the copy engines for page runs, the
             // run-list kernel on the carve-out for token runs.
-            path = if TransferPath::mean_is_long(&merged) {
+            path = if scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES) {
                 TransferPath::CopyEngines {
                     runs: merged.len() as u64,
                 }
@@ -368,13 +373,18 @@ impl Gpu {
                 unsafe { self.enqueue_split_load(src, dst, &merged, max_sms, order)? }
             }
             TransferPath::SmKernel { max_sms, .. } => {
-                // SAFETY: forwarded to the caller; every merged run was checked just above.
+                let bases = (src.device_address(), dst.device_address());
+                let vectors_per_run = scan
+                    .uniform_len_bytes
+                    .and_then(|len| super::token_runs::vectors_of_uniform(len, bases));
+                // SAFETY: forwarded to the caller; every merged run was checked just above;
+                // `vectors_per_run` from the scan of `merged`.
                 unsafe {
                     self.enqueue_checked_runs_from_ring(
                         &self.stream,
                         src,
                         dst,
-                        &merged,
+                        (&merged, vectors_per_run),
                         LaunchShape {
                             blocks_per_sm: super::token_runs::TOKEN_BLOCKS_PER_SM,
                             ..LaunchShape::sm_budget(max_sms)
@@ -447,7 +457,17 @@ impl Gpu {
         let queued = (|| {
             // SAFETY: forwarded; the kernel's part runs on `side` after the fork, and the
             // `Gpu`'s stream waits for it below.
-            unsafe { self.enqueue_checked_runs_from_ring(side, src, dst, &kernel, shape, true)? };
+            unsafe {
+                let vectors_per_run = super::token_runs::uniform_vectors(&kernel, bases);
+                self.enqueue_checked_runs_from_ring(
+                    side,
+                    src,
+                    dst,
+                    (&kernel, vectors_per_run),
+                    shape,
+                    true,
+                )?
+            };
             // SAFETY: forwarded; a slice of the checked runs on the `Gpu`'s stream.
             unsafe { self.enqueue_lanes(bases, &engines, CopyEngineOptions::chosen(order))? };
             self.stream

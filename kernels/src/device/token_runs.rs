@@ -13,7 +13,7 @@
 use cudarc::driver::{CudaFunction, CudaStream};
 
 use super::{Arg, Gpu, LaunchShape};
-use crate::copy_runs::ByteRun;
+use crate::copy_runs::{ByteRun, VECTOR_BYTES};
 use crate::cuda_source::LOADS_PER_LANE;
 use crate::device_memory::GpuBytes;
 use crate::error::KernelError;
@@ -21,9 +21,6 @@ use crate::error::KernelError;
 /// Blocks of 256 threads per SM of the token-granular kernel (its launch bounds let 4 stay
 /// resident per SM: 128 KiB in flight per SM).
 pub(super) const TOKEN_BLOCKS_PER_SM: u32 = 4;
-
-/// Bytes of one vector of `copy_runs_uniform`.
-const VECTOR_BYTES: u64 = 16;
 
 /// Most vectors of one run `copy_runs_uniform` takes: 8 loads of 32 lanes (4 KiB runs).
 const MAX_RUN_VECTORS: u64 = LOADS_PER_LANE * 32;
@@ -39,15 +36,26 @@ const MIN_RUN_VECTORS: u64 = 8;
 pub(crate) fn uniform_vectors(runs: &[ByteRun], bases: (u64, u64)) -> Option<u64> {
     let len = runs.first()?.len_bytes;
     let aligned = |x: u64| x.is_multiple_of(VECTOR_BYTES);
-    if len == 0 || !aligned(len) || !aligned(bases.0) || !aligned(bases.1) {
-        return None;
-    }
     let all = runs
         .iter()
         .all(|r| r.len_bytes == len && aligned(r.src_offset_bytes) && aligned(r.dst_offset_bytes));
-    let vectors_per_run = len / VECTOR_BYTES;
-    let fits = (MIN_RUN_VECTORS..=MAX_RUN_VECTORS).contains(&vectors_per_run);
-    (all && fits).then_some(vectors_per_run)
+    all.then_some(len)
+        .and_then(|len| vectors_of_uniform(len, bases))
+}
+
+/// Vectors per run of `copy_runs_uniform` for a list whose runs all have `len_bytes` and
+/// 16-byte aligned offsets ([`crate::copy_runs::RunScan::uniform_len_bytes`]), between buffers
+/// at device addresses `bases`: `None` when the length is not a multiple of 16 from 128 to
+/// 4,096 or a base is not 16-byte aligned.
+pub(crate) fn vectors_of_uniform(len_bytes: u64, bases: (u64, u64)) -> Option<u64> {
+    let aligned = |x: u64| x.is_multiple_of(VECTOR_BYTES);
+    if len_bytes == 0 || !aligned(len_bytes) || !aligned(bases.0) || !aligned(bases.1) {
+        return None;
+    }
+    let vectors_per_run = len_bytes / VECTOR_BYTES;
+    (MIN_RUN_VECTORS..=MAX_RUN_VECTORS)
+        .contains(&vectors_per_run)
+        .then_some(vectors_per_run)
 }
 
 /// Runs a warp of `copy_runs_uniform` copies at a time, for runs of `vectors_per_run` vectors
@@ -59,21 +67,26 @@ pub(crate) fn runs_per_warp(vectors_per_run: u64) -> u64 {
 impl Gpu {
     /// Launches the run list of `runs` (already checked against both buffers, or checked by
     /// a validation launch enqueued before on `stream`), whose copy the GPU reads at `list`,
-    /// with `copy_runs_uniform` when [`uniform_vectors`] allows it, else with `copy_runs`.
+    /// with `copy_runs_uniform` when `vectors_per_run` is given (what [`uniform_vectors`]
+    /// gives for the list, or for a list it is part of), else with `copy_runs`.
     ///
     /// # Safety
-    /// As [`Gpu::launch_checked_run_list`]; `runs` is the list at `list`.
+    /// As [`Gpu::launch_checked_run_list`]; `runs` is the list at `list`; with
+    /// `vectors_per_run`, every run is `16 * vectors_per_run` bytes long, at 16-byte aligned
+    /// offsets of 16-byte aligned buffers.
+    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn launch_run_list(
         &self,
         stream: &CudaStream,
         list: u64,
         runs: &[ByteRun],
+        vectors_per_run: Option<u64>,
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
         let k = self.kernels()?;
-        match uniform_vectors(runs, (src.device_address(), dst.device_address())) {
+        match vectors_per_run {
             Some(vectors_per_run) => {
                 // SAFETY: forwarded to the caller; the runs are uniform and aligned.
                 unsafe {
