@@ -698,6 +698,7 @@ fn hold(
     if let Some(p) = path {
         alone_ms(cx, shape, p)?; // warm-up
     }
+    kvlayout_kernels::host_timing::take_ns();
     let from = time_of_day();
     let clock = std::time::Instant::now();
     let (mut transfers, mut gemm_rounds): (Vec<HoldRound>, Vec<HoldRound>) = (vec![], vec![]);
@@ -812,6 +813,18 @@ fn hold(
         100.0 * (each_ms / gemm_ms - 1.0),
         gemm_busy,
     );
+    let steps_ns = kvlayout_kernels::host_timing::take_ns();
+    if steps_ns[0] > 0 && !host_ms.is_empty() {
+        let per_window = |ns: u64| ns as f64 / 1e6 / host_ms.len() as f64;
+        println!(
+            "    chooser host ms per window (feature host-timing): call {:.2}, scan {:.2}, ring wait {:.2}, list write {:.2}, driver {:.2}",
+            per_window(steps_ns[0]),
+            per_window(steps_ns[1]),
+            per_window(steps_ns[2]),
+            per_window(steps_ns[3]),
+            per_window(steps_ns[4]),
+        );
+    }
     Ok(())
 }
 

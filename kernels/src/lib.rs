@@ -52,6 +52,7 @@ pub mod device;
 pub mod device_memory;
 pub mod error;
 pub mod gather_plan;
+pub mod host_timing;
 pub mod index_k;
 pub mod pitched;
 pub mod split_load;

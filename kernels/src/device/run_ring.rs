@@ -32,6 +32,25 @@ pub(crate) const RUN_RING_SLOTS: usize = 8;
 /// tokens, 32,768 (K and V).
 pub(crate) const RUN_RING_SLOT_RUNS: usize = 32 * 1024;
 
+/// EXPERIMENT (session 11; removed after its H200 run): `KVLAYOUT_RING_SLOTS` (slots),
+/// `KVLAYOUT_RING_MODE` (`side`: the list stream, the default; `stream`: the copy on the
+/// kernel's stream; `host`: the kernel reads the pinned half in place).
+fn experiment() -> (usize, u8) {
+    static E: std::sync::OnceLock<(usize, u8)> = std::sync::OnceLock::new();
+    *E.get_or_init(|| {
+        let slots = std::env::var("KVLAYOUT_RING_SLOTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(RUN_RING_SLOTS);
+        let mode = match std::env::var("KVLAYOUT_RING_MODE").as_deref() {
+            Ok("stream") => 0,
+            Ok("host") => 2,
+            _ => 1,
+        };
+        (slots, mode)
+    })
+}
+
 /// Bytes of one run in a list (three little-endian `u64`: src, dst, len).
 pub(super) const RUN_BYTES: usize = 24;
 const SLOT_BYTES: usize = RUN_RING_SLOT_RUNS * RUN_BYTES;
@@ -89,9 +108,10 @@ impl Gpu {
         if guard.is_none() {
             // The pinned half last: dropping pinned memory (if a later step failed) waits for
             // the whole device, the model's kernels included.
-            let dev = self.alloc_device(SLOT_BYTES * RUN_RING_SLOTS)?;
+            let slots = experiment().0;
+            let dev = self.alloc_device(SLOT_BYTES * slots)?;
             let events = || {
-                (0..RUN_RING_SLOTS)
+                (0..slots)
                     .map(|_| {
                         self.ctx
                             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -105,12 +125,12 @@ impl Gpu {
                 .new_stream()
                 .map_err(driver_err("cuStreamCreate"))?;
             *guard = Some(RunRing {
-                host: self.alloc_pinned(SLOT_BYTES * RUN_RING_SLOTS)?,
+                host: self.alloc_pinned(SLOT_BYTES * slots)?,
                 dev,
                 done,
                 copied,
                 lists,
-                used: vec![false; RUN_RING_SLOTS],
+                used: vec![false; slots],
                 next: 0,
             });
         }
@@ -165,17 +185,22 @@ impl Gpu {
         if ring.used[slot] {
             // Both halves are rewritten below: the kernel (and the copy before it) that used
             // this slot must be done; the list stream's next copy needs no other wait.
+            let _t = crate::host_timing::start(crate::host_timing::Step::RingWait);
             ring.done[slot]
                 .synchronize()
                 .map_err(driver_err("cuEventSynchronize"))?;
         }
-        ring.next = (slot + 1) % RUN_RING_SLOTS;
+        ring.next = (slot + 1) % ring.used.len();
         let at_bytes = slot * SLOT_BYTES;
         let list_bytes = part.len() * RUN_BYTES;
-        write_run_list(
-            &mut ring.host.as_mut_slice()[at_bytes..at_bytes + list_bytes],
-            part,
-        );
+        {
+            let _t = crate::host_timing::start(crate::host_timing::Step::ListWrite);
+            write_run_list(
+                &mut ring.host.as_mut_slice()[at_bytes..at_bytes + list_bytes],
+                part,
+            );
+        }
+        let _driver = crate::host_timing::start(crate::host_timing::Step::Driver);
         let (host_list, dev_list) = (
             ring.host.device_address() + at_bytes as u64,
             ring.dev.device_address() + at_bytes as u64,
@@ -183,8 +208,15 @@ impl Gpu {
         // From here the slot is in use until its event: a failure below leaves it marked used
         // with an event from an earlier use, and the caller waits for the whole stream.
         ring.used[slot] = true;
-        let list = if list_from_host {
+        let mode = experiment().1;
+        let list = if list_from_host || mode == 2 {
             host_list
+        } else if mode == 0 {
+            // SAFETY: as below, on the kernel's stream.
+            unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, stream.cu_stream()) }
+                .result()
+                .map_err(driver_err("cuMemcpyAsync"))?;
+            dev_list
         } else {
             // SAFETY: both halves are live allocations of the ring; `list_bytes` bytes at
             // `at_bytes` lie in slot `slot` of each; the kernel that last read the device half

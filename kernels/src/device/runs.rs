@@ -281,8 +281,12 @@ impl Gpu {
         runs: &[ByteRun],
         order: RunOrder,
     ) -> Result<TransferPath, KernelError> {
+        let _call = crate::host_timing::start(crate::host_timing::Step::Call);
         // One pass: every run checked, and what the choice below reads from the list.
-        let scan = scan_runs(runs, src.len_bytes(), dst.len_bytes())?;
+        let scan = {
+            let _t = crate::host_timing::start(crate::host_timing::Step::Scan);
+            scan_runs(runs, src.len_bytes(), dst.len_bytes())?
+        };
         let direction = match (src.host_bytes().is_some(), dst.host_bytes().is_some()) {
             (true, false) => TransferDirection::Load,
             (false, true) => TransferDirection::Backup,
