@@ -817,12 +817,13 @@ fn hold(
     if steps_ns[0] > 0 && !host_ms.is_empty() {
         let per_window = |ns: u64| ns as f64 / 1e6 / host_ms.len() as f64;
         println!(
-            "    chooser host ms per window (feature host-timing): call {:.2}, scan {:.2}, ring wait {:.2}, list write {:.2}, driver {:.2}",
+            "    chooser host ms per window (feature host-timing): call {:.2}, scan {:.2}, ring wait {:.2}, list write {:.2}, driver {:.2}, host order {:.2}",
             per_window(steps_ns[0]),
             per_window(steps_ns[1]),
             per_window(steps_ns[2]),
             per_window(steps_ns[3]),
             per_window(steps_ns[4]),
+            per_window(steps_ns[5]),
         );
     }
     Ok(())

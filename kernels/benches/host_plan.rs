@@ -21,7 +21,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvlayout_kernels::copy_runs::scan_runs;
-use kvlayout_kernels::device::options::changed_by_merging;
+use kvlayout_kernels::device::options::{changed_by_merging, in_key_buckets_into};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
     ByteRun, GatherChunk, RunOrder, TransferDirection, TransferPath, gather_chunks, host_stretches,
@@ -256,6 +256,25 @@ fn chooser_checks(c: &mut Criterion) {
         });
         g.bench_function("after: scan_runs, one pass", |b| {
             b.iter(|| scan_runs(black_box(&runs[..]), bytes, bytes).expect("inside"))
+        });
+        // Host order: the chooser's bucketed order against a comparison sort of a copy.
+        let key = if name.starts_with("one layer") {
+            |r: &ByteRun| r.src_offset_bytes
+        } else {
+            |r: &ByteRun| r.dst_offset_bytes
+        };
+        let (mut out, mut starts) = (Vec::new(), Vec::new());
+        g.bench_function("host order: in_key_buckets_into, buffers reused", |b| {
+            b.iter(|| {
+                in_key_buckets_into(black_box(&runs[..]), (key, bytes), &mut out, &mut starts)
+            })
+        });
+        g.bench_function("host order baseline: copy + sort_unstable_by_key", |b| {
+            b.iter(|| {
+                let mut v = black_box(&runs[..]).to_vec();
+                v.sort_unstable_by_key(key);
+                v
+            })
         });
         g.finish();
     }

@@ -15,10 +15,12 @@ pub enum Step {
     ListWrite = 3,
     /// The driver calls of a ring slot (copy, events, launch).
     Driver = 4,
+    /// Putting a token list in host order (`in_key_buckets`).
+    Order = 5,
 }
 
 /// Steps in [`take_ns`]'s array, in [`Step`] order.
-pub const STEPS: usize = 5;
+pub const STEPS: usize = 6;
 
 #[cfg(feature = "host-timing")]
 mod imp {

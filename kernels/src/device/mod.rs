@@ -116,6 +116,9 @@ pub struct Gpu {
     gathered: gathered::GatherCell,
     /// Multiprocessors the model leaves free ([`Gpu::set_model_carveout_sms`]); 0: none.
     model_carveout_sms: AtomicU32,
+    /// The chooser's host-ordered copy of a token list and its bucket counts, reused from
+    /// call to call ([`options::in_key_buckets_into`]).
+    order_scratch: Mutex<(Vec<ByteRun>, Vec<usize>)>,
 }
 
 impl Gpu {
@@ -163,6 +166,7 @@ impl Gpu {
             run_ring: Mutex::new(None),
             gathered: Mutex::new(gathered::GatherState::Untried),
             model_carveout_sms: AtomicU32::new(0),
+            order_scratch: Mutex::new((Vec::new(), Vec::new())),
         })
     }
 

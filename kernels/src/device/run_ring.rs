@@ -5,11 +5,10 @@
 //! stream, which the kernel's stream waits for by an event, or (a split load's kernel part)
 //! read by the kernel from the host half in place; the run-list kernel is launched right
 //! behind; an event after the kernel marks the slot free again. The copy of the next layer's
-//! list runs while the kernel of this one moves: the kernel's stream holds kernels back to
-//! back. (Session 9 copied the list on the kernel's stream: each copy left the carve-out's
-//! SMs idle between two kernels, the GEMM's blocks took them, and the chooser's token loads
-//! next to the GEMM moved 1.71x / 1.63x the peer against 1.91x / 2.30x for the same kernel with
-//! its lists uploaded beforehand, BENCHMARKS.md "GPU at page size 1".) A list longer than a slot goes as several launches, one slot each. The
+//! list runs while the kernel of this one moves, so the kernel's stream holds kernels and
+//! event waits only (on the H200 next to a GEMM, page-size-1 loads through the chooser moved
+//! 0-4% more than with the copy on the kernel's stream: within run-to-run spread; session 11,
+//! BENCHMARKS.md "GPU at page size 1"). A list longer than a slot goes as several launches, one slot each. The
 //! host waits only when the ring wraps onto a slot whose kernel has not finished (eight
 //! launches behind), so a layer-by-layer load is enqueued without a stall per layer; the old
 //! path (`Gpu::upload_runs`, a synchronous upload per call) cost the token-granular load most
@@ -31,25 +30,6 @@ pub(crate) const RUN_RING_SLOTS: usize = 8;
 /// 4,096-page DSA load is 8,192 runs; a layer of Llama-3.1-8B's page-size-1 load of 16,384
 /// tokens, 32,768 (K and V).
 pub(crate) const RUN_RING_SLOT_RUNS: usize = 32 * 1024;
-
-/// EXPERIMENT (session 11; removed after its H200 run): `KVLAYOUT_RING_SLOTS` (slots),
-/// `KVLAYOUT_RING_MODE` (`side`: the list stream, the default; `stream`: the copy on the
-/// kernel's stream; `host`: the kernel reads the pinned half in place).
-fn experiment() -> (usize, u8) {
-    static E: std::sync::OnceLock<(usize, u8)> = std::sync::OnceLock::new();
-    *E.get_or_init(|| {
-        let slots = std::env::var("KVLAYOUT_RING_SLOTS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(RUN_RING_SLOTS);
-        let mode = match std::env::var("KVLAYOUT_RING_MODE").as_deref() {
-            Ok("stream") => 0,
-            Ok("host") => 2,
-            _ => 1,
-        };
-        (slots, mode)
-    })
-}
 
 /// Bytes of one run in a list (three little-endian `u64`: src, dst, len).
 pub(super) const RUN_BYTES: usize = 24;
@@ -108,10 +88,9 @@ impl Gpu {
         if guard.is_none() {
             // The pinned half last: dropping pinned memory (if a later step failed) waits for
             // the whole device, the model's kernels included.
-            let slots = experiment().0;
-            let dev = self.alloc_device(SLOT_BYTES * slots)?;
+            let dev = self.alloc_device(SLOT_BYTES * RUN_RING_SLOTS)?;
             let events = || {
-                (0..slots)
+                (0..RUN_RING_SLOTS)
                     .map(|_| {
                         self.ctx
                             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
@@ -125,12 +104,12 @@ impl Gpu {
                 .new_stream()
                 .map_err(driver_err("cuStreamCreate"))?;
             *guard = Some(RunRing {
-                host: self.alloc_pinned(SLOT_BYTES * slots)?,
+                host: self.alloc_pinned(SLOT_BYTES * RUN_RING_SLOTS)?,
                 dev,
                 done,
                 copied,
                 lists,
-                used: vec![false; slots],
+                used: vec![false; RUN_RING_SLOTS],
                 next: 0,
             });
         }
@@ -190,7 +169,7 @@ impl Gpu {
                 .synchronize()
                 .map_err(driver_err("cuEventSynchronize"))?;
         }
-        ring.next = (slot + 1) % ring.used.len();
+        ring.next = (slot + 1) % RUN_RING_SLOTS;
         let at_bytes = slot * SLOT_BYTES;
         let list_bytes = part.len() * RUN_BYTES;
         {
@@ -208,15 +187,8 @@ impl Gpu {
         // From here the slot is in use until its event: a failure below leaves it marked used
         // with an event from an earlier use, and the caller waits for the whole stream.
         ring.used[slot] = true;
-        let mode = experiment().1;
-        let list = if list_from_host || mode == 2 {
+        let list = if list_from_host {
             host_list
-        } else if mode == 0 {
-            // SAFETY: as below, on the kernel's stream.
-            unsafe { sys::cuMemcpyAsync(dev_list, host_list, list_bytes, stream.cu_stream()) }
-                .result()
-                .map_err(driver_err("cuMemcpyAsync"))?;
-            dev_list
         } else {
             // SAFETY: both halves are live allocations of the ring; `list_bytes` bytes at
             // `at_bytes` lie in slot `slot` of each; the kernel that last read the device half

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::options::COPY_ENGINE_MIN_MEAN_RUN_BYTES;
+use super::options::{COPY_ENGINE_MIN_MEAN_RUN_BYTES, RunKey, in_key_buckets_into};
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
     PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferDirection, TransferPath, copy_engine,
@@ -315,25 +315,57 @@ impl Gpu {
         // A long token list that merges nowhere is used as given, not copied, with the facts of
         // the scan (a merged list is scanned again).
         let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
-        let merged: Cow<[ByteRun]> = if runs.len() <= SORT_ALWAYS_MAX_RUNS || long {
-            Cow::Owned(order.sorted_and_merged(runs))
-        } else if !scan.changed_by_merging {
-            Cow::Borrowed(runs)
-        } else {
-            let as_listed = RunOrder::AsGiven.sorted_and_merged(runs);
-            if as_listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&as_listed) {
-                Cow::Owned(order.sorted_and_merged(runs))
+        // The host side's key: a long token list goes in host order at bucket granularity
+        // (`in_key_buckets`: two passes, no comparison sort), which moved 1.3-1.4x faster next
+        // to a GEMM than the engine's random slot order (BENCHMARKS.md, "GPU at page size 1").
+        let host_key: Option<RunKey> = match direction {
+            TransferDirection::Load => Some((|r| r.src_offset_bytes, src.len_bytes())),
+            TransferDirection::Backup => Some((|r| r.dst_offset_bytes, dst.len_bytes())),
+            TransferDirection::Other => None,
+        };
+        // `same_runs`: the list holds exactly the scanned runs (maybe reordered): the scan's
+        // count, bytes and uniform length still hold. `bucket_key`: the list is to be put in
+        // host order (a long token list).
+        let (listed, same_runs, bucket_key): (Cow<[ByteRun]>, bool, _) =
+            if runs.len() <= SORT_ALWAYS_MAX_RUNS || long {
+                (Cow::Owned(order.sorted_and_merged(runs)), false, None)
             } else {
-                Cow::Owned(as_listed)
+                let listed = if scan.changed_by_merging {
+                    Cow::Owned(RunOrder::AsGiven.sorted_and_merged(runs))
+                } else {
+                    Cow::Borrowed(runs)
+                };
+                if listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&listed) {
+                    (Cow::Owned(order.sorted_and_merged(runs)), false, None)
+                } else {
+                    (listed, !scan.changed_by_merging, host_key)
+                }
+            };
+        // The host-ordered copy goes to buffers the `Gpu` keeps (no allocation per layer).
+        let mut scratch = match bucket_key {
+            Some(_) => Some(
+                self.order_scratch
+                    .lock()
+                    .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?,
+            ),
+            None => None,
+        };
+        let merged: Cow<[ByteRun]> = match (bucket_key, scratch.as_deref_mut()) {
+            (Some(key), Some((out, starts))) => {
+                let _t = crate::host_timing::start(crate::host_timing::Step::Order);
+                in_key_buckets_into(&listed, key, out, starts);
+                Cow::Borrowed(&out[..])
             }
+            _ => listed,
         };
         if merged.is_empty() {
             // Nothing to move (no runs, or only empty ones): nothing enqueued.
             return Ok(TransferPath::CopyEngines { runs: 0 });
         }
-        let scan = match merged {
-            Cow::Borrowed(_) => scan,
-            Cow::Owned(ref m) => scan_runs(m, src.len_bytes(), dst.len_bytes())?,
+        let scan = if same_runs {
+            scan
+        } else {
+            scan_runs(&merged, src.len_bytes(), dst.len_bytes())?
         };
         let mut path = TransferPath::choose_scanned(&scan, direction, carveout);
         // A staged load before this one may still be scattering on its own stream.
