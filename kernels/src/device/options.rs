@@ -189,6 +189,14 @@ pub fn in_key_buckets(runs: &[ByteRun], key: fn(&ByteRun) -> u64) -> Vec<ByteRun
     out
 }
 
+/// Longest token list the chooser puts in host order ([`in_key_buckets_into`]): a layer's load
+/// (16,384 to 32,768 runs at page size 1). Longer lists (a backup of all layers, about a
+/// million runs) keep list order: on the H200's host the ordering then took longer than the GPU
+/// takes to move them (the chooser's backups alone, no carve-out: 0.664 and 0.451 of memcpy
+/// ordered, 0.819 and 0.762 as listed, Llama-3.1-8B and DeepSeek-V3 MLA; BENCHMARKS.md, "GPU
+/// at page size 1").
+pub const HOST_ORDER_MAX_RUNS: usize = 32 * 1024;
+
 /// Fewest runs per bucket of [`in_key_buckets`] on average: the counts of 4 runs' buckets
 /// stay in the first-level cache for a layer's 16,384 to 32,768 runs.
 const RUNS_PER_BUCKET: u64 = 4;

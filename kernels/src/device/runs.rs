@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::options::{COPY_ENGINE_MIN_MEAN_RUN_BYTES, RunKey, in_key_buckets_into};
+use super::options::{
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, HOST_ORDER_MAX_RUNS, RunKey, in_key_buckets_into,
+};
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
     PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferDirection, TransferPath, copy_engine,
@@ -315,9 +317,10 @@ impl Gpu {
         // A long token list that merges nowhere is used as given, not copied, with the facts of
         // the scan (a merged list is scanned again).
         let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
-        // The host side's key: a long token list goes in host order at bucket granularity
-        // (`in_key_buckets`: two passes, no comparison sort), which moved 1.3-1.4x faster next
-        // to a GEMM than the engine's random slot order (BENCHMARKS.md, "GPU at page size 1").
+        // The host side's key: a long token list of at most HOST_ORDER_MAX_RUNS runs (a layer's
+        // load) goes in host order at bucket granularity (`in_key_buckets_into`: two passes, no
+        // comparison sort), which moved MLA loads 1.35x faster next to a GEMM than the
+        // engine's random slot order (BENCHMARKS.md, "GPU at page size 1").
         let host_key: Option<RunKey> = match direction {
             TransferDirection::Load => Some((|r| r.src_offset_bytes, src.len_bytes())),
             TransferDirection::Backup => Some((|r| r.dst_offset_bytes, dst.len_bytes())),
@@ -338,7 +341,8 @@ impl Gpu {
                 if listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&listed) {
                     (Cow::Owned(order.sorted_and_merged(runs)), false, None)
                 } else {
-                    (listed, !scan.changed_by_merging, host_key)
+                    let key = host_key.filter(|_| listed.len() <= HOST_ORDER_MAX_RUNS);
+                    (listed, !scan.changed_by_merging, key)
                 }
             };
         // The host-ordered copy goes to buffers the `Gpu` keeps (no allocation per layer).
