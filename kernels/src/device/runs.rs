@@ -24,7 +24,8 @@ use crate::pitched::group_pitched;
 const MIN_RUNS_PER_LANE: usize = 1024;
 
 /// Run lists up to this long are always sorted before merging (a few hundred microseconds of
-/// host time at most); longer lists of token runs are merged in list order only.
+/// host time at most); longer lists of token runs are merged in list order only, and put in
+/// host order at bucket granularity when they are at most `HOST_ORDER_MAX_RUNS` long.
 const SORT_ALWAYS_MAX_RUNS: usize = 4096;
 
 impl Gpu {
@@ -250,7 +251,9 @@ impl Gpu {
 
     /// Moves `runs` from `src` to `dst` by the path the runs call for, chosen with no tuning by
     /// the caller ([`TransferPath::choose`] on the runs after merging: page runs put in
-    /// `order` first, token runs merged in list order only; the
+    /// `order` first, token runs merged in list order only, then, up to `HOST_ORDER_MAX_RUNS` of
+    /// them (a layer's load), put in host order at bucket granularity
+    /// ([`super::options::in_key_buckets_into`]); the
     /// direction read from the buffers' memory types, and the model's SM carve-out if one was
     /// set with [`Gpu::set_model_carveout_sms`]): page runs go to the copy engines (no SM taken
     /// from the model) unless a load or backup can use the carve-out (a load: split between
