@@ -956,6 +956,25 @@ fn trace_at_page_size_1_is_refused_naming_the_flag() {
     );
 }
 
+/// A page size whose page bytes overflow 64 bits names the flag and the value, exit 2 (trial
+/// finding: the synthetic workload said only "model ...: buffers[0] (kv): overflow in layout
+/// arithmetic (page payload bytes)").
+#[test]
+fn a_page_size_that_overflows_names_the_flag_and_value() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--workload", "synthetic"])
+        .args(["--page-size-tokens", "18446744073709551615"])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("--page-size-tokens: 18446744073709551615 gives an invalid pool: buffers[0]"),
+        "{text}"
+    );
+    assert!(text.contains("overflow"), "{text}");
+}
+
 /// A page size the model refuses names the flag and the value, exit 2: 0 for any model (the
 /// model crate requires at least 1), 64 for DeepSeek-V4 (SGLang's pool asserts 256-token
 /// pages, deepseek_v4 model_runner_kv_cache_mixin.py). Before, the message named the model's

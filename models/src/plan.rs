@@ -5,7 +5,9 @@
 //! `index_k` for DSA), so its geometry and fingerprint are unchanged; a hybrid names its groups
 //! `full`, `swa` (sliding window), `chunked`, and `conv` + `temporal` (linear-attention state).
 
-use kvlayout_core::{Attention, BufferGeometry, Dtype, MemoryLayout, PoolGeometry, TokenLayout};
+use kvlayout_core::{
+    Attention, BufferGeometry, Dtype, GeometryError, MemoryLayout, PoolGeometry, TokenLayout,
+};
 
 use crate::kv::{Built, Kv};
 use crate::layers::LayerKind;
@@ -431,9 +433,41 @@ pub(crate) fn geometry(
         memory_layout: MemoryLayout::LayerFirst,
         buffers,
     };
-    geometry.validate().map_err(|source| ModelError::Geometry {
-        name: name.to_string(),
-        source,
-    })?;
+    if let Err(source) = geometry.validate() {
+        return Err(
+            page_size_at_fault(name, &geometry, &source).unwrap_or(ModelError::Geometry {
+                name: name.to_string(),
+                source,
+            }),
+        );
+    }
     Ok(geometry)
+}
+
+/// The error of a geometry refused for its page size alone (one page of that size is refused,
+/// one page of 1 token is not: `page_size_tokens` 2^64 - 1 overflows a page's bytes), blamed
+/// on `page_size_tokens` with its value, so a caller can name its flag; `None` otherwise (a
+/// page count that overflows the pool's bytes stays the geometry's error).
+fn page_size_at_fault(
+    name: &str,
+    geometry: &PoolGeometry,
+    source: &GeometryError,
+) -> Option<ModelError> {
+    let one_page = |page_size_tokens| PoolGeometry {
+        page_size_tokens,
+        pages: 1,
+        ..geometry.clone()
+    };
+    let page_size = geometry.page_size_tokens;
+    if page_size <= 1 || one_page(page_size).validate().is_ok() || one_page(1).validate().is_err() {
+        return None;
+    }
+    Some(ModelError::field(
+        name,
+        "page_size_tokens",
+        format!(
+            "{page_size} gives an invalid pool: {}: {}",
+            source.field, source.problem
+        ),
+    ))
 }

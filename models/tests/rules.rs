@@ -282,6 +282,39 @@ fn page_size_0_is_refused_naming_the_model_and_the_value() {
     );
 }
 
+/// A page size whose page overflows 64 bits is blamed on `page_size_tokens` with its value
+/// (trial finding: `kvlayout replay --page-size-tokens 18446744073709551615` said only
+/// "buffers[0] (kv): overflow in layout arithmetic", naming neither flag nor value). BASE's
+/// page holds K and V of 2 heads x 16 dims in bf16: 128 B a token, so 2^64 - 1 tokens overflow.
+/// A page count that overflows the pool stays the geometry's error: the page size is fine.
+#[test]
+fn a_page_size_that_overflows_is_named_with_its_value() {
+    let opts = Options {
+        page_size_tokens: u64::MAX,
+        pages: 1,
+        ..Options::default()
+    };
+    match model("").pool(&opts) {
+        Err(ModelError::Field { field, problem, .. }) => {
+            assert_eq!(field, "page_size_tokens");
+            assert!(
+                problem.starts_with("18446744073709551615 gives an invalid pool: buffers[0]"),
+                "{problem}"
+            );
+            assert!(problem.contains("overflow"), "{problem}");
+        }
+        other => panic!("want a page_size_tokens error, got {other:?}"),
+    }
+    // 64-token pages of 128 B a token are 8,192 B; u64::MAX of them overflow the pool.
+    let opts = Options {
+        page_size_tokens: 64,
+        pages: u64::MAX,
+        ..Options::default()
+    };
+    let e = model("").pool(&opts).map(|_| ()).unwrap_err();
+    assert!(matches!(e, ModelError::Geometry { .. }), "{e:?}");
+}
+
 #[test]
 fn mla_with_local_layers_is_refused() {
     let e = err(r#", "kv_lora_rank": 512, "qk_rope_head_dim": 64, "sliding_window": 8"#);

@@ -98,7 +98,10 @@ class Geometry:
 def page_checksum(geometry: Geometry, buffer: str, layer: int, payload: Any) -> int: ...
 
 class TransferGuard:
-    """A device/host pair checked at construction (raises Incompatible)."""
+    """A device/host pair checked at construction (raises Incompatible). checksum: "off"
+    (default), "all" or "sampled:N". With "off", record_backup and verify_load read no bytes
+    and return 0, but still check every argument (buffer, layer, page lists, data) and raise as
+    in the other modes: a call wired wrong fails before checksums are turned on."""
 
     def __new__(cls, device: Geometry, host: Geometry, checksum: str = "off") -> TransferGuard: ...
     @property

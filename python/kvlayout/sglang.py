@@ -114,14 +114,18 @@ def read_pd_frame(frames: list) -> tuple[list, Optional[dict]]:
     return list(frames), None
 
 
-def install(*, version: Optional[str] = None) -> list[str]:
+def install(*, _version: Optional[str] = None) -> list[str]:
     """Wraps SGLang's transfer ops, HiCache pairing and PD bootstrap (module docs). Returns what
     was wrapped; the transfer ops it cannot check are named at WARNING in the
     ``kvlayout.sglang`` log. Idempotent.
 
+    ``_version`` is a test hook, not an option: the SGLang version to check in place of the
+    installed one's (a test of the refusal passes an untested version). It does not make
+    another version run: wrapping still imports the installed SGLang's modules.
+
     # Errors
     ``KvLayoutError`` naming an SGLang version not in :data:`TESTED_SGLANG`."""
-    check_version(version)
+    check_version(_version)
     done: list[str] = []
     modules = [importlib.import_module(m) for m in HOST_POOL_MODULES]
     with warnings.catch_warnings(record=True) as unchecked:

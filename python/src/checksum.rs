@@ -126,6 +126,16 @@ pub fn layer_sums(
     })
 }
 
+/// Whether `data` is something [`layer_sums`] reads (a CUDA torch tensor, or a C-contiguous
+/// buffer or CPU torch tensor), without reading its bytes: a guard whose checksum is off
+/// refuses the `data` the other modes would refuse.
+pub fn check_data(data: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if checksum_cuda::cuda_tensor(data)?.is_some() {
+        return Ok(());
+    }
+    with_data(data, what, |_| Ok(()))
+}
+
 /// The checksum of one page payload of `buffer`, layer `layer` (a layer index `0..layers`;
 /// the checksum is seeded with the model layer id) of `geometry` (`kvlayout.checksum/v1`): 64
 /// bits, equal to the Rust core's and the CLI's. `payload`: exactly one page payload

@@ -249,7 +249,10 @@ impl TransferGuard {
     /// compared field (page size, buffer set, per buffer layers, arrangement, sections, page
     /// stride). `checksum`: `"off"` (default), `"all"` or `"sampled:N"` (host pages that are
     /// multiples of N): which pages `record_backup` records and `verify_load` verifies
-    /// (`kvlayout.checksum/v1`, computed in Rust); a bad mode raises `ValueError`.
+    /// (`kvlayout.checksum/v1`, computed in Rust); a bad mode raises `ValueError`. With
+    /// `"off"` those two still check every argument (buffer, layer, both page lists, `data`'s
+    /// type and contiguity) and raise as in the other modes, so a call wired wrong fails while
+    /// checksums are off, not first when they are turned on; they read no bytes and return 0.
     #[new]
     #[pyo3(signature = (device, host, checksum = "off"))]
     fn new(
@@ -310,7 +313,8 @@ impl TransferGuard {
 
     /// Records the checksums of a backup (device pages -> host pages) of `buffer`, layer
     /// `layer`, from `data` (the device layer region, as `page_checksums` reads it), for the
-    /// host pages the mode covers; returns how many were recorded (0 when the mode is off).
+    /// host pages the mode covers; returns how many were recorded (0 when the mode is off:
+    /// the arguments are checked all the same, no bytes are read).
     /// Call it with the backup (the device pages must hold what is being backed up). Raises
     /// `TransferRefused` (kind `page_out_of_range`: a page past its pool, either list;
     /// `duplicate_destination`: a host page named twice) and records nothing then; `ValueError`
@@ -324,9 +328,6 @@ impl TransferGuard {
         device_pages: &Bound<'_, PyAny>,
         host_pages: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
-        if self.checksum == ChecksumMode::Off {
-            return Ok(0);
-        }
         let layer = layer_index(layer)?;
         let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let (dev, host) = covered(
@@ -338,6 +339,10 @@ impl TransferGuard {
             self.host_pages,
             true,
         )?;
+        if self.checksum == ChecksumMode::Off {
+            checksum::check_data(data, "data")?;
+            return Ok(0);
+        }
         let sums = layer_sums(data, &key, stride, &dev, "data")?;
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         for (&h, sum) in host.iter().zip(sums) {
@@ -362,9 +367,6 @@ impl TransferGuard {
         host_pages: &Bound<'_, PyAny>,
         device_pages: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
-        if self.checksum == ChecksumMode::Off {
-            return Ok(0);
-        }
         let layer = layer_index(layer)?;
         let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let (dev, host) = covered(
@@ -376,6 +378,10 @@ impl TransferGuard {
             self.host_pages,
             false,
         )?;
+        if self.checksum == ChecksumMode::Off {
+            checksum::check_data(data, "data")?;
+            return Ok(0);
+        }
         let recorded: Vec<Option<u64>> = {
             let table = self.table.lock().unwrap_or_else(|p| p.into_inner());
             host.iter()

@@ -403,7 +403,9 @@ const PYBUF_SIMPLE: c_int = 0;
 
 /// Calls `f` with the bytes of `obj`, a C-contiguous buffer-protocol object (a numpy array of
 /// any dtype, `bytes`, `bytearray`, `memoryview`), read in place; `what` names the argument.
-/// A non-contiguous array is refused by its exporter (`BufferError`).
+/// An object whose exporter refuses a C-contiguous view (a transposed or strided numpy array)
+/// raises the exporter's exception type (numpy: `ValueError`) naming `what`, what was expected
+/// and the exporter's reason, with the exporter's exception as its cause.
 pub fn with_bytes<R>(
     obj: &Bound<'_, PyAny>,
     what: &str,
@@ -420,7 +422,18 @@ pub fn with_bytes<R>(
     let mut view = std::mem::MaybeUninit::<PyBuffer>::zeroed();
     // SAFETY: `view` is writable storage for one Py_buffer; the GIL is held.
     if unsafe { PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), PYBUF_SIMPLE) } != 0 {
-        return Err(PyErr::fetch(obj.py()));
+        let py = obj.py();
+        let cause = PyErr::fetch(py);
+        let named = PyErr::from_type(
+            cause.get_type(py),
+            format!(
+                "{what}: expected a C-contiguous buffer; the {} given cannot be read as one: {}",
+                obj.get_type().name()?,
+                cause.value(py)
+            ),
+        );
+        named.set_cause(py, Some(cause));
+        return Err(named);
     }
     // SAFETY: initialised by the successful call above.
     let view = BufferGuard(unsafe { view.assume_init() });

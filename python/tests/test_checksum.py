@@ -146,6 +146,48 @@ def test_modes_off_and_sampled():
         kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="sampled:0")
 
 
+def test_mode_off_still_refuses_bad_arguments_by_name():
+    """Trial finding: with checksum="off" record_backup / verify_load returned 0 for any
+    arguments (an unknown buffer, a layer past the 2 layers, a str as data, page 99 of a
+    4-page pool), so a call wired wrong went unnoticed until checksums were turned on. They
+    are checked as in the other modes; no bytes are read, 0 is returned."""
+    off = kvlayout.TransferGuard(GEOMETRY, GEOMETRY)
+    data = _layer(4)
+    for method in (off.record_backup, off.verify_load):
+        assert method("index_k", 1, data, [0, 1], [2, 3]) == 0
+        with pytest.raises(kvlayout.InvalidGeometry, match='no buffer named "kv"'):
+            method("kv", 0, data, [0], [0])
+        with pytest.raises(kvlayout.InvalidGeometry, match="layer"):
+            method("index_k", 2, data, [0], [0])
+        with pytest.raises(TypeError, match=r"layer: '0' is not a layer index"):
+            method("index_k", "0", data, [0], [0])
+        with pytest.raises(TypeError, match=r"data: expected a C-contiguous buffer .* got str"):
+            method("index_k", 0, "not data", [0], [0])
+        with pytest.raises(kvlayout.TransferRefused, match=r"page 99 out of range .* 4 pages"):
+            method("index_k", 0, data, [99], [99])
+        with pytest.raises(kvlayout.TransferRefused, match="is already the destination"):
+            method("index_k", 0, data, [0, 0], [1, 1])
+
+
+def test_a_non_contiguous_array_is_refused_naming_the_argument():
+    """Trial finding: a transposed or strided numpy array raised numpy's bare "ndarray is not
+    C-contiguous", naming no argument. The error names it (data, payload) and what it expects;
+    the type stays numpy's ValueError."""
+    guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
+    strided = _layer(6)[:, ::2]  # every other bf16 of each page: not C-contiguous
+    want = r"^data: expected a C-contiguous buffer; the ndarray given cannot be read as one"
+    with pytest.raises(ValueError, match=want):
+        guard.page_checksums("index_k", 0, strided, [0])
+    with pytest.raises(ValueError, match=want):
+        guard.record_backup("index_k", 0, strided, [0], [0])
+    with pytest.raises(ValueError, match=want):
+        kvlayout.TransferGuard(GEOMETRY, GEOMETRY).verify_load("index_k", 0, strided, [0], [0])
+    # One page payload, 64 tokens x 128 bf16, transposed.
+    payload = np.zeros((128, 64), dtype=np.uint16).T
+    with pytest.raises(ValueError, match=r"^payload: expected a C-contiguous buffer"):
+        kvlayout.page_checksum(GEOMETRY, "index_k", 0, payload)
+
+
 def test_a_torch_cpu_tensor_is_checksummed_in_place():
     torch = pytest.importorskip("torch", reason="torch not installed")
     data = _layer(5)

@@ -318,3 +318,17 @@ def test_pd_geometry_of_the_wrong_type_is_refused_naming_it():
         ks.set_pd_geometry(None, require="yes")
     with pytest.raises(TypeError, match="geometry: expected a kvlayout.Geometry, got str"):
         ks.pd_frame("x")
+
+
+def test_install_has_no_public_version_option():
+    # The trial found install(version=...) undocumented: a test hook that read as an option (a
+    # caller could pass "0.5.23" on another SGLang and skip the version check by name). It is
+    # private, _version, and documented as a test hook; it refuses an untested version before
+    # importing anything of SGLang.
+    import kvlayout.sglang as ks
+
+    with pytest.raises(TypeError, match="version"):
+        ks.install(version="0.5.23")
+    with pytest.raises(kvlayout.KvLayoutError, match=r"SGLang 0\.5\.24 is not a version"):
+        ks.install(_version="0.5.24")
+    assert "_version" in ks.install.__doc__ and "test hook" in ks.install.__doc__

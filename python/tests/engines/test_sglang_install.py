@@ -85,7 +85,7 @@ def installed():
 def test_version():
     assert sglang.__version__ == "0.5.23"
     with pytest.raises(kvlayout.KvLayoutError, match=r"SGLang 0\.5\.24 is not a version"):
-        kv_sglang.install(version="0.5.24")
+        kv_sglang.install(_version="0.5.24")
 
 
 def test_install_wraps_where_sglang_0_5_23_keeps_the_ops(installed):
