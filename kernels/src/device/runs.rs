@@ -9,7 +9,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::options::{
-    COPY_ENGINE_MIN_MEAN_RUN_BYTES, HOST_ORDER_MAX_RUNS, RunKey, in_key_buckets_into,
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, HOST_ORDER_MAX_RUNS, RunKey, in_key_buckets_by_part_into,
+    in_key_buckets_into,
 };
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
@@ -320,10 +321,11 @@ impl Gpu {
         // A long token list that merges nowhere is used as given, not copied, with the facts of
         // the scan (a merged list is scanned again).
         let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
-        // The host side's key: a long token list of at most HOST_ORDER_MAX_RUNS runs (a layer's
-        // load) goes in host order at bucket granularity (`in_key_buckets_into`: two passes, no
-        // comparison sort), which moved MLA loads 1.35x faster next to a GEMM than the
-        // engine's random slot order (BENCHMARKS.md, "GPU at page size 1").
+        // The host side's key: a long token list goes in host order at bucket granularity
+        // (`in_key_buckets_into`: two passes, no comparison sort), which moved MLA loads 1.35x
+        // faster next to a GEMM than the engine's random slot order (BENCHMARKS.md, "GPU at
+        // page size 1"); a list longer than HOST_ORDER_MAX_RUNS (a backup of all layers), each
+        // part of that many runs (one kernel launch) by itself, on rayon's threads.
         let host_key: Option<RunKey> = match direction {
             TransferDirection::Load => Some((|r| r.src_offset_bytes, src.len_bytes())),
             TransferDirection::Backup => Some((|r| r.dst_offset_bytes, dst.len_bytes())),
@@ -344,8 +346,7 @@ impl Gpu {
                 if listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&listed) {
                     (Cow::Owned(order.sorted_and_merged(runs)), false, None)
                 } else {
-                    let key = host_key.filter(|_| listed.len() <= HOST_ORDER_MAX_RUNS);
-                    (listed, !scan.changed_by_merging, key)
+                    (listed, !scan.changed_by_merging, host_key)
                 }
             };
         // The host-ordered copy goes to buffers the `Gpu` keeps (no allocation per layer).
@@ -360,7 +361,11 @@ impl Gpu {
         let merged: Cow<[ByteRun]> = match (bucket_key, scratch.as_deref_mut()) {
             (Some(key), Some((out, starts))) => {
                 let _t = crate::host_timing::start(crate::host_timing::Step::Order);
-                in_key_buckets_into(&listed, key, out, starts);
+                if listed.len() <= HOST_ORDER_MAX_RUNS {
+                    in_key_buckets_into(&listed, key, out, starts);
+                } else {
+                    in_key_buckets_by_part_into(&listed, key, HOST_ORDER_MAX_RUNS, out);
+                }
                 Cow::Borrowed(&out[..])
             }
             _ => listed,
