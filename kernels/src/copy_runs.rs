@@ -104,6 +104,17 @@ impl RunScan {
 /// `dst_len` bytes, as [`validate_runs`] does (the same error for the first bad run), and
 /// gives the facts of [`RunScan`], all in one pass.
 pub fn scan_runs(runs: &[ByteRun], src_len: u64, dst_len: u64) -> Result<RunScan, KernelError> {
+    let (scan, all_fit) = scan_facts(runs, src_len, dst_len);
+    if !all_fit {
+        validate_runs(runs, src_len, dst_len)?;
+    }
+    Ok(scan)
+}
+
+/// The facts of [`RunScan`] for any list, and whether every run fits both regions: a list
+/// with a run past `u64::MAX` still has its merging answered
+/// ([`crate::device::options::changed_by_merging`]).
+pub(crate) fn scan_facts(runs: &[ByteRun], src_len: u64, dst_len: u64) -> (RunScan, bool) {
     let first_len = runs.first().map_or(0, |r| r.len_bytes);
     let (mut total_bytes, mut all_fit, mut merges) = (0u128, true, false);
     let (mut same_len, mut offsets_or) = (true, first_len);
@@ -121,16 +132,14 @@ pub fn scan_runs(runs: &[ByteRun], src_len: u64, dst_len: u64) -> Result<RunScan
             });
         prev = Some(r);
     }
-    if !all_fit {
-        validate_runs(runs, src_len, dst_len)?;
-    }
     let uniform = !runs.is_empty() && same_len && offsets_or.is_multiple_of(VECTOR_BYTES);
-    Ok(RunScan {
+    let scan = RunScan {
         runs: runs.len() as u64,
         total_bytes,
         changed_by_merging: merges,
         uniform_len_bytes: uniform.then_some(first_len),
-    })
+    };
+    (scan, all_fit)
 }
 
 #[cfg(test)]

@@ -117,8 +117,11 @@ impl RunOrder {
 /// faults included) was most of the chooser's host time per load call on the H200
 /// (BENCHMARKS.md, "page size 1").
 pub fn changed_by_merging(runs: &[ByteRun]) -> bool {
-    // Every run fits regions of u64::MAX bytes: the scan cannot fail.
-    crate::copy_runs::scan_runs(runs, u64::MAX, u64::MAX).is_ok_and(|s| s.changed_by_merging)
+    // Any list, checked or not: a run ending past u64::MAX does not stop an empty run or two
+    // neighbours before it from changing the list.
+    crate::copy_runs::scan_facts(runs, u64::MAX, u64::MAX)
+        .0
+        .changed_by_merging
 }
 
 /// `runs` sorted by `key`: on rayon's threads from `PARALLEL_SORT_MIN_RUNS` runs (unstable),
@@ -583,12 +586,22 @@ mod tests {
         let empty = [ByteRun::new(0, 8192, 2048), ByteRun::new(64, 64, 0)];
         // Continuing on both sides, but 10 + (u64::MAX - 9) passes u64::MAX: left as two.
         let wraps = [ByteRun::new(0, 0, 10), ByteRun::new(10, 10, u64::MAX - 9)];
+        // Unchecked lists with a run ending past u64::MAX (u64::MAX + 16): an empty run before
+        // it is still dropped, two neighbours before it (0 + 16 = 16 on both sides) still merge.
+        let empty_then_past = [ByteRun::new(0, 0, 0), ByteRun::new(u64::MAX, 0, 16)];
+        let merging_then_past = [
+            ByteRun::new(0, 0, 16),
+            ByteRun::new(16, 16, 16),
+            ByteRun::new(u64::MAX, 0, 16),
+        ];
         for (runs, changed) in [
             (&apart[..], false),
             (&src_only[..], false),
             (&both[..], true),
             (&empty[..], true),
             (&wraps[..], false),
+            (&empty_then_past[..], true),
+            (&merging_then_past[..], true),
             (&[][..], false),
         ] {
             assert_eq!(changed_by_merging(runs), changed, "{runs:?}");
