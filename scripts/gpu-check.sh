@@ -69,7 +69,8 @@ build() {
     echo "gpu-check: building commit $(cat "$stage/COMMIT")"
     local json
     json=$(mktemp)
-    cargo build --release -p kvlayout-gpu-bench --bin gpu_bench
+    # gpu_bench prints the chooser's host time per step (feature host-timing of the kernels).
+    cargo build --release -p kvlayout-gpu-bench --bin gpu_bench --features kvlayout-kernels/host-timing
     cargo build --release -p kvlayout-kernels --bin checksum_bench
     cargo test --release --no-run --message-format=json \
         -p kvlayout-kernels --test gpu >"$json"

@@ -351,10 +351,12 @@ impl Gpu {
             };
         // The host-ordered copy goes to buffers the `Gpu` keeps (no allocation per layer).
         let mut scratch = match bucket_key {
+            // The buffers are rewritten before each use: a panic that poisoned the lock left
+            // nothing to distrust.
             Some(_) => Some(
                 self.order_scratch
                     .lock()
-                    .map_err(|_| KernelError::Unsupported("poisoned lock".to_string()))?,
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
             ),
             None => None,
         };
