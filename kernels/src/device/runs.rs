@@ -350,16 +350,13 @@ impl Gpu {
                 }
             };
         // The host-ordered copy goes to buffers the `Gpu` keeps (no allocation per layer).
-        let mut scratch = match bucket_key {
-            // The buffers are rewritten before each use: a panic that poisoned the lock left
-            // nothing to distrust.
-            Some(_) => Some(
-                self.order_scratch
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            ),
-            None => None,
-        };
+        // The buffers are rewritten before each use: a panic that poisoned the lock left
+        // nothing to distrust.
+        let mut scratch = bucket_key.map(|_| {
+            self.order_scratch
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        });
         let merged: Cow<[ByteRun]> = match (bucket_key, scratch.as_deref_mut()) {
             (Some(key), Some((out, starts))) => {
                 let _t = crate::host_timing::start(crate::host_timing::Step::Order);
