@@ -1,7 +1,7 @@
 //! Host time the chooser spends in each of its steps, summed over calls (feature
 //! `host-timing`, which `scripts/gpu-check.sh build` turns on for `gpu_bench`, to tell a
-//! host-bound transfer from a GPU-bound
-//! one): without the feature every timer is empty and [`take_ns`] gives zeros.
+//! host-bound transfer from a GPU-bound one): without the feature every timer is empty and
+//! [`take_ns`] gives zeros.
 
 /// A step of the chooser's host path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
