@@ -21,9 +21,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use kvlayout_kernels::copy_runs::scan_runs;
-use kvlayout_kernels::device::options::{
-    changed_by_merging, in_key_buckets_by_part_into, in_key_buckets_into,
-};
+use kvlayout_kernels::device::options::{changed_by_merging, in_key_buckets_into};
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
     ByteRun, GatherChunk, RunOrder, TransferDirection, TransferPath, gather_chunks, host_stretches,
@@ -271,19 +269,6 @@ fn chooser_checks(c: &mut Criterion) {
                 in_key_buckets_into(black_box(&runs[..]), (key, bytes), &mut out, &mut starts)
             })
         });
-        g.bench_function(
-            "host order: in_key_buckets_by_part_into, 32,768-run parts",
-            |b| {
-                b.iter(|| {
-                    in_key_buckets_by_part_into(
-                        black_box(&runs[..]),
-                        (key, bytes),
-                        32 * 1024,
-                        &mut out,
-                    )
-                })
-            },
-        );
         g.bench_function("host order baseline: copy + sort_unstable_by_key", |b| {
             b.iter(|| {
                 let mut v = black_box(&runs[..]).to_vec();

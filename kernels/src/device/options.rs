@@ -192,13 +192,12 @@ pub fn in_key_buckets(runs: &[ByteRun], key: fn(&ByteRun) -> u64) -> Vec<ByteRun
     out
 }
 
-/// Longest token list the chooser puts in host order as a whole on one thread
-/// ([`in_key_buckets_into`]): a layer's load (16,384 to 32,768 runs at page size 1), one run-ring
-/// slot. A longer list (a backup of all layers, about a million runs) is ordered part by part,
-/// each part of this many runs by itself, on rayon's threads ([`in_key_buckets_by_part_into`]):
-/// ordered whole on one thread, the H200's host took longer than the GPU to move it (the
-/// chooser's backups alone, no carve-out: 0.664 and 0.451 of memcpy against 0.819 and 0.762 in
-/// list order, Llama-3.1-8B and DeepSeek-V3 MLA; BENCHMARKS.md, "GPU at page size 1").
+/// Longest token list the chooser puts in host order ([`in_key_buckets_into`]): a layer's load
+/// (16,384 to 32,768 runs at page size 1), one run-ring slot. A longer list (a backup of all
+/// layers, about a million runs) keeps list order: the chooser's backups alone (no carve-out)
+/// moved 0.819 and 0.762 of memcpy in list order (Llama-3.1-8B and DeepSeek-V3 MLA), 0.664 and
+/// 0.451 ordered whole on one thread (the H200's host the bound), 0.720 and 0.655 ordered part
+/// by part (32,768 runs) on rayon's threads (BENCHMARKS.md, "GPU at page size 1").
 pub const HOST_ORDER_MAX_RUNS: usize = 32 * 1024;
 
 /// Fewest runs per bucket of [`in_key_buckets`] on average: the counts of 4 runs' buckets
@@ -223,26 +222,6 @@ pub fn in_key_buckets_into(
     out.clear();
     out.resize(runs.len(), ByteRun::default());
     buckets_into_slice(runs, run_key, out, starts);
-}
-
-/// [`in_key_buckets_into`] on each part of `part_runs` runs by itself (each part in key order
-/// at bucket granularity, the parts in list order), the parts on rayon's threads: a list too
-/// long for the host to order on one thread in the time the GPU moves it (a backup of all
-/// layers at page size 1, about a million runs), ordered where it counts, inside each kernel
-/// launch of `part_runs` runs.
-pub fn in_key_buckets_by_part_into(
-    runs: &[ByteRun],
-    run_key: RunKey,
-    part_runs: usize,
-    out: &mut Vec<ByteRun>,
-) {
-    use rayon::prelude::*;
-    out.clear();
-    out.resize(runs.len(), ByteRun::default());
-    let part_runs = part_runs.max(1);
-    out.par_chunks_mut(part_runs)
-        .zip(runs.par_chunks(part_runs))
-        .for_each(|(o, r)| buckets_into_slice(r, run_key, o, &mut Vec::new()));
 }
 
 /// The counting sort of [`in_key_buckets_into`] into `out` (`runs.len()` long).
@@ -542,36 +521,6 @@ mod tests {
             got[4..].iter().all(|r| r.src_offset_bytes == u64::MAX),
             "{got:?}"
         );
-    }
-
-    #[test]
-    fn by_part_each_part_is_ordered_by_itself_and_parts_keep_list_order() {
-        use super::in_key_buckets_by_part_into;
-        // 16 token runs of 2,048 B from host slots 15, 14, ..., 0; parts of 8 runs over a
-        // host buffer of 16 slots (32 KiB): each part 8 / 4 = 2 buckets of 2^14 B (32,767 >>
-        // 14 = 1 < 2): slots 0-7 in bucket 0, 8-15 in bucket 1. Part 1 holds slots 15..8, all
-        // in bucket 1: as listed; part 2 holds slots 7..0, all in bucket 0: as listed. With
-        // parts of 16 runs (4 buckets of 8 KiB: 32,767 >> 13 = 3 < 4): slots 12-15, 8-11,
-        // 4-7, 0-3 as buckets, each in list order.
-        let runs: Vec<ByteRun> = (0..16u64)
-            .map(|i| ByteRun::new((15 - i) * 2048, i * 2048, 2048))
-            .collect();
-        let slots =
-            |v: &[ByteRun]| -> Vec<u64> { v.iter().map(|r| r.src_offset_bytes / 2048).collect() };
-        let key: super::RunKey = (|r| r.src_offset_bytes, 16 * 2048 - 1);
-        let mut out = Vec::new();
-        in_key_buckets_by_part_into(&runs, key, 8, &mut out);
-        assert_eq!(slots(&out), slots(&runs));
-        in_key_buckets_by_part_into(&runs, key, 16, &mut out);
-        assert_eq!(
-            slots(&out),
-            vec![3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12]
-        );
-        // Parts of 0 runs are parts of 1 (nothing moves); nothing in, nothing out.
-        in_key_buckets_by_part_into(&runs, key, 0, &mut out);
-        assert_eq!(out, runs);
-        in_key_buckets_by_part_into(&[], key, 8, &mut out);
-        assert!(out.is_empty());
     }
 
     #[test]

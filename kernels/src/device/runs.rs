@@ -9,8 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::options::{
-    COPY_ENGINE_MIN_MEAN_RUN_BYTES, HOST_ORDER_MAX_RUNS, RunKey, in_key_buckets_by_part_into,
-    in_key_buckets_into,
+    COPY_ENGINE_MIN_MEAN_RUN_BYTES, HOST_ORDER_MAX_RUNS, RunKey, in_key_buckets_into,
 };
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
@@ -324,8 +323,8 @@ impl Gpu {
         // The host side's key: a long token list goes in host order at bucket granularity
         // (`in_key_buckets_into`: two passes, no comparison sort), which moved MLA loads 1.35x
         // faster next to a GEMM than the engine's random slot order (BENCHMARKS.md, "GPU at
-        // page size 1"); a list longer than HOST_ORDER_MAX_RUNS (a backup of all layers), each
-        // part of that many runs (one kernel launch) by itself, on rayon's threads.
+        // page size 1"); a list longer than HOST_ORDER_MAX_RUNS (a backup of all layers) keeps
+        // list order.
         let host_key: Option<RunKey> = match direction {
             TransferDirection::Load => Some((|r| r.src_offset_bytes, src.len_bytes())),
             TransferDirection::Backup => Some((|r| r.dst_offset_bytes, dst.len_bytes())),
@@ -346,7 +345,8 @@ impl Gpu {
                 if listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&listed) {
                     (Cow::Owned(order.sorted_and_merged(runs)), false, None)
                 } else {
-                    (listed, !scan.changed_by_merging, host_key)
+                    let key = host_key.filter(|_| listed.len() <= HOST_ORDER_MAX_RUNS);
+                    (listed, !scan.changed_by_merging, key)
                 }
             };
         // The host-ordered copy goes to buffers the `Gpu` keeps (no allocation per layer).
@@ -360,11 +360,7 @@ impl Gpu {
         let merged: Cow<[ByteRun]> = match (bucket_key, scratch.as_deref_mut()) {
             (Some(key), Some((out, starts))) => {
                 let _t = crate::host_timing::start(crate::host_timing::Step::Order);
-                if listed.len() <= HOST_ORDER_MAX_RUNS {
-                    in_key_buckets_into(&listed, key, out, starts);
-                } else {
-                    in_key_buckets_by_part_into(&listed, key, HOST_ORDER_MAX_RUNS, out);
-                }
+                in_key_buckets_into(&listed, key, out, starts);
                 Cow::Borrowed(&out[..])
             }
             _ => listed,
