@@ -15,7 +15,7 @@ use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
     PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferDirection, TransferPath, copy_engine,
 };
-use crate::copy_runs::{ByteRun, scan_runs, validate_runs};
+use crate::copy_runs::{ByteRun, RunScan, scan_runs, validate_runs};
 use crate::device_memory::{DeviceRuns, GpuBytes, driver_err};
 use crate::error::KernelError;
 use crate::pitched::group_pitched;
@@ -312,59 +312,20 @@ impl Gpu {
                 }
             }
         }
-        // Long lists of token runs are merged with their neighbours in list order only
-        // (engines list a page's tokens in order): sorting 49,152 token runs per layer took the
-        // host longer than the GPU takes to move them (BENCHMARKS.md, "Session 4"). Page runs,
-        // and lists of at most SORT_ALWAYS_MAX_RUNS runs, are put in `order` and merged.
-        // Merging never shortens the mean run: a list long before merging is long after.
-        // A long token list that merges nowhere is used as given, not copied, with the facts of
-        // the scan (a merged list is scanned again).
-        let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
-        // The host side's key: a long token list goes in host order at bucket granularity
-        // (`in_key_buckets_into`: two passes, no comparison sort), which moved MLA loads 1.35x
-        // faster next to a GEMM than the engine's random slot order (BENCHMARKS.md, "GPU at
-        // page size 1"); a list longer than HOST_ORDER_MAX_RUNS (a backup of all layers) keeps
-        // list order.
+        // The host side's key, for a token list put in host order.
         let host_key: Option<RunKey> = match direction {
             TransferDirection::Load => Some((|r| r.src_offset_bytes, src.len_bytes())),
             TransferDirection::Backup => Some((|r| r.dst_offset_bytes, dst.len_bytes())),
             TransferDirection::Other => None,
         };
-        // `same_runs`: the list holds exactly the scanned runs (maybe reordered): the scan's
-        // count, bytes and uniform length still hold. `bucket_key`: the list is to be put in
-        // host order (a long token list).
-        let (listed, same_runs, bucket_key): (Cow<[ByteRun]>, bool, _) =
-            if runs.len() <= SORT_ALWAYS_MAX_RUNS || long {
-                (Cow::Owned(order.sorted_and_merged(runs)), false, None)
-            } else {
-                let listed = if scan.changed_by_merging {
-                    Cow::Owned(RunOrder::AsGiven.sorted_and_merged(runs))
-                } else {
-                    Cow::Borrowed(runs)
-                };
-                if listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&listed) {
-                    (Cow::Owned(order.sorted_and_merged(runs)), false, None)
-                } else {
-                    let key = host_key.filter(|_| listed.len() <= HOST_ORDER_MAX_RUNS);
-                    (listed, !scan.changed_by_merging, key)
-                }
-            };
         // The host-ordered copy goes to buffers the `Gpu` keeps (no allocation per layer).
         // The buffers are rewritten before each use: a panic that poisoned the lock left
         // nothing to distrust.
-        let mut scratch = bucket_key.map(|_| {
-            self.order_scratch
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        });
-        let merged: Cow<[ByteRun]> = match (bucket_key, scratch.as_deref_mut()) {
-            (Some(key), Some((out, starts))) => {
-                let _t = crate::host_timing::start(crate::host_timing::Step::Order);
-                in_key_buckets_into(&listed, key, out, starts);
-                Cow::Borrowed(&out[..])
-            }
-            _ => listed,
-        };
+        let mut scratch = self
+            .order_scratch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (merged, same_runs) = prepared_runs(runs, &scan, order, host_key, &mut scratch);
         if merged.is_empty() {
             // Nothing to move (no runs, or only empty ones): nothing enqueued.
             return Ok(TransferPath::CopyEngines { runs: 0 });
@@ -537,5 +498,46 @@ impl Gpu {
         let finished = self.finish();
         let path = queued?;
         finished.map(|()| path)
+    }
+}
+
+/// The list the chooser moves, and whether it holds exactly the runs `scan` read (maybe
+/// reordered: the scan's count, bytes and uniform length still hold). Page runs, and lists of
+/// at most `SORT_ALWAYS_MAX_RUNS` runs, are put in `order` and merged. Long lists of token runs
+/// are merged with their neighbours in list order only (engines list a page's tokens in order):
+/// sorting 49,152 token runs per layer took the host longer than the GPU takes to move them
+/// (BENCHMARKS.md, "Session 4"); merging never shortens the mean run, so a list long before
+/// merging is long after. A long token list of at most `HOST_ORDER_MAX_RUNS` runs (a layer's
+/// load) is then put in host order at bucket granularity by `host_key` into `scratch`
+/// (`in_key_buckets_into`: two passes, no comparison sort), which moved MLA loads 1.35x faster
+/// next to a GEMM than the engine's random slot order (BENCHMARKS.md, "GPU at page size 1"); a
+/// longer one (a backup of all layers) keeps list order, and one that merges nowhere is used
+/// as given when it is not reordered.
+fn prepared_runs<'a>(
+    runs: &'a [ByteRun],
+    scan: &RunScan,
+    order: RunOrder,
+    host_key: Option<RunKey>,
+    (out, starts): &'a mut (Vec<ByteRun>, Vec<usize>),
+) -> (Cow<'a, [ByteRun]>, bool) {
+    if runs.len() <= SORT_ALWAYS_MAX_RUNS || scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES) {
+        return (Cow::Owned(order.sorted_and_merged(runs)), false);
+    }
+    let listed = if scan.changed_by_merging {
+        Cow::Owned(RunOrder::AsGiven.sorted_and_merged(runs))
+    } else {
+        Cow::Borrowed(runs)
+    };
+    if listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&listed) {
+        return (Cow::Owned(order.sorted_and_merged(runs)), false);
+    }
+    let same_runs = !scan.changed_by_merging;
+    match host_key.filter(|_| listed.len() <= HOST_ORDER_MAX_RUNS) {
+        Some(key) => {
+            let _t = crate::host_timing::start(crate::host_timing::Step::Order);
+            in_key_buckets_into(&listed, key, out, starts);
+            (Cow::Borrowed(&out[..]), same_runs)
+        }
+        None => (listed, same_runs),
     }
 }
