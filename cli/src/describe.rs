@@ -6,9 +6,10 @@
 //! `--totals`, docs/DESIGN.md's totals object. The mapping lives in the `kvlayout-models` crate.
 
 use kvlayout_core::file;
+use kvlayout_core::fingerprint::Fingerprints;
 use kvlayout_models::{
-    BufferAttention, BufferSummary, IndexK, KvDtype, KvLayout, LayerKind, Model, Options, Shard,
-    StateDtype, Tp, summary,
+    BufferAttention, BufferPlan, BufferSummary, IndexK, KvDtype, KvLayout, LayerKind, Model,
+    ModelPool, Options, Shard, StateDtype, Totals, Tp, summary,
 };
 
 /// Arguments of `kvlayout describe`.
@@ -212,128 +213,170 @@ fn formula(rows: &[&BufferSummary]) -> String {
 
 /// Runs the subcommand: 0 on success, 2 on bad input.
 pub fn run(args: &DescribeArgs) -> u8 {
-    let model = match Model::load(&args.model) {
-        Ok(m) => m,
-        Err(e) => return fail(e),
-    };
-    let tp = match args
+    match describe(args) {
+        Ok(()) => 0,
+        Err(e) => fail(e),
+    }
+}
+
+/// Loads the model and prints what the arguments ask for: the `--totals` object, the
+/// `--json` geometry file, or the table. Nothing is printed before every value it needs is
+/// computed, so an error goes to stderr alone.
+fn describe(args: &DescribeArgs) -> Result<(), String> {
+    let model = Model::load(&args.model).map_err(|e| e.to_string())?;
+    let opts = pool_options(&model, args)?;
+    if args.totals {
+        let totals = model.totals(&opts).map_err(|e| e.to_string())?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&totals).expect("totals serialize")
+        );
+        return Ok(());
+    }
+    if args.json {
+        let pool = model.pool(&opts).map_err(|e| e.to_string())?;
+        print!("{}", file::to_json(&pool.geometry));
+        return Ok(());
+    }
+    let table = DeviceTable::compute(&model, &opts)?;
+    print_table(&model, &table);
+    Ok(())
+}
+
+/// The pool options of the arguments, checked against the model: `--tp`/`--rank`, then
+/// `--kv-layout` (DeepSeek-V4 only), `--index-k` (DSA only), `--state-dtype` (recurrent state
+/// only); the tokens per page default to the engine's.
+///
+/// # Errors
+/// The first argument that is out of range or does not apply to the model.
+fn pool_options(model: &Model, args: &DescribeArgs) -> Result<Options, String> {
+    let tp = args
         .tp
         .map(|n| Tp::new(n, args.rank.unwrap_or(0)))
-        .transpose()
-    {
-        Ok(tp) => tp,
-        Err(e) => return fail(e),
-    };
+        .transpose()?;
     if args.kv_layout.is_some() && model.config.compress_ratios.is_none() {
-        return fail(format!(
+        return Err(format!(
             "--kv-layout does not apply: {} is not DeepSeek-V4 (no compress_ratios)",
             model.name
         ));
     }
-    let index_k = match index_k_for(&model, args.index_k) {
-        Ok(i) => i,
-        Err(e) => return fail(e),
-    };
-    if let Err(e) = check_state_dtype(&model, args.state_dtype) {
-        return fail(e);
-    }
-    let page_size = args
+    let index_k = index_k_for(model, args.index_k)?;
+    check_state_dtype(model, args.state_dtype)?;
+    let page_size_tokens = args
         .page_size
         .unwrap_or_else(|| model.engine_page_size_tokens());
-    let opts = Options {
+    Ok(Options {
         kv_dtype: args.kv_dtype,
         index_k,
-        page_size_tokens: page_size,
+        page_size_tokens,
         pages: args.pages,
         tp,
         state_dtype: args.state_dtype,
         equal_page_bytes: args.equal_page_bytes,
         kv_layout: args.kv_layout.unwrap_or_default(),
-    };
-    if args.totals {
-        return match model.totals(&opts) {
-            Ok(t) => {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&t).expect("totals serialize")
-                );
-                0
-            }
-            Err(e) => fail(e),
+    })
+}
+
+/// Everything the table prints, computed before its first line.
+struct DeviceTable {
+    layer_kinds: Vec<LayerKind>,
+    buffers: Vec<BufferPlan>,
+    rows: Vec<BufferSummary>,
+    pool: ModelPool,
+    fingerprints: Fingerprints,
+    totals: Totals,
+    pool_bytes: u64,
+}
+
+impl DeviceTable {
+    /// The layers, buffers, per-buffer rows, device pool, its fingerprints, the totals and the
+    /// pool's bytes under `opts`.
+    ///
+    /// # Errors
+    /// The first of them that cannot be computed (the layers before the buffers).
+    fn compute(model: &Model, opts: &Options) -> Result<DeviceTable, String> {
+        let (layer_kinds, buffers) = match (model.layer_kinds(), model.plan(opts)) {
+            (Ok(k), Ok(b)) => (k, b),
+            (Err(e), _) | (_, Err(e)) => return Err(e.to_string()),
         };
+        let rows = summary(&buffers, opts.page_size_tokens).map_err(|e| e.to_string())?;
+        let pool = model.pool(opts).map_err(|e| e.to_string())?;
+        let fingerprints = pool.geometry.fingerprints().map_err(|e| e.to_string())?;
+        let totals = model.totals(opts).map_err(|e| e.to_string())?;
+        let pool_bytes = pool.geometry.total_bytes().map_err(|e| e.to_string())?;
+        Ok(DeviceTable {
+            layer_kinds,
+            buffers,
+            rows,
+            pool,
+            fingerprints,
+            totals,
+            pool_bytes,
+        })
     }
-    if args.json {
-        return match model.pool(&opts) {
-            Ok(p) => {
-                print!("{}", file::to_json(&p.geometry));
-                0
-            }
-            Err(e) => fail(e),
-        };
-    }
-    let (kinds, buffers) = match (model.layer_kinds(), model.plan(&opts)) {
-        (Ok(k), Ok(b)) => (k, b),
-        (Err(e), _) | (_, Err(e)) => return fail(e),
-    };
-    let rows = match summary(&buffers, page_size) {
-        Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    // Everything that can fail is computed before the first line: an error goes to stderr
-    // alone (exit 2), never after a half-printed table.
-    let pool = match model.pool(&opts) {
-        Ok(p) => p,
-        Err(e) => return fail(e),
-    };
-    let fingerprints = match pool.geometry.fingerprints() {
-        Ok(f) => f,
-        Err(e) => return fail(e),
-    };
-    let totals = match model.totals(&opts) {
-        Ok(t) => t,
-        Err(e) => return fail(e),
-    };
-    let pool_bytes = match pool.geometry.total_bytes() {
-        Ok(b) => b,
-        Err(e) => return fail(e),
-    };
+}
+
+/// Prints the table: the header, one row per buffer, the buffers' pages and shards, the
+/// totals and the pool's bytes.
+fn print_table(model: &Model, table: &DeviceTable) {
+    let geometry = &table.pool.geometry;
     println!("model {} ({})", model.name, model.source);
-    println!("layers: {}", layer_counts(&kinds));
+    println!("layers: {}", layer_counts(&table.layer_kinds));
     println!(
         "pool: page_size_tokens {}, pages {}, memory_layout {}, fingerprint {:#018x}",
-        pool.geometry.page_size_tokens,
-        pool.geometry.pages,
-        pool.geometry.memory_layout,
-        fingerprints.pool
+        geometry.page_size_tokens, geometry.pages, geometry.memory_layout, table.fingerprints.pool
     );
-    println!("fingerprints: {fingerprints}");
+    println!("fingerprints: {}", table.fingerprints);
+    print_buffer_rows(&table.rows);
+    print_buffer_pages_and_shards(&table.buffers);
+    for line in [
+        full_total_line(&table.rows, &table.totals),
+        window_total_line(&table.rows, &table.totals),
+        state_total_line(&table.rows, &table.totals),
+        compressed_total_line(&table.rows, &table.totals),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        println!("{line}");
+    }
+    println!(
+        "pool bytes ({} pages x {} tokens): {}",
+        geometry.pages,
+        geometry.page_size_tokens,
+        thousands(table.pool_bytes)
+    );
+}
+
+/// The buffer columns, one row per buffer, and the notes on compressed and state rows.
+fn print_buffer_rows(rows: &[BufferSummary]) {
     // Columns as wide as the longest buffer name and format (9 and 34 at the least).
-    let name_w = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(9);
-    let format_w = rows
+    let name_width_chars = rows.iter().map(|r| r.name.len()).max().unwrap_or(0).max(9);
+    let format_width_chars = rows
         .iter()
         .map(|r| r.format.len())
         .max()
         .unwrap_or(0)
         .max(34);
     println!(
-        "{:<name_w$} {:<format_w$} {:<11} {:>6} {:>14} {:>14} {:>18}",
+        "{:<name_width_chars$} {:<format_width_chars$} {:<11} {:>6} {:>14} {:>14} {:>18}",
         "buffer", "format", "keeps", "layers", "B/token/layer", "page stride B", "B/token (layers)"
     );
-    for r in &rows {
+    for r in rows {
         // A compressed buffer's bytes are per row, one row per R tokens.
-        let per = |b: u64| match r.compress_ratio {
-            1 => thousands(b),
-            ratio => format!("{} per {ratio}", thousands(b)),
+        let per_row = |bytes: u64| match r.compress_ratio {
+            1 => thousands(bytes),
+            ratio => format!("{} per {ratio}", thousands(bytes)),
         };
         println!(
-            "{:<name_w$} {:<format_w$} {:<11} {:>6} {:>14} {:>14} {:>18}",
+            "{:<name_width_chars$} {:<format_width_chars$} {:<11} {:>6} {:>14} {:>14} {:>18}",
             r.name,
             r.format,
             attention_text(r.attention),
             r.layers,
-            per(r.bytes_per_token),
+            per_row(r.bytes_per_token),
             thousands(r.page_stride_bytes),
-            per(r.bytes_per_token_all_layers)
+            per_row(r.bytes_per_token_all_layers)
         );
     }
     if rows.iter().any(|r| r.compress_ratio > 1) {
@@ -346,65 +389,90 @@ pub fn run(args: &DescribeArgs) -> u8 {
             "(state rows: bytes per request slot per layer, not per token; a page is one slot)"
         );
     }
-    for b in &buffers {
-        if let Some(t) = b.page_size_tokens {
-            println!("page {}: {t} tokens (equal page bytes)", b.name);
+}
+
+/// A line per buffer with its own tokens per page (`--equal-page-bytes`), then a line per
+/// sharded buffer.
+fn print_buffer_pages_and_shards(buffers: &[BufferPlan]) {
+    for b in buffers {
+        if let Some(page_size_tokens) = b.page_size_tokens {
+            println!(
+                "page {}: {page_size_tokens} tokens (equal page bytes)",
+                b.name
+            );
         }
     }
-    for b in &buffers {
+    for b in buffers {
         if let Some(s) = b.shard {
             println!("shard {}: {}", b.name, shard_text(s));
         }
     }
-    let full: Vec<&BufferSummary> = rows
+}
+
+/// `total:` the bytes per token of the full-attention, uncompressed buffers; none without one.
+fn full_total_line(rows: &[BufferSummary], totals: &Totals) -> Option<String> {
+    let full_rows: Vec<&BufferSummary> = rows
         .iter()
         .filter(|r| r.attention == BufferAttention::Full && r.compress_ratio == 1)
         .collect();
-    let hybrid = full.len() != rows.len();
-    if !full.is_empty() {
-        let scope = if hybrid {
-            "in full-attention layers"
-        } else {
-            "all layers"
-        };
-        println!(
-            "total: {} = {} B/token, {scope}",
-            formula(&full),
-            thousands(totals.full_bytes_per_token)
-        );
+    if full_rows.is_empty() {
+        return None;
     }
-    let windowed: Vec<String> = rows
+    let scope = if full_rows.len() != rows.len() {
+        "in full-attention layers"
+    } else {
+        "all layers"
+    };
+    Some(format!(
+        "total: {} = {} B/token, {scope}",
+        formula(&full_rows),
+        thousands(totals.full_bytes_per_token)
+    ))
+}
+
+/// `window:` the most bytes a request keeps in windowed and chunked layers; none without one.
+fn window_total_line(rows: &[BufferSummary], totals: &Totals) -> Option<String> {
+    let window_terms: Vec<String> = rows
         .iter()
         .filter_map(|r| {
-            let w = r.attention.tokens();
-            (w > 0 && r.compress_ratio == 1)
-                .then(|| format!("{} x {} x {w}", r.layers, r.bytes_per_token))
+            let window_tokens = r.attention.tokens();
+            (window_tokens > 0 && r.compress_ratio == 1)
+                .then(|| format!("{} x {} x {window_tokens}", r.layers, r.bytes_per_token))
         })
         .collect();
-    if !windowed.is_empty() {
-        println!(
+    (!window_terms.is_empty()).then(|| {
+        format!(
             "window: {} = {} B/request at most, windowed/chunked layers",
-            windowed.join(" + "),
+            window_terms.join(" + "),
             thousands(totals.window_bytes_per_request_max)
-        );
-    }
-    let state: Vec<&BufferSummary> = rows
+        )
+    })
+}
+
+/// `state:` the recurrent-state (or compressor-state) bytes per request; none without state.
+fn state_total_line(rows: &[BufferSummary], totals: &Totals) -> Option<String> {
+    let state_rows: Vec<&BufferSummary> = rows
         .iter()
         .filter(|r| r.attention == BufferAttention::State)
         .collect();
-    if !state.is_empty() {
-        let what = if rows.iter().any(|r| r.compress_ratio > 1) {
-            "compressor state rings kept per request"
-        } else {
-            "linear-attention / Mamba layers"
-        };
-        println!(
-            "state: {} = {} B/request, {what}",
-            formula(&state),
-            thousands(totals.state_bytes_per_request)
-        );
+    if state_rows.is_empty() {
+        return None;
     }
-    let compressed: Vec<String> = rows
+    let what = if rows.iter().any(|r| r.compress_ratio > 1) {
+        "compressor state rings kept per request"
+    } else {
+        "linear-attention / Mamba layers"
+    };
+    Some(format!(
+        "state: {} = {} B/request, {what}",
+        formula(&state_rows),
+        thousands(totals.state_bytes_per_request)
+    ))
+}
+
+/// `compressed:` the bytes per token of the compressed buffers; none without one.
+fn compressed_total_line(rows: &[BufferSummary], totals: &Totals) -> Option<String> {
+    let compressed_terms: Vec<String> = rows
         .iter()
         .filter(|r| r.compress_ratio > 1)
         .map(|r| {
@@ -414,18 +482,11 @@ pub fn run(args: &DescribeArgs) -> u8 {
             )
         })
         .collect();
-    if !compressed.is_empty() {
-        println!(
+    (!compressed_terms.is_empty()).then(|| {
+        format!(
             "compressed: {} = {} B/token, rows stored once per R tokens",
-            compressed.join(" + "),
+            compressed_terms.join(" + "),
             exact(totals.compressed_bytes_per_token)
-        );
-    }
-    println!(
-        "pool bytes ({} pages x {} tokens): {}",
-        pool.geometry.pages,
-        pool.geometry.page_size_tokens,
-        thousands(pool_bytes)
-    );
-    0
+        )
+    })
 }
