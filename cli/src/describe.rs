@@ -7,8 +7,8 @@
 
 use kvlayout_core::file;
 use kvlayout_models::{
-    BufferAttention, BufferSummary, IndexK, KvDtype, KvLayout, LayerKind, Model, Options, Shard,
-    StateDtype, Tp, summary,
+    BufferAttention, BufferSummary, IndexK, KvDtype, KvLayout, LayerKind, Model, ModelError,
+    Options, Shard, StateDtype, Tp, summary,
 };
 
 /// Arguments of `kvlayout describe`.
@@ -171,6 +171,22 @@ fn fail(e: impl std::fmt::Display) -> u8 {
     2
 }
 
+/// A model error in the CLI's terms: a page size the model refuses (0, an overflowing page,
+/// DeepSeek-V4's non-256) is `--page-size`'s value (or the engine's default), so the flag is
+/// named with it, as replay names `--page-size-tokens`.
+fn fail_model(e: ModelError) -> u8 {
+    match e {
+        ModelError::Field {
+            field,
+            name,
+            problem,
+        } if field == "page_size_tokens" => {
+            fail(format!("--page-size: {problem} (model \"{name}\")"))
+        }
+        e => fail(e),
+    }
+}
+
 fn layer_counts(kinds: &[LayerKind]) -> String {
     let mut parts = Vec::new();
     for key in [
@@ -259,7 +275,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
                 );
                 0
             }
-            Err(e) => fail(e),
+            Err(e) => fail_model(e),
         };
     }
     if args.json {
@@ -268,21 +284,22 @@ pub fn run(args: &DescribeArgs) -> u8 {
                 print!("{}", file::to_json(&p.geometry));
                 0
             }
-            Err(e) => fail(e),
+            Err(e) => fail_model(e),
         };
     }
     let (kinds, buffers) = match (model.layer_kinds(), model.plan(&opts)) {
         (Ok(k), Ok(b)) => (k, b),
-        (Err(e), _) | (_, Err(e)) => return fail(e),
+        (Err(e), _) | (_, Err(e)) => return fail_model(e),
+    };
+    // Everything that can fail is computed before the first line: an error goes to stderr
+    // alone (exit 2), never after a half-printed table. The pool before the summary: it
+    // blames a page size whose page overflows on the page size (the summary only on a buffer).
+    let pool = match model.pool(&opts) {
+        Ok(p) => p,
+        Err(e) => return fail_model(e),
     };
     let rows = match summary(&buffers, page_size) {
         Ok(r) => r,
-        Err(e) => return fail(e),
-    };
-    // Everything that can fail is computed before the first line: an error goes to stderr
-    // alone (exit 2), never after a half-printed table.
-    let pool = match model.pool(&opts) {
-        Ok(p) => p,
         Err(e) => return fail(e),
     };
     let fingerprints = match pool.geometry.fingerprints() {
@@ -291,7 +308,7 @@ pub fn run(args: &DescribeArgs) -> u8 {
     };
     let totals = match model.totals(&opts) {
         Ok(t) => t,
-        Err(e) => return fail(e),
+        Err(e) => return fail_model(e),
     };
     let pool_bytes = match pool.geometry.total_bytes() {
         Ok(b) => b,
