@@ -9,7 +9,7 @@ use kvlayout_core::file;
 use kvlayout_core::fingerprint::Fingerprints;
 use kvlayout_models::{
     BufferAttention, BufferPlan, BufferSummary, IndexK, KvDtype, KvLayout, LayerKind, Model,
-    ModelPool, Options, Shard, StateDtype, Totals, Tp, summary,
+    ModelError, ModelPool, Options, Shard, StateDtype, Totals, Tp, summary,
 };
 
 /// Arguments of `kvlayout describe`.
@@ -172,6 +172,20 @@ fn fail(e: impl std::fmt::Display) -> u8 {
     2
 }
 
+/// A model error in the CLI's terms: a page size the model refuses (0, an overflowing page,
+/// DeepSeek-V4's non-256) is `--page-size`'s value (or the engine's default), so the flag is
+/// named with it, as replay names `--page-size-tokens`.
+fn model_error(e: ModelError) -> String {
+    match e {
+        ModelError::Field {
+            field,
+            name,
+            problem,
+        } if field == "page_size_tokens" => format!("--page-size: {problem} (model \"{name}\")"),
+        e => e.to_string(),
+    }
+}
+
 fn layer_counts(kinds: &[LayerKind]) -> String {
     let mut parts = Vec::new();
     for key in [
@@ -226,7 +240,7 @@ fn describe(args: &DescribeArgs) -> Result<(), String> {
     let model = Model::load(&args.model).map_err(|e| e.to_string())?;
     let opts = pool_options(&model, args)?;
     if args.totals {
-        let totals = model.totals(&opts).map_err(|e| e.to_string())?;
+        let totals = model.totals(&opts).map_err(model_error)?;
         println!(
             "{}",
             serde_json::to_string_pretty(&totals).expect("totals serialize")
@@ -234,7 +248,7 @@ fn describe(args: &DescribeArgs) -> Result<(), String> {
         return Ok(());
     }
     if args.json {
-        let pool = model.pool(&opts).map_err(|e| e.to_string())?;
+        let pool = model.pool(&opts).map_err(model_error)?;
         print!("{}", file::to_json(&pool.geometry));
         return Ok(());
     }
@@ -297,12 +311,14 @@ impl DeviceTable {
     fn compute(model: &Model, opts: &Options) -> Result<DeviceTable, String> {
         let (layer_kinds, buffers) = match (model.layer_kinds(), model.plan(opts)) {
             (Ok(k), Ok(b)) => (k, b),
-            (Err(e), _) | (_, Err(e)) => return Err(e.to_string()),
+            (Err(e), _) | (_, Err(e)) => return Err(model_error(e)),
         };
+        // The pool before the summary: it blames a page size whose page overflows on the page
+        // size (the summary only on a buffer).
+        let pool = model.pool(opts).map_err(model_error)?;
         let rows = summary(&buffers, opts.page_size_tokens).map_err(|e| e.to_string())?;
-        let pool = model.pool(opts).map_err(|e| e.to_string())?;
         let fingerprints = pool.geometry.fingerprints().map_err(|e| e.to_string())?;
-        let totals = model.totals(opts).map_err(|e| e.to_string())?;
+        let totals = model.totals(opts).map_err(model_error)?;
         let pool_bytes = pool.geometry.total_bytes().map_err(|e| e.to_string())?;
         Ok(DeviceTable {
             layer_kinds,

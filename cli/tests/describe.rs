@@ -513,3 +513,41 @@ fn check_refuses_the_seeds_host_on_v4_geometry() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A page size the model refuses names `--page-size` and the value, exit 2, on stderr alone,
+/// in the table, `--json` and `--totals` paths (trial finding: `--page-size
+/// 18446744073709551615` said only "buffer kv: overflow in layout arithmetic"). DeepSeek-V3.2's
+/// kv page holds 656 B a token (MLA fp8), so 2^64 - 1 tokens overflow a page's bytes; 0 is
+/// refused for any model.
+#[test]
+fn a_page_size_the_model_refuses_names_the_flag_and_value() {
+    for extra in [&[][..], &["--json"][..], &["--totals"][..]] {
+        let mut args = vec![
+            "--model",
+            "deepseek-v3.2-exp",
+            "--page-size",
+            "18446744073709551615",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = describe(&args);
+        assert_eq!(code, 2, "{extra:?}: {out}{err}");
+        assert_eq!(out, "", "{extra:?}: stdout must stay empty");
+        assert!(
+            err.contains(
+                "--page-size: 18446744073709551615 gives an invalid pool: buffers[0] (kv)"
+            ),
+            "{extra:?}: {err}"
+        );
+        assert!(err.contains("overflow"), "{extra:?}: {err}");
+        assert!(
+            err.contains("(model \"deepseek-v3.2-exp\")"),
+            "{extra:?}: {err}"
+        );
+    }
+    let (code, _, err) = describe(&["--model", "llama-3.1-8b", "--page-size", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--page-size: must be at least 1, got 0 (model \"llama-3.1-8b\")"),
+        "{err}"
+    );
+}

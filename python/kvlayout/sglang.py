@@ -60,8 +60,18 @@ _state: dict = {"geometry": None, "require": False, "installed": False}
 
 
 def check_version(version: Optional[str] = None) -> str:
-    """The running SGLang's version, or ``KvLayoutError`` naming it when this wiring was not
-    tested on it (:data:`TESTED_SGLANG`)."""
+    """Checks an SGLang version against the ones this wiring was tested on
+    (:data:`TESTED_SGLANG`: SGLang 0.5.23) and returns it as a string.
+
+    ``version``: the version to check (compared as ``str(version)``, exactly: ``"0.5.23"``, not
+    ``"0.5"``); ``None`` (the default) checks the installed SGLang's
+    (``sglang.version.__version__``), importing it. Passing a version only checks that string:
+    it neither changes nor skips the check :func:`install` makes of the installed SGLang.
+
+    # Errors
+    ``KvLayoutError`` naming the version and the tested ones when it is not in
+    :data:`TESTED_SGLANG`; ``ImportError`` when ``version`` is ``None`` and SGLang is not
+    installed."""
     if version is None:
         from sglang.version import __version__ as version  # type: ignore[no-redef]
     if str(version) not in TESTED_SGLANG:

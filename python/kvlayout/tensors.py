@@ -559,33 +559,36 @@ def check_pieces(g: Geometry, buffers: Sequence[TensorBuffer]) -> None:
                 f"{first}, tensor {addr - base} B ({facts.describe()})")
 
 
-def _host_bytes(t: Any) -> Any:
+def _host_bytes(t: Any, what: str) -> Any:
     """A zero-copy ``uint8`` numpy view of a C-contiguous CPU torch tensor, for the Rust page
     checksum (``TransferGuard.page_checksums`` / ``record_backup`` / ``verify_load``,
     ``page_checksum``): the bytes are hashed in Rust, never in Python. CUDA tensors take
     :func:`_cuda_bytes` instead (checksummed on their device); a tensor on any other device is
-    refused by name, and a non-contiguous one too (a copy would hash other memory than the
-    pool's)."""
+    refused, and a non-contiguous one too (a copy would hash other memory than the pool's),
+    naming ``what``: the caller's argument (``data``, ``payload``)."""
     device = getattr(t, "device", None)
     if getattr(device, "type", "cpu") != "cpu":
-        raise ValueError(f"data: a {device} tensor; page checksums are computed on the CPU or, "
+        raise ValueError(f"{what}: a {device} tensor; page checksums are computed on the CPU or, "
                          "for CUDA tensors, on their device (copy the layer to host memory)")
     if hasattr(t, "is_contiguous") and not t.is_contiguous():
-        raise ValueError("data: a non-contiguous tensor; pass the pool's contiguous layer tensor")
+        raise ValueError(f"{what}: a non-contiguous tensor; pass the pool's contiguous layer "
+                         "tensor")
     import sys
 
     uint8 = sys.modules["torch"].uint8  # a torch tensor in hand: torch is imported
     return t.detach().reshape(-1).view(uint8).numpy()
 
 
-def _cuda_bytes(t: Any) -> tuple[int, int, int, int]:
+def _cuda_bytes(t: Any, what: str) -> tuple[int, int, int, int]:
     """``(device address, bytes, device index, stream)`` of a C-contiguous CUDA torch tensor,
     for the Rust page checksum on its device: the kernel reads the tensor in place on
     PyTorch's current stream of that device (``stream``, a ``CUstream`` handle; 0 is the
     default stream), so it follows every write PyTorch enqueued there. A non-contiguous tensor
-    is refused by name (its pages are not where the geometry puts them)."""
+    is refused (its pages are not where the geometry puts them), naming ``what``: the caller's
+    argument (``data``, ``payload``)."""
     if not t.is_contiguous():
-        raise ValueError("data: a non-contiguous tensor; pass the pool's contiguous layer tensor")
+        raise ValueError(f"{what}: a non-contiguous tensor; pass the pool's contiguous layer "
+                         "tensor")
     import sys
 
     torch = sys.modules["torch"]  # a torch tensor in hand: torch is imported

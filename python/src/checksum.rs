@@ -91,7 +91,8 @@ pub fn page_sums(
 }
 
 /// The bytes of `data`: a buffer-protocol object in place, or a CPU torch tensor through
-/// `kvlayout.tensors._host_bytes` (a zero-copy uint8 view).
+/// `kvlayout.tensors._host_bytes` (a zero-copy uint8 view); `what` names the caller's argument
+/// in either's errors.
 fn with_data<R>(
     data: &Bound<'_, PyAny>,
     what: &str,
@@ -103,7 +104,7 @@ fn with_data<R>(
         let view = data
             .py()
             .import("kvlayout.tensors")?
-            .call_method1("_host_bytes", (data,))?;
+            .call_method1("_host_bytes", (data, what))?;
         return with_bytes(&view, what, f);
     }
     with_bytes(data, what, f)
@@ -118,7 +119,7 @@ pub fn layer_sums(
     pages: &[u64],
     what: &str,
 ) -> PyResult<Vec<u64>> {
-    if let Some(t) = checksum_cuda::cuda_tensor(data)? {
+    if let Some(t) = checksum_cuda::cuda_tensor(data, what)? {
         return checksum_cuda::page_sums(&t, key, stride_bytes, pages, what);
     }
     with_data(data, what, |bytes| {
@@ -130,7 +131,7 @@ pub fn layer_sums(
 /// buffer or CPU torch tensor), without reading its bytes: a guard whose checksum is off
 /// refuses the `data` the other modes would refuse.
 pub fn check_data(data: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
-    if checksum_cuda::cuda_tensor(data)?.is_some() {
+    if checksum_cuda::cuda_tensor(data, what)?.is_some() {
         return Ok(());
     }
     with_data(data, what, |_| Ok(()))
@@ -154,7 +155,7 @@ pub fn page_checksum(
 ) -> PyResult<u64> {
     let layer = layer_index(layer)?;
     let (_, key, _) = key_of(py, &geometry.inner, buffer, layer)?;
-    if let Some(t) = checksum_cuda::cuda_tensor(payload)? {
+    if let Some(t) = checksum_cuda::cuda_tensor(payload, "payload")? {
         if t.len_bytes != key.payload_bytes {
             return Err(PyValueError::new_err(format!(
                 "payload bytes: {} bytes given to a checksum of a {}-byte page payload",

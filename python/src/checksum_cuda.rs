@@ -31,9 +31,9 @@ pub struct CudaTensor {
 }
 
 /// `Some` for a CUDA torch tensor (`is_cuda` true), read through
-/// `kvlayout.tensors._cuda_bytes` (which refuses a non-contiguous one naming `data`); `None`
-/// for anything else.
-pub fn cuda_tensor(data: &Bound<'_, PyAny>) -> PyResult<Option<CudaTensor>> {
+/// `kvlayout.tensors._cuda_bytes` (which refuses a non-contiguous one naming `what`, the
+/// caller's argument); `None` for anything else.
+pub fn cuda_tensor(data: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<CudaTensor>> {
     let py = data.py();
     let is_cuda = data.hasattr(pyo3::intern!(py, "is_cuda"))?
         && data.getattr(pyo3::intern!(py, "is_cuda"))?.is_truthy()?;
@@ -42,7 +42,7 @@ pub fn cuda_tensor(data: &Bound<'_, PyAny>) -> PyResult<Option<CudaTensor>> {
     }
     let (address, len_bytes, device, stream): (u64, u64, usize, u64) = py
         .import("kvlayout.tensors")?
-        .call_method1("_cuda_bytes", (data,))?
+        .call_method1("_cuda_bytes", (data, what))?
         .extract()?;
     Ok(Some(CudaTensor {
         address,

@@ -188,6 +188,50 @@ def test_a_non_contiguous_array_is_refused_naming_the_argument():
         kvlayout.page_checksum(GEOMETRY, "index_k", 0, payload)
 
 
+class _MetaDevice:
+    type = "meta"
+
+    def __str__(self) -> str:
+        return "meta"
+
+
+class _MetaTensor:
+    """Torch-like (``__dlpack__``, no ``__array_interface__``) on the meta device: read through
+    ``kvlayout.tensors._host_bytes``, which refuses its device."""
+
+    device = _MetaDevice()
+
+    def __dlpack__(self, *args, **kwargs):
+        raise AssertionError("a meta tensor's bytes are never read")
+
+
+class _StridedCudaTensor:
+    """Torch-like CUDA tensor (``is_cuda``) that is not contiguous: read through
+    ``kvlayout.tensors._cuda_bytes``, which refuses it before touching the device."""
+
+    is_cuda = True
+
+    def is_contiguous(self) -> bool:
+        return False
+
+
+def test_a_torch_tensor_refused_is_named_by_the_callers_argument():
+    """Trial finding: the torch paths (``_host_bytes``, ``_cuda_bytes``) said ``data:`` even
+    for ``page_checksum``'s ``payload``. The error names the caller's argument, as the numpy
+    path does. Fakes stand for the tensors: both are refused before any byte is read."""
+    guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
+    meta = r"^{}: a meta tensor; page checksums are computed on the CPU"
+    strided = r"^{}: a non-contiguous tensor; pass the pool's contiguous layer tensor"
+    with pytest.raises(ValueError, match=meta.format("payload")):
+        kvlayout.page_checksum(GEOMETRY, "index_k", 0, _MetaTensor())
+    with pytest.raises(ValueError, match=strided.format("payload")):
+        kvlayout.page_checksum(GEOMETRY, "index_k", 0, _StridedCudaTensor())
+    with pytest.raises(ValueError, match=meta.format("data")):
+        guard.page_checksums("index_k", 0, _MetaTensor(), [0])
+    with pytest.raises(ValueError, match=strided.format("data")):
+        guard.page_checksums("index_k", 0, _StridedCudaTensor(), [0])
+
+
 def test_a_torch_cpu_tensor_is_checksummed_in_place():
     torch = pytest.importorskip("torch", reason="torch not installed")
     data = _layer(5)

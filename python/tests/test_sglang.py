@@ -332,3 +332,23 @@ def test_install_has_no_public_version_option():
     with pytest.raises(kvlayout.KvLayoutError, match=r"SGLang 0\.5\.24 is not a version"):
         ks.install(_version="0.5.24")
     assert "_version" in ks.install.__doc__ and "test hook" in ks.install.__doc__
+
+
+def test_check_version_documents_its_argument():
+    # The trial found check_version(version) public with ``version`` undocumented. Its docstring
+    # names the argument, the supported SGLang version and what it raises; a given version is
+    # checked as a string, exactly.
+    import re
+
+    import kvlayout.sglang as ks
+
+    doc = ks.check_version.__doc__
+    assert "``version``" in doc and "``None``" in doc, doc
+    assert "0.5.23" in doc and "TESTED_SGLANG" in doc, doc
+    assert "KvLayoutError" in doc and "ImportError" in doc, doc
+    assert ks.TESTED_SGLANG == ("0.5.23",)
+    assert ks.check_version("0.5.23") == "0.5.23"
+    for untested in ("0.5.24", "0.5"):
+        want = f"SGLang {untested} is not a version this wiring was tested on (0.5.23)"
+        with pytest.raises(kvlayout.KvLayoutError, match=re.escape(want)):
+            ks.check_version(untested)
