@@ -1,7 +1,7 @@
 //! `kvlayout replay --workload synthetic`: a HiCache workload on a real model config, with the
 //! DeepSeek sparse indexer reading index-K keys back from the device pool's bytes.
 //!
-//! (Length: about 700 lines, over the workspace's 600, because the simulation is one state
+//! (Length: about 820 lines, over the workspace's 600, because the simulation is one state
 //! machine, `Sim`, whose batch, eviction, recompute and decode-check steps share its state;
 //! its inputs and report are in `input.rs`.)
 //!
@@ -28,6 +28,7 @@
 //! short sequences, so the default run takes seconds.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use kvlayout_models::PoolOptions;
 use kvlayout_pool::backend::{Backend, CpuBackend};
@@ -39,7 +40,7 @@ pub use crate::error::ReplayError;
 use crate::error::{Param, workload_err};
 use crate::indexer::top_k;
 pub use crate::pairing::{HostSource, read_host_geometry};
-use crate::pairing::{Sample, pair_pools};
+use crate::pairing::{PairingFacts, Sample, pair_pools};
 use crate::rng::{mix, unit};
 
 mod input;
@@ -103,7 +104,7 @@ struct Sim<'a, B: Backend> {
     w: &'a Workload,
     source: Gen,
     cache: HiCache<B>,
-    page_size: u64,
+    page_size_tokens: u64,
     kv: usize,
     index_k: Option<usize>,
     pages: Vec<Page>,
@@ -144,20 +145,7 @@ pub fn run_with<B: Backend>(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<ReplayOutcome, ReplayError> {
     let w = &input.workload;
-    for (field, v) in [
-        (Param::Sessions, w.sessions),
-        (Param::Layers, w.layers),
-        (Param::Turns, w.turns),
-        (Param::PrefixGroups, w.prefix_groups),
-        (Param::Concurrency, w.concurrency),
-        (Param::DevicePages, w.device_pages),
-        (Param::IndexerHeads, w.indexer_heads),
-        (Param::TopK, w.top_k as u64),
-    ] {
-        if v == 0 {
-            return Err(workload_err(field, "must be at least 1, got 0".into()));
-        }
-    }
+    check_counts(w)?;
     let opts = PoolOptions {
         pages: w.device_pages,
         ..input.pool
@@ -185,22 +173,53 @@ pub fn run_with<B: Backend>(
             )));
         }
     };
-    let model_layers = input.model.config.num_hidden_layers;
-    let sim_layers = w.layers;
     let (cache, facts) = paired.into_parts();
-    let geometry = cache.device().geometry();
-    let kv = geometry.buffer_index("kv").unwrap_or(0);
-    let index_k = geometry.buffer_index("index_k");
-    let host_pages = cache.host().geometry().pages;
-    let report = ReplayReport {
+    let report = new_report(input, &cache, facts);
+    check_device_fit(w, report.page_size_tokens)?;
+    check_top_k(w, report.page_size_tokens, report.indexer)?;
+    let mut sim = Sim::new(w, cache, report);
+    sim.run_turns(progress)?;
+    Ok(ReplayOutcome::Completed(Box::new(sim.finish())))
+}
+
+/// Refuses a zero session, layer, turn, prefix group, concurrency, device page, indexer head or
+/// top-k count.
+fn check_counts(w: &Workload) -> Result<(), ReplayError> {
+    for (field, v) in [
+        (Param::Sessions, w.sessions),
+        (Param::Layers, w.layers),
+        (Param::Turns, w.turns),
+        (Param::PrefixGroups, w.prefix_groups),
+        (Param::Concurrency, w.concurrency),
+        (Param::DevicePages, w.device_pages),
+        (Param::IndexerHeads, w.indexer_heads),
+        (Param::TopK, w.top_k as u64),
+    ] {
+        if v == 0 {
+            return Err(workload_err(field, "must be at least 1, got 0".into()));
+        }
+    }
+    Ok(())
+}
+
+/// The report of a paired run before any batch: the pools' facts, every count zero.
+fn new_report<B: Backend>(
+    input: &ReplayInput,
+    cache: &HiCache<B>,
+    facts: PairingFacts,
+) -> ReplayReport {
+    let w = &input.workload;
+    let device_geometry = cache.device().geometry();
+    let host_geometry = cache.host().geometry();
+    ReplayReport {
         model: input.model.name.clone(),
-        model_layers,
-        simulated_layers: sim_layers,
+        model_layers: input.model.config.num_hidden_layers,
+        simulated_layers: w.layers,
         formats: facts.formats,
-        page_size_tokens: geometry.page_size_tokens,
-        device_pages: geometry.pages,
-        host_pages,
-        host_memory_layout: cache.host().geometry().memory_layout.to_string(),
+        page_size_tokens: device_geometry.page_size_tokens,
+        device_pages: device_geometry.pages,
+        host_pages: host_geometry.pages,
+        host_memory_layout: host_geometry.memory_layout.to_string(),
         host_geometry: facts.host_geometry,
         pairing: facts.pairing,
         mismatch: facts.mismatch,
@@ -212,7 +231,7 @@ pub fn run_with<B: Backend>(
         decode_steps: 0,
         topk_mismatches: 0,
         latent_mismatches: 0,
-        indexer: index_k.is_some(),
+        indexer: device_geometry.buffer_index("index_k").is_some(),
         top_k: w.top_k as u64,
         indexer_heads: w.indexer_heads,
         device_page_hits: 0,
@@ -225,100 +244,60 @@ pub fn run_with<B: Backend>(
         refused_transfers: 0,
         recomputed_pages: 0,
         first_refusal: None,
-    };
-    let page_size = geometry.page_size_tokens;
-    let max_tokens = w
+    }
+}
+
+/// Refuses a session longer than the device pool, or a batch of `concurrency` sessions whose
+/// pages do not all fit in it at once.
+fn check_device_fit(w: &Workload, page_size_tokens: u64) -> Result<(), ReplayError> {
+    let session_tokens = w
         .prefix_pages
-        .checked_mul(page_size)
+        .checked_mul(page_size_tokens)
         .and_then(|p| p.checked_add(w.turns.checked_mul(w.user_tokens + w.decode_tokens)?))
         .ok_or_else(|| workload_err(Param::Turns, "token count overflows".into()))?;
-    let pages_per_session = max_tokens.div_ceil(page_size);
-    let batch = w.concurrency.min(w.sessions);
-    let need = pages_per_session.saturating_mul(batch);
-    if pages_per_session > w.device_pages {
+    let session_pages = session_tokens.div_ceil(page_size_tokens);
+    let batch_sessions = w.concurrency.min(w.sessions);
+    let batch_pages = session_pages.saturating_mul(batch_sessions);
+    if session_pages > w.device_pages {
         return Err(workload_err(
             Param::DevicePages,
             format!(
-                "{} pages cannot hold one session of {max_tokens} tokens ({pages_per_session} pages)",
+                "{} pages cannot hold one session of {session_tokens} tokens ({session_pages} pages)",
                 w.device_pages
             ),
         ));
     }
-    if need > w.device_pages {
+    if batch_pages > w.device_pages {
         return Err(workload_err(
             Param::Concurrency,
             format!(
-                "{} sessions at once need {batch} x {pages_per_session} pages = {need}, more than \
+                "{} sessions at once need {batch_sessions} x {session_pages} pages = {batch_pages}, more than \
                  the device pool's {} pages (--device-pages); at most {} fit",
                 w.concurrency,
                 w.device_pages,
-                w.device_pages / pages_per_session
+                w.device_pages / session_pages
             ),
         ));
     }
-    // The indexer picks from the tokens before the first decoded one: the shared prefix and
-    // the first turn's prompt. A larger top-k selects every token and checks nothing.
-    let first_context = w.prefix_pages * page_size + w.user_tokens;
-    if index_k.is_some() && w.top_k as u64 > first_context {
+    Ok(())
+}
+
+/// The indexer picks from the tokens before the first decoded one: the shared prefix and
+/// the first turn's prompt. A larger top-k selects every token and checks nothing.
+fn check_top_k(w: &Workload, page_size_tokens: u64, indexer: bool) -> Result<(), ReplayError> {
+    let prefix_tokens = w.prefix_pages * page_size_tokens;
+    let first_context_tokens = prefix_tokens + w.user_tokens;
+    if indexer && w.top_k as u64 > first_context_tokens {
         return Err(workload_err(
             Param::TopK,
             format!(
-                "{} is more than the {first_context} tokens the indexer picks from at the first \
-                 decode step ({} prefix + {} prompt tokens)",
-                w.top_k,
-                w.prefix_pages * page_size,
-                w.user_tokens
+                "{} is more than the {first_context_tokens} tokens the indexer picks from at the first \
+                 decode step ({prefix_tokens} prefix + {} prompt tokens)",
+                w.top_k, w.user_tokens
             ),
         ));
     }
-    let mut sim = Sim {
-        w,
-        source: Gen { seed: w.seed },
-        cache,
-        page_size,
-        kv,
-        index_k,
-        pages: Vec::new(),
-        prefix: HashMap::new(),
-        sessions: (0..w.sessions)
-            .map(|s| Session {
-                group: s % w.prefix_groups,
-                len: 0,
-                pages: Vec::new(),
-                corrupted: false,
-                loaded: false,
-                ref_keys: vec![Vec::new(); sim_layers as usize],
-            })
-            .collect(),
-        device_free: (0..w.device_pages).rev().collect(),
-        host_free: (0..host_pages).rev().collect(),
-        clock: 0,
-        report,
-    };
-    let total = w.sessions * w.turns;
-    let mut done = 0;
-    for turn in 0..w.turns {
-        let mut start = 0;
-        while start < w.sessions {
-            let end = (start + w.concurrency).min(w.sessions);
-            sim.run_batch(turn, start..end)?;
-            done += end - start;
-            progress(done, total);
-            start = end;
-        }
-    }
-    let stats = sim.cache.stats();
-    let r = &mut sim.report;
-    r.corrupted_sessions = sim.sessions.iter().filter(|s| s.corrupted).count() as u64;
-    r.sessions_with_loaded_pages = sim.sessions.iter().filter(|s| s.loaded).count() as u64;
-    r.backed_up_pages = stats.backed_up_pages;
-    r.loaded_pages = stats.loaded_pages;
-    r.backed_up_bytes = stats.backed_up_bytes;
-    r.loaded_bytes = stats.loaded_bytes;
-    r.backup_transfers = stats.backups;
-    r.load_transfers = stats.loads;
-    r.refused_transfers = stats.refused;
-    Ok(ReplayOutcome::Completed(Box::new(sim.report)))
+    Ok(())
 }
 
 fn refusal(input: &ReplayInput, host_geometry: String, mismatch: Vec<String>) -> Refusal {
@@ -334,6 +313,78 @@ fn refusal(input: &ReplayInput, host_geometry: String, mismatch: Vec<String>) ->
     }
 }
 
+impl<'a, B: Backend> Sim<'a, B> {
+    /// A simulation of `w` on the paired pools: every session empty, every device and host
+    /// page free.
+    fn new(w: &'a Workload, cache: HiCache<B>, report: ReplayReport) -> Self {
+        let geometry = cache.device().geometry();
+        let kv = geometry.buffer_index("kv").unwrap_or(0);
+        let index_k = geometry.buffer_index("index_k");
+        let page_size_tokens = geometry.page_size_tokens;
+        let sim_layers = report.simulated_layers;
+        let host_pages = report.host_pages;
+        Sim {
+            w,
+            source: Gen { seed: w.seed },
+            cache,
+            page_size_tokens,
+            kv,
+            index_k,
+            pages: Vec::new(),
+            prefix: HashMap::new(),
+            sessions: (0..w.sessions)
+                .map(|s| Session {
+                    group: s % w.prefix_groups,
+                    len: 0,
+                    pages: Vec::new(),
+                    corrupted: false,
+                    loaded: false,
+                    ref_keys: vec![Vec::new(); sim_layers as usize],
+                })
+                .collect(),
+            device_free: (0..w.device_pages).rev().collect(),
+            host_free: (0..host_pages).rev().collect(),
+            clock: 0,
+            report,
+        }
+    }
+
+    /// Every turn of every session, `concurrency` sessions per batch; `progress(done, total)`
+    /// after each batch, in session-turns.
+    fn run_turns(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), ReplayError> {
+        let w = self.w;
+        let total_session_turns = w.sessions * w.turns;
+        let mut done_session_turns = 0;
+        for turn in 0..w.turns {
+            let mut start = 0;
+            while start < w.sessions {
+                let end = (start + w.concurrency).min(w.sessions);
+                self.run_batch(turn, start..end)?;
+                done_session_turns += end - start;
+                progress(done_session_turns, total_session_turns);
+                start = end;
+            }
+        }
+        Ok(())
+    }
+
+    /// The report with the session counts and the pools' transfer counts filled in.
+    fn finish(self) -> ReplayReport {
+        let stats = self.cache.stats();
+        let mut r = self.report;
+        r.corrupted_sessions = self.sessions.iter().filter(|s| s.corrupted).count() as u64;
+        r.sessions_with_loaded_pages = self.sessions.iter().filter(|s| s.loaded).count() as u64;
+        r.backed_up_pages = stats.backed_up_pages;
+        r.loaded_pages = stats.loaded_pages;
+        r.backed_up_bytes = stats.backed_up_bytes;
+        r.loaded_bytes = stats.loaded_bytes;
+        r.backup_transfers = stats.backups;
+        r.load_transfers = stats.loads;
+        r.refused_transfers = stats.refused;
+        r
+    }
+}
+
 impl<B: Backend> Sim<'_, B> {
     fn layers(&self) -> u64 {
         self.report.simulated_layers
@@ -345,7 +396,7 @@ impl<B: Backend> Sim<'_, B> {
     }
 
     fn owner_of(&self, sid: u64, pos: u64) -> Owner {
-        if pos < self.w.prefix_pages * self.page_size {
+        if pos < self.w.prefix_pages * self.page_size_tokens {
             Owner::Prefix(self.sessions[sid as usize].group)
         } else {
             Owner::Session(sid)
@@ -443,7 +494,7 @@ impl<B: Backend> Sim<'_, B> {
         let dev = self.pages[id]
             .device
             .ok_or_else(|| workload_err(Param::Pages, "writing a page not on the device".into()))?;
-        let slot = pos % self.page_size;
+        let slot = pos % self.page_size_tokens;
         let buffers = self.cache.device().geometry().buffers.clone();
         for (b, buf) in buffers.iter().enumerate() {
             for l in 0..buf.layers {
@@ -476,7 +527,7 @@ impl<B: Backend> Sim<'_, B> {
             self.pages[id].tokens,
         );
         for t in 0..tokens {
-            self.write_token(id, owner, index * self.page_size + t)?;
+            self.write_token(id, owner, index * self.page_size_tokens + t)?;
         }
         self.report.recomputed_pages += 1;
         Ok(())
@@ -498,8 +549,8 @@ impl<B: Backend> Sim<'_, B> {
     fn append(&mut self, sid: u64) -> Result<(), ReplayError> {
         let pos = self.sessions[sid as usize].len;
         let owner = self.owner_of(sid, pos);
-        let page_index = pos / self.page_size;
-        if pos.is_multiple_of(self.page_size) {
+        let page_index = pos / self.page_size_tokens;
+        if pos.is_multiple_of(self.page_size_tokens) {
             let id = self.new_page(owner, page_index);
             self.alloc_device(id)?;
             self.sessions[sid as usize].pages.push(id);
@@ -525,7 +576,7 @@ impl<B: Backend> Sim<'_, B> {
         if self.sessions[sid as usize].len != 0 {
             return Ok(false);
         }
-        let len = self.w.prefix_pages * self.page_size;
+        let len = self.w.prefix_pages * self.page_size_tokens;
         let mut ref_keys = Vec::with_capacity(self.layers() as usize);
         for l in 0..self.layers() {
             let mut keys = Vec::new();
@@ -544,97 +595,32 @@ impl<B: Backend> Sim<'_, B> {
         Ok(true)
     }
 
-    fn run_batch(&mut self, turn: u64, batch: std::ops::Range<u64>) -> Result<(), ReplayError> {
+    /// One turn of the sessions in `batch`: pin their pages, load back those not on the device
+    /// (recomputing those without a valid host copy), prefill the turn's prompt, decode, unpin.
+    fn run_batch(&mut self, turn: u64, batch: Range<u64>) -> Result<(), ReplayError> {
         // Attach shared prefixes made by earlier batches (first turn).
         if turn == 0 {
             for sid in batch.clone() {
                 self.attach_prefix(sid)?;
             }
         }
-        // Pin every page of the batch; find those to load back.
-        let mut needed: Vec<usize> = Vec::new();
-        for sid in batch.clone() {
-            for &id in &self.sessions[sid as usize].pages {
-                if !self.pages[id].pinned {
-                    self.pages[id].pinned = true;
-                    needed.push(id);
-                }
-            }
-        }
-        let missing: Vec<usize> = needed
+        let pinned_ids = self.pin_pages(batch.clone());
+        let missing_ids: Vec<usize> = pinned_ids
             .iter()
             .copied()
             .filter(|&id| self.pages[id].device.is_none())
             .collect();
-        self.report.device_page_hits += (needed.len() - missing.len()) as u64;
-        // Room for the pages to load and, as far as unpinned pages allow, for the pages this
-        // turn will append, so that evictions are backed up in one transfer per batch.
-        let mut new_pages = 0u64;
-        for sid in batch.clone() {
-            let len = self.sessions[sid as usize].len;
-            let mut add = self.w.user_tokens + self.w.decode_tokens;
-            if turn == 0 && len == 0 {
-                add += self.w.prefix_pages * self.page_size;
-            }
-            new_pages += (len + add).div_ceil(self.page_size) - len.div_ceil(self.page_size);
-        }
-        let evictable = (0..self.pages.len())
-            .filter(|&i| self.pages[i].device.is_some() && !self.pages[i].pinned)
-            .count();
-        let room = (missing.len() + new_pages as usize).min(self.device_free.len() + evictable);
-        self.make_room(room.max(missing.len()))?;
-        let mut pairs = Vec::new();
-        let mut loaded = Vec::new();
-        let mut lost = Vec::new();
-        for &id in &missing {
-            let d = self
-                .device_free
-                .pop()
-                .ok_or_else(|| workload_err(Param::DevicePages, "no free page".into()))?;
-            self.pages[id].device = Some(d);
-            match (self.pages[id].host, self.pages[id].host_valid) {
-                (Some(h), true) => {
-                    pairs.push(PagePair::new(d, h));
-                    loaded.push(id);
-                }
-                _ => lost.push(id),
-            }
-        }
-        if !pairs.is_empty() {
-            let mut ok = true;
-            for l in 0..self.layers() {
-                let r = self.cache.load_layer(l, &pairs);
-                self.note_refusal(r.as_ref().err());
-                ok &= r.is_ok();
-            }
-            if !ok {
-                lost.extend(loaded.iter().copied());
-            }
-        }
-        for id in lost {
-            self.recompute(id)?;
-        }
+        self.report.device_page_hits += (pinned_ids.len() - missing_ids.len()) as u64;
+        let new_pages = self.turn_new_pages(turn, batch.clone());
+        self.make_room_for_batch(missing_ids.len(), new_pages)?;
+        let loaded_ids = self.load_pages(&missing_ids)?;
         for sid in batch.clone() {
             let s = &self.sessions[sid as usize];
-            if s.pages.iter().any(|id| loaded.contains(id)) {
+            if s.pages.iter().any(|id| loaded_ids.contains(id)) {
                 self.sessions[sid as usize].loaded = true;
             }
         }
-        // Prefill: the first session of a group writes its prefix; then the turn's prompt.
-        for sid in batch.clone() {
-            let s = &self.sessions[sid as usize];
-            let g = s.group;
-            if turn == 0 && s.len == 0 && !self.attach_prefix(sid)? {
-                for _ in 0..self.w.prefix_pages * self.page_size {
-                    self.append(sid)?;
-                }
-                let ids = self.sessions[sid as usize].pages.clone();
-                self.prefix.insert(g, ids);
-            }
-            for _ in 0..self.w.user_tokens {
-                self.append(sid)?;
-            }
-        }
+        self.prefill(turn, batch.clone())?;
         // Decode, sessions interleaved.
         for _ in 0..self.w.decode_tokens {
             for sid in batch.clone() {
@@ -646,6 +632,111 @@ impl<B: Backend> Sim<'_, B> {
             for i in 0..self.sessions[sid as usize].pages.len() {
                 let id = self.sessions[sid as usize].pages[i];
                 self.pages[id].pinned = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Pins every page of the sessions in `batch`; returns those this call pinned (a page
+    /// shared by two sessions of the batch once), in session and page order.
+    fn pin_pages(&mut self, batch: Range<u64>) -> Vec<usize> {
+        let mut pinned_ids = Vec::new();
+        for sid in batch {
+            for &id in &self.sessions[sid as usize].pages {
+                if !self.pages[id].pinned {
+                    self.pages[id].pinned = true;
+                    pinned_ids.push(id);
+                }
+            }
+        }
+        pinned_ids
+    }
+
+    /// Pages the sessions in `batch` will append this turn (the prefix, on a first turn
+    /// without one attached, the prompt and the decoded tokens).
+    fn turn_new_pages(&self, turn: u64, batch: Range<u64>) -> u64 {
+        let mut new_pages = 0u64;
+        for sid in batch {
+            let len_tokens = self.sessions[sid as usize].len;
+            let mut add_tokens = self.w.user_tokens + self.w.decode_tokens;
+            if turn == 0 && len_tokens == 0 {
+                add_tokens += self.w.prefix_pages * self.page_size_tokens;
+            }
+            new_pages += (len_tokens + add_tokens).div_ceil(self.page_size_tokens)
+                - len_tokens.div_ceil(self.page_size_tokens);
+        }
+        new_pages
+    }
+
+    /// Room for the `missing_pages` to load and, as far as unpinned pages allow, for the
+    /// `new_pages` this turn will append, so that evictions are backed up in one transfer per
+    /// batch.
+    fn make_room_for_batch(
+        &mut self,
+        missing_pages: usize,
+        new_pages: u64,
+    ) -> Result<(), ReplayError> {
+        let evictable_pages = (0..self.pages.len())
+            .filter(|&i| self.pages[i].device.is_some() && !self.pages[i].pinned)
+            .count();
+        let room_pages =
+            (missing_pages + new_pages as usize).min(self.device_free.len() + evictable_pages);
+        self.make_room(room_pages.max(missing_pages))
+    }
+
+    /// Gives each page of `missing_ids` a device slot and loads those with a valid host copy
+    /// back from the host pool, layer by layer; recomputes the others, and all of them when a
+    /// layer's load is refused. Returns the pages loaded from the host pool.
+    fn load_pages(&mut self, missing_ids: &[usize]) -> Result<Vec<usize>, ReplayError> {
+        let mut pairs = Vec::new();
+        let mut loaded_ids = Vec::new();
+        let mut lost_ids = Vec::new();
+        for &id in missing_ids {
+            let d = self
+                .device_free
+                .pop()
+                .ok_or_else(|| workload_err(Param::DevicePages, "no free page".into()))?;
+            self.pages[id].device = Some(d);
+            match (self.pages[id].host, self.pages[id].host_valid) {
+                (Some(h), true) => {
+                    pairs.push(PagePair::new(d, h));
+                    loaded_ids.push(id);
+                }
+                _ => lost_ids.push(id),
+            }
+        }
+        if !pairs.is_empty() {
+            let mut ok = true;
+            for l in 0..self.layers() {
+                let r = self.cache.load_layer(l, &pairs);
+                self.note_refusal(r.as_ref().err());
+                ok &= r.is_ok();
+            }
+            if !ok {
+                lost_ids.extend(loaded_ids.iter().copied());
+            }
+        }
+        for id in lost_ids {
+            self.recompute(id)?;
+        }
+        Ok(loaded_ids)
+    }
+
+    /// Prefill: the first session of a group writes its prefix (on the first turn); then the
+    /// turn's prompt.
+    fn prefill(&mut self, turn: u64, batch: Range<u64>) -> Result<(), ReplayError> {
+        for sid in batch {
+            let s = &self.sessions[sid as usize];
+            let g = s.group;
+            if turn == 0 && s.len == 0 && !self.attach_prefix(sid)? {
+                for _ in 0..self.w.prefix_pages * self.page_size_tokens {
+                    self.append(sid)?;
+                }
+                let ids = self.sessions[sid as usize].pages.clone();
+                self.prefix.insert(g, ids);
+            }
+            for _ in 0..self.w.user_tokens {
+                self.append(sid)?;
             }
         }
         Ok(())
@@ -680,7 +771,7 @@ impl<B: Backend> Sim<'_, B> {
                             let mut sections = Vec::new();
                             for s in 0..layout.sections().len() {
                                 let off = layout
-                                    .offset_bytes(s, t, 0, self.page_size)
+                                    .offset_bytes(s, t, 0, self.page_size_tokens)
                                     .map_err(CodecError::from)?
                                     as usize;
                                 let n = layout.section_bytes(s).map_err(CodecError::from)? as usize;
@@ -710,13 +801,13 @@ impl<B: Backend> Sim<'_, B> {
                     .collect(),
             };
             for pos in selected {
-                let page_index = pos / self.page_size;
+                let page_index = pos / self.page_size_tokens;
                 let id = self.sessions[sid as usize].pages[page_index as usize];
                 let dev = self.pages[id].device.unwrap_or(0);
-                let got = self
-                    .cache
-                    .device()
-                    .read_token(self.kv, l, dev, pos % self.page_size)?;
+                let got =
+                    self.cache
+                        .device()
+                        .read_token(self.kv, l, dev, pos % self.page_size_tokens)?;
                 let owner = self.owner_of(sid, pos);
                 let key = self.source.token_key(owner, pos);
                 let kv = self.kv;
