@@ -13,7 +13,7 @@ use std::fmt;
 
 use crate::geometry::{GeometryError, buffer_path};
 use crate::layout::TokenLayout;
-use crate::section::cow_str;
+use crate::section::{Section, cow_str};
 
 /// What a buffer keeps of a request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -393,169 +393,233 @@ impl BufferGeometry {
     /// a shard with `tp_size` at least 1, `rank < tp_size`, and for a heads split
     /// `heads_total` divisible by `tp_size` with every section's first shape entry equal to
     /// `heads_total / tp_size` and one head of every section filling whole bytes.
+    ///
+    /// The checks run in this order and the first failing one is returned: page size,
+    /// `compress_ratio`, `split_groups` without a heads split, attention tokens, layer ids,
+    /// shard.
     pub(crate) fn check_v2(&self, index: usize) -> Result<(), GeometryError> {
         let path = buffer_path(index, self);
-        if let Some(p) = self.page_size_tokens {
-            if p == 0 {
-                return Err(GeometryError::new(
-                    format!("{path}.page_size_tokens"),
-                    "must be at least 1, got 0",
-                ));
-            }
-            if self.attention == Attention::State {
-                return Err(GeometryError::new(
-                    format!("{path}.page_size_tokens"),
-                    format!("a state buffer has no token axis (a page is one slot), got {p}"),
-                ));
-            }
-        }
+        self.check_page_size_tokens(&path)?;
         self.check_compress_ratio(&path)?;
-        if !matches!(
-            self.shard,
-            Some(Shard {
-                split: ShardSplit::Heads { .. },
-                ..
-            })
-        ) {
-            for (k, s) in self.layout.sections().iter().enumerate() {
-                if let Some(groups) = s.split_groups() {
-                    return Err(GeometryError::new(
-                        format!("{path}.sections[{k}] ({}).split_groups", s.name()),
-                        format!(
-                            "split_groups {groups:?} need a shard with split \"heads\" (the buffer's shard is {})",
-                            match self.shard {
-                                Some(sh) => sh.to_string(),
-                                None => "absent".to_string(),
-                            }
-                        ),
-                    ));
-                }
-            }
+        self.check_split_groups_need_heads_split(&path)?;
+        self.check_attention_tokens(&path)?;
+        self.check_layer_ids(&path)?;
+        self.check_shard(&path)
+    }
+
+    /// A buffer's own page size: at least 1 token, and none on a `state` buffer (a page is one
+    /// slot there).
+    fn check_page_size_tokens(&self, path: &str) -> Result<(), GeometryError> {
+        let Some(page_size_tokens) = self.page_size_tokens else {
+            return Ok(());
+        };
+        if page_size_tokens == 0 {
+            return Err(GeometryError::new(
+                format!("{path}.page_size_tokens"),
+                "must be at least 1, got 0",
+            ));
         }
-        match self.attention {
-            Attention::SlidingWindow { window_tokens: 0 } => {
-                return Err(GeometryError::new(
-                    format!("{path}.attention.sliding_window_tokens"),
-                    "must be at least 1, got 0",
-                ));
-            }
-            Attention::Chunked { chunk_tokens: 0 } => {
-                return Err(GeometryError::new(
-                    format!("{path}.attention.chunk_tokens"),
-                    "must be at least 1, got 0",
-                ));
-            }
-            _ => {}
+        if self.attention == Attention::State {
+            return Err(GeometryError::new(
+                format!("{path}.page_size_tokens"),
+                format!(
+                    "a state buffer has no token axis (a page is one slot), got {page_size_tokens}"
+                ),
+            ));
         }
-        if let Some(ids) = &self.layer_ids {
-            if ids.len() as u64 != self.layers {
-                return Err(GeometryError::new(
-                    format!("{path}.layer_ids"),
-                    format!("{} ids for {} layers", ids.len(), self.layers),
-                ));
-            }
-            let mut seen = std::collections::HashSet::with_capacity(ids.len());
-            for &id in ids {
-                if !seen.insert(id) {
-                    return Err(GeometryError::new(
-                        format!("{path}.layer_ids"),
-                        format!("layer {id} listed twice"),
-                    ));
-                }
-            }
+        Ok(())
+    }
+
+    /// `split_groups` on a section only with a shard that splits heads: the first section
+    /// that has them, when the shard is absent or replicated, is refused.
+    fn check_split_groups_need_heads_split(&self, path: &str) -> Result<(), GeometryError> {
+        if let Some(Shard {
+            split: ShardSplit::Heads { .. },
+            ..
+        }) = self.shard
+        {
+            return Ok(());
         }
-        if let Some(shard) = self.shard {
-            let f = format!("{path}.shard");
-            if shard.tp_size == 0 {
+        for (k, section) in self.layout.sections().iter().enumerate() {
+            if let Some(groups) = section.split_groups() {
+                let shard = match self.shard {
+                    Some(shard) => shard.to_string(),
+                    None => "absent".to_string(),
+                };
                 return Err(GeometryError::new(
-                    format!("{f}.tp_size"),
-                    "must be at least 1, got 0",
-                ));
-            }
-            if shard.rank >= shard.tp_size {
-                return Err(GeometryError::new(
-                    format!("{f}.rank"),
+                    format!("{path}.sections[{k}] ({}).split_groups", section.name()),
                     format!(
-                        "rank {} out of range for tp_size {}",
-                        shard.rank, shard.tp_size
+                        "split_groups {groups:?} need a shard with split \"heads\" (the buffer's shard is {shard})"
                     ),
                 ));
-            }
-            if let ShardSplit::Heads { heads_total } = shard.split {
-                let n = shard.tp_size;
-                if heads_total == 0 {
-                    return Err(GeometryError::new(
-                        format!("{f}.heads_total"),
-                        format!("must be at least 1, got 0 (tp_size {n})"),
-                    ));
-                }
-                if heads_total >= n && heads_total % n != 0 {
-                    return Err(GeometryError::new(
-                        format!("{f}.heads_total"),
-                        format!(
-                            "heads_total {heads_total} must be divisible by tp_size {n} \
-                             (or smaller than it, with tp_size a multiple: replicated heads)"
-                        ),
-                    ));
-                }
-                if heads_total < n && n % heads_total != 0 {
-                    return Err(GeometryError::new(
-                        format!("{f}.heads_total"),
-                        format!(
-                            "heads_total {heads_total} is below tp_size {n}, which is not a multiple of it: \
-                             each head must sit on the same number of ranks"
-                        ),
-                    ));
-                }
-                let local = shard.local_heads().unwrap_or(0);
-                let rule = if shard.replicated_heads() {
-                    format!(
-                        "heads_total {heads_total} < tp_size {n}: {} replicas per head, one head per rank",
-                        shard.replicas()
-                    )
-                } else {
-                    format!("heads_total {heads_total} / tp_size {n} = {local}")
-                };
-                for (k, s) in self.layout.sections().iter().enumerate() {
-                    let first = s.shape().first().copied().unwrap_or(0);
-                    if first != local {
-                        return Err(GeometryError::new(
-                            format!("{path}.sections[{k}] ({}).shape", s.name()),
-                            format!(
-                                "split heads: the first entry is this rank's heads, {rule}, got {first}"
-                            ),
-                        ));
-                    }
-                    if let Some(groups) = s.split_groups() {
-                        check_split_groups(&path, k, s.name(), groups, heads_total, n)?;
-                    }
-                    // A rank's heads are a byte range only when one head fills whole bytes:
-                    // 3 e2m1 per head is 12 bits, and a copy planned in bytes would floor it.
-                    // Overflow is left to the layout's own check, which names it.
-                    let per_head_elems = s
-                        .shape()
-                        .iter()
-                        .skip(1)
-                        .try_fold(1u64, |a, &d| a.checked_mul(d));
-                    let bits = s.dtype.bits();
-                    if let Some(per_head_elems) = per_head_elems
-                        && let Some(head_bits) = per_head_elems.checked_mul(bits)
-                        && head_bits % 8 != 0
-                    {
-                        return Err(GeometryError::new(
-                            format!("{path}.sections[{k}] ({}).shape", s.name()),
-                            format!(
-                                "split heads: one head is {per_head_elems} elems x {bits} bits ({}) = {head_bits} bits, \
-                                 not whole bytes, so a rank's heads are no byte range",
-                                s.dtype.name()
-                            ),
-                        ));
-                    }
-                }
             }
         }
         Ok(())
     }
+
+    /// A sliding window or an attention chunk holds at least 1 token.
+    fn check_attention_tokens(&self, path: &str) -> Result<(), GeometryError> {
+        let field = match self.attention {
+            Attention::SlidingWindow { window_tokens: 0 } => "sliding_window_tokens",
+            Attention::Chunked { chunk_tokens: 0 } => "chunk_tokens",
+            _ => return Ok(()),
+        };
+        Err(GeometryError::new(
+            format!("{path}.attention.{field}"),
+            "must be at least 1, got 0",
+        ))
+    }
+
+    /// `layer_ids`: one id per layer of the buffer, no layer listed twice.
+    fn check_layer_ids(&self, path: &str) -> Result<(), GeometryError> {
+        let Some(layer_ids) = &self.layer_ids else {
+            return Ok(());
+        };
+        if layer_ids.len() as u64 != self.layers {
+            return Err(GeometryError::new(
+                format!("{path}.layer_ids"),
+                format!("{} ids for {} layers", layer_ids.len(), self.layers),
+            ));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(layer_ids.len());
+        for &layer_id in layer_ids {
+            if !seen.insert(layer_id) {
+                return Err(GeometryError::new(
+                    format!("{path}.layer_ids"),
+                    format!("layer {layer_id} listed twice"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The shard: `tp_size` at least 1, `rank < tp_size`, and for a heads split a valid
+    /// `heads_total` ([`check_heads_total`]) that every section's heads match
+    /// ([`BufferGeometry::check_section_heads`]).
+    fn check_shard(&self, path: &str) -> Result<(), GeometryError> {
+        let Some(shard) = self.shard else {
+            return Ok(());
+        };
+        let shard_path = format!("{path}.shard");
+        if shard.tp_size == 0 {
+            return Err(GeometryError::new(
+                format!("{shard_path}.tp_size"),
+                "must be at least 1, got 0",
+            ));
+        }
+        if shard.rank >= shard.tp_size {
+            return Err(GeometryError::new(
+                format!("{shard_path}.rank"),
+                format!(
+                    "rank {} out of range for tp_size {}",
+                    shard.rank, shard.tp_size
+                ),
+            ));
+        }
+        if let ShardSplit::Heads { heads_total } = shard.split {
+            check_heads_total(&shard_path, heads_total, shard.tp_size)?;
+            self.check_section_heads(path, shard, heads_total)?;
+        }
+        Ok(())
+    }
+
+    /// For a heads split of a valid `heads_total`: every section, in order, leads with this
+    /// rank's heads, has valid `split_groups` when it has them ([`check_split_groups`]), and
+    /// one head of it fills whole bytes ([`check_head_whole_bytes`]).
+    fn check_section_heads(
+        &self,
+        path: &str,
+        shard: Shard,
+        heads_total: u64,
+    ) -> Result<(), GeometryError> {
+        let tp_size = shard.tp_size;
+        let local_heads = shard.local_heads().unwrap_or(0);
+        let rule = if shard.replicated_heads() {
+            format!(
+                "heads_total {heads_total} < tp_size {tp_size}: {} replicas per head, one head per rank",
+                shard.replicas()
+            )
+        } else {
+            format!("heads_total {heads_total} / tp_size {tp_size} = {local_heads}")
+        };
+        for (k, section) in self.layout.sections().iter().enumerate() {
+            let first_entry_heads = section.shape().first().copied().unwrap_or(0);
+            if first_entry_heads != local_heads {
+                return Err(GeometryError::new(
+                    format!("{path}.sections[{k}] ({}).shape", section.name()),
+                    format!(
+                        "split heads: the first entry is this rank's heads, {rule}, got {first_entry_heads}"
+                    ),
+                ));
+            }
+            if let Some(groups) = section.split_groups() {
+                check_split_groups(path, k, section.name(), groups, heads_total, tp_size)?;
+            }
+            check_head_whole_bytes(path, k, section)?;
+        }
+        Ok(())
+    }
+}
+
+/// A heads split's `heads_total` (at `shard_path.heads_total`): at least 1, and either
+/// divisible by `tp_size` or, when below it, dividing it (each head on the same number of
+/// ranks: replicated heads).
+fn check_heads_total(
+    shard_path: &str,
+    heads_total: u64,
+    tp_size: u64,
+) -> Result<(), GeometryError> {
+    if heads_total == 0 {
+        return Err(GeometryError::new(
+            format!("{shard_path}.heads_total"),
+            format!("must be at least 1, got 0 (tp_size {tp_size})"),
+        ));
+    }
+    if heads_total >= tp_size && !heads_total.is_multiple_of(tp_size) {
+        return Err(GeometryError::new(
+            format!("{shard_path}.heads_total"),
+            format!(
+                "heads_total {heads_total} must be divisible by tp_size {tp_size} \
+                 (or smaller than it, with tp_size a multiple: replicated heads)"
+            ),
+        ));
+    }
+    if heads_total < tp_size && !tp_size.is_multiple_of(heads_total) {
+        return Err(GeometryError::new(
+            format!("{shard_path}.heads_total"),
+            format!(
+                "heads_total {heads_total} is below tp_size {tp_size}, which is not a multiple of it: \
+                 each head must sit on the same number of ranks"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// One head of section `k` (its shape after the first entry, in its dtype) fills whole bytes:
+/// a rank's heads are a byte range only then. 3 e2m1 per head is 12 bits, and a copy planned
+/// in bytes would floor it. Overflow is left to the layout's own check, which names it.
+fn check_head_whole_bytes(path: &str, k: usize, section: &Section) -> Result<(), GeometryError> {
+    let per_head_elems = section
+        .shape()
+        .iter()
+        .skip(1)
+        .try_fold(1u64, |a, &d| a.checked_mul(d));
+    let elem_bits = section.dtype.bits();
+    if let Some(per_head_elems) = per_head_elems
+        && let Some(head_bits) = per_head_elems.checked_mul(elem_bits)
+        && head_bits % 8 != 0
+    {
+        return Err(GeometryError::new(
+            format!("{path}.sections[{k}] ({}).shape", section.name()),
+            format!(
+                "split heads: one head is {per_head_elems} elems x {elem_bits} bits ({}) = {head_bits} bits, \
+                 not whole bytes, so a rank's heads are no byte range",
+                section.dtype.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl BufferGeometry {
