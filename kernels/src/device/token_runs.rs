@@ -34,12 +34,10 @@ const MIN_RUN_VECTORS: u64 = 8;
 /// from 128 to 4,096 (8 to 256 vectors), every offset and both bases 16-byte aligned. `None`
 /// otherwise (and for an empty list).
 pub(crate) fn uniform_vectors(runs: &[ByteRun], bases: (u64, u64)) -> Option<u64> {
-    let len = runs.first()?.len_bytes;
-    let aligned = |x: u64| x.is_multiple_of(VECTOR_BYTES);
-    let all = runs
-        .iter()
-        .all(|r| r.len_bytes == len && aligned(r.src_offset_bytes) && aligned(r.dst_offset_bytes));
-    all.then_some(len)
+    // The list's uniform length as the chooser's scan finds it (every run fits regions of
+    // u64::MAX bytes, so only the length facts are read).
+    let (scan, _) = crate::copy_runs::scan_facts(runs, u64::MAX, u64::MAX);
+    scan.uniform_len_bytes
         .and_then(|len| vectors_of_uniform(len, bases))
 }
 
