@@ -263,6 +263,18 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                 };
                 gpu.enqueue_copy_runs(src, dst, &call.dev_runs, shape)
             }
+            Path::RunKernelBlocks(blocks, sorted) => {
+                let shape = LaunchShape {
+                    blocks_per_sm: 1,
+                    ..LaunchShape::sm_budget(blocks)
+                };
+                let list = if sorted {
+                    &call.dev_runs
+                } else {
+                    &call.peer_items
+                };
+                gpu.enqueue_copy_runs(src, dst, list, shape)
+            }
             Path::SmContiguous(sms) => {
                 let shape = LaunchShape {
                     blocks_per_sm: 4,
@@ -618,7 +630,18 @@ fn hold_phases(
         Some(Path::Memcpy),
         None,
     ];
+    // `--backup-variants` (page size 1, backups): the run-list kernel on few blocks in all
+    // (`paths::BACKUP_BLOCKS`) between the peer and the second chooser phase.
+    let mut backup_variants = vec![
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        Some(Path::Peer(2)),
+    ];
+    backup_variants.extend(crate::paths::BACKUP_BLOCKS.map(Some));
+    backup_variants.extend([Some(Path::Auto), Some(Path::Memcpy), None]);
     let token_variants = std::env::args().any(|a| a == "--token-variants");
+    let backup_blocks = std::env::args().any(|a| a == "--backup-variants");
     let verified = verify::hold_phases();
     for shape in shapes {
         let phases: &[Option<Path>] = if cx.verify.is_some() {
@@ -626,6 +649,8 @@ fn hold_phases(
         } else if shape.name.starts_with("page size 1") {
             if token_variants && shape.h2d {
                 &variants
+            } else if backup_blocks && !shape.h2d {
+                &backup_variants
             } else {
                 &page1
             }

@@ -19,6 +19,9 @@ pub enum Path {
     Batch(bool, bool, usize, usize, bool),
     /// kvlayout's run-list kernel on at most this many SMs (`None`: all).
     RunKernel(Option<u32>),
+    /// kvlayout's run-list kernel on this many blocks of 256 threads in all (one per SM), its
+    /// list in host order (else as listed): how many resident stores a token backup wants.
+    RunKernelBlocks(u32, bool),
     /// The token kernel on at most this many SMs over contiguous runs of the same count and
     /// length (page size 1: the SM path's ceiling without the scatter).
     SmContiguous(Option<u32>),
@@ -41,6 +44,17 @@ pub enum Mode {
     /// Copy-engine variants on the large transfers.
     Sweep,
 }
+
+/// `--backup-variants` and `--token-ceiling` (page-size-1 backups): the run-list kernel on
+/// few blocks in all, as the peer's 2 blocks of 32 warps keep few stores to the host in flight.
+pub const BACKUP_BLOCKS: [Path; 6] = [
+    Path::RunKernelBlocks(1, true),
+    Path::RunKernelBlocks(2, true),
+    Path::RunKernelBlocks(4, true),
+    Path::RunKernelBlocks(8, true),
+    Path::RunKernelBlocks(2, false),
+    Path::RunKernelBlocks(4, false),
+];
 
 /// The driver's batched copy as a caller would first write it.
 pub const BATCH_DEFAULT: Path = Path::Batch(false, false, 1, 16384, false);
@@ -71,6 +85,10 @@ impl Path {
                 if pitched { ", pitched runs as 2D" } else { "" }
             ),
             Path::RunKernel(s) => format!("kvlayout run-list kernel, {}", sms(s)),
+            Path::RunKernelBlocks(blocks, sorted) => format!(
+                "kvlayout run-list kernel, {blocks} blocks of 8 warps, list {}",
+                if sorted { "in host order" } else { "as listed" }
+            ),
             Path::SmContiguous(s) => {
                 format!("token kernel on contiguous runs (SM ceiling), {}", sms(s))
             }
@@ -123,6 +141,9 @@ pub fn for_shape(shape: &Shape, mode: Mode) -> Vec<Path> {
             Path::RunKernel(None),
             Path::Peer(2),
         ]);
+        if !shape.h2d {
+            paths.extend(BACKUP_BLOCKS);
+        }
         paths.push(Path::Auto);
     } else if shape.token_granular && shape.name.starts_with("page size 1") {
         // Page size 1: the peer at its default launch and at block_quota 8, the token kernel

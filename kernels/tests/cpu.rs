@@ -220,6 +220,9 @@ fn ordered_runs_merge_only_neighbours_on_both_sides() {
 
 /// The SMs the token kernel takes without a carve-out (`SM_BUDGET`, device/options.rs).
 const SM_BUDGET: u32 = 8;
+/// The blocks (one per SM) the token kernel takes for a token backup, carve-out or not
+/// (`TOKEN_BACKUP_BLOCKS`, device/options.rs).
+const TOKEN_BACKUP_BLOCKS: u32 = 4;
 
 #[test]
 fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budget() {
@@ -278,13 +281,15 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
     // Without a carve-out: the copy engines, as `for_runs`.
     assert_eq!(TransferPath::choose(&pages, D::Load, None), ce(64));
     assert_eq!(TransferPath::for_runs(&pages), ce(64));
-    // Token runs (132-byte index-K tokens): the carve-out's SMs in every direction, else the
-    // fixed budget.
+    // Token runs (132-byte index-K tokens): the carve-out's SMs in every direction but
+    // backups, else the fixed budget; backups on TOKEN_BACKUP_BLOCKS blocks either way.
     let tokens: Vec<ByteRun> = (0..3)
         .map(|i| ByteRun::new(i * 132, i * 132, 132))
         .collect();
-    assert_eq!(TransferPath::choose(&tokens, D::Backup, Some(5)), sm(5, 3));
-    // (Three runs are fewer than CARVEOUT_MIN_RUNS = 64: not gathered.)
+    assert_eq!(
+        TransferPath::choose(&tokens, D::Backup, Some(5)),
+        sm(TOKEN_BACKUP_BLOCKS, 3)
+    );
     assert_eq!(TransferPath::choose(&tokens, D::Load, Some(5)), sm(5, 3));
     assert_eq!(
         TransferPath::choose(&tokens, D::Load, None),
@@ -292,26 +297,23 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
     );
     assert_eq!(TransferPath::choose(&tokens, D::Other, Some(5)), sm(5, 3));
     // 64 token runs (2,048 B: Llama-3.1-8B's K of one token and layer at page size 1): a
-    // load on the carve-out's kernel, a backup gathered on the carve-out (as page runs are:
-    // SM stores to the host slowed the GEMM); 63 runs, a backup too, the kernel.
+    // load on the carve-out's kernel; a backup on TOKEN_BACKUP_BLOCKS blocks, never gathered
+    // (page runs are), carve-out or not, however many runs.
     let llama: Vec<ByteRun> = (0..64)
         .map(|i| ByteRun::new(i * 2048, i * 4096, 2048))
         .collect();
     assert_eq!(
         TransferPath::choose(&llama, D::Backup, Some(2)),
-        TransferPath::GatheredBackup {
-            max_sms: 2,
-            runs: 64
-        }
+        sm(TOKEN_BACKUP_BLOCKS, 64)
     );
     assert_eq!(
         TransferPath::choose(&llama[..63], D::Backup, Some(2)),
-        sm(2, 63)
+        sm(TOKEN_BACKUP_BLOCKS, 63)
     );
     assert_eq!(TransferPath::choose(&llama, D::Load, Some(2)), sm(2, 64));
     assert_eq!(
         TransferPath::choose(&llama, D::Backup, None),
-        sm(SM_BUDGET, 64)
+        sm(TOKEN_BACKUP_BLOCKS, 64)
     );
     // A carve-out of 0 SMs is no carve-out.
     assert_eq!(TransferPath::choose(&pages, D::Load, Some(0)), ce(64));

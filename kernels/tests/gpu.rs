@@ -14,6 +14,9 @@ use kvlayout_kernels::{
 
 /// The SMs the token kernel takes without a carve-out (`SM_BUDGET`, device/options.rs).
 const SM_BUDGET: u32 = 8;
+/// The blocks the token kernel takes for a token backup (`TOKEN_BACKUP_BLOCKS`,
+/// device/options.rs).
+const TOKEN_BACKUP_BLOCKS: u32 = 4;
 /// Most streams of a copy-engine transfer (`MAX_COPY_ENGINE_LANES`, device/options.rs).
 const MAX_COPY_ENGINE_LANES: usize = 8;
 /// Fewest lines of a 2D copy (`MIN_PITCHED_LINES`, device/options.rs).
@@ -1047,9 +1050,8 @@ fn page1_runs(
 /// Page size 1 (token-granular runs of one length: 2,048 B for Llama's K or V, 1,152 B for an
 /// MLA latent) through the chooser, without and with a carve-out, against the pool crate's
 /// CPU backend bit for bit: loads layer by layer go to the token kernel (`copy_runs_uniform`)
-/// on `SM_BUDGET` SMs or on the carve-out, a backup of all layers too (18,300 runs of 1,152 B
-/// for MLA) without a carve-out; with one, the backup is gathered on it (device staging, then
-/// the copy engines per host stretch of a token's layers). A list with one run past the end is refused with both sides unchanged.
+/// on `SM_BUDGET` SMs or on the carve-out; a backup of all layers (18,300 runs of 1,152 B
+/// for MLA) on `TOKEN_BACKUP_BLOCKS` blocks, carve-out or not. A list with one run past the end is refused with both sides unchanged.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn page_size_1_token_runs_match_the_pool_cpu_backend() {
@@ -1094,7 +1096,7 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
                         }
                     );
                     let expected_path = match (carveout, h2d) {
-                        (None, _) => TransferPath::SmKernel {
+                        (None, true) => TransferPath::SmKernel {
                             max_sms: SM_BUDGET,
                             runs: n,
                         },
@@ -1102,10 +1104,9 @@ fn page_size_1_token_runs_match_the_pool_cpu_backend() {
                             max_sms: k,
                             runs: n,
                         },
-                        // A backup laid token by token (each buffer's layers together on
-                        // the host) is gathered on the carve-out.
-                        (Some(k), false) => TransferPath::GatheredBackup {
-                            max_sms: k,
+                        // A backup: the token kernel on a few blocks, carve-out or not.
+                        (_, false) => TransferPath::SmKernel {
+                            max_sms: TOKEN_BACKUP_BLOCKS,
                             runs: n,
                         },
                     };

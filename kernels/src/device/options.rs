@@ -292,6 +292,13 @@ pub(crate) const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
 /// (BENCHMARKS.md, "page size 1").
 pub(crate) const SM_BUDGET: u32 = 8;
 
+/// Blocks of 8 warps (one per SM) the token kernel takes for a backup of token-granular runs
+/// (device to host), carve-out or not: SM stores to the host back up into the GPU when many
+/// are in flight. At page size 1 on the H200 the token kernel at 4 blocks per SM on 4
+/// carved-out SMs slowed the GEMM 24-53% (session 8), while the SGLang-style peer's 2 blocks
+/// of 32 warps kept it within 1.4% at 0.70-0.84 of memcpy (BENCHMARKS.md, "page size 1").
+pub(crate) const TOKEN_BACKUP_BLOCKS: u32 = 4;
+
 /// Fewest lines a pitched group needs to go as one 2D copy; shorter groups are batched with the
 /// single runs. Among random pages of one layer about half of the neighbouring runs pair up by
 /// chance; sent as 2-line 2D copies (one driver call each) they took a layer-by-layer load of
@@ -448,6 +455,10 @@ impl TransferPath {
         let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
         let many = count >= CARVEOUT_MIN_RUNS;
         match carveout.filter(|&k| k > 0) {
+            _ if !long && direction == TransferDirection::Backup => TransferPath::SmKernel {
+                max_sms: TOKEN_BACKUP_BLOCKS,
+                runs: count,
+            },
             Some(k) if many && direction == TransferDirection::Backup => {
                 TransferPath::GatheredBackup {
                     max_sms: k,

@@ -390,7 +390,12 @@ impl Gpu {
                         dst,
                         (&merged, vectors_per_run),
                         LaunchShape {
-                            blocks_per_sm: super::token_runs::TOKEN_BLOCKS_PER_SM,
+                            // A backup: one block per SM (few stores to the host in flight,
+                            // `TOKEN_BACKUP_BLOCKS`); a load: as many as stay resident.
+                            blocks_per_sm: match direction {
+                                TransferDirection::Backup => 1,
+                                _ => super::token_runs::TOKEN_BLOCKS_PER_SM,
+                            },
                             ..LaunchShape::sm_budget(max_sms)
                         },
                         false,
