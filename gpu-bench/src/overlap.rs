@@ -26,8 +26,8 @@ use half::bf16;
 use kvlayout_core::MemoryLayout;
 use kvlayout_kernels::test_data::SplitMix64;
 use kvlayout_kernels::{
-    CopyEngineHint, CopyEngineOptions, DeviceBytes, Gpu, GpuBytes, KernelError, LaunchShape,
-    RunOrder,
+    BACKUP_LINK_SHARE_PERMILLE, CopyEngineHint, CopyEngineOptions, DeviceBytes, Gpu, GpuBytes,
+    KernelError, LaunchShape, RunOrder,
 };
 
 use crate::paths::{self, Mode, Path};
@@ -291,6 +291,12 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
             Path::Auto => gpu
                 .enqueue_transfer_runs(src, dst, &call.runs, order)
                 .map(|_| ()),
+            Path::AutoShare(permille) => {
+                gpu.set_backup_link_share_permille(permille)?;
+                let queued = gpu.enqueue_transfer_runs(src, dst, &call.runs, order);
+                gpu.set_backup_link_share_permille(BACKUP_LINK_SHARE_PERMILLE)?;
+                queued.map(|_| ())
+            }
             Path::Verified(_) => unreachable!("handled above"),
         }
     }
@@ -640,8 +646,19 @@ fn hold_phases(
     ];
     backup_variants.extend(crate::paths::BACKUP_BLOCKS.map(Some));
     backup_variants.extend([Some(Path::Auto), Some(Path::Memcpy), None]);
+    // `--backup-shares` (page size 1, backups): the chooser's backups paced to other shares of
+    // the host link (`paths::BACKUP_SHARES`) between the peer and the second chooser phase.
+    let mut backup_shares = vec![
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        Some(Path::Peer(2)),
+    ];
+    backup_shares.extend(crate::paths::BACKUP_SHARES.map(|p| Some(Path::AutoShare(p))));
+    backup_shares.extend([Some(Path::Auto), Some(Path::Memcpy), None]);
     let token_variants = std::env::args().any(|a| a == "--token-variants");
     let backup_blocks = std::env::args().any(|a| a == "--backup-variants");
+    let shares = std::env::args().any(|a| a == "--backup-shares");
     let verified = verify::hold_phases();
     for shape in shapes {
         let phases: &[Option<Path>] = if cx.verify.is_some() {
@@ -651,6 +668,8 @@ fn hold_phases(
                 &variants
             } else if backup_blocks && !shape.h2d {
                 &backup_variants
+            } else if shares && !shape.h2d {
+                &backup_shares
             } else {
                 &page1
             }
@@ -863,6 +882,10 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
     gpu.compile()?;
     let name = gpu.context().name().unwrap_or_default();
     println!("device: {name}, {} SMs, {}", gpu.sm_count(), gpu.arch());
+    println!(
+        "host link, device to host (copy engines, 8 MiB, best of 4): {} MB/s",
+        gpu.host_link_bytes_per_us()?
+    );
     let host_pool = dsa_pool(MemoryLayout::PageFirst);
     let dev_pool = dsa_pool(MemoryLayout::LayerFirst);
     // `--page-size-1`: only the page-size-1 workloads (Llama-3.1-8B and DeepSeek-V3 MLA),

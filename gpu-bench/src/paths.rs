@@ -30,6 +30,9 @@ pub enum Path {
     Staged,
     /// kvlayout's chooser (`Gpu::enqueue_transfer_runs`), what the CUDA pool backend calls.
     Auto,
+    /// The chooser with token backups on a carve-out paced to this share of the host link
+    /// (per mille, `Gpu::set_backup_link_share_permille`; 1000: not paced).
+    AutoShare(u32),
     /// The chooser's load, each layer verified on the device after its copy (`--verify`).
     Verified(Verifier),
 }
@@ -55,6 +58,10 @@ pub const BACKUP_BLOCKS: [Path; 6] = [
     Path::RunKernelBlocks(2, false),
     Path::RunKernelBlocks(4, false),
 ];
+
+/// `--backup-shares`: shares of the host link (per mille) the chooser's token backups on a
+/// carve-out are paced to besides its default (1000: not paced).
+pub const BACKUP_SHARES: [u32; 4] = [700, 750, 850, 1000];
 
 /// The driver's batched copy as a caller would first write it.
 pub const BATCH_DEFAULT: Path = Path::Batch(false, false, 1, 16384, false);
@@ -96,6 +103,9 @@ impl Path {
                 "kvlayout staged: host threads, 1 copy per 16 MiB chunk, 8 slots".into()
             }
             Path::Auto => "kvlayout chooser (CUDA pool backend)".into(),
+            Path::AutoShare(p) => {
+                format!("kvlayout chooser, backups paced to {p}/1000 of the link")
+            }
             Path::Verified(v) => format!("kvlayout chooser + verify: {}", v.label()),
         }
     }

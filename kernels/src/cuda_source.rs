@@ -9,7 +9,8 @@
 //!   so a bad list moves no byte; short lists (`self_check`) are checked by every block itself.
 //! - `copy_runs_uniform`: runs of one length (the token-granular path,
 //!   `device::token_runs`), a warp copying `256 / vectors per run` runs at a time, 8 loads of
-//!   16 bytes in flight per lane.
+//!   16 bytes in flight per lane; optionally paced (a rate limit: token backups next to a model,
+//!   [`crate::LaunchShape::rate_limit_bytes_per_us`]).
 
 /// Threads per block of every kernel (the copy kernels declare it in `__launch_bounds__`).
 pub(crate) const THREADS_PER_BLOCK: u32 = 256;
@@ -170,11 +171,22 @@ __device__ __forceinline__ u32 uniform_lim(u64 first, u64 n, u32 per_group)
     return first >= n ? 0u : (u32)((n - first) < (u64)per_group ? (n - first) : (u64)per_group);
 }
 
+__device__ __forceinline__ u64 global_ns()
+{
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// `pace_ns` > 0: each warp starts its k-th group no earlier than k x pace_ns after its first
+// (a rate limit: the launch's warps x group bytes per pace_ns at most).
 extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
     const Run* __restrict__ runs, u64 n, u64 vpr, u64 group, const unsigned char* src,
-    unsigned char* dst, unsigned long long* err)
+    unsigned char* dst, unsigned long long* err, u64 pace_ns)
 {
     if (*((volatile const u64*)err) != 0) return;
+    const u64 start_ns = pace_ns ? global_ns() : 0;
+    u64 due_ns = start_ns;
     const u32 lane = threadIdx.x & 31u;
     const u32 per_group = (u32)group;
     const u32 vectors = (u32)vpr;
@@ -182,6 +194,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 first = warp * per_group; first < n; first += warps * per_group) {
+        if (pace_ns) {
+            while (global_ns() < due_ns) __nanosleep(256);
+            due_ns += pace_ns;
+        }
         const u32 lim = uniform_lim(first, n, per_group);
         uint4 buf[8];
         uniform_load(buf, g0, v0, vectors, lim, runs, first, src);

@@ -61,8 +61,9 @@ pub mod test_data;
 
 pub use copy_runs::{ByteRun, validate_runs};
 pub use device::{
-    CopyEngineHint, CopyEngineOptions, Gpu, KernelReport, LaunchShape, RunOrder, TransferDirection,
-    TransferPath, driver_present, nvrtc_present, sort_ascending_blocks,
+    BACKUP_LINK_SHARE_PERMILLE, CopyEngineHint, CopyEngineOptions, Gpu, KernelReport, LaunchShape,
+    RunOrder, TransferDirection, TransferPath, driver_present, nvrtc_present,
+    sort_ascending_blocks,
 };
 pub use device_memory::{DeviceBytes, DeviceRuns, GpuBytes, PinnedBytes};
 pub use error::{KernelError, Side};

@@ -222,7 +222,7 @@ fn ordered_runs_merge_only_neighbours_on_both_sides() {
 const SM_BUDGET: u32 = 8;
 /// The blocks (one per SM) the token kernel takes for a token backup, carve-out or not
 /// (`TOKEN_BACKUP_BLOCKS`, device/options.rs).
-const TOKEN_BACKUP_BLOCKS: u32 = 4;
+const TOKEN_BACKUP_BLOCKS: u32 = 8;
 
 #[test]
 fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budget() {

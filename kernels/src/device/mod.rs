@@ -20,6 +20,7 @@
 
 pub mod copy_engine;
 mod gathered;
+mod link;
 mod memory;
 pub mod options;
 mod run_ring;
@@ -41,6 +42,7 @@ use crate::cuda_source::{SOURCE, THREADS_PER_BLOCK};
 use crate::device_memory::driver_err;
 use crate::error::KernelError;
 
+pub use link::BACKUP_LINK_SHARE_PERMILLE;
 pub(crate) use options::{CARVEOUT_MIN_RUNS, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES};
 pub use options::{
     CopyEngineHint, CopyEngineOptions, KernelReport, LaunchShape, RunOrder, TransferDirection,
@@ -119,6 +121,12 @@ pub struct Gpu {
     /// The chooser's host-ordered copy of a token list and its bucket counts, reused from
     /// call to call ([`options::in_key_buckets_into`]).
     order_scratch: Mutex<(Vec<ByteRun>, Vec<usize>)>,
+    /// The host link's measured device-to-host rate (bytes per microsecond) and the buffers
+    /// it was measured with ([`Gpu::host_link_bytes_per_us`]).
+    link: Mutex<Option<(u64, crate::DeviceBytes, crate::PinnedBytes)>>,
+    /// Share of that link a token backup on a carve-out may take, per mille
+    /// ([`Gpu::set_backup_link_share_permille`]).
+    backup_link_share_permille: AtomicU32,
 }
 
 impl Gpu {
@@ -167,6 +175,8 @@ impl Gpu {
             gathered: Mutex::new(gathered::GatherState::Untried),
             model_carveout_sms: AtomicU32::new(0),
             order_scratch: Mutex::new((Vec::new(), Vec::new())),
+            link: Mutex::new(None),
+            backup_link_share_permille: AtomicU32::new(link::BACKUP_LINK_SHARE_PERMILLE),
         })
     }
 

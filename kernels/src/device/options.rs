@@ -12,6 +12,10 @@ pub struct LaunchShape {
     /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM; the token kernel
     /// keeps 4 resident).
     pub blocks_per_sm: u32,
+    /// The token kernel (`copy_runs_uniform`) moves at most about this many bytes per
+    /// microsecond (MB/s), each warp pacing its groups of runs on the GPU's global timer
+    /// (`None`: as fast as it can). Other kernels ignore it.
+    pub rate_limit_bytes_per_us: Option<u64>,
 }
 
 impl Default for LaunchShape {
@@ -19,6 +23,7 @@ impl Default for LaunchShape {
         LaunchShape {
             max_sms: None,
             blocks_per_sm: 8,
+            rate_limit_bytes_per_us: None,
         }
     }
 }
@@ -29,6 +34,7 @@ impl LaunchShape {
         LaunchShape {
             max_sms: Some(sms),
             blocks_per_sm: 8,
+            rate_limit_bytes_per_us: None,
         }
     }
 }
@@ -293,11 +299,12 @@ pub(crate) const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
 pub(crate) const SM_BUDGET: u32 = 8;
 
 /// Blocks of 8 warps (one per SM) the token kernel takes for a backup of token-granular runs
-/// (device to host), carve-out or not: SM stores to the host back up into the GPU when many
-/// are in flight. At page size 1 on the H200 the token kernel at 4 blocks per SM on 4
-/// carved-out SMs slowed the GEMM 24-53% (session 8), while the SGLang-style peer's 2 blocks
-/// of 32 warps kept it within 1.4% at 0.70-0.84 of memcpy (BENCHMARKS.md, "page size 1").
-pub(crate) const TOKEN_BACKUP_BLOCKS: u32 = 4;
+/// (device to host), carve-out or not, paced on a carve-out to a share of the host link
+/// ([`crate::Gpu::set_backup_link_share_permille`]). On the H200 at page size 1, 8 such blocks
+/// moved 0.90-0.91 of memcpy alone (4 blocks 0.84-0.89, 2 blocks 0.50-0.62: about 12-13 GB/s a
+/// block), where the token kernel at 4 blocks per SM on 8 SMs moved 0.81-0.82 (BENCHMARKS.md,
+/// "GPU at page size 1").
+pub(crate) const TOKEN_BACKUP_BLOCKS: u32 = 8;
 
 /// Fewest lines a pitched group needs to go as one 2D copy; shorter groups are batched with the
 /// single runs. Among random pages of one layer about half of the neighbouring runs pair up by

@@ -389,21 +389,39 @@ impl Gpu {
                         src,
                         dst,
                         (&merged, vectors_per_run),
-                        LaunchShape {
-                            // A backup: one block per SM (few stores to the host in flight,
-                            // `TOKEN_BACKUP_BLOCKS`); a load: as many as stay resident.
-                            blocks_per_sm: match direction {
-                                TransferDirection::Backup => 1,
-                                _ => super::token_runs::TOKEN_BLOCKS_PER_SM,
-                            },
-                            ..LaunchShape::sm_budget(max_sms)
-                        },
+                        self.token_launch_shape(direction, carveout, max_sms)?,
                         false,
                     )?
                 }
             }
         }
         Ok(path)
+    }
+
+    /// The token kernel's launch in `direction` on `max_sms` SMs: a load as many blocks per SM
+    /// as stay resident; a backup one per SM (`TOKEN_BACKUP_BLOCKS`), paced to a share of the
+    /// host link when the model declared a carve-out (`carveout`; module docs of `link`).
+    fn token_launch_shape(
+        &self,
+        direction: TransferDirection,
+        carveout: Option<u32>,
+        max_sms: u32,
+    ) -> Result<LaunchShape, KernelError> {
+        if direction != TransferDirection::Backup {
+            return Ok(LaunchShape {
+                blocks_per_sm: super::token_runs::TOKEN_BLOCKS_PER_SM,
+                ..LaunchShape::sm_budget(max_sms)
+            });
+        }
+        let rate_limit_bytes_per_us = match carveout {
+            Some(_) => self.backup_rate_limit_bytes_per_us()?,
+            None => None,
+        };
+        Ok(LaunchShape {
+            blocks_per_sm: 1,
+            rate_limit_bytes_per_us,
+            ..LaunchShape::sm_budget(max_sms)
+        })
     }
 
     /// A gathered backup of `runs` (checked against both buffers; planned in this order) with

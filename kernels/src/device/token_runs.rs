@@ -62,6 +62,17 @@ pub(crate) fn runs_per_warp(vectors_per_run: u64) -> u64 {
     (LOADS_PER_LANE * 32 / vectors_per_run.max(1)).max(1)
 }
 
+/// Nanoseconds each warp of a `grid`-block launch of `copy_runs_uniform` waits between the
+/// starts of its groups of `group_bytes` so the launch moves at most `rate_bytes_per_us`
+/// bytes per microsecond: warps x group bytes per pace. At least 1 (0 would mean unpaced);
+/// saturates rather than overflows.
+pub(crate) fn pace_ns_per_group(group_bytes: u64, grid: u32, rate_bytes_per_us: u64) -> u64 {
+    let warps = u64::from(grid) * u64::from(crate::cuda_source::THREADS_PER_BLOCK / 32);
+    let bytes_per_pace = u128::from(group_bytes) * u128::from(warps) * 1000;
+    let ns = bytes_per_pace / u128::from(rate_bytes_per_us.max(1));
+    u64::try_from(ns).unwrap_or(u64::MAX).max(1)
+}
+
 impl Gpu {
     /// Launches the run list of `runs` (already checked against both buffers, or checked by
     /// a validation launch enqueued before on `stream`), whose copy the GPU reads at `list`,
@@ -129,6 +140,10 @@ impl Gpu {
     ) -> Result<(), KernelError> {
         let group = runs_per_warp(vectors_per_run);
         let threads = n.div_ceil(group) * 32;
+        let grid = self.grid(shape, threads);
+        let pace_ns = shape.rate_limit_bytes_per_us.map_or(0, |rate| {
+            pace_ns_per_group(group * vectors_per_run * VECTOR_BYTES, grid, rate)
+        });
         let args = [
             Arg::Word(list),
             Arg::Word(n),
@@ -137,17 +152,10 @@ impl Gpu {
             Arg::Word(src.device_address()),
             Arg::Word(dst.device_address()),
             Arg::Word(self.err_address()),
+            Arg::Word(pace_ns),
         ];
         // SAFETY: arguments match copy_runs_uniform; the list and buffers as promised.
-        unsafe {
-            self.launch_on(
-                stream,
-                f,
-                "cuLaunchKernel(copy_runs_uniform)",
-                self.grid(shape, threads),
-                &args,
-            )
-        }
+        unsafe { self.launch_on(stream, f, "cuLaunchKernel(copy_runs_uniform)", grid, &args) }
     }
 }
 
@@ -200,6 +208,21 @@ mod tests {
             Some(256)
         );
         assert_eq!(uniform_vectors(&[ByteRun::new(0, 0, 4112)], (0, 0)), None);
+    }
+
+    #[test]
+    fn the_pace_spreads_the_rate_over_the_launchs_warps() {
+        use super::pace_ns_per_group;
+        // Llama-3.1-8B backup runs (2,048 B, 2 per group: 4,096 B) on 8 blocks of 8 warps at
+        // 44,000 B/us (0.8 of a 55 GB/s link): 64 warps x 4,096 B = 262,144 B per pace,
+        // 262,144 / 44,000 us = 5,957.8 ns, rounded down to 5,957.
+        assert_eq!(pace_ns_per_group(4096, 8, 44_000), 5957);
+        // MLA (1,152 B, 3 per group: 3,456 B) on 4 blocks at the same rate: 32 x 3,456 =
+        // 110,592 B, 2,513.45 ns.
+        assert_eq!(pace_ns_per_group(3456, 4, 44_000), 2513);
+        // Never 0 (unpaced), never an overflow, a rate of 0 read as 1 B/us.
+        assert_eq!(pace_ns_per_group(16, 1, u64::MAX), 1);
+        assert_eq!(pace_ns_per_group(u64::MAX, u32::MAX, 0), u64::MAX);
     }
 
     #[test]
