@@ -178,15 +178,16 @@ __device__ __forceinline__ u64 global_ns()
     return t;
 }
 
-// `pace_ns` > 0: each warp starts its k-th group no earlier than k x pace_ns after its first
-// (a rate limit: the launch's warps x group bytes per pace_ns at most).
-extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
+// The token kernel's body. PACED: each warp starts its k-th group no earlier than k x pace_ns
+// after its first (a rate limit: the launch's warps x group bytes per pace_ns at most); the
+// unpaced body has no timer and no pacing registers.
+template <bool PACED>
+__device__ __forceinline__ void uniform_copy(
     const Run* __restrict__ runs, u64 n, u64 vpr, u64 group, const unsigned char* src,
     unsigned char* dst, unsigned long long* err, u64 pace_ns)
 {
     if (*((volatile const u64*)err) != 0) return;
-    const u64 start_ns = pace_ns ? global_ns() : 0;
-    u64 due_ns = start_ns;
+    u64 due_ns = PACED ? global_ns() : 0;
     const u32 lane = threadIdx.x & 31u;
     const u32 per_group = (u32)group;
     const u32 vectors = (u32)vpr;
@@ -194,7 +195,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
     const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 first = warp * per_group; first < n; first += warps * per_group) {
-        if (pace_ns) {
+        if (PACED) {
             while (global_ns() < due_ns) __nanosleep(256);
             due_ns += pace_ns;
         }
@@ -203,5 +204,21 @@ extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
         uniform_load(buf, g0, v0, vectors, lim, runs, first, src);
         uniform_store(buf, g0, v0, vectors, lim, runs, first, dst);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform(
+    const Run* __restrict__ runs, u64 n, u64 vpr, u64 group, const unsigned char* src,
+    unsigned char* dst, unsigned long long* err)
+{
+    uniform_copy<false>(runs, n, vpr, group, src, dst, err, 0);
+}
+
+// Token backups next to a model: paced (`pace_ns` > 0).
+extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform_paced(
+    const Run* __restrict__ runs, u64 n, u64 vpr, u64 group, const unsigned char* src,
+    unsigned char* dst, unsigned long long* err, u64 pace_ns)
+{
+    uniform_copy<true>(runs, n, vpr, group, src, dst, err, pace_ns);
+}
 }
 "#;

@@ -752,7 +752,7 @@ fn page1_pairs() -> Vec<PagePair> {
 }
 
 /// Page size 1 through the pools: a load layer by layer and a backup of all layers (2,048 B
-/// token runs: the token kernel, or gathered on a carve-out) on `backend`; both pools after
+/// token runs: the token kernel, paced on a carve-out) on `backend`; both pools after
 /// each step.
 fn page1_transfers<B: Backend>(backend: B) -> Vec<(Vec<u8>, Vec<u8>)> {
     let device = DevicePool::new_in(backend, page1()).unwrap();

@@ -86,6 +86,7 @@ struct Kernels {
     validate_runs: CudaFunction,
     copy_runs: CudaFunction,
     copy_runs_uniform: CudaFunction,
+    copy_runs_uniform_paced: CudaFunction,
 }
 
 /// One kernel argument: a 64-bit word (an address or a count).
@@ -190,11 +191,13 @@ impl Gpu {
     /// places blocks itself, so on an idle GPU they may spread wider) and the copy engines,
     /// both at once; token-granular loads use a grid for those SMs
     /// ([`LaunchShape::sm_budget`]) instead of `SM_BUDGET`'s. Backups of at least as many page
-    /// or token runs are gathered on those SMs into device staging (device to device), then
+    /// runs are gathered on those SMs into device staging (device to device), then
     /// copied to the host one host-contiguous stretch at a time by the copy engines
-    /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): SM stores to
-    /// host memory slowed the GEMM 31-237% at every launch shape measured, on the free SMs too,
-    /// while the gather left it within noise.
+    /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): unpaced SM
+    /// stores to host memory slowed the GEMM 31-237% at every launch shape measured, on the
+    /// free SMs too, while the gather left it within noise. Token backups go to the token
+    /// kernel paced to a share of the host link ([`Gpu::set_backup_link_share_permille`]),
+    /// which kept the GEMM within 1.0-1.7 points of memcpy's cost at page size 1.
     ///
     /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
     /// 5"), random DSA pages x 61 layers: a load layer by layer at 0.909-0.911 of pinned memcpy
@@ -308,6 +311,7 @@ impl Gpu {
             validate_runs: f("validate_runs")?,
             copy_runs: f("copy_runs")?,
             copy_runs_uniform: f("copy_runs_uniform")?,
+            copy_runs_uniform_paced: f("copy_runs_uniform_paced")?,
             _module: module,
         })
     }
@@ -319,6 +323,10 @@ impl Gpu {
             ("validate_runs".to_string(), &k.validate_runs),
             ("copy_runs".to_string(), &k.copy_runs),
             ("copy_runs_uniform".to_string(), &k.copy_runs_uniform),
+            (
+                "copy_runs_uniform_paced".to_string(),
+                &k.copy_runs_uniform_paced,
+            ),
         ];
         fs.into_iter()
             .map(|(name, f)| {

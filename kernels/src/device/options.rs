@@ -433,12 +433,13 @@ impl TransferPath {
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
-    /// - shorter runs (token-granular): the run-list kernel on the carve-out, or on
-    ///   `SM_BUDGET` SMs without one; with a carve-out, a backup of at least
-    ///   `CARVEOUT_MIN_RUNS` of them is gathered on it as page runs are (at page size 1 the
-    ///   kernel's stores to the host slowed the GEMM 1.5-3.3% on 2 carved-out SMs at 0.45-0.70
-    ///   of memcpy, and 24-53% on 4, where the copy engines' copies out of the gathered host
-    ///   stretches cost it what memcpy does; BENCHMARKS.md, "page size 1").
+    /// - shorter runs (token-granular): a load on the run-list kernel on the carve-out, or on
+    ///   `SM_BUDGET` SMs without one; a backup on the token kernel's `TOKEN_BACKUP_BLOCKS`
+    ///   blocks (one per SM), carve-out or not, paced on a carve-out to a share of the host
+    ///   link (`Gpu::set_backup_link_share_permille`): at page size 1 on the H200 it moved
+    ///   0.73-0.78 of memcpy next to the GEMM with the GEMM 1.0-1.7 points over memcpy's cost,
+    ///   where the gathered backup of session 11 moved 0.47-0.70 at up to 2.7 points, and
+    ///   0.81-0.84 alone (BENCHMARKS.md, "GPU at page size 1").
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,

@@ -96,7 +96,6 @@ impl Gpu {
             return unsafe {
                 self.launch_uniform(
                     &self.stream,
-                    &k.copy_runs_uniform,
                     (runs.address(), n, vectors_per_run),
                     src,
                     dst,
@@ -264,10 +263,11 @@ impl Gpu {
     /// bytes, or whose merged runs would not merge into stretches at least two runs long on
     /// average, or number fewer than `CARVEOUT_MIN_RUNS`, or whose staging or list
     /// memory cannot be allocated, keeps the copy engines);
-    /// token-granular runs go to the
-    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one, except
-    /// backups on a carve-out, gathered as page runs are (one host stretch per token and
-    /// buffer when the host pool is `page_first`; a backup not gathered keeps the kernel).
+    /// token-granular loads go to the
+    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one; token
+    /// backups to the token kernel on `TOKEN_BACKUP_BLOCKS` blocks of one per SM, paced on a
+    /// carve-out to a share of the host link ([`Gpu::set_backup_link_share_permille`]: SM
+    /// stores near the link's limit slow the model, module docs of `link`).
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and

@@ -10,7 +10,7 @@
 //! warp: 144 of 256 slots busy); laying the runs one after the other keeps 216 busy (3 runs).
 //! Runs shorter than 128 B keep `copy_runs` (a warp then walks at most 32 runs at a time).
 
-use cudarc::driver::{CudaFunction, CudaStream};
+use cudarc::driver::CudaStream;
 
 use super::{Arg, Gpu, LaunchShape};
 use crate::copy_runs::{ByteRun, VECTOR_BYTES};
@@ -101,7 +101,6 @@ impl Gpu {
                 unsafe {
                     self.launch_uniform(
                         stream,
-                        &k.copy_runs_uniform,
                         (list, runs.len() as u64, vectors_per_run),
                         src,
                         dst,
@@ -123,7 +122,8 @@ impl Gpu {
         }
     }
 
-    /// `copy_runs_uniform` over the `n` runs at `list`, `vectors_per_run` vectors each.
+    /// `copy_runs_uniform` over the `n` runs at `list`, `vectors_per_run` vectors each
+    /// (`copy_runs_uniform_paced` when `shape` sets a rate limit).
     ///
     /// # Safety
     /// The list holds `n` uniform runs ([`uniform_vectors`]) readable until the kernel has
@@ -132,19 +132,16 @@ impl Gpu {
     pub(super) unsafe fn launch_uniform(
         &self,
         stream: &CudaStream,
-        f: &CudaFunction,
         (list, n, vectors_per_run): (u64, u64, u64),
         src: &dyn GpuBytes,
         dst: &mut dyn GpuBytes,
         shape: LaunchShape,
     ) -> Result<(), KernelError> {
+        let k = self.kernels()?;
         let group = runs_per_warp(vectors_per_run);
         let threads = n.div_ceil(group) * 32;
         let grid = self.grid(shape, threads);
-        let pace_ns = shape.rate_limit_bytes_per_us.map_or(0, |rate| {
-            pace_ns_per_group(group * vectors_per_run * VECTOR_BYTES, grid, rate)
-        });
-        let args = [
+        let mut args = vec![
             Arg::Word(list),
             Arg::Word(n),
             Arg::Word(vectors_per_run),
@@ -152,10 +149,20 @@ impl Gpu {
             Arg::Word(src.device_address()),
             Arg::Word(dst.device_address()),
             Arg::Word(self.err_address()),
-            Arg::Word(pace_ns),
         ];
-        // SAFETY: arguments match copy_runs_uniform; the list and buffers as promised.
-        unsafe { self.launch_on(stream, f, "cuLaunchKernel(copy_runs_uniform)", grid, &args) }
+        let (f, call) = match shape.rate_limit_bytes_per_us {
+            None => (&k.copy_runs_uniform, "cuLaunchKernel(copy_runs_uniform)"),
+            Some(rate) => {
+                let group_bytes = group * vectors_per_run * VECTOR_BYTES;
+                args.push(Arg::Word(pace_ns_per_group(group_bytes, grid, rate)));
+                (
+                    &k.copy_runs_uniform_paced,
+                    "cuLaunchKernel(copy_runs_uniform_paced)",
+                )
+            }
+        };
+        // SAFETY: arguments match the kernel chosen; the list and buffers as promised.
+        unsafe { self.launch_on(stream, f, call, grid, &args) }
     }
 }
 

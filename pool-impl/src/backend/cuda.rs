@@ -7,9 +7,11 @@
 //! runs (page size 1: one token of one layer per run) to the token kernel on a few SMs (8
 //! without a carve-out). When the model's GEMMs leave SMs free, tell the GPU
 //! (`backend.gpu().set_model_carveout_sms(k)`, [`Gpu::set_model_carveout_sms`]): loads of many
-//! page runs then run on those SMs, token-granular loads too, and backups of many page or
-//! token runs are gathered on them into device staging, then copied out by the copy engines one
-//! host-contiguous stretch at a time (a token's layers, at page size 1).
+//! page runs then run on those SMs, token-granular loads too, backups of many page runs are
+//! gathered on them into device staging, then copied out by the copy engines one
+//! host-contiguous stretch at a time, and token-granular backups (page size 1) go to the token
+//! kernel paced to 0.8 of the host link measured once (`Gpu::set_backup_link_share_permille`
+//! changes the share): SM stores near the link's limit slow the model.
 //!
 //! The shim has checked the plan before the backend sees it; the chooser checks every run
 //! against both regions again on the host before any byte moves, whatever the path, so a bad
