@@ -886,6 +886,12 @@ pub fn run(mode: Mode) -> Result<(), KernelError> {
         "host link, device to host (copy engines, 8 MiB, best of 4): {} MB/s",
         gpu.host_link_bytes_per_us()?
     );
+    for k in gpu.kernel_report()? {
+        println!(
+            "kernel {}: {} registers, {} blocks of 256 threads per SM",
+            k.name, k.registers, k.blocks_per_sm
+        );
+    }
     let host_pool = dsa_pool(MemoryLayout::PageFirst);
     let dev_pool = dsa_pool(MemoryLayout::LayerFirst);
     // `--page-size-1`: only the page-size-1 workloads (Llama-3.1-8B and DeepSeek-V3 MLA),
