@@ -220,5 +220,27 @@ extern "C" __global__ void __launch_bounds__(256, 4) copy_runs_uniform_paced(
 {
     uniform_copy<true>(runs, n, vpr, group, src, dst, err, pace_ns);
 }
-}
 "#;
+
+#[cfg(test)]
+mod tests {
+    /// NVRTC compiles the source only on a GPU machine; the CPU build checks at least that
+    /// every brace closes one opened before it and all are closed (an extra `}` cost a device
+    /// run once: "expected a declaration").
+    #[test]
+    fn the_cuda_source_has_balanced_braces() {
+        let mut depth = 0i64;
+        for (line_no, line) in super::SOURCE.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for c in code.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+                assert!(depth >= 0, "line {}: a brace closes nothing", line_no + 1);
+            }
+        }
+        assert_eq!(depth, 0, "unclosed braces");
+    }
+}
