@@ -22,8 +22,12 @@
 //! beside the chooser and, at page size 1, beside the peer, each stream fed without a pause,
 //! with wall-clock intervals to read an `nvidia-smi` log by); `--token-variants` (with `--hold`
 //! and `--page-size-1`: phases of the token kernel on 2 and 4 SMs and over contiguous runs, the
-//! SM path's ceiling, too); `--token-ceiling` (windows at page size 1: memcpy, the token kernel
-//! over contiguous runs and over the scattered ones on 4 and all SMs, the peer, the chooser);
+//! SM path's ceiling, too); `--backup-variants` (with `--hold` and `--page-size-1`: backup
+//! phases of the token kernel on 1, 2, 4 and 8 blocks in all, its list in host order or as
+//! listed); `--backup-shares` (the same: the chooser's backups paced to 700, 750, 850 and 1000
+//! per mille of the host link besides its default); `--token-ceiling` (windows at page size 1:
+//! memcpy, the token kernel over contiguous runs and over the scattered ones on 4 and all SMs,
+//! the peer, the token kernel's backups on few blocks, the chooser);
 //! `--verify` (the 1,024-page load only, also verified layer by layer on the device by the page
 //! checksum and by SGLang's Adler-32 as the peer, `verify.rs`; each verifier alone first);
 //! `--verify-sms V` (with `--sm-carveout K`: the GEMM leaves K + V SMs, the chooser is told K).
@@ -53,7 +57,8 @@ fn main() -> Result<(), KernelError> {
     eprintln!(
         "usage: gpu_bench --overlap | --overlap-small | --dma-sweep [--page-size-1] \
          [--sm-carveout K] [--auto-only] [--loads-only | --backups-only] [--pair-major] \
-         [--hold SECONDS] [--token-variants] [--token-ceiling] [--verify [--verify-sms V]]"
+         [--hold SECONDS] [--token-variants] [--backup-variants] [--backup-shares] \
+         [--token-ceiling] [--verify [--verify-sms V]]"
     );
     std::process::exit(2);
 }

@@ -4,7 +4,7 @@
 //! uses), while the copy engines at the full rate do not. On the H200 next to a bf16 GEMM
 //! carved out by 4 SMs, page-size-1 backups by the token kernel moved 44.7-45.9 GB/s (0.81-0.83
 //! of the 55.3 GB/s memcpy) with the GEMM +0.7% to +2.1%, and 46.9-50.5 GB/s (0.85-0.91) with
-//! it +16% to +127% (memcpy: -0.1% to +0.6%; BENCHMARKS.md, "GPU at page size 1"). A token
+//! it +10% to +111% (memcpy: -0.1% to +0.6%; BENCHMARKS.md, "GPU at page size 1"). A token
 //! backup on a carve-out is therefore paced to `BACKUP_LINK_SHARE_PERMILLE` of the measured
 //! link.
 

@@ -197,7 +197,7 @@ impl Gpu {
     /// stores to host memory slowed the GEMM 31-237% at every launch shape measured, on the
     /// free SMs too, while the gather left it within noise. Token backups go to the token
     /// kernel paced to a share of the host link ([`Gpu::set_backup_link_share_permille`]),
-    /// which kept the GEMM within 1.0-1.7 points of memcpy's cost at page size 1.
+    /// which kept the GEMM within 0.8-1.5 points of memcpy's cost at page size 1.
     ///
     /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
     /// 5"), random DSA pages x 61 layers: a load layer by layer at 0.909-0.911 of pinned memcpy

@@ -301,8 +301,8 @@ pub(crate) const SM_BUDGET: u32 = 8;
 /// Blocks of 8 warps (one per SM) the token kernel takes for a backup of token-granular runs
 /// (device to host), carve-out or not, paced on a carve-out to a share of the host link
 /// ([`crate::Gpu::set_backup_link_share_permille`]). On the H200 at page size 1, 8 such blocks
-/// moved 0.90-0.91 of memcpy alone (4 blocks 0.84-0.89, 2 blocks 0.50-0.62: about 12-13 GB/s a
-/// block), where the token kernel at 4 blocks per SM on 8 SMs moved 0.81-0.82 (BENCHMARKS.md,
+/// moved 0.89-0.93 of memcpy alone (4 blocks 0.84-0.92, 2 blocks 0.50-0.68: about 12-13 GB/s a
+/// block), where the token kernel at 4 blocks per SM on 8 SMs moved 0.69-0.82 (BENCHMARKS.md,
 /// "GPU at page size 1").
 pub(crate) const TOKEN_BACKUP_BLOCKS: u32 = 8;
 
@@ -437,9 +437,9 @@ impl TransferPath {
     ///   `SM_BUDGET` SMs without one; a backup on the token kernel's `TOKEN_BACKUP_BLOCKS`
     ///   blocks (one per SM), carve-out or not, paced on a carve-out to a share of the host
     ///   link (`Gpu::set_backup_link_share_permille`): at page size 1 on the H200 it moved
-    ///   0.73-0.78 of memcpy next to the GEMM with the GEMM 1.0-1.7 points over memcpy's cost,
+    ///   0.70-0.78 of memcpy next to the GEMM with the GEMM 0.8-1.5 points over memcpy's cost,
     ///   where the gathered backup of session 11 moved 0.47-0.70 at up to 2.7 points, and
-    ///   0.81-0.84 alone (BENCHMARKS.md, "GPU at page size 1").
+    ///   0.81-0.86 alone (BENCHMARKS.md, "GPU at page size 1").
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,
