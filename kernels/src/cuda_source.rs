@@ -196,7 +196,11 @@ __device__ __forceinline__ void uniform_copy(
     const u64 warps = ((u64)gridDim.x * blockDim.x) >> 5;
     for (u64 first = warp * per_group; first < n; first += warps * per_group) {
         if (PACED) {
-            while (global_ns() < due_ns) __nanosleep(256);
+            while (global_ns() < due_ns) {
+#if __CUDA_ARCH__ >= 700
+                __nanosleep(256);  // sm_70 and later; older GPUs spin
+#endif
+            }
             due_ns += pace_ns;
         }
         const u32 lim = uniform_lim(first, n, per_group);
