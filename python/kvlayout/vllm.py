@@ -44,12 +44,22 @@ TESTED_VLLM = ("0.33.0",)
 
 
 def check_version(version: Optional[str] = None) -> str:
-    """The running vLLM's version, or ``KvLayoutError`` naming it when this wiring was not tested
-    on it (:data:`TESTED_VLLM`)."""
+    """Checks a vLLM version against the ones this wiring was tested on (:data:`TESTED_VLLM`)
+    and returns it as a string.
+
+    ``version``: the version to check (compared as ``str(version)``, exactly: ``"0.33.0"``, not
+    ``"0.33"``); ``None`` (the default) checks the installed vLLM's (``vllm.__version__``),
+    importing it.
+
+    # Errors
+    ``KvLayoutError`` naming the version and the tested ones when it is not in
+    :data:`TESTED_VLLM`; ``ImportError`` when ``version`` is ``None`` and vLLM is not
+    installed."""
     if version is None:
         import vllm
 
-        version = str(vllm.__version__)
+        version = vllm.__version__
+    version = str(version)
     if version not in TESTED_VLLM:
         raise KvLayoutError(f"kvlayout.vllm: vLLM {version} is not a version this wiring was "
                             f"tested on ({', '.join(TESTED_VLLM)}); its connector internals may "

@@ -201,3 +201,22 @@ def test_kvlayout_require_must_be_a_json_bool(value, want):
             wiring._require(config)
     else:
         assert wiring._require(config) is want
+
+
+def test_vllm_check_version_compares_the_exact_string_and_names_both():
+    # kvlayout.vllm.check_version: TESTED_VLLM is ("0.33.0",) (the version ENGINES.md tried).
+    import kvlayout.vllm as kv
+
+    assert kv.check_version("0.33.0") == "0.33.0"
+    doc = kv.check_version.__doc__
+    assert "``version``" in doc and "KvLayoutError" in doc and "ImportError" in doc
+    for untested in ("0.33", "0.32.1"):
+        with pytest.raises(kvlayout.KvLayoutError) as e:
+            kv.check_version(untested)
+        assert untested in str(e.value) and "0.33.0" in str(e.value)
+
+    class Version:  # a packaging.version.Version-like object: compared as its string
+        def __str__(self) -> str:
+            return "0.33.0"
+
+    assert kv.check_version(Version()) == "0.33.0"
