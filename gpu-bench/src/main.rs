@@ -25,7 +25,8 @@
 //! SM path's ceiling, too); `--backup-variants` (with `--hold` and `--page-size-1`: backup
 //! phases of the token kernel on 1, 2, 4 and 8 blocks in all, its list in host order or as
 //! listed); `--backup-shares` (the same: the chooser's backups paced to 700, 750, 850 and 1000
-//! per mille of the host link besides its default); `--token-ceiling` (windows at page size 1:
+//! per mille of the host link besides its default; with a carve-out only, as backups are paced
+//! only then; `--backup-variants` wins when both are given); `--token-ceiling` (windows at page size 1:
 //! memcpy, the token kernel over contiguous runs and over the scattered ones on 4 and all SMs,
 //! the peer, the token kernel's backups on few blocks, the chooser);
 //! `--verify` (the 1,024-page load only, also verified layer by layer on the device by the page

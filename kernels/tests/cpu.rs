@@ -281,15 +281,13 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
     // Without a carve-out: the copy engines, as `for_runs`.
     assert_eq!(TransferPath::choose(&pages, D::Load, None), ce(64));
     assert_eq!(TransferPath::for_runs(&pages), ce(64));
-    // Token runs (132-byte index-K tokens): the carve-out's SMs in every direction but
-    // backups, else the fixed budget; backups on TOKEN_BACKUP_BLOCKS blocks either way.
+    // Token runs (132-byte index-K tokens: not a multiple of 16, so not the token kernel's):
+    // the carve-out's SMs in every direction, else the fixed budget.
     let tokens: Vec<ByteRun> = (0..3)
         .map(|i| ByteRun::new(i * 132, i * 132, 132))
         .collect();
-    assert_eq!(
-        TransferPath::choose(&tokens, D::Backup, Some(5)),
-        sm(TOKEN_BACKUP_BLOCKS, 3)
-    );
+    assert_eq!(TransferPath::choose(&tokens, D::Backup, Some(5)), sm(5, 3));
+    // (Three runs are fewer than CARVEOUT_MIN_RUNS = 64: not gathered.)
     assert_eq!(TransferPath::choose(&tokens, D::Load, Some(5)), sm(5, 3));
     assert_eq!(
         TransferPath::choose(&tokens, D::Load, None),
@@ -929,4 +927,76 @@ fn gather_chunks_planned_into_one_reused_chunk_match_the_iterator() {
     assert_eq!(bytes, 46_080);
     // Fused: nothing more, and the chunk left as the last one planned.
     assert!(!planner.next_into(&mut chunk));
+}
+
+#[test]
+fn token_backups_the_token_kernel_takes_are_paced_and_others_keep_the_earlier_paths() {
+    use kvlayout_kernels::TransferDirection as D;
+    let sm = |max_sms, runs| TransferPath::SmKernel { max_sms, runs };
+    // DeepSeek-V3.2 at page size 1: a token's 656 B MLA row and 132 B index-K row in one list
+    // (two lengths: the token kernel cannot take it, so it cannot be paced). 64 runs on a
+    // carve-out of 2: gathered, as before session 12; 63: the run-list kernel on the carve-out;
+    // no carve-out: the run-list kernel on SM_BUDGET SMs.
+    let dsa: Vec<ByteRun> = (0..64u64)
+        .map(|i| {
+            let len = if i % 2 == 0 { 656 } else { 132 };
+            ByteRun::new(i * 1000, i * 2000, len)
+        })
+        .collect();
+    assert_eq!(
+        TransferPath::choose(&dsa, D::Backup, Some(2)),
+        TransferPath::GatheredBackup {
+            max_sms: 2,
+            runs: 64
+        }
+    );
+    assert_eq!(
+        TransferPath::choose(&dsa[..63], D::Backup, Some(2)),
+        sm(2, 63)
+    );
+    assert_eq!(
+        TransferPath::choose(&dsa, D::Backup, None),
+        sm(SM_BUDGET, 64)
+    );
+    // One length the token kernel takes: 128 B (8 vectors) up to 4,096 B (256), multiples of
+    // 16 at 16-byte offsets: TOKEN_BACKUP_BLOCKS, carve-out or not.
+    for len in [128u64, 656, 1152, 2048, 4080] {
+        let runs: Vec<ByteRun> = (0..64u64)
+            .map(|i| ByteRun::new(i * 8192, i * 16_384, len))
+            .collect();
+        for carveout in [None, Some(2)] {
+            assert_eq!(
+                TransferPath::choose(&runs, D::Backup, carveout),
+                sm(TOKEN_BACKUP_BLOCKS, 64),
+                "{len} B, carve-out {carveout:?}"
+            );
+        }
+    }
+    // 112 B (under 128), 1,000 B (not a multiple of 16), 1,152 B at an offset of 8: not the
+    // token kernel's; 4,096 B runs are page runs (a mean of 4,096 B goes to the copy engines).
+    for (len, offset) in [(112u64, 0u64), (1000, 0), (1152, 8)] {
+        let runs: Vec<ByteRun> = (0..64u64)
+            .map(|i| ByteRun::new(offset + i * 8192, i * 16_384, len))
+            .collect();
+        assert_eq!(
+            TransferPath::choose(&runs, D::Backup, Some(2)),
+            TransferPath::GatheredBackup {
+                max_sms: 2,
+                runs: 64
+            },
+            "{len} B at {offset}"
+        );
+        assert_eq!(
+            TransferPath::choose(&runs, D::Backup, None),
+            sm(SM_BUDGET, 64),
+            "{len} B at {offset}"
+        );
+    }
+    let pages: Vec<ByteRun> = (0..64u64)
+        .map(|i| ByteRun::new(i * 8192, i * 16_384, 4096))
+        .collect();
+    assert_eq!(
+        TransferPath::choose(&pages, D::Backup, None),
+        TransferPath::CopyEngines { runs: 64 }
+    );
 }

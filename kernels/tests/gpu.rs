@@ -1250,4 +1250,40 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
         }
     );
     assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &runs));
+    // DeepSeek-V3.2 token rows (656 B MLA and 132 B index-K in one list: two lengths, not the
+    // token kernel's, so not paced), laid as the pool shim lays them: a token's rows one after
+    // the other on the host (one 788 B host stretch per token), apart on the device. Gathered
+    // on the carve-out, every byte as the CPU moves it.
+    let dsa: Vec<ByteRun> = rng
+        .distinct_below(8000, 300)
+        .into_iter()
+        .zip(rng.distinct_below(9000, 300))
+        .flat_map(|(s, d)| {
+            [
+                ByteRun::new(s * 1152, d * 1152, 656),
+                ByteRun::new(s * 1152 + 800, d * 1152 + 656, 132),
+            ]
+        })
+        .collect();
+    let mut dst = Buf::new(&gpu, true, &poison);
+    let path = gpu
+        .transfer_runs(src.bytes(), dst.bytes_mut(), &dsa, RunOrder::DstAscending)
+        .unwrap();
+    assert!(
+        matches!(path, TransferPath::GatheredBackup { max_sms: 2, .. }),
+        "{path:?}"
+    );
+    assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &dsa));
+    // A rate limit of 0 B/us is refused by name, nothing copied.
+    let list = gpu.upload_runs(&runs, RunOrder::AsGiven).unwrap();
+    let mut dst = Buf::new(&gpu, true, &poison);
+    let shape = LaunchShape {
+        rate_limit_bytes_per_us: Some(0),
+        ..LaunchShape::sm_budget(2)
+    };
+    match gpu.copy_runs(src.bytes(), dst.bytes_mut(), &list, shape) {
+        Err(KernelError::Spec { field, .. }) => assert_eq!(field, "rate_limit_bytes_per_us"),
+        other => panic!("{other:?}"),
+    }
+    assert!(dst.read(&gpu) == poison);
 }

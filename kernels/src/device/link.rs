@@ -17,7 +17,11 @@ use crate::device_memory::{GpuBytes, driver_err};
 use crate::error::KernelError;
 
 /// Share of the measured device-to-host link (per mille) a token backup next to a model may
-/// take by default ([`Gpu::set_backup_link_share_permille`]).
+/// take by default ([`Gpu::set_backup_link_share_permille`]). On the H200 next to a bf16 GEMM
+/// carved out by 2 or 4 SMs, page-size-1 backups paced to 800 kept the GEMM 0.8-1.5 points
+/// over memcpy's cost at 0.70-0.78 of memcpy; unpaced token-kernel backups at 0.85-0.91 of
+/// memcpy slowed it 10-111%, and a share of 850 passed 2 points once (BENCHMARKS.md, "GPU at
+/// page size 1").
 pub const BACKUP_LINK_SHARE_PERMILLE: u32 = 800;
 
 /// Bytes of one measuring copy (8 MiB: about 150 us at 55 GB/s, long against a copy's fixed
@@ -29,8 +33,12 @@ const PROBE_COPIES: usize = 4;
 impl Gpu {
     /// The device-to-host rate of the copy engines into pinned host memory, in bytes per
     /// microsecond (MB/s), measured once at first call (an 8 MiB device buffer copied to an 8
-    /// MiB pinned one, `PROBE_COPIES` times on a stream of its own, the fastest counting; both
-    /// buffers then kept, so no later free waits for the device) and remembered.
+    /// MiB pinned one, 4 times on a stream of its own, the host waiting for each, the fastest
+    /// counting; both buffers then kept for the `Gpu`'s life, so no later free waits for the
+    /// device) and remembered: 54,050-54,296 MB/s on the H200 (PCIe 5.0 x16). The first token
+    /// backup on a carve-out calls it. A transfer of the host's own running through all 4
+    /// copies would read low and pace later backups slower than needed; the share
+    /// ([`Gpu::set_backup_link_share_permille`]) can make up for it.
     ///
     /// Errors: [`KernelError::Driver`] when an allocation, copy or event fails (then asked
     /// again at the next call).
@@ -87,8 +95,9 @@ impl Gpu {
 
     /// Sets the share of the host link (per mille of [`Gpu::host_link_bytes_per_us`]) a token
     /// backup on the model's carve-out may take: the token kernel paces itself to it
-    /// ([`super::LaunchShape::rate_limit_bytes_per_us`]). Default `BACKUP_LINK_SHARE_PERMILLE`
-    /// (800, measured on the H200, module docs); 1000 or more: not paced.
+    /// ([`super::LaunchShape::rate_limit_bytes_per_us`]). Default
+    /// [`BACKUP_LINK_SHARE_PERMILLE`] (800: SM stores to the host slow the model's GEMM only
+    /// near the link's limit, figures there); 1000 or more: not paced.
     ///
     /// Errors: 0 ([`KernelError::Spec`] naming `permille`): a backup must move.
     pub fn set_backup_link_share_permille(&self, permille: u32) -> Result<(), KernelError> {

@@ -48,6 +48,7 @@ pub use options::{
     CopyEngineHint, CopyEngineOptions, KernelReport, LaunchShape, RunOrder, TransferDirection,
     TransferPath, sort_ascending_blocks,
 };
+pub(crate) use token_runs::vectors_of_uniform;
 
 /// True when the CUDA driver library can be loaded. Checked before any cudarc driver call,
 /// because cudarc panics when it cannot load the library.
@@ -195,9 +196,10 @@ impl Gpu {
     /// copied to the host one host-contiguous stretch at a time by the copy engines
     /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): unpaced SM
     /// stores to host memory slowed the GEMM 31-237% at every launch shape measured, on the
-    /// free SMs too, while the gather left it within noise. Token backups go to the token
-    /// kernel paced to a share of the host link ([`Gpu::set_backup_link_share_permille`]),
-    /// which kept the GEMM within 0.8-1.5 points of memcpy's cost at page size 1.
+    /// free SMs too, while the gather left it within noise. Token backups of one run length go
+    /// to the token kernel paced to a share of the host link
+    /// ([`Gpu::set_backup_link_share_permille`]), which kept the GEMM within 0.8-1.5 points of
+    /// memcpy's cost at page size 1; those of several lengths are gathered as page runs are.
     ///
     /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
     /// 5"), random DSA pages x 61 layers: a load layer by layer at 0.909-0.911 of pinned memcpy

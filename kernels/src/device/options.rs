@@ -12,9 +12,12 @@ pub struct LaunchShape {
     /// Blocks per multiprocessor (8 blocks of 256 threads fill an H200 SM; the token kernel
     /// keeps 4 resident).
     pub blocks_per_sm: u32,
-    /// The token kernel (`copy_runs_uniform`) moves at most about this many bytes per
-    /// microsecond (MB/s), each warp pacing its groups of runs on the GPU's global timer
-    /// (`None`: as fast as it can). Other kernels ignore it.
+    /// The token kernel (lists of runs of one length it takes: `copy_runs_uniform_paced`)
+    /// moves at most about this many bytes per microsecond (MB/s) on average over a launch,
+    /// each warp starting its k-th group of runs no earlier than k paces after its first, on
+    /// the GPU's global timer (`None`: as fast as it can; `Some(0)`: refused,
+    /// [`crate::KernelError::Spec`] naming `rate_limit_bytes_per_us`). The run-list kernel of
+    /// other lists (several lengths, runs under 128 B or over 4 KiB, unaligned) ignores it.
     pub rate_limit_bytes_per_us: Option<u64>,
 }
 
@@ -200,10 +203,12 @@ pub fn in_key_buckets(runs: &[ByteRun], key: fn(&ByteRun) -> u64) -> Vec<ByteRun
 
 /// Longest token list the chooser puts in host order ([`in_key_buckets_into`]): a layer's load
 /// (16,384 to 32,768 runs at page size 1), one run-ring slot. A longer list (a backup of all
-/// layers, about a million runs) keeps list order: the chooser's backups alone (no carve-out)
-/// moved 0.819 and 0.762 of memcpy in list order (Llama-3.1-8B and DeepSeek-V3 MLA), 0.664 and
-/// 0.451 ordered whole on one thread (the H200's host the bound), 0.720 and 0.655 ordered part
-/// by part (32,768 runs) on rayon's threads (BENCHMARKS.md, "GPU at page size 1").
+/// layers, about a million runs) keeps list order: in session 11 the chooser's backups alone
+/// (no carve-out, 4 blocks per SM on 8 SMs) moved 0.819 and 0.762 of memcpy in list order
+/// (Llama-3.1-8B and DeepSeek-V3 MLA), 0.664 and 0.451 ordered whole on one thread (the H200's
+/// host the bound), 0.720 and 0.655 ordered part by part (32,768 runs) on rayon's threads; on
+/// session 12's 8 blocks of one per SM, in list order, 0.844-0.864 and 0.808-0.814
+/// (BENCHMARKS.md, "GPU at page size 1" and its appendix).
 pub const HOST_ORDER_MAX_RUNS: usize = 32 * 1024;
 
 /// Fewest runs per bucket of [`in_key_buckets`] on average: the counts of 4 runs' buckets
@@ -301,9 +306,10 @@ pub(crate) const SM_BUDGET: u32 = 8;
 /// Blocks of 8 warps (one per SM) the token kernel takes for a backup of token-granular runs
 /// (device to host), carve-out or not, paced on a carve-out to a share of the host link
 /// ([`crate::Gpu::set_backup_link_share_permille`]). On the H200 at page size 1, 8 such blocks
-/// moved 0.89-0.93 of memcpy alone (4 blocks 0.84-0.92, 2 blocks 0.50-0.68: about 12-13 GB/s a
-/// block), where the token kernel at 4 blocks per SM on 8 SMs moved 0.69-0.82 (BENCHMARKS.md,
-/// "GPU at page size 1").
+/// with an uploaded list moved 0.89-0.93 of memcpy alone (4 blocks 0.84-0.92, 2 blocks
+/// 0.48-0.68; next to the GEMM about 12-13 GB/s a block up to 4), where the chooser's earlier
+/// token backups at 4 blocks per SM on 8 SMs moved 0.69-0.82 (BENCHMARKS.md, "GPU at page size
+/// 1").
 pub(crate) const TOKEN_BACKUP_BLOCKS: u32 = 8;
 
 /// Fewest lines a pitched group needs to go as one 2D copy; shorter groups are batched with the
@@ -434,26 +440,29 @@ impl TransferPath {
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): a load on the run-list kernel on the carve-out, or on
-    ///   `SM_BUDGET` SMs without one; a backup on the token kernel's `TOKEN_BACKUP_BLOCKS`
-    ///   blocks (one per SM), carve-out or not, paced on a carve-out to a share of the host
-    ///   link (`Gpu::set_backup_link_share_permille`): at page size 1 on the H200 it moved
+    ///   `SM_BUDGET` SMs without one; a backup of runs of one length the token kernel takes
+    ///   (128 B to 4 KiB, multiples of 16 at 16-byte offsets: Llama-3.1-8B's 2,048 B K or V,
+    ///   an MLA latent's 1,152 B) on its `TOKEN_BACKUP_BLOCKS` blocks (one per SM), carve-out
+    ///   or not, paced on a carve-out to a share of the host link
+    ///   (`Gpu::set_backup_link_share_permille`): at page size 1 on the H200 it moved
     ///   0.70-0.78 of memcpy next to the GEMM with the GEMM 0.8-1.5 points over memcpy's cost,
     ///   where the gathered backup of session 11 moved 0.47-0.70 at up to 2.7 points, and
-    ///   0.81-0.86 alone (BENCHMARKS.md, "GPU at page size 1").
+    ///   0.81-0.86 alone (BENCHMARKS.md, "GPU at page size 1"). Any other token backup (runs
+    ///   of several lengths, such as DeepSeek-V3.2's 656 B MLA and 132 B index-K tokens in one
+    ///   list) cannot be paced: with a carve-out, at least `CARVEOUT_MIN_RUNS` of them are
+    ///   gathered on it as page runs are; else the run-list kernel as a load.
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,
         carveout: Option<u32>,
     ) -> TransferPath {
-        let total_bytes = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
-        TransferPath::choose_scanned(
-            &RunScan::counted(runs.len() as u64, total_bytes),
-            direction,
-            carveout,
-        )
+        // Every run fits regions of u64::MAX bytes: only the list's facts are read.
+        let (scan, _) = crate::copy_runs::scan_facts(runs, u64::MAX, u64::MAX);
+        TransferPath::choose_scanned(&scan, direction, carveout)
     }
 
-    /// [`TransferPath::choose`] from a list's [`RunScan`] (its run count and bytes only).
+    /// [`TransferPath::choose`] from a list's [`RunScan`] (its run count, bytes and uniform
+    /// length).
     pub fn choose_scanned(
         scan: &RunScan,
         direction: TransferDirection,
@@ -462,8 +471,10 @@ impl TransferPath {
         let count = scan.runs;
         let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
         let many = count >= CARVEOUT_MIN_RUNS;
+        let paced_token_backup =
+            !long && direction == TransferDirection::Backup && scan.takes_token_kernel();
         match carveout.filter(|&k| k > 0) {
-            _ if !long && direction == TransferDirection::Backup => TransferPath::SmKernel {
+            _ if paced_token_backup => TransferPath::SmKernel {
                 max_sms: TOKEN_BACKUP_BLOCKS,
                 runs: count,
             },

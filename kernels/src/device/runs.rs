@@ -265,9 +265,13 @@ impl Gpu {
     /// memory cannot be allocated, keeps the copy engines);
     /// token-granular loads go to the
     /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one; token
-    /// backups to the token kernel on `TOKEN_BACKUP_BLOCKS` blocks of one per SM, paced on a
-    /// carve-out to a share of the host link ([`Gpu::set_backup_link_share_permille`]: SM
-    /// stores near the link's limit slow the model, module docs of `link`).
+    /// backups of one run length the token kernel takes to it on `TOKEN_BACKUP_BLOCKS` blocks
+    /// of one per SM, paced on a carve-out to a share of the host link
+    /// ([`Gpu::set_backup_link_share_permille`]: SM stores near the link's limit slow the
+    /// model; the first such backup measures the link, [`Gpu::host_link_bytes_per_us`]: 4
+    /// copies of 8 MiB waited for, 16 MiB kept, a failure there a [`KernelError::Driver`]);
+    /// other token backups (several run lengths) are gathered on a carve-out as page runs
+    /// are, else go to the run-list kernel as loads do ([`TransferPath::choose`]).
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
@@ -382,7 +386,11 @@ impl Gpu {
                         src,
                         dst,
                         (&merged, vectors_per_run),
-                        self.token_launch_shape(direction, carveout, max_sms)?,
+                        self.token_launch_shape(
+                            direction == TransferDirection::Backup && vectors_per_run.is_some(),
+                            carveout,
+                            max_sms,
+                        )?,
                         false,
                     )?
                 }
@@ -391,16 +399,18 @@ impl Gpu {
         Ok(path)
     }
 
-    /// The token kernel's launch in `direction` on `max_sms` SMs: a load as many blocks per SM
-    /// as stay resident; a backup one per SM (`TOKEN_BACKUP_BLOCKS`), paced to a share of the
-    /// host link when the model declared a carve-out (`carveout`; module docs of `link`).
+    /// The SM path's launch on `max_sms` SMs: as many blocks per SM as the token kernel keeps
+    /// resident, except a `token_backup` (a backup the token kernel takes): one block per SM
+    /// (`TOKEN_BACKUP_BLOCKS`), paced to a share of the host link when the model declared a
+    /// carve-out (`carveout`), measuring the link at the first such call
+    /// ([`Gpu::host_link_bytes_per_us`]).
     fn token_launch_shape(
         &self,
-        direction: TransferDirection,
+        token_backup: bool,
         carveout: Option<u32>,
         max_sms: u32,
     ) -> Result<LaunchShape, KernelError> {
-        if direction != TransferDirection::Backup {
+        if !token_backup {
             return Ok(LaunchShape {
                 blocks_per_sm: super::token_runs::TOKEN_BLOCKS_PER_SM,
                 ..LaunchShape::sm_budget(max_sms)

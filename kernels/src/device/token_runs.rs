@@ -123,7 +123,8 @@ impl Gpu {
     }
 
     /// `copy_runs_uniform` over the `n` runs at `list`, `vectors_per_run` vectors each
-    /// (`copy_runs_uniform_paced` when `shape` sets a rate limit).
+    /// (`copy_runs_uniform_paced` when `shape` sets a rate limit; a limit of 0 is
+    /// [`KernelError::Spec`], nothing launched).
     ///
     /// # Safety
     /// The list holds `n` uniform runs ([`uniform_vectors`]) readable until the kernel has
@@ -152,6 +153,12 @@ impl Gpu {
         ];
         let (f, call) = match shape.rate_limit_bytes_per_us {
             None => (&k.copy_runs_uniform, "cuLaunchKernel(copy_runs_uniform)"),
+            Some(0) => {
+                return Err(KernelError::spec(
+                    "rate_limit_bytes_per_us",
+                    "a rate limit of 0 B/us would never finish the copy (None: no limit)",
+                ));
+            }
             Some(rate) => {
                 let group_bytes = group * vectors_per_run * VECTOR_BYTES;
                 args.push(Arg::Word(pace_ns_per_group(group_bytes, grid, rate)));

@@ -9,9 +9,11 @@
 //! (`backend.gpu().set_model_carveout_sms(k)`, [`Gpu::set_model_carveout_sms`]): loads of many
 //! page runs then run on those SMs, token-granular loads too, backups of many page runs are
 //! gathered on them into device staging, then copied out by the copy engines one
-//! host-contiguous stretch at a time, and token-granular backups (page size 1) go to the token
-//! kernel paced to 0.8 of the host link measured once (`Gpu::set_backup_link_share_permille`
-//! changes the share): SM stores near the link's limit slow the model.
+//! host-contiguous stretch at a time, and token-granular backups (page size 1) of one run
+//! length go to the token kernel paced to 0.8 of the host link measured once
+//! (`Gpu::set_backup_link_share_permille` changes the share): SM stores near the link's limit
+//! slow the model. Token backups of several run lengths (DeepSeek-V3.2's 656 B MLA and 132 B
+//! index-K rows) cannot be paced and are gathered as page runs are.
 //!
 //! The shim has checked the plan before the backend sees it; the chooser checks every run
 //! against both regions again on the host before any byte moves, whatever the path, so a bad
