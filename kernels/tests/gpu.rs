@@ -1274,6 +1274,31 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
         "{path:?}"
     );
     assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &dsa));
+    // The same rows to random host slots (each row its own host stretch: gathering does not
+    // pay): the run-list kernel on the carve-out, not the copy engines (0.008 of memcpy for
+    // token runs).
+    let scattered: Vec<ByteRun> = dsa
+        .iter()
+        .zip(rng.distinct_below(9000, dsa.len()))
+        .map(|(r, d)| ByteRun::new(r.src_offset_bytes, d * 1152, r.len_bytes))
+        .collect();
+    let mut dst = Buf::new(&gpu, true, &poison);
+    let path = gpu
+        .transfer_runs(
+            src.bytes(),
+            dst.bytes_mut(),
+            &scattered,
+            RunOrder::DstAscending,
+        )
+        .unwrap();
+    assert_eq!(
+        path,
+        TransferPath::SmKernel {
+            max_sms: 2,
+            runs: 600
+        }
+    );
+    assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &scattered));
     // A rate limit of 0 B/us is refused by name, nothing copied.
     let list = gpu.upload_runs(&runs, RunOrder::AsGiven).unwrap();
     let mut dst = Buf::new(&gpu, true, &poison);

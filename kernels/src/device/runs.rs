@@ -356,10 +356,18 @@ impl Gpu {
             if let Some(path) = gathered {
                 return Ok(path);
             }
-            // Not gathered (module docs of `gathered`): the copy engines. (Only page runs are
-            // gathered, and merging never shortens a list's mean run.)
-            path = TransferPath::CopyEngines {
-                runs: merged.len() as u64,
+            // Not gathered (module docs of `gathered`): the copy engines for page runs, the
+            // run-list kernel on the carve-out for token runs of several lengths (unpaced: the
+            // token kernel does not take them).
+            path = if scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES) {
+                TransferPath::CopyEngines {
+                    runs: merged.len() as u64,
+                }
+            } else {
+                TransferPath::SmKernel {
+                    max_sms,
+                    runs: merged.len() as u64,
+                }
             };
         }
         match path {
