@@ -85,7 +85,9 @@ pub struct RunScan {
 
 impl RunScan {
     /// True when the token kernel takes the list (`copy_runs_uniform`, which can be paced):
-    /// one length, 128 B to 4 KiB, a multiple of 16 at 16-byte offsets.
+    /// one length, 128 to 4,080 B (a 4,096 B mean is a page run), a multiple of 16 at
+    /// 16-byte offsets (the buffers' bases must be 16-byte aligned too, which the chooser
+    /// checks). An empty run makes two lengths.
     pub fn takes_token_kernel(&self) -> bool {
         self.uniform_len_bytes
             .and_then(|len| crate::device::vectors_of_uniform(len, (0, 0)))

@@ -1299,6 +1299,41 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
         }
     );
     assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &scattered));
+    // MLA rows on even slots, and one row on the odd slots right after the first row's on
+    // both sides (merged with it: a 2,304 B run among 1,152 B ones, two lengths): moved as
+    // listed, on the paced kernel.
+    let mut joined: Vec<ByteRun> = rng
+        .distinct_below(4000, 2500)
+        .into_iter()
+        .zip(rng.distinct_below(4500, 2500))
+        .map(|(s, d)| ByteRun::new(s * 2 * 1152, d * 2 * 1152, 1152))
+        .collect();
+    let first = joined[0];
+    joined.insert(
+        1,
+        ByteRun::new(
+            first.src_offset_bytes + 1152,
+            first.dst_offset_bytes + 1152,
+            1152,
+        ),
+    );
+    let mut dst = Buf::new(&gpu, true, &poison);
+    let path = gpu
+        .transfer_runs(
+            src.bytes(),
+            dst.bytes_mut(),
+            &joined,
+            RunOrder::DstAscending,
+        )
+        .unwrap();
+    assert_eq!(
+        path,
+        TransferPath::SmKernel {
+            max_sms: TOKEN_BACKUP_BLOCKS,
+            runs: joined.len() as u64
+        }
+    );
+    assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &joined));
     // A rate limit of 0 B/us is refused by name, nothing copied.
     let list = gpu.upload_runs(&runs, RunOrder::AsGiven).unwrap();
     let mut dst = Buf::new(&gpu, true, &poison);

@@ -36,8 +36,8 @@ impl Gpu {
     /// MiB pinned one, 4 times on a stream of its own, the host waiting for each, the fastest
     /// counting; both buffers then kept for the `Gpu`'s life, so no later free waits for the
     /// device) and remembered: 54,050-54,296 MB/s on the H200 (PCIe 5.0 x16). The first token
-    /// backup on a carve-out calls it. A transfer of the host's own running through all 4
-    /// copies would read low and pace later backups slower than needed; the share
+    /// backup on a carve-out calls it. Another transfer on the link during all 4 copies would
+    /// make it read low and pace later backups slower than needed; the share
     /// ([`Gpu::set_backup_link_share_permille`]) can make up for it.
     ///
     /// Errors: [`KernelError::Driver`] when an allocation, copy or event fails (then asked

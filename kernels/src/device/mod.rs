@@ -199,7 +199,8 @@ impl Gpu {
     /// free SMs too, while the gather left it within noise. Token backups of one run length go
     /// to the token kernel paced to a share of the host link
     /// ([`Gpu::set_backup_link_share_permille`]), which kept the GEMM within 0.8-1.5 points of
-    /// memcpy's cost at page size 1; those of several lengths are gathered as page runs are.
+    /// memcpy's cost at page size 1; those of several lengths are gathered as page runs are
+    /// when that pays, else moved unpaced by the run-list kernel on the carve-out.
     ///
     /// Measured on the H200 next to a bf16 GEMM carved out by 2 SMs (BENCHMARKS.md, "Session
     /// 5"), random DSA pages x 61 layers: a load layer by layer at 0.909-0.911 of pinned memcpy

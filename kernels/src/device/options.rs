@@ -441,16 +441,19 @@ impl TransferPath {
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): a load on the run-list kernel on the carve-out, or on
     ///   `SM_BUDGET` SMs without one; a backup of runs of one length the token kernel takes
-    ///   (128 B to 4 KiB, multiples of 16 at 16-byte offsets: Llama-3.1-8B's 2,048 B K or V,
-    ///   an MLA latent's 1,152 B) on its `TOKEN_BACKUP_BLOCKS` blocks (one per SM), carve-out
-    ///   or not, paced on a carve-out to a share of the host link
+    ///   (128 to 4,080 B, multiples of 16 at 16-byte offsets: Llama-3.1-8B's 2,048 B K or V,
+    ///   an MLA latent's 1,152 B; [`RunScan::takes_token_kernel`]) on its
+    ///   `TOKEN_BACKUP_BLOCKS` blocks (one per SM), carve-out or not, paced on a carve-out to a
+    ///   share of the host link
     ///   (`Gpu::set_backup_link_share_permille`): at page size 1 on the H200 it moved
     ///   0.70-0.78 of memcpy next to the GEMM with the GEMM 0.8-1.5 points over memcpy's cost,
     ///   where the gathered backup of session 11 moved 0.47-0.70 at up to 2.7 points, and
     ///   0.81-0.86 alone (BENCHMARKS.md, "GPU at page size 1"). Any other token backup (runs
     ///   of several lengths, such as DeepSeek-V3.2's 656 B MLA and 132 B index-K tokens in one
     ///   list) cannot be paced: with a carve-out, at least `CARVEOUT_MIN_RUNS` of them are
-    ///   gathered on it as page runs are; else the run-list kernel as a load.
+    ///   gathered on it as page runs are when that pays (`Gpu::enqueue_transfer_runs` then
+    ///   moves them unpaced on the carve-out's run-list kernel when it does not); else the
+    ///   run-list kernel as a load.
     pub fn choose(
         runs: &[ByteRun],
         direction: TransferDirection,

@@ -270,8 +270,12 @@ impl Gpu {
     /// ([`Gpu::set_backup_link_share_permille`]: SM stores near the link's limit slow the
     /// model; the first such backup measures the link, [`Gpu::host_link_bytes_per_us`]: 4
     /// copies of 8 MiB waited for, 16 MiB kept, a failure there a [`KernelError::Driver`]);
-    /// other token backups (several run lengths) are gathered on a carve-out as page runs
-    /// are, else go to the run-list kernel as loads do ([`TransferPath::choose`]).
+    /// a list the token kernel takes as given but not after merging (neighbours that continue
+    /// each other make two lengths) moves as given, so it stays paced; other token backups
+    /// (several run lengths, or a buffer base not 16-byte aligned) are gathered on a carve-out
+    /// when that pays (at least `CARVEOUT_MIN_RUNS` runs, host stretches of two runs or more
+    /// on average), else go unpaced to the run-list kernel, on the carve-out or on
+    /// `SM_BUDGET` SMs ([`TransferPath::choose`]).
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
@@ -292,9 +296,10 @@ impl Gpu {
     ) -> Result<TransferPath, KernelError> {
         let _call = crate::host_timing::start(crate::host_timing::Step::Call);
         // One pass: every run checked, and what the choice below reads from the list.
+        let bases = (src.device_address(), dst.device_address());
         let scan = {
             let _t = crate::host_timing::start(crate::host_timing::Step::Scan);
-            scan_runs(runs, src.len_bytes(), dst.len_bytes())?
+            for_bases(scan_runs(runs, src.len_bytes(), dst.len_bytes())?, bases)
         };
         let direction = match (src.host_bytes().is_some(), dst.host_bytes().is_some()) {
             (true, false) => TransferDirection::Load,
@@ -334,10 +339,23 @@ impl Gpu {
             // Nothing to move (no runs, or only empty ones): nothing enqueued.
             return Ok(TransferPath::CopyEngines { runs: 0 });
         }
-        let scan = if same_runs {
-            scan
+        let (merged, scan) = if same_runs {
+            (merged, scan)
         } else {
-            scan_runs(&merged, src.len_bytes(), dst.len_bytes())?
+            let merged_scan =
+                for_bases(scan_runs(&merged, src.len_bytes(), dst.len_bytes())?, bases);
+            let paced = |s: &RunScan| {
+                direction == TransferDirection::Backup
+                    && !s.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES)
+                    && s.takes_token_kernel()
+            };
+            if paced(&scan) && !paced(&merged_scan) {
+                // A token backup the paced kernel takes as listed but not merged (a few runs
+                // that continue each other make two lengths): as listed, so it stays paced.
+                (Cow::Borrowed(runs), scan)
+            } else {
+                (merged, merged_scan)
+            }
         };
         let mut path = TransferPath::choose_scanned(&scan, direction, carveout);
         // A staged load before this one may still be scattering on its own stream.
@@ -532,6 +550,22 @@ impl Gpu {
         let finished = self.finish();
         let path = queued?;
         finished.map(|()| path)
+    }
+}
+
+/// `scan` for buffers at device addresses `bases`: a list of one run length the token kernel
+/// could take counts as of several lengths when a base is not 16-byte aligned (the token kernel
+/// needs both; buffers the driver allocates always are), so the chooser never routes to the
+/// paced kernel a list the launch would give to the unpaced one.
+fn for_bases(scan: RunScan, bases: (u64, u64)) -> RunScan {
+    let aligned = |a: u64| a.is_multiple_of(crate::copy_runs::VECTOR_BYTES);
+    if aligned(bases.0) && aligned(bases.1) {
+        scan
+    } else {
+        RunScan {
+            uniform_len_bytes: None,
+            ..scan
+        }
     }
 }
 

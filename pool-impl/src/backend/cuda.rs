@@ -13,7 +13,8 @@
 //! length go to the token kernel paced to 0.8 of the host link measured once
 //! (`Gpu::set_backup_link_share_permille` changes the share): SM stores near the link's limit
 //! slow the model. Token backups of several run lengths (DeepSeek-V3.2's 656 B MLA and 132 B
-//! index-K rows) cannot be paced and are gathered as page runs are.
+//! index-K rows) cannot be paced: on a carve-out they are gathered as page runs are when that
+//! pays, else moved unpaced by the run-list kernel.
 //!
 //! The shim has checked the plan before the backend sees it; the chooser checks every run
 //! against both regions again on the host before any byte moves, whatever the path, so a bad
