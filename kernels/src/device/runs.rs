@@ -609,3 +609,24 @@ fn prepared_runs<'a>(
         None => (listed, same_runs),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::for_bases;
+    use crate::copy_runs::{ByteRun, scan_runs};
+
+    #[test]
+    fn an_unaligned_base_makes_a_token_list_one_the_token_kernel_does_not_take() {
+        // Two MLA rows (1,152 B = 72 x 16) at 16-byte offsets: the token kernel's, when both
+        // buffers start 16-byte aligned (the driver's 256 B alignment, 4,096 B here).
+        let runs = [ByteRun::new(0, 1152, 1152), ByteRun::new(4608, 0, 1152)];
+        let scan = scan_runs(&runs, 1 << 20, 1 << 20).unwrap();
+        assert!(for_bases(scan, (4096, 8192)).takes_token_kernel());
+        // A base 8 bytes off on either side: not (its 16-byte vectors would straddle).
+        assert!(!for_bases(scan, (4104, 8192)).takes_token_kernel());
+        assert!(!for_bases(scan, (4096, 8200)).takes_token_kernel());
+        // The other facts are kept.
+        let off = for_bases(scan, (8, 0));
+        assert_eq!((off.runs, off.total_bytes), (2, 2304));
+    }
+}
