@@ -1214,6 +1214,27 @@ fn uniform_run_lists_of_every_group_size_match_the_cpu_reference() {
 /// on PCIe 5.0 x16: about 55,000 MB/s; anything from 1 GB/s to 1 TB/s is accepted here, the
 /// figure itself is the benchmark's); a backup share of 0 is refused naming `permille`, and
 /// token backups on a carve-out paced to a tenth of the link still move every byte.
+/// Backs `runs` up from `src` (device memory holding `src_bytes`) into pinned host memory
+/// poisoned with `poison`, through the chooser; asserts every byte of the host buffer is what the
+/// CPU reference makes of it and returns the path the chooser took.
+fn backup_checked(
+    gpu: &Gpu,
+    src: &Buf,
+    src_bytes: &[u8],
+    poison: &[u8],
+    runs: &[ByteRun],
+) -> TransferPath {
+    let mut dst = Buf::new(gpu, true, poison);
+    let path = gpu
+        .transfer_runs(src.bytes(), dst.bytes_mut(), runs, RunOrder::DstAscending)
+        .unwrap();
+    assert!(
+        dst.read(gpu) == cpu_reference(src_bytes, poison, runs),
+        "{path:?}"
+    );
+    path
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
@@ -1238,10 +1259,7 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
         .map(|(s, d)| ByteRun::new(s * 1152, d * 1152, 1152))
         .collect();
     let src = Buf::new(&gpu, false, &src_bytes);
-    let mut dst = Buf::new(&gpu, true, &poison);
-    let path = gpu
-        .transfer_runs(src.bytes(), dst.bytes_mut(), &runs, RunOrder::DstAscending)
-        .unwrap();
+    let path = backup_checked(&gpu, &src, &src_bytes, &poison, &runs);
     assert_eq!(
         path,
         TransferPath::SmKernel {
@@ -1249,7 +1267,6 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
             runs: 5000
         }
     );
-    assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &runs));
     // DeepSeek-V3.2 token rows (656 B MLA and 132 B index-K in one list: two lengths, not the
     // token kernel's, so not paced), laid as the pool shim lays them: a token's rows one after
     // the other on the host (one 788 B host stretch per token), apart on the device. Gathered
@@ -1265,15 +1282,11 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
             ]
         })
         .collect();
-    let mut dst = Buf::new(&gpu, true, &poison);
-    let path = gpu
-        .transfer_runs(src.bytes(), dst.bytes_mut(), &dsa, RunOrder::DstAscending)
-        .unwrap();
+    let path = backup_checked(&gpu, &src, &src_bytes, &poison, &dsa);
     assert!(
         matches!(path, TransferPath::GatheredBackup { max_sms: 2, .. }),
         "{path:?}"
     );
-    assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &dsa));
     // The same rows to random host slots (each row its own host stretch: gathering does not
     // pay): the run-list kernel on the carve-out, not the copy engines (0.008 of memcpy for
     // token runs).
@@ -1282,15 +1295,7 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
         .zip(rng.distinct_below(9000, dsa.len()))
         .map(|(r, d)| ByteRun::new(r.src_offset_bytes, d * 1152, r.len_bytes))
         .collect();
-    let mut dst = Buf::new(&gpu, true, &poison);
-    let path = gpu
-        .transfer_runs(
-            src.bytes(),
-            dst.bytes_mut(),
-            &scattered,
-            RunOrder::DstAscending,
-        )
-        .unwrap();
+    let path = backup_checked(&gpu, &src, &src_bytes, &poison, &scattered);
     assert_eq!(
         path,
         TransferPath::SmKernel {
@@ -1298,7 +1303,6 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
             runs: 600
         }
     );
-    assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &scattered));
     // MLA rows on even slots, and one row on the odd slots right after the first row's on
     // both sides (merged with it: a 2,304 B run among 1,152 B ones, two lengths): moved as
     // listed, on the paced kernel.
@@ -1317,15 +1321,7 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
             1152,
         ),
     );
-    let mut dst = Buf::new(&gpu, true, &poison);
-    let path = gpu
-        .transfer_runs(
-            src.bytes(),
-            dst.bytes_mut(),
-            &joined,
-            RunOrder::DstAscending,
-        )
-        .unwrap();
+    let path = backup_checked(&gpu, &src, &src_bytes, &poison, &joined);
     assert_eq!(
         path,
         TransferPath::SmKernel {
@@ -1333,7 +1329,6 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
             runs: joined.len() as u64
         }
     );
-    assert!(dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &joined));
     // A rate limit of 0 B/us is refused by name, nothing copied.
     let list = gpu.upload_runs(&runs, RunOrder::AsGiven).unwrap();
     let mut dst = Buf::new(&gpu, true, &poison);
