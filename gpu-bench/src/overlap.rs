@@ -275,6 +275,16 @@ fn enqueue_call(cx: &mut Ctx<'_>, h2d: bool, call: &Call, path: Path) -> Result<
                 };
                 gpu.enqueue_copy_runs(src, dst, list, shape)
             }
+            Path::PacedBlocks(sms, blocks_per_sm) => {
+                let link = u128::from(gpu.host_link_bytes_per_us()?);
+                let rate = link * u128::from(BACKUP_LINK_SHARE_PERMILLE) / 1000;
+                let shape = LaunchShape {
+                    blocks_per_sm,
+                    rate_limit_bytes_per_us: Some(u64::try_from(rate).unwrap_or(u64::MAX)),
+                    ..LaunchShape::sm_budget(sms)
+                };
+                gpu.enqueue_copy_runs(src, dst, &call.peer_items, shape)
+            }
             Path::SmContiguous(sms) => {
                 let shape = LaunchShape {
                     blocks_per_sm: 4,
@@ -656,6 +666,23 @@ fn hold_phases(
     ];
     backup_shares.extend(crate::paths::BACKUP_SHARES.map(|p| Some(Path::AutoShare(p))));
     backup_shares.extend([Some(Path::Auto), Some(Path::Memcpy), None]);
+    // `--paced-blocks` (page size 1, backups, on a carve-out): the paced token kernel on other
+    // SMs x blocks (`paths::PACED_BLOCKS`) between the peer and the second chooser phase.
+    let carveout_sms = sm_carveout().unwrap_or(2);
+    let mut paced_blocks = vec![
+        None,
+        Some(Path::Memcpy),
+        Some(Path::Auto),
+        Some(Path::Peer(2)),
+    ];
+    paced_blocks.extend(crate::paths::PACED_BLOCKS.map(|(sms, per_sm)| {
+        Some(Path::PacedBlocks(
+            if sms == 0 { carveout_sms } else { sms },
+            per_sm,
+        ))
+    }));
+    paced_blocks.extend([Some(Path::Auto), Some(Path::Memcpy), None]);
+    let paced = std::env::args().any(|a| a == "--paced-blocks");
     let token_variants = std::env::args().any(|a| a == "--token-variants");
     let backup_blocks = std::env::args().any(|a| a == "--backup-variants");
     let shares = std::env::args().any(|a| a == "--backup-shares");
@@ -670,6 +697,8 @@ fn hold_phases(
                 &backup_variants
             } else if shares && !shape.h2d {
                 &backup_shares
+            } else if paced && !shape.h2d {
+                &paced_blocks
             } else {
                 &page1
             }

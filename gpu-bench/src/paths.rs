@@ -22,6 +22,11 @@ pub enum Path {
     /// kvlayout's run-list kernel on this many blocks of 256 threads in all (one per SM), its
     /// list in host order (else as listed): how many resident stores a token backup wants.
     RunKernelBlocks(u32, bool),
+    /// The token kernel paced as the chooser paces token backups on a carve-out
+    /// (`BACKUP_LINK_SHARE_PERMILLE` of the measured host link), on at most this many SMs at this
+    /// many blocks of 8 warps each, the list as listed (`--paced-blocks`): where the paced
+    /// blocks sit against the model's SMs.
+    PacedBlocks(u32, u32),
     /// The token kernel on at most this many SMs over contiguous runs of the same count and
     /// length (page size 1: the SM path's ceiling without the scatter).
     SmContiguous(Option<u32>),
@@ -59,6 +64,10 @@ pub const BACKUP_BLOCKS: [Path; 6] = [
     Path::RunKernelBlocks(4, false),
 ];
 
+/// `--paced-blocks`: (SMs, blocks per SM) of the paced token kernel, 0 SMs standing for the
+/// carve-out's: the chooser's 8 x 1, then 8 blocks and 4 blocks on the carve-out's SMs, 8 on 4.
+pub const PACED_BLOCKS: [(u32, u32); 4] = [(8, 1), (0, 4), (0, 2), (4, 2)];
+
 /// `--backup-shares`: shares of the host link (per mille) the chooser's token backups on a
 /// carve-out are paced to besides its default (1000: not paced).
 pub const BACKUP_SHARES: [u32; 4] = [700, 750, 850, 1000];
@@ -95,6 +104,9 @@ impl Path {
             Path::RunKernelBlocks(blocks, sorted) => format!(
                 "kvlayout run-list kernel, {blocks} blocks of 8 warps, list {}",
                 if sorted { "in host order" } else { "as listed" }
+            ),
+            Path::PacedBlocks(sms, per_sm) => format!(
+                "token kernel paced to the chooser's share, {sms} SMs x {per_sm} blocks of 8 warps"
             ),
             Path::SmContiguous(s) => {
                 format!("token kernel on contiguous runs (SM ceiling), {}", sms(s))
