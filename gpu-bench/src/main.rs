@@ -29,7 +29,9 @@
 //! only then; `--backup-variants` wins when both are given); `--paced-blocks` (the same
 //! with a carve-out: the token kernel paced as the chooser paces backups, on 8 SMs x 1 block
 //! (the chooser's launch), the carve-out's SMs x 4 and x 2 blocks, 4 SMs x 2; after
-//! `--backup-shares` in precedence); `--token-ceiling` (windows at page size 1:
+//! `--backup-shares` in precedence); `--kv-row` (with `--page-size-1`: Llama's K and V in one
+//! 4,096 B row per token and layer instead of two 2,048 B buffers); `--token-ceiling` (windows
+//! at page size 1:
 //! memcpy, the token kernel over contiguous runs and over the scattered ones on 4 and all SMs,
 //! the peer, the token kernel's backups on few blocks, the chooser);
 //! `--verify` (the 1,024-page load only, also verified layer by layer on the device by the page
@@ -61,8 +63,8 @@ fn main() -> Result<(), KernelError> {
     eprintln!(
         "usage: gpu_bench --overlap | --overlap-small | --dma-sweep [--page-size-1] \
          [--sm-carveout K] [--auto-only] [--loads-only | --backups-only] [--pair-major] \
-         [--hold SECONDS] [--token-variants] [--backup-variants] [--backup-shares] [--paced-blocks] \
-         [--token-ceiling] [--verify [--verify-sms V]]"
+         [--hold SECONDS] [--token-variants] [--backup-variants] [--backup-shares] \
+         [--paced-blocks] [--kv-row] [--token-ceiling] [--verify [--verify-sms V]]"
     );
     std::process::exit(2);
 }

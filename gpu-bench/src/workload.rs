@@ -261,9 +261,17 @@ pub const PAGE1_TOKENS: u64 = 16 * 1024;
 
 /// A pool of page size 1 (SGLang's default for FlashAttention-3 and FlashInfer): Llama-3.1-8B
 /// (`llama`: 32 layers, K and V buffers of 8 heads x 128 bf16 = 2,048 B per token and layer
-/// each) or DeepSeek-V3 MLA (61 layers, 512 + 64 bf16 = 1,152 B), in `memory_layout`.
+/// each; with `--kv-row` one buffer of K and V together, 16 x 128 bf16 = 4,096 B, as kvlayout's
+/// `mha_bf16_8x128` and a vLLM FlashInfer block of one token lay them) or DeepSeek-V3 MLA (61
+/// layers, 512 + 64 bf16 = 1,152 B), in `memory_layout`.
 pub fn page1_pool(llama: bool, memory_layout: MemoryLayout) -> PoolGeometry {
-    let buffers = if llama {
+    let kv_row = std::env::args().any(|a| a == "--kv-row");
+    let buffers = if llama && kv_row {
+        let layout =
+            kvlayout_core::formats::single("kv", kvlayout_core::Dtype::Bf16, vec![16, 128])
+                .expect("16 x 128 bf16 is a valid layout");
+        vec![BufferGeometry::new("kv", 32, layout)]
+    } else if llama {
         let kv = |name: &'static str| {
             let layout =
                 kvlayout_core::formats::single(name, kvlayout_core::Dtype::Bf16, vec![8, 128])
@@ -277,7 +285,9 @@ pub fn page1_pool(llama: bool, memory_layout: MemoryLayout) -> PoolGeometry {
     PoolGeometry {
         name: format!(
             "{} page size 1 {memory_layout}",
-            if llama {
+            if llama && kv_row {
+                "Llama-3.1-8B K+V rows"
+            } else if llama {
                 "Llama-3.1-8B"
             } else {
                 "DeepSeek-V3 MLA"
