@@ -85,13 +85,23 @@ pub struct RunScan {
 
 impl RunScan {
     /// True when the token kernel takes the list (`copy_runs_uniform`, which can be paced):
-    /// one length, 128 to 4,080 B (a 4,096 B mean is a page run), a multiple of 16 at
-    /// 16-byte offsets (the buffers' bases must be 16-byte aligned too, which the chooser
-    /// checks). An empty run makes two lengths.
+    /// one length, 128 to 4,096 B, a multiple of 16 at 16-byte offsets (the buffers' bases
+    /// must be 16-byte aligned too, which the chooser checks). An empty run makes two lengths.
     pub fn takes_token_kernel(&self) -> bool {
         self.uniform_len_bytes
             .and_then(|len| crate::device::vectors_of_uniform(len, (0, 0)))
             .is_some()
+    }
+
+    /// True when the chooser treats the list as page runs (the copy engines' kind of list): a
+    /// mean run of at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` (4,096 B) that the token kernel
+    /// does not take. A list of 4,096 B runs of one length is token runs: Llama-3.1-8B's K and
+    /// V of one token and layer together at page size 1 (kvlayout's `mha_bf16_8x128`, a vLLM
+    /// FlashInfer block of one token), which the copy engines would move at a fixed cost per
+    /// run.
+    pub fn is_page_runs(&self) -> bool {
+        self.mean_at_least(crate::device::options::COPY_ENGINE_MIN_MEAN_RUN_BYTES)
+            && !self.takes_token_kernel()
     }
 
     /// True when the mean run is at least `min_mean_bytes` long (an empty list: never).

@@ -244,17 +244,30 @@ fn the_chooser_sends_page_runs_to_the_copy_engines_and_token_runs_to_the_sm_budg
             runs: 2
         }
     );
-    // The threshold itself: a mean of exactly 4,096 B goes to the copy engines, one byte less
-    // to the kernel.
-    let at = 4096;
-    assert!(matches!(
-        TransferPath::for_runs(&[ByteRun::new(0, 0, at)]),
-        TransferPath::CopyEngines { .. }
-    ));
-    assert!(matches!(
-        TransferPath::for_runs(&[ByteRun::new(0, 0, at - 1)]),
-        TransferPath::SmKernel { .. }
-    ));
+    // The threshold itself: runs of two lengths with a mean of exactly 4,096 B (4,080 + 4,112)
+    // go to the copy engines, one byte less (4,080 + 4,111) to the kernel.
+    let two = |second: u64| [ByteRun::new(0, 0, 4080), ByteRun::new(8192, 8192, second)];
+    let ce = |runs| TransferPath::CopyEngines { runs };
+    let sm = |runs| TransferPath::SmKernel {
+        max_sms: SM_BUDGET,
+        runs,
+    };
+    assert_eq!(TransferPath::for_runs(&two(4112)), ce(2));
+    assert_eq!(TransferPath::for_runs(&two(4111)), sm(2));
+    // Runs of one length of 4,096 B at 16-byte offsets (Llama-3.1-8B's K and V of one token
+    // and layer together at page size 1: 2 x 8 heads x 128 x 2 B) are token runs the token
+    // kernel takes (256 vectors of 16 B, its most): the kernel, not the copy engines (a trial
+    // found `replay --model llama-3.1-8b --page-size-tokens 1 --device cuda` on the copy
+    // engines). 4,112 B (257 vectors) and 4,096 B at an 8-byte offset it does not take: the
+    // copy engines.
+    let rows = |len: u64, at: u64| -> Vec<ByteRun> {
+        (0..3)
+            .map(|i| ByteRun::new(at + i * 3 * 4112, at + i * 5 * 4112, len))
+            .collect()
+    };
+    assert_eq!(TransferPath::for_runs(&rows(4096, 0)), sm(3));
+    assert_eq!(TransferPath::for_runs(&rows(4112, 0)), ce(3));
+    assert_eq!(TransferPath::for_runs(&rows(4096, 8)), ce(3));
 }
 
 #[test]
@@ -312,6 +325,20 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
     assert_eq!(
         TransferPath::choose(&llama, D::Backup, None),
         sm(TOKEN_BACKUP_BLOCKS, 64)
+    );
+    // 64 token runs of 4,096 B (Llama-3.1-8B's K and V together): the same as 2,048 B ones;
+    // a load is not split with the copy engines, a backup not gathered.
+    let kv_rows: Vec<ByteRun> = (0..64)
+        .map(|i| ByteRun::new(i * 4096, i * 8192, 4096))
+        .collect();
+    assert_eq!(
+        TransferPath::choose(&kv_rows, D::Backup, Some(2)),
+        sm(TOKEN_BACKUP_BLOCKS, 64)
+    );
+    assert_eq!(TransferPath::choose(&kv_rows, D::Load, Some(2)), sm(2, 64));
+    assert_eq!(
+        TransferPath::choose(&kv_rows, D::Load, None),
+        sm(SM_BUDGET, 64)
     );
     // A carve-out of 0 SMs is no carve-out.
     assert_eq!(TransferPath::choose(&pages, D::Load, Some(0)), ce(64));
@@ -960,7 +987,7 @@ fn token_backups_the_token_kernel_takes_are_paced_and_others_keep_the_earlier_pa
     );
     // One length the token kernel takes: 128 B (8 vectors) up to 4,096 B (256), multiples of
     // 16 at 16-byte offsets: TOKEN_BACKUP_BLOCKS, carve-out or not.
-    for len in [128u64, 656, 1152, 2048, 4080] {
+    for len in [128u64, 656, 1152, 2048, 4080, 4096] {
         let runs: Vec<ByteRun> = (0..64u64)
             .map(|i| ByteRun::new(i * 8192, i * 16_384, len))
             .collect();
@@ -973,7 +1000,7 @@ fn token_backups_the_token_kernel_takes_are_paced_and_others_keep_the_earlier_pa
         }
     }
     // 112 B (under 128), 1,000 B (not a multiple of 16), 1,152 B at an offset of 8: not the
-    // token kernel's; 4,096 B runs are page runs (a mean of 4,096 B goes to the copy engines).
+    // token kernel's; 4,112 B runs (257 vectors, past its 256) are page runs.
     for (len, offset) in [(112u64, 0u64), (1000, 0), (1152, 8)] {
         let runs: Vec<ByteRun> = (0..64u64)
             .map(|i| ByteRun::new(offset + i * 8192, i * 16_384, len))
@@ -993,7 +1020,7 @@ fn token_backups_the_token_kernel_takes_are_paced_and_others_keep_the_earlier_pa
         );
     }
     let pages: Vec<ByteRun> = (0..64u64)
-        .map(|i| ByteRun::new(i * 8192, i * 16_384, 4096))
+        .map(|i| ByteRun::new(i * 8192, i * 16_384, 4112))
         .collect();
     assert_eq!(
         TransferPath::choose(&pages, D::Backup, None),

@@ -1329,6 +1329,41 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
             runs: joined.len() as u64
         }
     );
+    // 2,000 runs of 4,096 B (Llama-3.1-8B's K and V of one token and layer together at page
+    // size 1): token runs, paced on the token kernel, not the copy engines; and a load of
+    // them from the host on the carve-out's kernel.
+    let kv_rows: Vec<ByteRun> = rng
+        .distinct_below(8000 * 1152 / 4096, 2000)
+        .into_iter()
+        .zip(rng.distinct_below(9000 * 1152 / 4096, 2000))
+        .map(|(s, d)| ByteRun::new(s * 4096, d * 4096, 4096))
+        .collect();
+    let path = backup_checked(&gpu, &src, &src_bytes, &poison, &kv_rows);
+    assert_eq!(
+        path,
+        TransferPath::SmKernel {
+            max_sms: TOKEN_BACKUP_BLOCKS,
+            runs: 2000
+        }
+    );
+    let host_src = Buf::new(&gpu, true, &src_bytes);
+    let mut dev_dst = Buf::new(&gpu, false, &poison);
+    let path = gpu
+        .transfer_runs(
+            host_src.bytes(),
+            dev_dst.bytes_mut(),
+            &kv_rows,
+            RunOrder::AsGiven,
+        )
+        .unwrap();
+    assert_eq!(
+        path,
+        TransferPath::SmKernel {
+            max_sms: 2,
+            runs: 2000
+        }
+    );
+    assert!(dev_dst.read(&gpu) == cpu_reference(&src_bytes, &poison, &kv_rows));
     // A rate limit of 0 B/us is refused by name, nothing copied.
     let list = gpu.upload_runs(&runs, RunOrder::AsGiven).unwrap();
     let mut dst = Buf::new(&gpu, true, &poison);

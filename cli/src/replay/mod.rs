@@ -94,8 +94,9 @@ pub struct ReplayArgs {
     /// Tokens per page of both pools [default: the engine's page for the model: SGLang's 256
     /// for DeepSeek-V4, else 64]. 1 is SGLang's `--page-size 1` (its default for the
     /// FlashAttention-3 and FlashInfer backends): every transfer is token-granular (one run per
-    /// token, layer and buffer), which `--device cuda` moves with the token kernel (loads) and,
-    /// on a model SM carve-out, gathered backups. `--device-pages` and `--host-pages` count
+    /// token, layer and buffer), which `--device cuda` moves with the token kernel (loads, and
+    /// backups whose runs have one length; the replay declares no model SM carve-out, so
+    /// backups are not paced). `--device-pages` and `--host-pages` count
     /// pages of this size (at 1, pages are tokens). The trace workload models at most 8 pages
     /// per 512-token block (64 tokens or more); the synthetic one any size.
     #[arg(long)]

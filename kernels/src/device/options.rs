@@ -15,9 +15,10 @@ pub struct LaunchShape {
     /// The token kernel (lists of runs of one length it takes: `copy_runs_uniform_paced`)
     /// moves at most about this many bytes per microsecond (MB/s) on average over a launch,
     /// each warp starting its k-th group of runs no earlier than k paces after its first, on
-    /// the GPU's global timer (`None`: as fast as it can; `Some(0)`: refused,
-    /// [`crate::KernelError::Spec`] naming `rate_limit_bytes_per_us`). The run-list kernel of
-    /// other lists (several lengths, runs under 128 B or over 4 KiB, unaligned) ignores it.
+    /// the GPU's global timer (`None`: as fast as it can; `Some(0)`: refused by the token
+    /// kernel, [`crate::KernelError::Spec`] naming `rate_limit_bytes_per_us`). The run-list
+    /// kernel of other lists (several lengths, runs under 128 B or over 4 KiB, unaligned)
+    /// ignores it, `Some(0)` included.
     pub rate_limit_bytes_per_us: Option<u64>,
 }
 
@@ -433,7 +434,8 @@ impl TransferPath {
 
     /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
     /// SMs free (`Some(0)` counts as `None`):
-    /// - mean run length at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` (page runs): the copy
+    /// - mean run length at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` (page runs, unless the
+    ///   token kernel takes the list: [`RunScan::is_page_runs`]): the copy
     ///   engines; with a carve-out and at least `CARVEOUT_MIN_RUNS` runs, a load is split
     ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
@@ -441,8 +443,9 @@ impl TransferPath {
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): a load on the run-list kernel on the carve-out, or on
     ///   `SM_BUDGET` SMs without one; a backup of runs of one length the token kernel takes
-    ///   (128 to 4,080 B, multiples of 16 at 16-byte offsets: Llama-3.1-8B's 2,048 B K or V,
-    ///   an MLA latent's 1,152 B; [`RunScan::takes_token_kernel`]) on its
+    ///   (128 to 4,096 B, multiples of 16 at 16-byte offsets: Llama-3.1-8B's 2,048 B K or V
+    ///   or its 4,096 B K and V together, an MLA latent's 1,152 B;
+    ///   [`RunScan::takes_token_kernel`]) on its
     ///   `TOKEN_BACKUP_BLOCKS` blocks (one per SM), carve-out or not, paced on a carve-out to a
     ///   share of the host link
     ///   (`Gpu::set_backup_link_share_permille`): at page size 1 on the H200 it moved
@@ -472,7 +475,7 @@ impl TransferPath {
         carveout: Option<u32>,
     ) -> TransferPath {
         let count = scan.runs;
-        let long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
+        let long = scan.is_page_runs();
         let many = count >= CARVEOUT_MIN_RUNS;
         let paced_token_backup =
             !long && direction == TransferDirection::Backup && scan.takes_token_kernel();

@@ -8,9 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::options::{
-    COPY_ENGINE_MIN_MEAN_RUN_BYTES, HOST_ORDER_MAX_RUNS, RunKey, in_key_buckets_into,
-};
+use super::options::{HOST_ORDER_MAX_RUNS, RunKey, in_key_buckets_into};
 use super::{
     Arg, CopyEngineOptions, Gpu, LaunchShape, MAX_COPY_ENGINE_LANES, MIN_PITCHED_LINES,
     PendingCheck, RunOrder, SELF_CHECK_MAX_ITEMS, TransferDirection, TransferPath, copy_engine,
@@ -344,11 +342,8 @@ impl Gpu {
         } else {
             let merged_scan =
                 for_bases(scan_runs(&merged, src.len_bytes(), dst.len_bytes())?, bases);
-            let paced = |s: &RunScan| {
-                direction == TransferDirection::Backup
-                    && !s.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES)
-                    && s.takes_token_kernel()
-            };
+            let paced =
+                |s: &RunScan| direction == TransferDirection::Backup && s.takes_token_kernel();
             if paced(&scan) && !paced(&merged_scan) {
                 // A token backup the paced kernel takes as listed but not merged (a few runs
                 // that continue each other make two lengths): as listed, so it stays paced.
@@ -377,7 +372,7 @@ impl Gpu {
             // Not gathered (module docs of `gathered`): the copy engines for page runs, the
             // run-list kernel on the carve-out for token runs of several lengths (unpaced: the
             // token kernel does not take them).
-            path = if scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES) {
+            path = if scan.is_page_runs() {
                 TransferPath::CopyEngines {
                     runs: merged.len() as u64,
                 }
@@ -588,15 +583,17 @@ fn prepared_runs<'a>(
     host_key: Option<RunKey>,
     (out, starts): &'a mut (Vec<ByteRun>, Vec<usize>),
 ) -> (Cow<'a, [ByteRun]>, bool) {
-    if runs.len() <= SORT_ALWAYS_MAX_RUNS || scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES) {
+    if runs.len() <= SORT_ALWAYS_MAX_RUNS || scan.is_page_runs() {
         return (Cow::Owned(order.sorted_and_merged(runs)), false);
     }
-    let listed = if scan.changed_by_merging {
-        Cow::Owned(RunOrder::AsGiven.sorted_and_merged(runs))
+    let (listed, listed_long) = if scan.changed_by_merging {
+        let merged = RunOrder::AsGiven.sorted_and_merged(runs);
+        let long = TransferPath::mean_is_long(&merged);
+        (Cow::Owned(merged), long)
     } else {
-        Cow::Borrowed(runs)
+        (Cow::Borrowed(runs), false)
     };
-    if listed.len() <= SORT_ALWAYS_MAX_RUNS || TransferPath::mean_is_long(&listed) {
+    if listed.len() <= SORT_ALWAYS_MAX_RUNS || listed_long {
         return (Cow::Owned(order.sorted_and_merged(runs)), false);
     }
     let same_runs = !scan.changed_by_merging;
