@@ -326,11 +326,8 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
         TransferPath::choose(&llama, D::Backup, None),
         sm(TOKEN_BACKUP_BLOCKS, 64)
     );
-    // 64 token runs of 4,096 B (Llama-3.1-8B's K and V together): a backup on the token
-    // kernel, never gathered, as 2,048 B ones; a load on a carve-out split with the copy
-    // engines as page runs are (the split moved them faster next to the GEMM), 63 of them on
-    // the carve-out's kernel, and without a carve-out on the token kernel's SM budget (the
-    // copy engines moved them at 0.09 of memcpy).
+    // 64 token runs of 4,096 B (Llama-3.1-8B's K and V together): the same as 2,048 B ones;
+    // a load is not split with the copy engines, a backup not gathered.
     let kv_rows: Vec<ByteRun> = (0..64)
         .map(|i| ByteRun::new(i * 4096, i * 8192, 4096))
         .collect();
@@ -338,17 +335,7 @@ fn with_a_carveout_loads_of_many_page_runs_and_all_token_runs_go_to_its_sms() {
         TransferPath::choose(&kv_rows, D::Backup, Some(2)),
         sm(TOKEN_BACKUP_BLOCKS, 64)
     );
-    assert_eq!(
-        TransferPath::choose(&kv_rows, D::Load, Some(2)),
-        TransferPath::SplitLoad {
-            max_sms: 2,
-            runs: 64
-        }
-    );
-    assert_eq!(
-        TransferPath::choose(&kv_rows[..63], D::Load, Some(2)),
-        sm(2, 63)
-    );
+    assert_eq!(TransferPath::choose(&kv_rows, D::Load, Some(2)), sm(2, 64));
     assert_eq!(
         TransferPath::choose(&kv_rows, D::Load, None),
         sm(SM_BUDGET, 64)

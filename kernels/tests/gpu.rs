@@ -1330,8 +1330,8 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
         }
     );
     // 2,000 runs of 4,096 B (Llama-3.1-8B's K and V of one token and layer together at page
-    // size 1): token runs, paced on the token kernel, not the copy engines; a load of them
-    // from the host split between the carve-out's kernel and the copy engines.
+    // size 1): token runs, paced on the token kernel, not the copy engines; and a load of
+    // them from the host on the carve-out's kernel.
     let kv_rows: Vec<ByteRun> = rng
         .distinct_below(8000 * 1152 / 4096, 2000)
         .into_iter()
@@ -1358,7 +1358,7 @@ fn the_host_link_is_measured_once_and_paced_backups_move_every_byte() {
         .unwrap();
     assert_eq!(
         path,
-        TransferPath::SplitLoad {
+        TransferPath::SmKernel {
             max_sms: 2,
             runs: 2000
         }

@@ -437,8 +437,6 @@ impl TransferPath {
     /// - mean run length at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` (page runs, unless the
     ///   token kernel takes the list: [`RunScan::is_page_runs`]): the copy
     ///   engines; with a carve-out and at least `CARVEOUT_MIN_RUNS` runs, a load is split
-    ///   (4,096 B token runs too: 0.906 of memcpy next to the GEMM against 0.856 on the token
-    ///   kernel, H100)
     ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
@@ -478,11 +476,6 @@ impl TransferPath {
     ) -> TransferPath {
         let count = scan.runs;
         let long = scan.is_page_runs();
-        // A load of runs with a mean of 4,096 B or more on a carve-out is split even when the
-        // token kernel takes them (4,096 B Llama K and V rows): next to the GEMM on a
-        // carve-out of 4 the split moved them 0.906 of memcpy, the token kernel 0.856 (H100,
-        // BENCHMARKS.md "GPU at page size 1").
-        let split_long = scan.mean_at_least(COPY_ENGINE_MIN_MEAN_RUN_BYTES);
         let many = count >= CARVEOUT_MIN_RUNS;
         let paced_token_backup =
             !long && direction == TransferDirection::Backup && scan.takes_token_kernel();
@@ -497,7 +490,7 @@ impl TransferPath {
                     runs: count,
                 }
             }
-            Some(k) if split_long && many && direction == TransferDirection::Load => {
+            Some(k) if long && many && direction == TransferDirection::Load => {
                 TransferPath::SplitLoad {
                     max_sms: k,
                     runs: count,
