@@ -1004,3 +1004,143 @@ fn a_page_size_the_model_refuses_names_the_flag() {
         assert!(!text.contains("--page-size "), "{text}");
     }
 }
+
+/// `kvlayout replay --workload synthetic` on llama-3.1-8b at one token a page, 2 simulated
+/// layers, with `args`: exit code and stderr.
+fn replay_llama_page_size_1(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--model",
+            "llama-3.1-8b",
+            "--workload",
+            "synthetic",
+        ])
+        .args(["--page-size-tokens", "1", "--layers", "2"])
+        .args(args)
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.code().expect("exit code"), text)
+}
+
+/// Trial finding: `--sessions 18446744073709551615` panicked (`capacity overflow`, exit 101)
+/// and `--sessions 1000000000` aborted allocating 72 GB (exit 134). A session owns 3 turns x
+/// (48 + 8) = 168 one-token pages past its group's prefix; the 8 groups share 8 x 3 = 24
+/// prefix pages; the pools hold 8192 + 512 (the default host pages) = 8704.
+#[test]
+fn more_sessions_than_the_pools_hold_name_sessions() {
+    for (sessions, needed_pages) in [
+        ("1000000000", "168000000024"),
+        ("18446744073709551615", "3099053004383204671344"),
+    ] {
+        let (code, text) =
+            replay_llama_page_size_1(&["--device-pages", "8192", "--sessions", sessions]);
+        assert_eq!(code, 2, "{text}");
+        assert_eq!(
+            text,
+            format!(
+                "error: workload: --sessions: {sessions} sessions of 168 pages each (plus 24 \
+                 shared prefix pages) need {needed_pages} pages, more than the device and host \
+                 pools' 8192 + 512 = 8704 pages (this replay does not evict host pages)\n"
+            )
+        );
+    }
+}
+
+/// Trial finding: pool errors on the page counts and the host layout did not name the flag
+/// (`pool: geometry: pages: must be at least 1, got 0`). llama-3.1-8b's KV token is 8 heads x
+/// 128 x (K + V) x 2 B = 4096 B, a page at one token; the overflow is checked over the
+/// model's 32 layers, the allocation over the 2 simulated ones (10^12 x 4096 x 2 B).
+#[test]
+fn page_counts_the_pools_refuse_name_their_flag_and_value() {
+    let max = "18446744073709551615";
+    for (args, want) in [
+        (
+            ["--device-pages", "8192", "--host-pages", "0"],
+            "error: workload: --host-pages: 0 pages: host pool geometry: pages: must be at \
+             least 1, got 0"
+                .to_string(),
+        ),
+        (
+            ["--device-pages", "8192", "--host-pages", max],
+            format!(
+                "error: workload: --host-pages: {max} pages: host pool geometry: buffers[0] \
+                 (kv): overflow: 4096 B per page x 32 layers x {max} pages does not fit in 64 \
+                 bits"
+            ),
+        ),
+        (
+            ["--device-pages", max, "--host-pages", "512"],
+            format!(
+                "error: workload: --device-pages: {max} pages: model \"llama-3.1-8b\": \
+                 buffers[0] (kv): overflow: 4096 B per page x 32 layers x {max} pages does \
+                 not fit in 64 bits"
+            ),
+        ),
+        (
+            ["--device-pages", "1000000000000", "--host-pages", "512"],
+            "error: workload: --device-pages: 1000000000000 pages x 2 simulated layers: pool: \
+             backend: cannot allocate 8192000000000000 bytes of device memory"
+                .to_string(),
+        ),
+        (
+            ["--device-pages", "8192", "--host-pages", "1000000000000"],
+            "error: workload: --host-pages: 1000000000000 pages x 2 simulated layers: pool: \
+             backend: cannot allocate 8192000000000000 bytes of host memory"
+                .to_string(),
+        ),
+    ] {
+        let (code, text) = replay_llama_page_size_1(&args);
+        assert_eq!(code, 2, "{args:?}: {text}");
+        assert!(text.starts_with(&want), "{args:?}: {text}");
+    }
+}
+
+/// Trial finding: `page_head` over DeepSeek-V3.2's MLA latent (one 512-wide section, no head
+/// axis) said `pool: geometry: memory_layout: ...` without naming `--host-layout`.
+#[test]
+fn a_host_layout_the_model_cannot_take_names_the_flag() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--model",
+            "deepseek-v3.2-exp",
+            "--workload",
+            "synthetic",
+        ])
+        .args(["--layers", "2", "--host-layout", "page_head"])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.starts_with(
+            "error: workload: --host-layout: page_head: host pool geometry: memory_layout: \
+             page_head needs every section of buffers[0] (kv) shaped [heads, ...]"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("sections[0] (nope) has shape [512]"),
+        "{text}"
+    );
+}
+
+/// Trial finding: with `--device-pages` left out, the synthetic error did not say that 128 is
+/// the workload's default (the trace's says where its default came from). A session at one
+/// token a page is 3 prefix + 3 x (48 + 8) = 171 tokens, 171 pages.
+#[test]
+fn a_default_device_page_count_says_it_is_the_default() {
+    let (code, text) = replay_llama_page_size_1(&[]);
+    assert_eq!(code, 2, "{text}");
+    assert_eq!(
+        text,
+        "error: workload: --device-pages: 128 pages cannot hold one session of 171 tokens \
+         (171 pages) (--device-pages not given: the synthetic workload's default is 128 pages)\n"
+    );
+    // Given, the same count is not called a default.
+    let (code, text) = replay_llama_page_size_1(&["--device-pages", "128"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(!text.contains("not given"), "{text}");
+}

@@ -84,6 +84,8 @@ pub enum Param {
     PrefillTokensPerS,
     /// Decode time per token of the schedule.
     DecodeMsPerToken,
+    /// Memory layout of the mirrored host pool.
+    HostLayout,
     /// The host pool as paired (its routes).
     HostPool,
     /// A page of the device pool.
@@ -110,6 +112,7 @@ impl Param {
             Param::PageSizeTokens => "page_size_tokens",
             Param::PrefillTokensPerS => "prefill_tokens_per_s",
             Param::DecodeMsPerToken => "decode_ms_per_token",
+            Param::HostLayout => "host_layout",
             Param::HostPool => "host_pool",
             Param::Pages => "pages",
             Param::Checksum => "checksum",

@@ -3,7 +3,7 @@
 //! built and paired (checked, or unverified for `--no-verify`).
 
 use kvlayout_core::{Attention, MemoryLayout, PoolGeometry, compare, file};
-use kvlayout_models::{Model, PoolOptions};
+use kvlayout_models::{Model, ModelError, PoolOptions};
 use kvlayout_pool::backend::Backend;
 use kvlayout_pool::{DevicePool, HiCache, HostPool, PairError, TransferMode, mirror_geometry};
 
@@ -180,7 +180,9 @@ pub(crate) fn pair_pools<B: Backend>(
     sample: &Sample,
 ) -> Result<Result<Paired<B>, Refused>, ReplayError> {
     let layers = sample.layers;
-    let model_pool = model.pool(opts)?;
+    let model_pool = model
+        .pool(opts)
+        .map_err(|e| device_pages_err(model, opts, e))?;
     // DeepSeek-V4's buffers are paged whole by the trace schedule (trace_replay module docs);
     // the synthetic workload refuses them before pairing.
     if model.attention() != kvlayout_models::Attention::Dsv4 {
@@ -197,6 +199,13 @@ pub(crate) fn pair_pools<B: Backend>(
         ),
         HostSource::Foreign { geometry, source } => (geometry.clone(), source.clone()),
     };
+    if let HostSource::Mirror {
+        pages,
+        memory_layout,
+    } = host
+    {
+        check_mirror(&full_host, *pages, *memory_layout)?;
+    }
     let mismatch: Vec<String> = match compare(&full_device, &full_host) {
         Ok(()) => Vec::new(),
         Err(m) => m.diffs.iter().map(|d| d.to_string()).collect(),
@@ -214,12 +223,27 @@ pub(crate) fn pair_pools<B: Backend>(
             format!("{layers} simulated layers, but the model has {model_layers}"),
         ));
     }
-    let device = DevicePool::new_in(backend.clone(), sampled(&full_device, sample)?)?;
+    let device =
+        DevicePool::new_in(backend.clone(), sampled(&full_device, sample)?).map_err(|e| {
+            workload_err(
+                Param::DevicePages,
+                format!(
+                    "{} pages x {layers} simulated layers: pool: {e}",
+                    opts.pages
+                ),
+            )
+        })?;
     let host_pool = match host {
+        // The full-depth mirror passed `check_mirror`: what fails here is the allocation.
         HostSource::Mirror {
             pages,
             memory_layout,
-        } => HostPool::mirror_of(&device, *pages, *memory_layout)?,
+        } => HostPool::mirror_of(&device, *pages, *memory_layout).map_err(|e| {
+            workload_err(
+                Param::HostPages,
+                format!("{pages} pages x {layers} simulated layers: pool: {e}"),
+            )
+        })?,
         HostSource::Foreign { .. } => {
             HostPool::from_geometry_in(backend, sampled(&full_host, sample)?)?
         }
@@ -268,6 +292,40 @@ pub(crate) fn pair_pools<B: Backend>(
             host_fingerprint,
         },
     }))
+}
+
+/// The model's pool refused with `opts`: when the same pool of one page builds, the device page
+/// count is what it refused (`x pages does not fit in 64 bits`), named as `--device-pages`;
+/// otherwise the model's error as it is.
+fn device_pages_err(model: &Model, opts: &PoolOptions, e: ModelError) -> ReplayError {
+    let one_page = PoolOptions { pages: 1, ..*opts };
+    if model.pool(&one_page).is_ok() {
+        workload_err(Param::DevicePages, format!("{} pages: {e}", opts.pages))
+    } else {
+        e.into()
+    }
+}
+
+/// Checks the full-depth host mirror (`g`, of `pages` pages in `memory_layout`) as the model
+/// checks the device pool: a rule its memory layout breaks (`page_head` over MLA's latent) is
+/// named as `--host-layout`, any other (zero pages, bytes that overflow) as `--host-pages`.
+fn check_mirror(
+    g: &PoolGeometry,
+    pages: u64,
+    memory_layout: MemoryLayout,
+) -> Result<(), ReplayError> {
+    let checked = g.validate().and_then(|()| g.total_bytes().map(|_| ()));
+    match checked {
+        Ok(()) => Ok(()),
+        Err(e) if e.field == "memory_layout" => Err(workload_err(
+            Param::HostLayout,
+            format!("{memory_layout}: host pool geometry: {e}"),
+        )),
+        Err(e) => Err(workload_err(
+            Param::HostPages,
+            format!("{pages} pages: host pool geometry: {e}"),
+        )),
+    }
 }
 
 #[cfg(test)]

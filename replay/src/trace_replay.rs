@@ -264,7 +264,9 @@ pub fn run_trace_overlapped<B: Backend>(
         &sizing.host,
         input.verify,
         &sizing.sample,
-    )? {
+    )
+    .map_err(|e| sizing.device.blame_default(e))?
+    {
         Ok(p) => p,
         Err(r) => {
             return Ok(TraceOutcome::Refused(TraceRefusal {

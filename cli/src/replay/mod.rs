@@ -466,6 +466,7 @@ fn param_flag(param: kvlayout_replay::Param) -> &'static str {
         Param::DecodeMsPerToken => "--decode-ms-per-token",
         Param::Checksum => "--checksum",
         Param::PageSizeTokens => "--page-size-tokens",
+        Param::HostLayout => "--host-layout",
         // Set by the CLI or the model, not by an option.
         Param::PrefixGroups | Param::IndexerHeads | Param::HostPool | Param::Pages => param.name(),
     }
@@ -547,9 +548,56 @@ pub fn run(args: &ReplayArgs) -> u8 {
     }
 }
 
+/// Host pages of the synthetic workload when `--host-pages` is left out.
+const SYNTHETIC_HOST_PAGES: u64 = 512;
+
+/// `e`, and when it names a flag the command line left out, the synthetic workload's default
+/// that was used (`(--device-pages not given: the synthetic workload's default is 128 pages)`),
+/// as the trace workload's errors say where its default device pages came from.
+fn blame_synthetic_default(args: &ReplayArgs, e: replay::ReplayError) -> replay::ReplayError {
+    use kvlayout_replay::Param;
+    let d = Workload::default();
+    match e {
+        replay::ReplayError::Workload {
+            param,
+            problem,
+            defaulted: None,
+        } => {
+            let default = match param {
+                Param::Sessions if args.sessions.is_none() => {
+                    Some(format!("{} sessions", d.sessions))
+                }
+                Param::Turns if args.turns.is_none() => Some(format!("{} turns", d.turns)),
+                Param::Layers if args.layers.is_none() => Some(format!("{} layers", d.layers)),
+                Param::Concurrency if args.concurrency.is_none() => {
+                    Some(format!("{} sessions at once", d.concurrency))
+                }
+                Param::DevicePages if args.device_pages.is_none() => {
+                    Some(format!("{} pages", d.device_pages))
+                }
+                // With --host-geometry the host pages are the file's, not a default.
+                Param::HostPages if args.host_pages.is_none() && args.host_geometry.is_none() => {
+                    Some(format!("{SYNTHETIC_HOST_PAGES} pages"))
+                }
+                _ => None,
+            };
+            replay::ReplayError::Workload {
+                param,
+                problem,
+                defaulted: default.map(|v| format!("the synthetic workload's default is {v}")),
+            }
+        }
+        e => e,
+    }
+}
+
 fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pools) -> u8 {
-    let (sessions, turns) = (args.sessions.unwrap_or(80), args.turns.unwrap_or(3));
-    let host = match host_source(args, 512) {
+    let d = Workload::default();
+    let (sessions, turns) = (
+        args.sessions.unwrap_or(d.sessions),
+        args.turns.unwrap_or(d.turns),
+    );
+    let host = match host_source(args, SYNTHETIC_HOST_PAGES) {
         Ok(h) => h,
         Err(e) => {
             eprintln!("error: {e}");
@@ -564,12 +612,12 @@ fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pool
         workload: Workload {
             sessions,
             seed: args.seed,
-            layers: args.layers.unwrap_or(4),
+            layers: args.layers.unwrap_or(d.layers),
             turns,
             top_k: args.top_k,
-            concurrency: args.concurrency.unwrap_or(16),
-            device_pages: args.device_pages.unwrap_or(128),
-            ..Workload::default()
+            concurrency: args.concurrency.unwrap_or(d.concurrency),
+            device_pages: args.device_pages.unwrap_or(d.device_pages),
+            ..d
         },
     };
     let bar = progress_bar(
@@ -588,7 +636,7 @@ fn run_synthetic(args: &ReplayArgs, model: Model, pool: PoolOptions, pools: Pool
     }
     match outcome {
         Err(e) => {
-            eprintln!("error: {}", error_text(&e));
+            eprintln!("error: {}", error_text(&blame_synthetic_default(args, e)));
             2
         }
         Ok(ReplayOutcome::Refused(r)) => {
@@ -637,7 +685,7 @@ mod tests {
     use super::{ReplayArgs, error_text, param_flag};
 
     /// Every parameter of the replay's errors, written out here (not taken from the enum).
-    const PARAMS: [Param; 15] = [
+    const PARAMS: [Param; 16] = [
         Param::Sessions,
         Param::Layers,
         Param::Turns,
@@ -651,6 +699,7 @@ mod tests {
         Param::PageSizeTokens,
         Param::PrefillTokensPerS,
         Param::DecodeMsPerToken,
+        Param::HostLayout,
         Param::HostPool,
         Param::Pages,
     ];
@@ -679,8 +728,9 @@ mod tests {
             }
         }
         // --sessions, --layers, --turns, --concurrency, --device-pages, --host-pages, --top-k,
-        // --buffers, --page-size-tokens, --prefill-tokens-per-s, --decode-ms-per-token.
-        assert_eq!(flags, 11);
+        // --buffers, --page-size-tokens, --prefill-tokens-per-s, --decode-ms-per-token,
+        // --host-layout.
+        assert_eq!(flags, 12);
     }
 
     /// A page size the model refuses is named by the flag (the model said `page_size_tokens`,

@@ -1,7 +1,7 @@
 //! `kvlayout replay --workload synthetic`: a HiCache workload on a real model config, with the
 //! DeepSeek sparse indexer reading index-K keys back from the device pool's bytes.
 //!
-//! (Length: about 820 lines, over the workspace's 600, because the simulation is one state
+//! (Length: about 880 lines, over the workspace's 600, because the simulation is one state
 //! machine, `Sim`, whose batch, eviction, recompute and decode-check steps share its state;
 //! its inputs and report are in `input.rs`.)
 //!
@@ -135,7 +135,9 @@ pub fn run(
 /// # Errors
 ///
 /// [`ReplayError::Workload`] naming the parameter (zero sessions, layers, turns, prefix groups or
-/// concurrency; sessions that do not fit the device pages; token counts that overflow);
+/// concurrency; sessions that do not fit the device pages, or the device and host pages
+/// together; token counts that overflow; device or host pages, or a host layout, the pools
+/// cannot be built with);
 /// [`ReplayError::NotFullAttention`] for a model with a buffer that does not keep every token; the
 /// model's, pool's and codec's errors. A pairing refused by the check is
 /// `Ok(ReplayOutcome::Refused)`, not an error.
@@ -151,8 +153,14 @@ pub fn run_with<B: Backend>(
         ..input.pool
     };
     // The synthetic workload keeps every page of every buffer: a sliding-window, chunked or
-    // state buffer (DeepSeek-V4's included: only the trace schedule pages them) is refused.
-    crate::pairing::require_full_attention(&input.model.name, &input.model.pool(&opts)?.geometry)?;
+    // state buffer (DeepSeek-V4's included: only the trace schedule pages them) is refused. The
+    // buffers do not depend on the pages (a page count the model refuses is named by the
+    // pairing).
+    let one_page = PoolOptions { pages: 1, ..opts };
+    crate::pairing::require_full_attention(
+        &input.model.name,
+        &input.model.pool(&one_page)?.geometry,
+    )?;
     let paired = match pair_pools(
         backend,
         &input.model,
@@ -176,8 +184,9 @@ pub fn run_with<B: Backend>(
     let (cache, facts) = paired.into_parts();
     let report = new_report(input, &cache, facts);
     check_device_fit(w, report.page_size_tokens)?;
+    check_pools_fit(w, report.page_size_tokens, report.host_pages)?;
     check_top_k(w, report.page_size_tokens, report.indexer)?;
-    let mut sim = Sim::new(w, cache, report);
+    let mut sim = Sim::new(w, cache, report)?;
     sim.run_turns(progress)?;
     Ok(ReplayOutcome::Completed(Box::new(sim.finish())))
 }
@@ -282,6 +291,36 @@ fn check_device_fit(w: &Workload, page_size_tokens: u64) -> Result<(), ReplayErr
     Ok(())
 }
 
+/// Refuses more sessions than the device and host pools hold together: every page a session
+/// writes stays in one of them to the end (an evicted page keeps its host page: this replay
+/// does not evict host pages), so the run would stop on a full host pool.
+fn check_pools_fit(
+    w: &Workload,
+    page_size_tokens: u64,
+    host_pages: u64,
+) -> Result<(), ReplayError> {
+    // `check_device_fit` passed: a session's tokens fit in 64 bits. The prefix is whole pages,
+    // so a session's own pages start on a page boundary.
+    let own_tokens = w.turns * (w.user_tokens + w.decode_tokens);
+    let own_pages = own_tokens.div_ceil(page_size_tokens);
+    // In 128 bits: the sessions and prefix groups may be any u64.
+    let prefix_pages = u128::from(w.prefix_groups.min(w.sessions)) * u128::from(w.prefix_pages);
+    let needed_pages = u128::from(w.sessions) * u128::from(own_pages) + prefix_pages;
+    let pool_pages = u128::from(w.device_pages) + u128::from(host_pages);
+    if needed_pages > pool_pages {
+        return Err(workload_err(
+            Param::Sessions,
+            format!(
+                "{} sessions of {own_pages} pages each (plus {prefix_pages} shared prefix pages) \
+                 need {needed_pages} pages, more than the device and host pools' {} + \
+                 {host_pages} = {pool_pages} pages (this replay does not evict host pages)",
+                w.sessions, w.device_pages
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The indexer picks from the tokens before the first decoded one: the shared prefix and
 /// the first turn's prompt. A larger top-k selects every token and checks nothing.
 fn check_top_k(w: &Workload, page_size_tokens: u64, indexer: bool) -> Result<(), ReplayError> {
@@ -316,14 +355,36 @@ fn refusal(input: &ReplayInput, host_geometry: String, mismatch: Vec<String>) ->
 impl<'a, B: Backend> Sim<'a, B> {
     /// A simulation of `w` on the paired pools: every session empty, every device and host
     /// page free.
-    fn new(w: &'a Workload, cache: HiCache<B>, report: ReplayReport) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`ReplayError::Workload`] naming the sessions when their list cannot be allocated.
+    fn new(w: &'a Workload, cache: HiCache<B>, report: ReplayReport) -> Result<Self, ReplayError> {
         let geometry = cache.device().geometry();
         let kv = geometry.buffer_index("kv").unwrap_or(0);
         let index_k = geometry.buffer_index("index_k");
         let page_size_tokens = geometry.page_size_tokens;
         let sim_layers = report.simulated_layers;
         let host_pages = report.host_pages;
-        Sim {
+        let mut sessions = Vec::new();
+        usize::try_from(w.sessions)
+            .ok()
+            .and_then(|n| sessions.try_reserve_exact(n).ok())
+            .ok_or_else(|| {
+                workload_err(
+                    Param::Sessions,
+                    format!("cannot allocate the list of {} sessions", w.sessions),
+                )
+            })?;
+        sessions.extend((0..w.sessions).map(|s| Session {
+            group: s % w.prefix_groups,
+            len: 0,
+            pages: Vec::new(),
+            corrupted: false,
+            loaded: false,
+            ref_keys: vec![Vec::new(); sim_layers as usize],
+        }));
+        Ok(Sim {
             w,
             source: Gen { seed: w.seed },
             cache,
@@ -332,28 +393,19 @@ impl<'a, B: Backend> Sim<'a, B> {
             index_k,
             pages: Vec::new(),
             prefix: HashMap::new(),
-            sessions: (0..w.sessions)
-                .map(|s| Session {
-                    group: s % w.prefix_groups,
-                    len: 0,
-                    pages: Vec::new(),
-                    corrupted: false,
-                    loaded: false,
-                    ref_keys: vec![Vec::new(); sim_layers as usize],
-                })
-                .collect(),
+            sessions,
             device_free: (0..w.device_pages).rev().collect(),
             host_free: (0..host_pages).rev().collect(),
             clock: 0,
             report,
-        }
+        })
     }
 
     /// Every turn of every session, `concurrency` sessions per batch; `progress(done, total)`
     /// after each batch, in session-turns.
     fn run_turns(&mut self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), ReplayError> {
         let w = self.w;
-        let total_session_turns = w.sessions * w.turns;
+        let total_session_turns = w.sessions.saturating_mul(w.turns);
         let mut done_session_turns = 0;
         for turn in 0..w.turns {
             let mut start = 0;

@@ -1,0 +1,89 @@
+//! The synthetic replay refuses a session count its pools cannot hold, and one whose list
+//! cannot be allocated, naming the sessions (the trial: `--sessions 18446744073709551615`
+//! panicked with `capacity overflow`, `--sessions 1000000000` aborted allocating 72 GB).
+
+use kvlayout_core::MemoryLayout;
+use kvlayout_models::{Model, PoolOptions};
+use kvlayout_replay::synthetic::{ReplayInput, Workload, run};
+use kvlayout_replay::{HostSource, Param, ReplayError};
+
+/// llama-3.1-8b at one token a page, 1 simulated layer, `device_pages` and `host_pages`.
+fn input(workload: Workload, host_pages: u64) -> ReplayInput {
+    ReplayInput {
+        model: Model::builtin("llama-3.1-8b").unwrap().unwrap(),
+        pool: PoolOptions {
+            page_size_tokens: 1,
+            ..PoolOptions::default()
+        },
+        host: HostSource::Mirror {
+            pages: host_pages,
+            memory_layout: MemoryLayout::LayerFirst,
+        },
+        verify: true,
+        workload: Workload {
+            layers: 1,
+            concurrency: 2,
+            ..workload
+        },
+    }
+}
+
+/// The `--sessions` problem of a run that must fail on it.
+fn sessions_problem(input: &ReplayInput) -> String {
+    match run(input, &mut |_, _| {}) {
+        Err(ReplayError::Workload {
+            param: Param::Sessions,
+            problem,
+            defaulted: None,
+        }) => problem,
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("{} sessions ran", input.workload.sessions),
+    }
+}
+
+/// A session of the default workload owns 3 turns x (48 + 8) = 168 tokens past its group's
+/// prefix, 168 pages of one token; the 8 groups share 8 x 3 = 24 prefix pages. 400 device +
+/// 2000 host pages hold 14 sessions (14 x 168 + 24 = 2376) but not 15 (2544), and every page
+/// stays in one pool to the end (host pages are never evicted).
+#[test]
+fn more_sessions_than_the_pools_hold_are_refused_naming_the_count() {
+    let w = |sessions| Workload {
+        sessions,
+        device_pages: 400,
+        ..Workload::default()
+    };
+    assert_eq!(
+        sessions_problem(&input(w(15), 2000)),
+        "15 sessions of 168 pages each (plus 24 shared prefix pages) need 2544 pages, more \
+         than the device and host pools' 400 + 2000 = 2400 pages (this replay does not evict \
+         host pages)"
+    );
+    // 2^64 - 1 sessions: (2^64 - 1) x 168 + 24 pages, computed past 64 bits, not a panic.
+    let p = sessions_problem(&input(w(u64::MAX), 2000));
+    assert!(
+        p.starts_with(
+            "18446744073709551615 sessions of 168 pages each (plus 24 shared prefix pages) \
+             need 3099053004383204671344 pages"
+        ),
+        "{p}"
+    );
+}
+
+/// Sessions that write nothing (no prefix, prompt or decoded token) need no page: the pools
+/// do not bound them, and 2^64 - 1 of them are refused as a list that cannot be allocated,
+/// not a `capacity overflow` panic.
+#[test]
+fn a_session_list_that_cannot_be_allocated_names_the_count() {
+    let w = Workload {
+        sessions: u64::MAX,
+        prefix_pages: 0,
+        user_tokens: 0,
+        decode_tokens: 0,
+        device_pages: 1,
+        ..Workload::default()
+    };
+    assert_eq!(
+        sessions_problem(&input(w, 1)),
+        "cannot allocate the list of 18446744073709551615 sessions"
+    );
+}
