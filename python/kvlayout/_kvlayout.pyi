@@ -110,7 +110,11 @@ class TransferGuard:
         """data: the layer's device region [page][page stride]: a C-contiguous numpy array or
         buffer, a CPU torch tensor (hashed in Rust in place), or a CUDA torch tensor (hashed on
         its device by the Rust kernel, on PyTorch's current stream; ValueError naming data when
-        the CUDA driver cannot be loaded)."""
+        the CUDA driver cannot be loaded). Flat (1-D) data is read at page-stride offsets; data
+        of 2 or more dimensions must have rows (bytes per leading index) of the page stride, or
+        of one page row where pages have no padding (SGLang's [tokens][heads][head dim]), else
+        ValueError naming data, both byte counts and the buffer (record_backup and verify_load
+        too, in every checksum mode)."""
         ...
     def record_backup(self, buffer: str, layer: int, data: Any, device_pages: _PageIndices,
                       host_pages: _PageIndices) -> int:
