@@ -110,7 +110,11 @@ class TransferGuard:
         """data: the layer's device region [page][page stride]: a C-contiguous numpy array or
         buffer, a CPU torch tensor (hashed in Rust in place), or a CUDA torch tensor (hashed on
         its device by the Rust kernel, on PyTorch's current stream; ValueError naming data when
-        the CUDA driver cannot be loaded)."""
+        the CUDA driver cannot be loaded). Flat (1-D) data is read at page-stride offsets; data
+        of 2 or more dimensions must have rows (bytes per leading index) of the page stride, or
+        of one page row where pages have no padding (SGLang's [tokens][heads][head dim]), else
+        ValueError naming data, both byte counts and the buffer (record_backup and verify_load
+        too, in every checksum mode)."""
         ...
     def record_backup(self, buffer: str, layer: int, data: Any, device_pages: _PageIndices,
                       host_pages: _PageIndices) -> int:
@@ -177,15 +181,19 @@ def page_plan(src: Geometry, dst: Geometry, src_pages: _PageIndices,
 def token_plan(src: Geometry, dst: Geometry, src_pages: _PageIndices,
                dst_pages: _PageIndices) -> Plan:
     """Token runs with head slices, for pools compatible at the ``token`` level (page sizes,
-    head splits and memory layouts may differ): the source pages are one token stream cut into
-    the destination's pages. Raises as ``page_plan`` at the ``token`` level, and TransferRefused
-    (kind ``length``: different token counts; ``heads``: a section's bytes per head differ)."""
+    head splits and memory layouts may differ, except that ``section_major`` and ``planes``
+    pages cannot be cut or glued: those buffers need equal page sizes): the source pages are
+    one token stream cut into the destination's pages. Raises as ``page_plan`` at the
+    ``token`` level, and TransferRefused (kind ``length``: different token counts; ``heads``: a
+    section's bytes per head differ)."""
 
 def compare(a: Geometry, b: Geometry, level: _Level = "pool") -> list[str]:
     """The diff lines of ``kvlayout check --level LEVEL A B`` (``field: A value, B value``, one
     per differing field); ``[]`` when compatible. ``level``: ``pool`` (whole pages move),
-    ``storage`` (``pool`` plus memory layout) or ``token`` (tokens convertible per head, any page
-    size). An unknown level raises InvalidGeometry (field ``level``, a ValueError)."""
+    ``storage`` (``pool`` plus memory layout) or ``token`` (tokens convertible per head; page
+    size ignored, except that ``section_major`` and ``planes`` pages cannot be cut or glued, so
+    those buffers still need equal page sizes). An unknown level raises InvalidGeometry (field
+    ``level``, a ValueError)."""
 def check(a: Geometry, b: Geometry, level: _Level = "pool") -> None:
     """None when compatible at ``level``; raises Incompatible (``.lines`` as ``compare``,
     ``.header`` with the count, the level and both fingerprints). An unknown level raises

@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use crate::checksum_cuda;
 use crate::errors;
 use crate::geometry::{Geometry, geometry_err};
-use crate::pages::with_bytes;
+use crate::pages::{buffer_shape, with_bytes};
 
 /// A checksum call's `layer` argument: a layer index `0..layers` as an int (numpy integers
 /// too); a bool or another type is a `TypeError`, a negative or oversized int a `ValueError`,
@@ -35,13 +35,27 @@ pub fn layer_index(layer: &Bound<'_, PyAny>) -> PyResult<u64> {
     })
 }
 
-/// The key of layer `layer` of the buffer named `buffer`, and the buffer's page stride.
+/// How one layer's region of a buffer lays its pages, for reading `data`: the page stride, and
+/// what a shaped `data`'s rows may be ([`check_rows`]).
+pub struct Region {
+    /// The buffer's name.
+    pub buffer: String,
+    /// Distance between consecutive pages.
+    pub stride_bytes: u64,
+    /// Bytes of one row of a page (a token's entry; `compress_ratio` tokens' in v3) and rows per
+    /// page, when a page is its rows back to back with no padding (SGLang's per-layer tensor,
+    /// `[tokens][heads][head dim]`, is such rows); `None` when the stride pads the payload.
+    pub rows: Option<(u64, u64)>,
+}
+
+/// The key of layer `layer` of the buffer named `buffer`, and how the buffer's layer region
+/// lays its pages.
 pub fn key_of(
     py: Python<'_>,
     g: &PoolGeometry,
     buffer: &str,
     layer: u64,
-) -> PyResult<(usize, PageChecksumKey, u64)> {
+) -> PyResult<(usize, PageChecksumKey, Region)> {
     let b = g.buffer_index(buffer).ok_or_else(|| {
         let names: Vec<&str> = g.buffers.iter().map(|b| b.name()).collect();
         errors::invalid_geometry(
@@ -53,11 +67,63 @@ pub fn key_of(
     let key = g
         .page_checksum_key(b, layer)
         .map_err(|e| geometry_err(py, &e))?;
-    let stride = g
-        .page_geometry(b)
-        .map_err(|e| geometry_err(py, &e))?
-        .page_stride_bytes;
-    Ok((b, key, stride))
+    let pg = g.page_geometry(b).map_err(|e| geometry_err(py, &e))?;
+    let region = Region {
+        buffer: buffer.to_string(),
+        stride_bytes: pg.page_stride_bytes,
+        rows: (pg.page_payload_bytes == pg.page_stride_bytes)
+            .then_some((pg.bytes_per_token, pg.rows_per_page)),
+    };
+    Ok((b, key, region))
+}
+
+/// The shape and item size of `data`: a buffer-protocol object's, or a torch tensor's
+/// (`shape`, `element_size()`); `None` when neither can be read (the object is refused or read
+/// flat by the caller).
+fn shape_of(data: &Bound<'_, PyAny>) -> Option<(Vec<u64>, u64)> {
+    if let Some(s) = buffer_shape(data) {
+        return Some(s);
+    }
+    let shape: Vec<u64> = data.getattr("shape").ok()?.extract().ok()?;
+    let item: u64 = data.call_method0("element_size").ok()?.extract().ok()?;
+    Some((shape, item))
+}
+
+/// Refuses a `data` of two or more dimensions whose rows (bytes per leading index: the product
+/// of every dimension but the first, times the item size) are not the buffer's page stride, nor
+/// one of a page's rows where pages have no padding (`[tokens][token bytes]`, SGLang's
+/// per-layer tensor): its pages would be read at other places than its rows say (trial
+/// finding: rows of 4,080 B in a 4,096-B-stride region were checksummed at 4,096-B strides).
+/// Flat data (1-D bytes, any length) is read as laid `[page][page stride]`, as before.
+pub fn check_rows(data: &Bound<'_, PyAny>, region: &Region, what: &str) -> PyResult<()> {
+    let Some((shape, item)) = shape_of(data) else {
+        return Ok(());
+    };
+    if shape.len() < 2 {
+        return Ok(());
+    }
+    let row = shape[1..]
+        .iter()
+        .fold(u128::from(item), |a, &d| a.saturating_mul(u128::from(d)));
+    let stride = region.stride_bytes;
+    if row == u128::from(stride) || region.rows.is_some_and(|(r, _)| row == u128::from(r)) {
+        return Ok(());
+    }
+    let dims: Vec<String> = shape.iter().map(ToString::to_string).collect();
+    let alt = match region.rows {
+        Some((r, n)) if r != stride => {
+            format!(" or {r} bytes (one of a page's {n} rows, as SGLang's per-layer tensor)")
+        }
+        _ => String::new(),
+    };
+    Err(PyValueError::new_err(format!(
+        "{what}: rows of {row} bytes (shape ({}), {item}-byte items), but buffer {:?} has a \
+         page stride of {stride} bytes: a region of 2 or more dimensions is read a page per \
+         row, so its rows must be {stride} bytes{alt}; pass the layer's region shaped so, or \
+         flat (1-D bytes)",
+        dims.join(", "),
+        region.buffer
+    )))
 }
 
 /// The checksum of each page of `pages` in `data` (one layer of one buffer laid `[page][page
@@ -115,26 +181,28 @@ fn with_data<R>(
 pub fn layer_sums(
     data: &Bound<'_, PyAny>,
     key: &PageChecksumKey,
-    stride_bytes: u64,
+    region: &Region,
     pages: &[u64],
     what: &str,
 ) -> PyResult<Vec<u64>> {
     if let Some(t) = checksum_cuda::cuda_tensor(data, what)? {
-        return checksum_cuda::page_sums(&t, key, stride_bytes, pages, what);
+        check_rows(data, region, what)?;
+        return checksum_cuda::page_sums(&t, key, region.stride_bytes, pages, what);
     }
     with_data(data, what, |bytes| {
-        page_sums(key, stride_bytes, bytes, pages, what)
+        check_rows(data, region, what)?;
+        page_sums(key, region.stride_bytes, bytes, pages, what)
     })
 }
 
 /// Whether `data` is something [`layer_sums`] reads (a CUDA torch tensor, or a C-contiguous
-/// buffer or CPU torch tensor), without reading its bytes: a guard whose checksum is off
-/// refuses the `data` the other modes would refuse.
-pub fn check_data(data: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+/// buffer or CPU torch tensor, with rows [`check_rows`] accepts), without reading its bytes: a
+/// guard whose checksum is off refuses the `data` the other modes would refuse.
+pub fn check_data(data: &Bound<'_, PyAny>, region: &Region, what: &str) -> PyResult<()> {
     if checksum_cuda::cuda_tensor(data, what)?.is_some() {
-        return Ok(());
+        return check_rows(data, region, what);
     }
-    with_data(data, what, |_| Ok(()))
+    with_data(data, what, |_| check_rows(data, region, what))
 }
 
 /// The checksum of one page payload of `buffer`, layer `layer` (a layer index `0..layers`;

@@ -352,7 +352,8 @@ fn diff_lines(a: &PoolGeometry, b: &PoolGeometry, level: Level) -> Vec<String> {
 /// `field: A value, B value`); `[]` when the two pools are compatible at that level.
 /// `level`: `"pool"` (whole pages move between the pools; default), `"storage"` (`pool` plus
 /// `memory_layout`: stored page objects interchangeable) or `"token"` (tokens convertible per
-/// head, any page size: prefill/decode at different TP sizes).
+/// head: prefill/decode at different TP sizes; page size ignored, except that `section_major`
+/// and `planes` pages cannot be cut or glued, so those buffers still need equal page sizes).
 #[pyfunction]
 #[pyo3(signature = (a, b, level = "pool"))]
 pub fn compare(a: &Geometry, b: &Geometry, level: &str) -> PyResult<Vec<String>> {

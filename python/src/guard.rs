@@ -251,8 +251,9 @@ impl TransferGuard {
     /// multiples of N): which pages `record_backup` records and `verify_load` verifies
     /// (`kvlayout.checksum/v1`, computed in Rust); a bad mode raises `ValueError`. With
     /// `"off"` those two still check every argument (buffer, layer, both page lists, `data`'s
-    /// type and contiguity) and raise as in the other modes, so a call wired wrong fails while
-    /// checksums are off, not first when they are turned on; they read no bytes and return 0.
+    /// type, contiguity and rows) and raise as in the other modes, so a call wired wrong fails
+    /// while checksums are off, not first when they are turned on; they read no bytes and
+    /// return 0.
     #[new]
     #[pyo3(signature = (device, host, checksum = "off"))]
     fn new(
@@ -294,9 +295,12 @@ impl TransferGuard {
     /// buffer laid `[page][page stride]` (an SGLang per-layer tensor): a C-contiguous numpy
     /// array or buffer of any dtype, or a CPU torch tensor, read in place in Rust, or a CUDA
     /// torch tensor, read in place on its device by the Rust kernel on PyTorch's current stream
-    /// (`crate::checksum_cuda`; `ValueError` naming `data` when libcuda cannot be loaded). Raises
+    /// (`crate::checksum_cuda`; `ValueError` naming `data` when libcuda cannot be loaded). Flat
+    /// (1-D) `data` is read at page-stride offsets; `data` of 2 or more dimensions must have rows
+    /// (bytes per leading index) of the page stride, or of one page row where pages have no
+    /// padding (SGLang's `[tokens][heads][head dim]`): [`checksum::check_rows`]. Raises
     /// `InvalidGeometry` (unknown buffer, layer out of range), `ValueError` (a page past the end
-    /// of `data`, a negative page).
+    /// of `data`, a negative page, rows of another size naming both byte counts and the buffer).
     fn page_checksums(
         &self,
         py: Python<'_>,
@@ -306,9 +310,9 @@ impl TransferGuard {
         pages: &Bound<'_, PyAny>,
     ) -> PyResult<Vec<u64>> {
         let layer = layer_index(layer)?;
-        let (_, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
+        let (_, key, region) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let pages = page_vec(pages, "pages")?;
-        layer_sums(data, &key, stride, &pages, "data")
+        layer_sums(data, &key, &region, &pages, "data")
     }
 
     /// Records the checksums of a backup (device pages -> host pages) of `buffer`, layer
@@ -329,7 +333,7 @@ impl TransferGuard {
         host_pages: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
         let layer = layer_index(layer)?;
-        let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
+        let (b, key, region) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let (dev, host) = covered(
             py,
             self.checksum,
@@ -340,10 +344,10 @@ impl TransferGuard {
             true,
         )?;
         if self.checksum == ChecksumMode::Off {
-            checksum::check_data(data, "data")?;
+            checksum::check_data(data, &region, "data")?;
             return Ok(0);
         }
-        let sums = layer_sums(data, &key, stride, &dev, "data")?;
+        let sums = layer_sums(data, &key, &region, &dev, "data")?;
         let mut table = self.table.lock().unwrap_or_else(|p| p.into_inner());
         for (&h, sum) in host.iter().zip(sums) {
             table.recorded.insert((b, layer, h), sum);
@@ -368,7 +372,7 @@ impl TransferGuard {
         device_pages: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
         let layer = layer_index(layer)?;
-        let (b, key, stride) = key_of(py, &self.device.get().inner, buffer, layer)?;
+        let (b, key, region) = key_of(py, &self.device.get().inner, buffer, layer)?;
         let (dev, host) = covered(
             py,
             self.checksum,
@@ -379,7 +383,7 @@ impl TransferGuard {
             false,
         )?;
         if self.checksum == ChecksumMode::Off {
-            checksum::check_data(data, "data")?;
+            checksum::check_data(data, &region, "data")?;
             return Ok(0);
         }
         let recorded: Vec<Option<u64>> = {
@@ -399,7 +403,7 @@ impl TransferGuard {
             }
             out
         };
-        let sums = layer_sums(data, &key, stride, &dev, "data")?;
+        let sums = layer_sums(data, &key, &region, &dev, "data")?;
         let bad: Vec<(u64, u64, u64, u64)> = (0..dev.len())
             .filter(|&i| sums[i] != recorded[i])
             .map(|i| (host[i], dev[i], recorded[i], sums[i]))

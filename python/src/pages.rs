@@ -398,6 +398,39 @@ fn with_dlpack<R>(
     r
 }
 
+/// `PyBUF_STRIDES`: shape and strides (no format), any layout.
+const PYBUF_STRIDES: c_int = 0x0010 | 0x0008;
+
+/// The shape and item size of `obj`'s buffer (`Py_buffer.shape`, `.itemsize`), or `None` when
+/// `obj` has no buffer protocol or its exporter refuses a shaped view (the exporter's error is
+/// dropped: [`with_bytes`] reports the object's problem naming the caller's argument).
+pub fn buffer_shape(obj: &Bound<'_, PyAny>) -> Option<(Vec<u64>, u64)> {
+    // SAFETY: `obj` is a live object and the GIL is held.
+    if unsafe { PyObject_CheckBuffer(obj.as_ptr()) } != 1 {
+        return None;
+    }
+    let mut view = std::mem::MaybeUninit::<PyBuffer>::zeroed();
+    // SAFETY: `view` is writable storage for one Py_buffer; the GIL is held.
+    if unsafe { PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), PYBUF_STRIDES) } != 0 {
+        drop(PyErr::fetch(obj.py()));
+        return None;
+    }
+    // SAFETY: initialised by the successful call above.
+    let view = BufferGuard(unsafe { view.assume_init() });
+    let ndim = usize::try_from(view.0.ndim).ok()?;
+    let itemsize = u64::try_from(view.0.itemsize).ok()?;
+    if ndim == 0 || view.0.shape.is_null() {
+        return Some((Vec::new(), itemsize));
+    }
+    // SAFETY: a PyBUF_STRIDES view has `ndim` shape entries at `shape`, alive with the view.
+    let shape = unsafe { std::slice::from_raw_parts(view.0.shape, ndim) };
+    let shape = shape
+        .iter()
+        .map(|&d| u64::try_from(d).ok())
+        .collect::<Option<Vec<u64>>>()?;
+    Some((shape, itemsize))
+}
+
 /// `PyBUF_SIMPLE`: one C-contiguous run of bytes, read only.
 const PYBUF_SIMPLE: c_int = 0;
 

@@ -179,14 +179,15 @@ pub fn page_plan(
 }
 
 /// Token runs with head slices, for pools compatible at the `token` level (page sizes,
-/// tensor-parallel head splits and memory layouts may differ): the source pages are one stream
-/// of rows (tokens, or one row per `compress_ratio` tokens) cut into the destination's pages;
-/// per row, layer and section the run holds the heads both ranks have (one head per rank when
-/// heads are replicated over ranks), and for a section with `split_groups` the slice of each
-/// group both ranks hold, group by group. A pool of `state` buffers alone is planned slot by
-/// slot (its pages are request slots). Raises as `page_plan` (at the `token` level), and
-/// `TransferRefused` with `kind` `length` when the two lists hold different token counts,
-/// `heads` when a section's bytes per head differ.
+/// tensor-parallel head splits and memory layouts may differ, except that `section_major` and
+/// `planes` pages cannot be cut or glued: those buffers need equal page sizes): the source
+/// pages are one stream of rows (tokens, or one row per `compress_ratio` tokens) cut into the
+/// destination's pages; per row, layer and section the run holds the heads both ranks have
+/// (one head per rank when heads are replicated over ranks), and for a section with
+/// `split_groups` the slice of each group both ranks hold, group by group. A pool of `state`
+/// buffers alone is planned slot by slot (its pages are request slots). Raises as `page_plan`
+/// (at the `token` level), and `TransferRefused` with `kind` `length` when the two lists hold
+/// different token counts, `heads` when a section's bytes per head differ.
 #[pyfunction]
 pub fn token_plan(
     py: Python<'_>,

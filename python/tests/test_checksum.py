@@ -238,3 +238,167 @@ def test_a_torch_cpu_tensor_is_checksummed_in_place():
     t = torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
     guard = kvlayout.TransferGuard(GEOMETRY, GEOMETRY, checksum="all")
     assert guard.page_checksums("index_k", 0, t, [1]) == guard.page_checksums("index_k", 0, data, [1])
+
+
+# Llama-3.1-8B, page size 1: buffer "kv" holds K and V of 8 KV heads x 128 dims in bf16, so one
+# page (one token) is 8 x 128 x 2 B x 2 (K and V) = 4,096 B, laid with no padding: a page
+# stride of 4,096 B (derived by hand, not read back from the geometry).
+LLAMA_PAGE_1 = kvlayout.describe("llama-3.1-8b", page_size_tokens=1)
+LLAMA_STRIDE = 8 * 128 * 2 * 2
+ROWS_4080 = (r'^data: rows of 4080 bytes \(shape \({}\), {}-byte items\), but buffer "kv" has '
+             r'a page stride of 4096 bytes: a region of 2 or more dimensions is read a page per '
+             r'row, so its rows must be 4096 bytes; pass the layer\'s region shaped so, or flat '
+             r'\(1-D bytes\)$')
+
+
+def test_a_shaped_region_whose_rows_are_not_the_page_stride_is_refused_naming_both_sizes():
+    """Trial finding: with a Llama-3.1-8B page-size-1 guard (4,096 B page stride),
+    ``record_backup("kv", 0, np.zeros((8192, 4080), np.uint8), [1], [10])`` returned 1: the
+    page was read at 4,096 x 1 .. + 4,096, not row 1 (4,080 B), so other bytes than the
+    caller's row were checksummed, silently. A region of 2 or more dimensions must have rows
+    (bytes per leading index) of the page stride; each call refuses other rows naming data,
+    both byte counts and the buffer, in every mode, before reading a byte."""
+    assert LLAMA_STRIDE == 4096
+    rows = np.zeros((8192, 4080), np.uint8)
+    want = ROWS_4080.format("8192, 4080", 1)
+    guard = kvlayout.TransferGuard(LLAMA_PAGE_1, LLAMA_PAGE_1, checksum="all")
+    off = kvlayout.TransferGuard(LLAMA_PAGE_1, LLAMA_PAGE_1)
+    with pytest.raises(ValueError, match=want):
+        guard.record_backup("kv", 0, rows, [1], [10])
+    with pytest.raises(ValueError, match=want):
+        guard.page_checksums("kv", 0, rows, [1])
+    with pytest.raises(ValueError, match=want):
+        guard.verify_load("kv", 0, rows, [10], [1])
+    for method in (off.record_backup, off.verify_load):
+        with pytest.raises(ValueError, match=want):
+            method("kv", 0, rows, [1], [10])
+    # The row is bytes per leading index, whatever the dtype and the number of dimensions:
+    # 2,040 uint16 and [8 heads][255 dims] of uint16 are 4,080 B too.
+    with pytest.raises(ValueError, match=ROWS_4080.format("8192, 2040", 2)):
+        guard.record_backup("kv", 0, np.zeros((8192, 2040), np.uint16), [1], [10])
+    with pytest.raises(ValueError, match=ROWS_4080.format("8192, 8, 255", 2)):
+        guard.record_backup("kv", 0, np.zeros((8192, 8, 255), np.uint16), [1], [10])
+    # Any buffer-protocol object with a shape, not only numpy.
+    view = memoryview(bytearray(16 * 4080)).cast("B", (16, 4080))
+    with pytest.raises(ValueError, match=ROWS_4080.format("16, 4080", 1)):
+        guard.page_checksums("kv", 0, view, [1])
+    # Nothing was recorded: a load of host page 10 verifies no page.
+    assert guard.verify_load("kv", 0, np.zeros((16, 4096), np.uint8), [10], [1]) == 0
+
+
+def test_a_region_with_page_stride_rows_or_flat_is_accepted():
+    """Rows of the page stride (4,096 B: [page][4096 B], or [page][8 heads][256] of uint16)
+    and flat bytes of any length (engines pass a flat region and keep a padding page) are
+    read as before, with the same checksums."""
+    rng = np.random.default_rng(11)
+    pages = rng.integers(0, 256, size=(16, LLAMA_STRIDE), dtype=np.uint8)
+    guard = kvlayout.TransferGuard(LLAMA_PAGE_1, LLAMA_PAGE_1, checksum="all")
+    want = kvlayout.page_checksum(LLAMA_PAGE_1, "kv", 0, pages[1])
+    assert guard.page_checksums("kv", 0, pages, [1]) == [want]
+    assert guard.page_checksums("kv", 0, pages.view(np.uint16).reshape(16, 8, 256), [1]) == [want]
+    flat = pages.reshape(-1)
+    assert guard.page_checksums("kv", 0, flat, [1]) == [want]
+    assert guard.page_checksums("kv", 0, bytes(flat), [1]) == [want]
+    # Flat and not a whole number of pages: read at page-stride offsets, as before.
+    assert guard.record_backup("kv", 0, np.zeros(8192 * 4080, np.uint8), [1], [10]) == 1
+    assert guard.record_backup("kv", 0, pages, [1], [11]) == 1
+    assert guard.verify_load("kv", 0, flat, [11], [1]) == 1
+
+
+def test_a_per_token_region_of_unpadded_pages_is_accepted_and_other_rows_name_both_sizes():
+    """SGLang's per-layer tensor is [tokens][heads][head dim]: with 64-token pages its rows are
+    a token (4,096 B), a 64th of the 262,144-B page stride; pages with no padding are those
+    rows back to back, so such rows are read as the flat region. The refusal names both
+    accepted sizes."""
+    g = kvlayout.describe("llama-3.1-8b", page_size_tokens=64, pages=8)
+    stride = 64 * LLAMA_STRIDE
+    guard = kvlayout.TransferGuard(g, g, checksum="all")
+    tokens = np.random.default_rng(12).integers(0, 256, size=(8 * 64, LLAMA_STRIDE),
+                                                dtype=np.uint8)
+    flat = tokens.reshape(-1)
+    assert guard.page_checksums("kv", 0, tokens.view(np.uint16).reshape(8 * 64, 2, 8, 128),
+                                [3]) == guard.page_checksums("kv", 0, flat, [3])
+    assert guard.page_checksums("kv", 0, tokens.reshape(8, stride), [3]) == \
+        guard.page_checksums("kv", 0, flat, [3])
+    with pytest.raises(ValueError, match=(
+            rf'^data: rows of 4080 bytes \(shape \(512, 4080\), 1-byte items\), but buffer "kv" '
+            rf'has a page stride of {stride} bytes: .* its rows must be {stride} bytes or 4096 '
+            r"bytes \(one of a page's 64 rows, as SGLang's per-layer tensor\)")):
+        guard.record_backup("kv", 0, np.zeros((512, 4080), np.uint8), [1], [2])
+
+
+class _Device:
+    def __init__(self, kind: str) -> None:
+        self.type = kind
+        self.index = 0 if kind == "cuda" else None
+
+
+class _ShapedTensor:
+    """Torch-like (``__dlpack__``, no ``__array_interface__`` or buffer protocol) with a
+    ``shape`` and ``element_size()``: a CPU one is read through ``kvlayout.tensors._host_bytes``
+    (its bytes: the numpy array it wraps), a CUDA one (``is_cuda``) through ``_cuda_bytes``."""
+
+    def __init__(self, array: np.ndarray, kind: str) -> None:
+        self._array, self.device, self.is_cuda = array, _Device(kind), kind == "cuda"
+        self.shape = array.shape
+
+    def __dlpack__(self, *args, **kwargs):
+        raise AssertionError("read through _host_bytes")
+
+    def element_size(self) -> int:
+        return self._array.itemsize
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def detach(self):
+        return self
+
+    def reshape(self, *shape):
+        return _ShapedTensor(self._array.reshape(*shape), self.device.type)
+
+    def view(self, dtype):
+        return _ShapedTensor(self._array.view(np.uint8), self.device.type)
+
+    def numpy(self):
+        return self._array
+
+    def data_ptr(self) -> int:
+        return self._array.ctypes.data
+
+    def numel(self) -> int:
+        return self._array.size
+
+
+def test_shaped_torch_tensors_follow_the_same_rule(monkeypatch):
+    """CPU and CUDA torch tensors are shaped too (``_host_bytes`` flattens the CPU one, the
+    kernel reads the CUDA one as bytes): rows other than the page stride are refused the same
+    way, before the device is touched. Fakes stand for torch (not installed in CI's venv)."""
+    import sys
+    import types
+
+    fake = types.SimpleNamespace(
+        uint8="uint8",
+        cuda=types.SimpleNamespace(
+            current_device=lambda: 0,
+            current_stream=lambda i: types.SimpleNamespace(cuda_stream=0)))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    guard = kvlayout.TransferGuard(LLAMA_PAGE_1, LLAMA_PAGE_1, checksum="all")
+    rows = np.zeros((16, 4080), np.uint8)
+    for kind in ("cpu", "cuda"):
+        with pytest.raises(ValueError, match=ROWS_4080.format("16, 4080", 1)):
+            guard.record_backup("kv", 0, _ShapedTensor(rows, kind), [1], [10])
+        with pytest.raises(ValueError, match=ROWS_4080.format("16, 4080", 1)):
+            kvlayout.TransferGuard(LLAMA_PAGE_1, LLAMA_PAGE_1).verify_load(
+                "kv", 0, _ShapedTensor(rows, kind), [10], [1])
+    pages = np.random.default_rng(13).integers(0, 256, size=(16, 2048), dtype=np.uint16)
+    assert guard.page_checksums("kv", 0, _ShapedTensor(pages, "cpu"), [2]) == \
+        guard.page_checksums("kv", 0, pages, [2])
+
+
+def test_a_real_torch_tensor_with_other_rows_is_refused():
+    torch = pytest.importorskip("torch", reason="torch not installed")
+    guard = kvlayout.TransferGuard(LLAMA_PAGE_1, LLAMA_PAGE_1, checksum="all")
+    with pytest.raises(ValueError, match=ROWS_4080.format("16, 4080", 1)):
+        guard.record_backup("kv", 0, torch.zeros((16, 4080), dtype=torch.uint8), [1], [10])
+    assert guard.record_backup("kv", 0, torch.zeros((16, 4096), dtype=torch.uint8), [1], [10]) == 1
