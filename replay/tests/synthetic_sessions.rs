@@ -87,3 +87,49 @@ fn a_session_list_that_cannot_be_allocated_names_the_count() {
         "cannot allocate the list of 18446744073709551615 sessions"
     );
 }
+
+/// The error of a run that must fail on `param`.
+fn problem_of(input: &ReplayInput, param: Param) -> String {
+    match run(input, &mut |_, _| {}) {
+        Err(ReplayError::Workload {
+            param: p, problem, ..
+        }) if p == param => problem,
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("ran"),
+    }
+}
+
+/// A turn's tokens (prompt + decoded) past u64::MAX are a token-count error, not an overflow
+/// panic (the sum was unchecked; a library caller sets both).
+#[test]
+fn a_turn_of_more_tokens_than_u64_holds_is_refused() {
+    let w = Workload {
+        user_tokens: u64::MAX,
+        decode_tokens: 1,
+        device_pages: 400,
+        ..Workload::default()
+    };
+    assert_eq!(
+        problem_of(&input(w, 2000), Param::Turns),
+        "token count overflows"
+    );
+}
+
+/// More sessions at once than there are: the message counts the sessions that run together.
+/// At one token a page a default session is 3 prefix tokens + 3 turns x (48 + 8) = 171 pages;
+/// 3 of them need 513 of 400 device pages, 2 fit (400 / 171).
+#[test]
+fn a_concurrency_above_the_session_count_says_how_many_run() {
+    let w = Workload {
+        sessions: 3,
+        device_pages: 400,
+        ..Workload::default()
+    };
+    let mut i = input(w, 2000);
+    i.workload.concurrency = 5;
+    assert_eq!(
+        problem_of(&i, Param::Concurrency),
+        "5 sessions (all 3 there are) at once need 3 x 171 pages = 513, more than the device \
+         pool's 400 pages (--device-pages); at most 2 fit"
+    );
+}

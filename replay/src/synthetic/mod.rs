@@ -262,7 +262,10 @@ fn check_device_fit(w: &Workload, page_size_tokens: u64) -> Result<(), ReplayErr
     let session_tokens = w
         .prefix_pages
         .checked_mul(page_size_tokens)
-        .and_then(|p| p.checked_add(w.turns.checked_mul(w.user_tokens + w.decode_tokens)?))
+        .and_then(|p| {
+            let turn_tokens = w.user_tokens.checked_add(w.decode_tokens)?;
+            p.checked_add(w.turns.checked_mul(turn_tokens)?)
+        })
         .ok_or_else(|| workload_err(Param::Turns, "token count overflows".into()))?;
     let session_pages = session_tokens.div_ceil(page_size_tokens);
     let batch_sessions = w.concurrency.min(w.sessions);
@@ -280,9 +283,13 @@ fn check_device_fit(w: &Workload, page_size_tokens: u64) -> Result<(), ReplayErr
         return Err(workload_err(
             Param::Concurrency,
             format!(
-                "{} sessions at once need {batch_sessions} x {session_pages} pages = {batch_pages}, more than \
+                "{} at once need {batch_sessions} x {session_pages} pages = {batch_pages}, more than \
                  the device pool's {} pages (--device-pages); at most {} fit",
-                w.concurrency,
+                if w.concurrency > w.sessions {
+                    format!("{} sessions (all {} there are)", w.concurrency, w.sessions)
+                } else {
+                    format!("{} sessions", w.concurrency)
+                },
                 w.device_pages,
                 w.device_pages / session_pages
             ),
