@@ -185,14 +185,14 @@ impl Gpu {
     /// Tells the transfer chooser ([`Gpu::enqueue_transfer_runs`]) that the model leaves `sms`
     /// multiprocessors free (`0`: none, the default): its GEMMs target the others, as PyTorch's
     /// and DeepGEMM's SM carve-outs do for communication kernels (`cublasSetSmCountTarget(handle,
-    /// sm_count - sms)` for cuBLAS). Loads of at least `CARVEOUT_MIN_RUNS` page runs
+    /// sm_count - sms)` for cuBLAS). Loads of at least `CARVEOUT_MIN_RUNS` = 64 page runs
     /// are then split ([`TransferPath::SplitLoad`], [`mod@crate::split_load`]) between the
-    /// run-list kernel on those SMs (a grid of `SPLIT_KERNEL_BLOCKS_PER_SM` blocks of
+    /// run-list kernel on those SMs (a grid of `SPLIT_KERNEL_BLOCKS_PER_SM` = 4 blocks of
     /// 256 threads per SM, on a side stream, its run list read from pinned host memory; CUDA
     /// places blocks itself, so on an idle GPU they may spread wider) and the copy engines,
     /// both at once; token-granular loads use a grid for those SMs
-    /// ([`LaunchShape::sm_budget`]) instead of `SM_BUDGET`'s. Backups of at least as many page
-    /// runs are gathered on those SMs into device staging (device to device), then
+    /// ([`LaunchShape::sm_budget`]) instead of the `SM_BUDGET` = 8 SMs'. Backups of at least
+    /// as many page runs are gathered on those SMs into device staging (device to device), then
     /// copied to the host one host-contiguous stretch at a time by the copy engines
     /// ([`TransferPath::GatheredBackup`]; 256 MiB of device memory at first use): unpaced SM
     /// stores to host memory slowed the GEMM 31-237% at every launch shape measured, on the

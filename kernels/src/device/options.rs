@@ -291,7 +291,7 @@ pub struct KernelReport {
 }
 
 /// Runs (after merging) at least this long on average go to the copy engines; shorter ones
-/// (token-granular lists) to the SM kernel under `SM_BUDGET`. A copy engine pays a fixed cost
+/// (token-granular lists) to the SM kernel under `SM_BUDGET` = 8. A copy engine pays a fixed cost
 /// per run; at 656-byte token runs it moves a small fraction of memcpy, at a 8,448-byte index-K
 /// page most of it (BENCHMARKS.md, "Transfers next to the model").
 pub(crate) const COPY_ENGINE_MIN_MEAN_RUN_BYTES: u64 = 4096;
@@ -420,7 +420,7 @@ pub enum TransferDirection {
 }
 
 impl TransferPath {
-    /// True when the mean length of `runs` is at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES`
+    /// True when the mean length of `runs` is at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` = 4,096 B
     /// (page runs; an empty list counts as short).
     pub fn mean_is_long(runs: &[ByteRun]) -> bool {
         let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
@@ -434,26 +434,26 @@ impl TransferPath {
 
     /// The path for merged runs `runs` going `direction`, when the model leaves `carveout`
     /// SMs free (`Some(0)` counts as `None`):
-    /// - mean run length at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` (page runs, unless the
+    /// - mean run length at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` = 4,096 B (page runs, unless the
     ///   token kernel takes the list: [`RunScan::is_page_runs`]): the copy
-    ///   engines; with a carve-out and at least `CARVEOUT_MIN_RUNS` runs, a load is split
+    ///   engines; with a carve-out and at least `CARVEOUT_MIN_RUNS` = 64 runs, a load is split
     ///   between the run-list kernel on the carve-out and the copy engines, and a backup is
     ///   gathered on the carve-out (copy engines pay per run: 0.32-0.79 of memcpy for a
     ///   1,024-page DSA load next to a GEMM, 0.55-0.79 for the backup; with 2 free SMs
     ///   0.907-0.911 and 0.889-0.897, BENCHMARKS.md "Session 5");
     /// - shorter runs (token-granular): a load on the run-list kernel on the carve-out, or on
-    ///   `SM_BUDGET` SMs without one; a backup of runs of one length the token kernel takes
+    ///   `SM_BUDGET` = 8 SMs without one; a backup of runs of one length the token kernel takes
     ///   (128 to 4,096 B, multiples of 16 at 16-byte offsets: Llama-3.1-8B's 2,048 B K or V
     ///   or its 4,096 B K and V together, an MLA latent's 1,152 B;
     ///   [`RunScan::takes_token_kernel`]) on its
-    ///   `TOKEN_BACKUP_BLOCKS` blocks (one per SM), carve-out or not, paced on a carve-out to a
+    ///   `TOKEN_BACKUP_BLOCKS` = 8 blocks (one per SM), carve-out or not, paced on a carve-out to a
     ///   share of the host link
     ///   (`Gpu::set_backup_link_share_permille`): at page size 1 on the H200 it moved
     ///   0.70-0.78 of memcpy next to the GEMM with the GEMM 0.8-1.5 points over memcpy's cost,
     ///   where the gathered backup of session 11 moved 0.47-0.70 at up to 2.7 points, and
     ///   0.81-0.86 alone (BENCHMARKS.md, "GPU at page size 1"). Any other token backup (runs
     ///   of several lengths, such as DeepSeek-V3.2's 656 B MLA and 132 B index-K tokens in one
-    ///   list) cannot be paced: with a carve-out, at least `CARVEOUT_MIN_RUNS` of them are
+    ///   list) cannot be paced: with a carve-out, at least `CARVEOUT_MIN_RUNS` = 64 of them are
     ///   gathered on it as page runs are when that pays (`Gpu::enqueue_transfer_runs` then
     ///   moves them unpaced on the carve-out's run-list kernel when it does not); else the
     ///   run-list kernel as a load.

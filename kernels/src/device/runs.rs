@@ -259,11 +259,11 @@ impl Gpu {
     /// time, planned in list order when the list lays each host stretch's runs together, as
     /// the pool shim does, else in host order; a backup whose runs write overlapping host
     /// bytes, or whose merged runs would not merge into stretches at least two runs long on
-    /// average, or number fewer than `CARVEOUT_MIN_RUNS`, or whose staging or list
+    /// average, or number fewer than `CARVEOUT_MIN_RUNS` = 64, or whose staging or list
     /// memory cannot be allocated, keeps the copy engines);
     /// token-granular loads go to the
-    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` SMs without one; token
-    /// backups of one run length the token kernel takes to it on `TOKEN_BACKUP_BLOCKS` blocks
+    /// run-list kernel on the carve-out, or on at most `SM_BUDGET` = 8 SMs without one; token
+    /// backups of one run length the token kernel takes to it on `TOKEN_BACKUP_BLOCKS` = 8 blocks
     /// of one per SM, paced on a carve-out to a share of the host link
     /// ([`Gpu::set_backup_link_share_permille`]: SM stores near the link's limit slow the
     /// model; the first such backup measures the link, [`Gpu::host_link_bytes_per_us`]: 4
@@ -271,9 +271,9 @@ impl Gpu {
     /// a list the token kernel takes as given but not after merging (neighbours that continue
     /// each other make two lengths) moves as given, so it stays paced; other token backups
     /// (several run lengths, or a buffer base not 16-byte aligned) are gathered on a carve-out
-    /// when that pays (at least `CARVEOUT_MIN_RUNS` runs, host stretches of two runs or more
+    /// when that pays (at least `CARVEOUT_MIN_RUNS` = 64 runs, host stretches of two runs or more
     /// on average), else go unpaced to the run-list kernel, on the carve-out or on
-    /// `SM_BUDGET` SMs ([`TransferPath::choose`]).
+    /// `SM_BUDGET` = 8 SMs ([`TransferPath::choose`]).
     /// The kernel's run lists go through a ring of slots, with no stream synchronisation.
     /// Either way every run is checked on the host before any byte moves
     /// ([`KernelError::RunOutOfRange`]). A list with no bytes to move enqueues nothing and
@@ -422,7 +422,7 @@ impl Gpu {
 
     /// The SM path's launch on `max_sms` SMs: as many blocks per SM as the token kernel keeps
     /// resident, except a `token_backup` (a backup the token kernel takes): one block per SM
-    /// (`TOKEN_BACKUP_BLOCKS`), paced to a share of the host link when the model declared a
+    /// (`TOKEN_BACKUP_BLOCKS` = 8), paced to a share of the host link when the model declared a
     /// carve-out (`carveout`), measuring the link at the first such call
     /// ([`Gpu::host_link_bytes_per_us`]).
     fn token_launch_shape(
