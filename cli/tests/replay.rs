@@ -1144,3 +1144,50 @@ fn a_default_device_page_count_says_it_is_the_default() {
     assert_eq!(code, 2, "{text}");
     assert!(!text.contains("not given"), "{text}");
 }
+
+/// Trial finding: on a model without an indexer a huge `--top-k` panicked (`capacity
+/// overflow`) or aborted allocating the sample, on both workloads. Synthetic: the sample is
+/// bounded by the tokens before the first decoded one (at one token a page: 3 prefix + 48
+/// prompt = 51); trace: by 2,048 (DeepSeek-V3.2's index_topk).
+#[test]
+fn a_top_k_past_what_is_sampled_names_the_flag_on_models_without_an_indexer() {
+    let synthetic = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args([
+            "replay",
+            "--model",
+            "llama-3.1-8b",
+            "--workload",
+            "synthetic",
+        ])
+        .args(["--page-size-tokens", "1", "--device-pages", "8192"])
+        .args(["--host-pages", "65536", "--top-k", "18446744073709551615"])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&synthetic.stderr);
+    assert_eq!(synthetic.status.code(), Some(2), "{text}");
+    assert!(
+        text.starts_with(
+            "error: workload: --top-k: 18446744073709551615 is more than the 51 tokens sampled \
+             from (no indexer) at the first decode step (3 prefix + 48 prompt tokens)"
+        ),
+        "{text}"
+    );
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../data/synthetic_trace_head100.jsonl"
+    );
+    let trace = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
+        .args(["replay", "--model", "llama-3.1-8b", "--trace", path])
+        .args(["--device-pages", "2000", "--top-k", "2049"])
+        .output()
+        .expect("run kvlayout");
+    let text = String::from_utf8_lossy(&trace.stderr);
+    assert_eq!(trace.status.code(), Some(2), "{text}");
+    assert!(
+        text.starts_with(
+            "error: workload: --top-k: 2049 is more than the 2048 tokens sampled per step and \
+             layer for a model without an indexer"
+        ),
+        "{text}"
+    );
+}

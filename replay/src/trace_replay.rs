@@ -345,18 +345,25 @@ pub fn run_trace_overlapped<B: Backend>(
     Ok(TraceOutcome::Completed(Box::new(report)))
 }
 
-/// Refuses a top-k past the model's indexer (`index_topk`) and a zero layer, top-k or indexer
-/// head count, naming the parameter.
+/// Tokens sampled per step and layer at most for a model without an indexer: DeepSeek-V3.2's
+/// `index_topk` (2,048), the most an indexer of the built-in models keeps (a trial's
+/// `--top-k 18446744073709551615` on llama-3.1-8b panicked allocating the sample).
+pub const SAMPLED_TOP_K_MAX: u64 = 2048;
+
+/// Refuses a top-k past the model's indexer (`index_topk`), or past `SAMPLED_TOP_K_MAX` for a
+/// model without one, and a zero layer, top-k or indexer head count, naming the parameter.
 fn check_indexer_params(input: &TraceInput) -> Result<(), ReplayError> {
-    if let Some(topk) = input.model.config.index_topk
-        && input.top_k as u64 > topk
-    {
+    let (max, keeps) = match input.model.config.index_topk {
+        Some(topk) => (topk, "the model's indexer keeps (index_topk)"),
+        None => (
+            SAMPLED_TOP_K_MAX,
+            "sampled per step and layer for a model without an indexer",
+        ),
+    };
+    if input.top_k as u64 > max {
         return Err(workload_err(
             Param::TopK,
-            format!(
-                "{} is more than the {topk} tokens the model's indexer keeps (index_topk)",
-                input.top_k
-            ),
+            format!("{} is more than the {max} tokens {keeps}", input.top_k),
         ));
     }
     for (field, v) in [

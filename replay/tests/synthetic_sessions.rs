@@ -43,8 +43,9 @@ fn sessions_problem(input: &ReplayInput) -> String {
 
 /// A session of the default workload owns 3 turns x (48 + 8) = 168 tokens past its group's
 /// prefix, 168 pages of one token; the 8 groups share 8 x 3 = 24 prefix pages. 400 device +
-/// 2000 host pages hold 14 sessions (14 x 168 + 24 = 2376) but not 15 (2544), and every page
-/// stays in one pool to the end (host pages are never evicted).
+/// 2000 host pages may hold 14 sessions (14 x 168 + 24 = 2376) but never 15 (2544): every page
+/// stays in a pool to the end (host pages are never evicted). (14 stop later on a full host
+/// pool, as reloaded pages keep their host pages: the bound is necessary, not sufficient.)
 #[test]
 fn more_sessions_than_the_pools_hold_are_refused_naming_the_count() {
     let w = |sessions| Workload {
@@ -69,11 +70,12 @@ fn more_sessions_than_the_pools_hold_are_refused_naming_the_count() {
     );
 }
 
-/// Sessions that write nothing (no prefix, prompt or decoded token) need no page: the pools
-/// do not bound them, and 2^64 - 1 of them are refused as a list that cannot be allocated,
-/// not a `capacity overflow` panic.
+/// Sessions that write nothing (no prefix, prompt or decoded token) need no page, so the
+/// pools do not bound them; 2^64 - 1 of them are refused by the top-k bound (there is no token
+/// to sample: a run would have divided by zero picking one), not a `capacity overflow` panic
+/// allocating their list.
 #[test]
-fn a_session_list_that_cannot_be_allocated_names_the_count() {
+fn sessions_that_write_nothing_are_refused_before_their_list_is_allocated() {
     let w = Workload {
         sessions: u64::MAX,
         prefix_pages: 0,
@@ -83,8 +85,9 @@ fn a_session_list_that_cannot_be_allocated_names_the_count() {
         ..Workload::default()
     };
     assert_eq!(
-        sessions_problem(&input(w, 1)),
-        "cannot allocate the list of 18446744073709551615 sessions"
+        problem_of(&input(w, 1), Param::TopK),
+        "16 is more than the 0 tokens sampled from (no indexer) at the first decode step \
+         (0 prefix + 0 prompt tokens)"
     );
 }
 

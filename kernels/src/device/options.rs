@@ -421,7 +421,8 @@ pub enum TransferDirection {
 
 impl TransferPath {
     /// True when the mean length of `runs` is at least `COPY_ENGINE_MIN_MEAN_RUN_BYTES` = 4,096 B
-    /// (page runs; an empty list counts as short).
+    /// (an empty list counts as short). The chooser's page runs are those of
+    /// [`RunScan::is_page_runs`]: long, and not a list the token kernel takes.
     pub fn mean_is_long(runs: &[ByteRun]) -> bool {
         let total: u128 = runs.iter().map(|r| u128::from(r.len_bytes)).sum();
         total >= u128::from(COPY_ENGINE_MIN_MEAN_RUN_BYTES) * u128::from((runs.len() as u64).max(1))

@@ -342,11 +342,13 @@ impl Gpu {
         } else {
             let merged_scan =
                 for_bases(scan_runs(&merged, src.len_bytes(), dst.len_bytes())?, bases);
-            let paced =
-                |s: &RunScan| direction == TransferDirection::Backup && s.takes_token_kernel();
-            if paced(&scan) && !paced(&merged_scan) {
-                // A token backup the paced kernel takes as listed but not merged (a few runs
-                // that continue each other make two lengths): as listed, so it stays paced.
+            let token =
+                |s: &RunScan| direction != TransferDirection::Other && s.takes_token_kernel();
+            if token(&scan) && !token(&merged_scan) {
+                // A token list (of at most SORT_ALWAYS_MAX_RUNS runs: `prepared_runs` keeps
+                // longer ones as they are) the token kernel takes as listed but not merged (a
+                // few runs that continue each other make two lengths): as listed, so it stays
+                // on the token kernel (paced, for a backup).
                 (Cow::Borrowed(runs), scan)
             } else {
                 (merged, merged_scan)
@@ -567,7 +569,8 @@ fn for_bases(scan: RunScan, bases: (u64, u64)) -> RunScan {
 /// The list the chooser moves, and whether it holds exactly the runs `scan` read (maybe
 /// reordered: the scan's count, bytes and uniform length still hold). Page runs, and lists of
 /// at most `SORT_ALWAYS_MAX_RUNS` runs, are put in `order` and merged. Long lists of token runs
-/// are merged with their neighbours in list order only (engines list a page's tokens in order):
+/// are merged with their neighbours in list order only (engines list a page's tokens in order),
+/// and not at all when the token kernel takes them (merging would make two lengths):
 /// sorting 49,152 token runs per layer took the host longer than the GPU takes to move them
 /// (BENCHMARKS.md, "Session 4"); merging never shortens the mean run, so a list long before
 /// merging is long after. A long token list of at most `HOST_ORDER_MAX_RUNS` runs (a layer's
@@ -586,7 +589,11 @@ fn prepared_runs<'a>(
     if runs.len() <= SORT_ALWAYS_MAX_RUNS || scan.is_page_runs() {
         return (Cow::Owned(order.sorted_and_merged(runs)), false);
     }
-    let (listed, listed_long) = if scan.changed_by_merging {
+    // A list the token kernel takes is not merged: a few neighbours merging would make two
+    // lengths, which it does not take (a trial: 1,000 Llama K+V rows of 4,096 B, two of them
+    // continuing each other, went to the copy engines as page runs).
+    let merge = scan.changed_by_merging && !scan.takes_token_kernel();
+    let (listed, listed_long) = if merge {
         let merged = RunOrder::AsGiven.sorted_and_merged(runs);
         let long = TransferPath::mean_is_long(&merged);
         (Cow::Owned(merged), long)
@@ -596,7 +603,7 @@ fn prepared_runs<'a>(
     if listed.len() <= SORT_ALWAYS_MAX_RUNS || listed_long {
         return (Cow::Owned(order.sorted_and_merged(runs)), false);
     }
-    let same_runs = !scan.changed_by_merging;
+    let same_runs = !merge;
     match host_key.filter(|_| listed.len() <= HOST_ORDER_MAX_RUNS) {
         Some(key) => {
             let _t = crate::host_timing::start(crate::host_timing::Step::Order);
@@ -609,8 +616,9 @@ fn prepared_runs<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::for_bases;
+    use super::{for_bases, prepared_runs};
     use crate::copy_runs::{ByteRun, scan_runs};
+    use crate::device::RunOrder;
 
     #[test]
     fn an_unaligned_base_makes_a_token_list_one_the_token_kernel_does_not_take() {
@@ -625,5 +633,52 @@ mod tests {
         // The other facts are kept.
         let off = for_bases(scan, (8, 0));
         assert_eq!((off.runs, off.total_bytes), (2, 2304));
+    }
+
+    /// A trial: 1,000 Llama K+V rows of 4,096 B (the token kernel's), two of them continuing
+    /// each other on both sides, were merged into 999 runs of two lengths and went to the copy
+    /// engines. A list the token kernel takes is not merged past `SORT_ALWAYS_MAX_RUNS`
+    /// (4,096): 5,000 such rows stay 5,000, every run kept (host-ordered for a load); a list
+    /// of two lengths is still merged.
+    #[test]
+    fn a_token_list_the_token_kernel_takes_is_not_merged() {
+        // Row i at host slot 2i and device slot 3i, 4,096 B; row 1 moved right after row 0 on
+        // both sides (host 4,096, device 4,096): they continue each other.
+        let mut runs: Vec<ByteRun> = (0..5000u64)
+            .map(|i| ByteRun::new(i * 2 * 4096, i * 3 * 4096, 4096))
+            .collect();
+        runs[1] = ByteRun::new(4096, 4096, 4096);
+        let scan = scan_runs(&runs, 1 << 40, 1 << 40).unwrap();
+        assert!(scan.changed_by_merging && scan.takes_token_kernel());
+        let key: super::RunKey = (|r| r.src_offset_bytes, 1 << 40);
+        let mut scratch = (Vec::new(), Vec::new());
+        let (list, same_runs) = prepared_runs(
+            &runs,
+            &scan,
+            RunOrder::SrcAscending,
+            Some(key),
+            &mut scratch,
+        );
+        assert!(same_runs);
+        let mut got = list.to_vec();
+        got.sort_by_key(|r| r.src_offset_bytes);
+        let mut want = runs.clone();
+        want.sort_by_key(|r| r.src_offset_bytes);
+        assert_eq!(got, want);
+        // The same list with row 1 of 2,048 B (two lengths): merged (rows 0 and 1 become one
+        // run of 6,144 B), 4,999 runs.
+        runs[1] = ByteRun::new(4096, 4096, 2048);
+        let scan = scan_runs(&runs, 1 << 40, 1 << 40).unwrap();
+        let mut scratch = (Vec::new(), Vec::new());
+        let (list, same_runs) = prepared_runs(
+            &runs,
+            &scan,
+            RunOrder::SrcAscending,
+            Some(key),
+            &mut scratch,
+        );
+        assert!(!same_runs);
+        assert_eq!(list.len(), 4999);
+        assert!(list.contains(&ByteRun::new(0, 0, 6144)));
     }
 }

@@ -299,8 +299,11 @@ fn check_device_fit(w: &Workload, page_size_tokens: u64) -> Result<(), ReplayErr
 }
 
 /// Refuses more sessions than the device and host pools hold together: every page a session
-/// writes stays in one of them to the end (an evicted page keeps its host page: this replay
-/// does not evict host pages), so the run would stop on a full host pool.
+/// writes stays in at least one of them to the end (an evicted page keeps its host page: this
+/// replay does not evict host pages), so the run would stop on a full host pool. The bound is
+/// necessary, not sufficient: a page loaded back keeps its host page too, so a run under it
+/// may still stop on a full host pool, later, with that error (a trial: 400 device + 2,000
+/// host pages at one token a page ran 13 default sessions and stopped at 14; the bound is 14).
 fn check_pools_fit(
     w: &Workload,
     page_size_tokens: u64,
@@ -329,16 +332,24 @@ fn check_pools_fit(
 }
 
 /// The indexer picks from the tokens before the first decoded one: the shared prefix and
-/// the first turn's prompt. A larger top-k selects every token and checks nothing.
+/// the first turn's prompt. A larger top-k selects every token and checks nothing. Without an
+/// indexer `top_k` tokens are sampled per step and layer from the same tokens, and a sample
+/// larger than them only slows the run (a trial's `--top-k 18446744073709551615` on
+/// llama-3.1-8b panicked allocating the sample): the same bound.
 fn check_top_k(w: &Workload, page_size_tokens: u64, indexer: bool) -> Result<(), ReplayError> {
-    let prefix_tokens = w.prefix_pages * page_size_tokens;
-    let first_context_tokens = prefix_tokens + w.user_tokens;
-    if indexer && w.top_k as u64 > first_context_tokens {
+    let prefix_tokens = w.prefix_pages.saturating_mul(page_size_tokens);
+    let first_context_tokens = prefix_tokens.saturating_add(w.user_tokens);
+    if w.top_k as u64 > first_context_tokens {
+        let picks = if indexer {
+            "the indexer picks from"
+        } else {
+            "sampled from (no indexer)"
+        };
         return Err(workload_err(
             Param::TopK,
             format!(
-                "{} is more than the {first_context_tokens} tokens the indexer picks from at the first \
-                 decode step ({prefix_tokens} prefix + {} prompt tokens)",
+                "{} is more than the {first_context_tokens} tokens {picks} at the first decode step \
+                 ({prefix_tokens} prefix + {} prompt tokens)",
                 w.top_k, w.user_tokens
             ),
         ));
