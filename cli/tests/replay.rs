@@ -1008,15 +1008,21 @@ fn a_page_size_the_model_refuses_names_the_flag() {
 /// `kvlayout replay --workload synthetic` on llama-3.1-8b at one token a page, 2 simulated
 /// layers, with `args`: exit code and stderr.
 fn replay_llama_page_size_1(args: &[&str]) -> (i32, String) {
+    let mut all = vec![
+        "replay",
+        "--model",
+        "llama-3.1-8b",
+        "--workload",
+        "synthetic",
+    ];
+    all.extend(["--page-size-tokens", "1", "--layers", "2"]);
+    all.extend(args);
+    kvlayout_stderr(&all)
+}
+
+/// `kvlayout ARGS`: its exit code and what it wrote to stderr.
+fn kvlayout_stderr(args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args([
-            "replay",
-            "--model",
-            "llama-3.1-8b",
-            "--workload",
-            "synthetic",
-        ])
-        .args(["--page-size-tokens", "1", "--layers", "2"])
         .args(args)
         .output()
         .expect("run kvlayout");
@@ -1101,19 +1107,18 @@ fn page_counts_the_pools_refuse_name_their_flag_and_value() {
 /// axis) said `pool: geometry: memory_layout: ...` without naming `--host-layout`.
 #[test]
 fn a_host_layout_the_model_cannot_take_names_the_flag() {
-    let out = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args([
-            "replay",
-            "--model",
-            "deepseek-v3.2-exp",
-            "--workload",
-            "synthetic",
-        ])
-        .args(["--layers", "2", "--host-layout", "page_head"])
-        .output()
-        .expect("run kvlayout");
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{text}");
+    let (code, text) = kvlayout_stderr(&[
+        "replay",
+        "--model",
+        "deepseek-v3.2-exp",
+        "--workload",
+        "synthetic",
+        "--layers",
+        "2",
+        "--host-layout",
+        "page_head",
+    ]);
+    assert_eq!(code, 2, "{text}");
     assert!(
         text.starts_with(
             "error: workload: --host-layout: page_head: host pool geometry: memory_layout: \
@@ -1151,20 +1156,15 @@ fn a_default_device_page_count_says_it_is_the_default() {
 /// prompt = 51); trace: by 2,048 (DeepSeek-V3.2's index_topk).
 #[test]
 fn a_top_k_past_what_is_sampled_names_the_flag_on_models_without_an_indexer() {
-    let synthetic = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args([
-            "replay",
-            "--model",
-            "llama-3.1-8b",
-            "--workload",
-            "synthetic",
-        ])
-        .args(["--page-size-tokens", "1", "--device-pages", "8192"])
-        .args(["--host-pages", "65536", "--top-k", "18446744073709551615"])
-        .output()
-        .expect("run kvlayout");
-    let text = String::from_utf8_lossy(&synthetic.stderr);
-    assert_eq!(synthetic.status.code(), Some(2), "{text}");
+    let (code, text) = replay_llama_page_size_1(&[
+        "--device-pages",
+        "8192",
+        "--host-pages",
+        "65536",
+        "--top-k",
+        "18446744073709551615",
+    ]);
+    assert_eq!(code, 2, "{text}");
     assert!(
         text.starts_with(
             "error: workload: --top-k: 18446744073709551615 is more than the 51 tokens sampled \
@@ -1176,13 +1176,18 @@ fn a_top_k_past_what_is_sampled_names_the_flag_on_models_without_an_indexer() {
         env!("CARGO_MANIFEST_DIR"),
         "/../data/synthetic_trace_head100.jsonl"
     );
-    let trace = Command::new(env!("CARGO_BIN_EXE_kvlayout"))
-        .args(["replay", "--model", "llama-3.1-8b", "--trace", path])
-        .args(["--device-pages", "2000", "--top-k", "2049"])
-        .output()
-        .expect("run kvlayout");
-    let text = String::from_utf8_lossy(&trace.stderr);
-    assert_eq!(trace.status.code(), Some(2), "{text}");
+    let (code, text) = kvlayout_stderr(&[
+        "replay",
+        "--model",
+        "llama-3.1-8b",
+        "--trace",
+        path,
+        "--device-pages",
+        "2000",
+        "--top-k",
+        "2049",
+    ]);
+    assert_eq!(code, 2, "{text}");
     assert!(
         text.starts_with(
             "error: workload: --top-k: 2049 is more than the 2048 tokens sampled per step and \

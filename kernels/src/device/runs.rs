@@ -648,19 +648,18 @@ mod tests {
             .map(|i| ByteRun::new(i * 2 * 4096, i * 3 * 4096, 4096))
             .collect();
         runs[1] = ByteRun::new(4096, 4096, 4096);
-        let scan = scan_runs(&runs, 1 << 40, 1 << 40).unwrap();
+        // The list a host-ordered load of `runs` moves, and whether it holds exactly `runs`.
+        let prepare = |runs: &[ByteRun]| {
+            let scan = scan_runs(runs, 1 << 40, 1 << 40).unwrap();
+            let key: super::RunKey = (|r| r.src_offset_bytes, 1 << 40);
+            let mut scratch = (Vec::new(), Vec::new());
+            let (list, same_runs) =
+                prepared_runs(runs, &scan, RunOrder::SrcAscending, Some(key), &mut scratch);
+            (scan, list.to_vec(), same_runs)
+        };
+        let (scan, mut got, same_runs) = prepare(&runs);
         assert!(scan.changed_by_merging && scan.takes_token_kernel());
-        let key: super::RunKey = (|r| r.src_offset_bytes, 1 << 40);
-        let mut scratch = (Vec::new(), Vec::new());
-        let (list, same_runs) = prepared_runs(
-            &runs,
-            &scan,
-            RunOrder::SrcAscending,
-            Some(key),
-            &mut scratch,
-        );
         assert!(same_runs);
-        let mut got = list.to_vec();
         got.sort_by_key(|r| r.src_offset_bytes);
         let mut want = runs.clone();
         want.sort_by_key(|r| r.src_offset_bytes);
@@ -668,15 +667,7 @@ mod tests {
         // The same list with row 1 of 2,048 B (two lengths): merged (rows 0 and 1 become one
         // run of 6,144 B), 4,999 runs.
         runs[1] = ByteRun::new(4096, 4096, 2048);
-        let scan = scan_runs(&runs, 1 << 40, 1 << 40).unwrap();
-        let mut scratch = (Vec::new(), Vec::new());
-        let (list, same_runs) = prepared_runs(
-            &runs,
-            &scan,
-            RunOrder::SrcAscending,
-            Some(key),
-            &mut scratch,
-        );
+        let (_, list, same_runs) = prepare(&runs);
         assert!(!same_runs);
         assert_eq!(list.len(), 4999);
         assert!(list.contains(&ByteRun::new(0, 0, 6144)));
