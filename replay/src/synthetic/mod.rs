@@ -262,10 +262,8 @@ fn check_device_fit(w: &Workload, page_size_tokens: u64) -> Result<(), ReplayErr
     let session_tokens = w
         .prefix_pages
         .checked_mul(page_size_tokens)
-        .and_then(|p| {
-            let turn_tokens = w.user_tokens.checked_add(w.decode_tokens)?;
-            p.checked_add(w.turns.checked_mul(turn_tokens)?)
-        })
+        .zip(own_tokens(w))
+        .and_then(|(prefix, own)| prefix.checked_add(own))
         .ok_or_else(|| workload_err(Param::Turns, "token count overflows".into()))?;
     let session_pages = session_tokens.div_ceil(page_size_tokens);
     let batch_sessions = w.concurrency.min(w.sessions);
@@ -298,6 +296,13 @@ fn check_device_fit(w: &Workload, page_size_tokens: u64) -> Result<(), ReplayErr
     Ok(())
 }
 
+/// The tokens a session writes past its group's shared prefix: every turn's prompt and
+/// decoded tokens (`None` past u64::MAX).
+fn own_tokens(w: &Workload) -> Option<u64> {
+    w.turns
+        .checked_mul(w.user_tokens.checked_add(w.decode_tokens)?)
+}
+
 /// Refuses more sessions than the device and host pools hold together: every page a session
 /// writes stays in at least one of them to the end (an evicted page keeps its host page: this
 /// replay does not evict host pages), so the run would stop on a full host pool. The bound is
@@ -309,10 +314,10 @@ fn check_pools_fit(
     page_size_tokens: u64,
     host_pages: u64,
 ) -> Result<(), ReplayError> {
-    // `check_device_fit` passed: a session's tokens fit in 64 bits. The prefix is whole pages,
-    // so a session's own pages start on a page boundary.
-    let own_tokens = w.turns * (w.user_tokens + w.decode_tokens);
-    let own_pages = own_tokens.div_ceil(page_size_tokens);
+    // The prefix is whole pages, so a session's own pages start on a page boundary.
+    let own_pages = own_tokens(w)
+        .ok_or_else(|| workload_err(Param::Turns, "token count overflows".into()))?
+        .div_ceil(page_size_tokens);
     // In 128 bits: the sessions and prefix groups may be any u64.
     let prefix_pages = u128::from(w.prefix_groups.min(w.sessions)) * u128::from(w.prefix_pages);
     let needed_pages = u128::from(w.sessions) * u128::from(own_pages) + prefix_pages;
